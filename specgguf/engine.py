@@ -1,0 +1,183 @@
+"""The draft/verify loop over a small model protocol.
+
+`speculate` is the whole algorithm: draft K tokens with the small model, score
+all of them with one batched verifier pass, keep the accepted prefix plus the
+verifier's own next token, roll both KV caches back, repeat. It yields one
+`StepEvent` per verify pass; rendering and statistics only read those events.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .errors import ContextFullError, PromptError
+from .sampling import SamplingSettings, accept_drafts, accept_greedy, process_logits, sample_token
+
+
+class Model(Protocol):
+    """What the loop needs from a model. `LlamaModel` in `backend` is the real one."""
+
+    n_vocab: int
+    n_ctx: int
+    n_past: int  # tokens currently in the KV cache
+
+    def eval(self, tokens: Sequence[int], *, n_logits: int) -> np.ndarray:
+        """Append tokens to the cache; return logits rows (n_logits, n_vocab) for the last n_logits."""
+
+    def rewind(self, n_past: int) -> None:
+        """Keep only the first n_past tokens in the cache."""
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, ...)."""
+
+
+@dataclass
+class StepEvent:
+    """What one verify pass produced, in output order: accepted drafts, then the verifier's token."""
+
+    accepted: list[int]  # draft tokens the verifier kept (end-of-generation tokens left out)
+    rejected: list[int]  # draft tokens thrown away; the first is the one the verifier refused
+    verifier_token: int | None  # replacement or bonus token; None if generation ended before it
+    n_drafted: int
+    n_accepted: int  # counts an accepted end-of-generation draft too, for acceptance stats
+    draft_seconds: float
+    verify_seconds: float
+    sample_seconds: float
+    prefill_seconds: float = 0.0  # prompt ingestion, on the first event only
+    stop: str | None = None  # "eos", "max_tokens" or "context" on the last event
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.accepted + ([] if self.verifier_token is None else [self.verifier_token])
+
+
+@dataclass
+class _Drafts:
+    tokens: list[int] = field(default_factory=list)
+    probs: list[np.ndarray] = field(default_factory=list)  # empty when greedy
+
+
+def _align(logits: np.ndarray, n_vocab: int) -> np.ndarray:
+    """Fit draft logits to the verifier's vocabulary: extra draft entries are cut,
+    missing ones get -inf (the draft never proposes a token the verifier lacks)."""
+    if logits.shape[-1] >= n_vocab:
+        return logits[..., :n_vocab]
+    pad = np.full(logits.shape[:-1] + (n_vocab - logits.shape[-1],), -np.inf, dtype=logits.dtype)
+    return np.concatenate([logits, pad], axis=-1)
+
+
+def _draft(draft: Model, pending: list[int], k: int, n_vocab: int,
+           settings: SamplingSettings, rng: np.random.Generator) -> _Drafts:
+    """Propose up to k tokens; stop early at an end-of-generation token."""
+    drafts = _Drafts()
+    feed = pending
+    for _ in range(k):
+        logits = _align(draft.eval(feed, n_logits=1), n_vocab)
+        if settings.greedy:
+            token = int(np.argmax(logits[0]))
+        else:
+            draft_probs = process_logits(logits, settings)[0]
+            token = sample_token(draft_probs, rng)
+            drafts.probs.append(draft_probs)
+        drafts.tokens.append(token)
+        if draft.is_eog(token):
+            break
+        feed = [token]
+    return drafts
+
+
+def speculate(
+    *,
+    verifier: Model,
+    draft: Model | None,
+    prompt_tokens: Sequence[int],
+    k: int,
+    max_tokens: int,
+    settings: SamplingSettings,
+    rng: np.random.Generator,
+) -> Iterator[StepEvent]:
+    """Generate up to max_tokens with speculative decoding; k=0 (or no draft) is plain decoding."""
+    if not prompt_tokens:
+        raise PromptError("the prompt is empty")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if len(prompt_tokens) >= verifier.n_ctx:
+        raise ContextFullError(
+            f"the prompt is {len(prompt_tokens)} tokens but the context holds {verifier.n_ctx};"
+            " raise -c/--ctx-size or shorten the prompt"
+        )
+    k = k if draft is not None else 0
+    models = [m for m in (verifier, draft) if m is not None]
+    start = time.perf_counter()
+    # Every model's cache holds all of the context but its newest token, which
+    # rides in the next batch: the verifier never spends a forward pass on it alone.
+    for model in models:
+        model.rewind(0)
+        model.eval(prompt_tokens[:-1], n_logits=0)
+    prefill_seconds = time.perf_counter() - start
+    context = list(prompt_tokens)
+    n_emitted = 0
+    while True:
+        # The verifier must fit the pending token plus the drafts; the draft model
+        # evaluates its pending tokens plus all drafts but the last.
+        room = verifier.n_ctx - len(context)
+        if room < 0:
+            yield _stop_event("context", prefill_seconds)
+            return
+        if draft is not None:
+            room = min(room, draft.n_ctx - len(context) + 1)
+        k_step = max(0, min(k, room, max_tokens - n_emitted - 1))
+        t0 = time.perf_counter()
+        drafts = _draft(draft, context[draft.n_past:], k_step, verifier.n_vocab, settings, rng) \
+            if draft is not None and k_step > 0 else _Drafts()
+        t1 = time.perf_counter()
+        # One batched pass: the pending token plus every draft; logits rows i = 0..K
+        # are the verifier's next-token scores after pending + drafts[:i].
+        n_drafted = len(drafts.tokens)
+        target_logits = verifier.eval(context[verifier.n_past:] + drafts.tokens, n_logits=n_drafted + 1)
+        t2 = time.perf_counter()
+        if settings.greedy:
+            n_accepted, next_token = accept_greedy(target_logits=target_logits, draft_tokens=drafts.tokens)
+        else:
+            n_accepted, next_token = accept_drafts(
+                target_probs=process_logits(target_logits, settings),
+                draft_probs=np.array(drafts.probs).reshape(n_drafted, verifier.n_vocab),
+                draft_tokens=np.array(drafts.tokens, dtype=np.int64),
+                rng=rng,
+            )
+        emitted = drafts.tokens[:n_accepted] + [next_token]
+        context += emitted
+        # Roll both caches back to the accepted prefix. If every draft was accepted
+        # the draft model has not seen the last one yet; it rides in with next_token.
+        for model in models:
+            model.rewind(min(model.n_past, len(context) - 1))
+        t3 = time.perf_counter()
+        event = StepEvent(
+            accepted=drafts.tokens[:n_accepted], rejected=drafts.tokens[n_accepted:],
+            verifier_token=next_token, n_drafted=n_drafted, n_accepted=n_accepted,
+            draft_seconds=t1 - t0, verify_seconds=t2 - t1, sample_seconds=t3 - t2,
+            prefill_seconds=prefill_seconds,
+        )
+        prefill_seconds = 0.0
+        eog_at = next((i for i, token in enumerate(emitted) if verifier.is_eog(token)), None)
+        if eog_at is not None:
+            event.accepted = emitted[:eog_at]
+            event.verifier_token = None
+            event.stop = "eos"
+        n_emitted += len(event.tokens)
+        if event.stop is None and n_emitted >= max_tokens:
+            event.stop = "max_tokens"
+        yield event
+        if event.stop:
+            return
+
+
+def _stop_event(reason: str, prefill_seconds: float) -> StepEvent:
+    return StepEvent(accepted=[], rejected=[], verifier_token=None, n_drafted=0, n_accepted=0,
+                     draft_seconds=0.0, verify_seconds=0.0, sample_seconds=0.0,
+                     prefill_seconds=prefill_seconds, stop=reason)

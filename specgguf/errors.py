@@ -1,0 +1,37 @@
+"""Domain errors. Raised deep, shown to users once, at the CLI edge, as one line."""
+
+from __future__ import annotations
+
+
+class SpecggufError(Exception):
+    """Base class: its message is what the user sees, so it must say what to do."""
+
+    exit_code = 1
+
+
+class UsageError(SpecggufError):
+    """Bad option values or arguments."""
+
+    exit_code = 2
+
+
+class PromptError(SpecggufError):
+    """An empty or unusable prompt."""
+
+    exit_code = 2
+
+
+class ModelLoadError(SpecggufError):
+    """A model file is missing, not a GGUF, truncated, or llama.cpp refused it."""
+
+
+class IncompatibleModelsError(SpecggufError):
+    """The draft cannot be paired with the verifier; the message says why."""
+
+
+class ContextFullError(SpecggufError):
+    """The prompt does not fit in the context window."""
+
+
+class AssetError(SpecggufError):
+    """A model could not be assembled or downloaded (missing package, bad checksum, ...)."""

@@ -1,0 +1,53 @@
+"""A fake model with scripted logits that keeps a real token cache, for engine tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+
+class FakeModel:
+    """Implements the engine's `Model` protocol.
+
+    `next_logits(context)` gives the logits after a context; the cache is a plain
+    list, so tests can check exactly what each model saw and what was rolled back.
+    """
+
+    def __init__(self, next_logits: Callable[[list[int]], np.ndarray], *, n_vocab: int,
+                 n_ctx: int = 256, eog: Sequence[int] = ()):
+        self.next_logits = next_logits
+        self.n_vocab = n_vocab
+        self.n_ctx = n_ctx
+        self.eog = set(eog)
+        self.cache: list[int] = []
+        self.eval_calls: list[list[int]] = []
+
+    @property
+    def n_past(self) -> int:
+        return len(self.cache)
+
+    def eval(self, tokens: Sequence[int], *, n_logits: int) -> np.ndarray:
+        tokens = [int(t) for t in tokens]
+        self.eval_calls.append(tokens)
+        self.cache += tokens
+        if len(self.cache) > self.n_ctx:
+            raise AssertionError(f"context overflow: {len(self.cache)} > {self.n_ctx}")
+        ends = range(len(self.cache) - n_logits + 1, len(self.cache) + 1)
+        return np.array([self.next_logits(self.cache[:end]) for end in ends]).reshape(n_logits, self.n_vocab)
+
+    def rewind(self, n_past: int) -> None:
+        assert 0 <= n_past <= len(self.cache)
+        del self.cache[n_past:]
+
+    def is_eog(self, token: int) -> bool:
+        return token in self.eog
+
+
+def one_hot_logits(choice: Callable[[list[int]], int], n_vocab: int) -> Callable[[list[int]], np.ndarray]:
+    """Logits that make `choice(context)` the greedy pick, by a clear margin."""
+    def next_logits(context: list[int]) -> np.ndarray:
+        logits = np.zeros(n_vocab)
+        logits[choice(context)] = 5.0
+        return logits
+    return next_logits

@@ -1,0 +1,164 @@
+"""The draft/verify loop against fake models with scripted logits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from fakes import FakeModel, one_hot_logits
+from specgguf.engine import speculate
+from specgguf.errors import ContextFullError, PromptError
+from specgguf.sampling import SamplingSettings
+
+VOCAB = 10
+EOS = 9
+GREEDY = SamplingSettings(temperature=0.0)
+
+
+def counting(context):
+    """The verifier counts 1, 2, ..., 8, 1, 2, ... and never ends on its own."""
+    return context[-1] % 8 + 1
+
+
+def sometimes_wrong(context):
+    """A draft that agrees with `counting` except after every multiple of 3."""
+    return 1 if context[-1] % 3 == 0 else counting(context)
+
+
+def _models(verifier_choice=counting, draft_choice=counting, *, n_ctx=256):
+    verifier = FakeModel(one_hot_logits(verifier_choice, VOCAB), n_vocab=VOCAB, n_ctx=n_ctx, eog=[EOS])
+    draft = FakeModel(one_hot_logits(draft_choice, VOCAB), n_vocab=VOCAB, n_ctx=n_ctx, eog=[EOS])
+    return verifier, draft
+
+
+def _run(verifier, draft, *, k, max_tokens=20, prompt=(1,), settings=GREEDY, seed=0):
+    events = list(speculate(verifier=verifier, draft=draft, prompt_tokens=list(prompt), k=k,
+                            max_tokens=max_tokens, settings=settings, rng=np.random.default_rng(seed)))
+    return events, [token for event in events for token in event.tokens]
+
+
+def _plain_greedy(choice, prompt, n):
+    context = list(prompt)
+    for _ in range(n):
+        context.append(choice(context))
+    return context[len(prompt):]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_greedy_output_is_the_verifiers_and_caches_are_rolled_back(k):
+    verifier, draft = _models(draft_choice=sometimes_wrong)
+    events, tokens = _run(verifier, draft, k=k, max_tokens=25)
+    assert tokens == _plain_greedy(counting, [1], 25)
+    assert events[-1].stop == "max_tokens"
+    context = [1] + tokens
+    # Each cache holds a prefix of the true context: rejected drafts were rolled back.
+    assert verifier.cache == context[: len(verifier.cache)]
+    assert draft.cache == context[: len(draft.cache)]
+    assert any(event.rejected for event in events)
+    for event in events:
+        assert event.n_accepted == len(event.accepted) <= event.n_drafted <= k
+        assert len(event.tokens) == event.n_accepted + 1
+
+
+def test_newest_token_rides_in_the_verify_batch():
+    verifier, draft = _models(draft_choice=sometimes_wrong)
+    events, _ = _run(verifier, draft, k=4, prompt=(1, 2, 3))
+    prompt_call, *step_calls = verifier.eval_calls
+    assert prompt_call == [1, 2]  # the last prompt token waits for the first batch
+    assert [len(call) for call in step_calls] == [1 + event.n_drafted for event in events]
+
+
+def test_all_accepted_gives_a_bonus_token_and_the_draft_catches_up():
+    verifier, draft = _models()
+    events, tokens = _run(verifier, draft, k=4, max_tokens=15)
+    assert [len(event.tokens) for event in events] == [5, 5, 5]
+    assert all(event.n_accepted == 4 and not event.rejected for event in events)
+    # The draft never saw its 4th draft; it arrives with the bonus token in one call.
+    assert draft.eval_calls[5] == [tokens[3], tokens[4]]  # after [], [1], [2], [3], [4]
+
+
+def test_eos_inside_an_accepted_draft_ends_generation():
+    ends_after_4 = lambda context: EOS if context[-1] == 4 else counting(context)  # noqa: E731
+    verifier, draft = _models(ends_after_4, ends_after_4)
+    events, tokens = _run(verifier, draft, k=8)
+    assert tokens == [2, 3, 4]
+    assert events[-1].stop == "eos" and events[-1].n_drafted == 4  # drafting stopped at EOS
+
+
+def test_eos_drafted_but_refused_goes_on():
+    verifier, draft = _models(draft_choice=lambda context: EOS if context[-1] == 4 else counting(context))
+    _, tokens = _run(verifier, draft, k=3, max_tokens=10)
+    assert tokens == _plain_greedy(counting, [1], 10)
+
+
+def test_full_context_stops_cleanly():
+    verifier, draft = _models(n_ctx=12)
+    events, tokens = _run(verifier, draft, k=8, max_tokens=100, prompt=(1, 2, 3))
+    assert events[-1].stop == "context"
+    assert tokens == _plain_greedy(counting, [1, 2, 3], len(tokens))
+    assert len(tokens) == 12 - 3 + 1  # the last token is predicted from a full cache
+
+
+def test_prompt_longer_than_context_and_empty_prompt_are_errors():
+    verifier, draft = _models(n_ctx=4)
+    with pytest.raises(ContextFullError, match="prompt is 5 tokens"):
+        _run(verifier, draft, k=2, prompt=(1, 2, 3, 4, 5))
+    with pytest.raises(PromptError):
+        _run(verifier, draft, k=2, prompt=())
+
+
+def test_k_zero_and_no_draft_decode_with_the_verifier_alone():
+    for draft_model in (None, _models()[1]):
+        verifier, _ = _models()
+        events, tokens = _run(verifier, draft_model, k=0, max_tokens=6)
+        assert tokens == _plain_greedy(counting, [1], 6)
+        assert all(event.n_drafted == 0 for event in events) and len(events) == 6
+        if draft_model is not None:
+            assert draft_model.eval_calls == [[]]  # prompt minus its last token: nothing else
+
+
+def test_max_tokens_is_exact():
+    verifier, draft = _models()
+    for max_tokens in (1, 2, 5, 9):
+        _, tokens = _run(*_models(), k=4, max_tokens=max_tokens)
+        assert len(tokens) == max_tokens
+
+
+def test_a_draft_with_a_smaller_vocabulary_is_padded():
+    verifier, _ = _models()
+    small_draft = FakeModel(one_hot_logits(lambda context: counting(context) % 7, VOCAB - 2), n_vocab=VOCAB - 2)
+    events, tokens = _run(verifier, small_draft, k=3, max_tokens=40, settings=SamplingSettings(temperature=0.7))
+    assert len(tokens) == 40
+    assert all(token < VOCAB - 2 for event in events for token in event.accepted + event.rejected)
+
+
+# --- Losslessness under sampling, through the whole loop -------------------------------
+
+MARKOV_VOCAB = 3
+SEQUENCE_LENGTH = 3
+
+
+def _markov_table(seed):
+    """next-token probabilities given the previous token; row MARKOV_VOCAB is the prompt's."""
+    table = np.random.default_rng(seed).dirichlet(np.ones(MARKOV_VOCAB), size=MARKOV_VOCAB + 1)
+    return np.log(table)
+
+
+def test_sampled_sequences_follow_the_verifiers_joint_distribution():
+    target_table, draft_table = _markov_table(1), _markov_table(2)
+    settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    verifier = FakeModel(lambda context: target_table[context[-1]], n_vocab=MARKOV_VOCAB)
+    draft = FakeModel(lambda context: draft_table[context[-1]], n_vocab=MARKOV_VOCAB)
+    rng = np.random.default_rng(5)
+    counts = np.zeros((MARKOV_VOCAB,) * SEQUENCE_LENGTH)
+    n_sequences = 20_000
+    for _ in range(n_sequences):
+        tokens = [t for event in speculate(verifier=verifier, draft=draft, prompt_tokens=[MARKOV_VOCAB],
+                                           k=2, max_tokens=SEQUENCE_LENGTH, settings=settings, rng=rng)
+                  for t in event.tokens]
+        counts[tuple(tokens)] += 1
+    # The exact law of a 3-token sequence under the verifier alone.
+    target = np.exp(target_table)
+    expected = np.einsum("a,ab,bc->abc", target[MARKOV_VOCAB], target[:MARKOV_VOCAB], target[:MARKOV_VOCAB])
+    assert chisquare(counts.ravel(), expected.ravel() * n_sequences).pvalue > 1e-4

@@ -1,0 +1,165 @@
+"""The acceptance rule and the processed distributions, on small vocabularies.
+
+The statistical tests use fixed seeds, so they are deterministic; their
+thresholds are loose enough that a correct rule passes for any seed
+(p > 1e-4) and tight enough that the known-wrong rule fails by far (p < 1e-12).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from specgguf.sampling import (
+    SamplingSettings,
+    accept_drafts,
+    accept_greedy,
+    process_logits,
+    sample_token,
+)
+
+N_DRAWS = 100_000
+VOCAB = 6
+
+
+def _wrong_accept(*, target_probs, draft_probs, draft_tokens, rng):
+    """The rule some write-ups state, u < (p - q) / p. Not lossless; kept to prove the test bites."""
+    for position, token in enumerate(draft_tokens):
+        target_at, draft_at = target_probs[position, token], draft_probs[position, token]
+        accepted = target_at > 0 and rng.random() < (target_at - draft_at) / target_at
+        if not accepted:
+            residual = np.maximum(target_probs[position] - draft_probs[position], 0)
+            return position, sample_token(residual if residual.sum() > 0 else target_probs[position], rng)
+    return len(draft_tokens), sample_token(target_probs[len(draft_tokens)], rng)
+
+
+def _random_pair(rng, k, *, closeness):
+    """Target rows (k+1, V) and draft rows (k, V), some entries exactly zero."""
+    target = rng.dirichlet(np.full(VOCAB, 0.8), size=k + 1)
+    target[:, 0] = 0.0  # a token the target never emits
+    target /= target.sum(axis=1, keepdims=True)
+    other = rng.dirichlet(np.full(VOCAB, 0.8), size=k)
+    other[:, 1] = 0.0  # a token the draft never proposes
+    other /= other.sum(axis=1, keepdims=True)
+    draft = closeness * target[:k] + (1 - closeness) * other
+    return target, draft / draft.sum(axis=1, keepdims=True)
+
+
+def _emitted_counts(accept, target, draft, rng):
+    """counts[position, token] of tokens emitted at each position of one step."""
+    k = draft.shape[0]
+    # Draw every draft token up front by inverse CDF (drafting is not under test).
+    cdf = np.cumsum(draft, axis=1)
+    drafts = (rng.random((N_DRAWS, k, 1)) * cdf[:, -1:] >= cdf[None]).sum(axis=2)
+    counts = np.zeros((k + 1, VOCAB), dtype=np.int64)
+    for draft_tokens in drafts:
+        n_accepted, next_token = accept(
+            target_probs=target, draft_probs=draft, draft_tokens=draft_tokens, rng=rng
+        )
+        counts[np.arange(n_accepted), draft_tokens[:n_accepted]] += 1
+        counts[n_accepted, next_token] += 1
+    return counts
+
+
+def _position_p_values(counts, target):
+    """Chi-square p-value per position: are the tokens emitted there target-distributed?"""
+    p_values = []
+    for position, row in enumerate(counts):
+        if row.sum() < 200:
+            continue
+        support = target[position] > 0
+        assert row[~support].sum() == 0, "emitted a token the target gives zero probability"
+        expected = target[position][support] * row.sum()
+        p_values.append(chisquare(row[support], expected).pvalue)
+    return p_values
+
+
+@pytest.mark.parametrize("k, closeness, seed", [(1, 0.3, 11), (2, 0.5, 12), (4, 0.6, 13), (8, 0.8, 14)])
+def test_emitted_tokens_follow_the_target_distribution(k, closeness, seed):
+    rng = np.random.default_rng(seed)
+    target, draft = _random_pair(rng, k, closeness=closeness)
+    p_values = _position_p_values(_emitted_counts(accept_drafts, target, draft, rng), target)
+    assert len(p_values) >= min(k + 1, 3)
+    assert min(p_values) > 1e-4, p_values
+
+
+@pytest.mark.parametrize("k, seed", [(1, 21), (4, 22)])
+def test_the_wrong_rule_fails_the_same_check(k, seed):
+    rng = np.random.default_rng(seed)
+    target, draft = _random_pair(rng, k, closeness=0.3)
+    p_values = _position_p_values(_emitted_counts(_wrong_accept, target, draft, rng), target)
+    assert min(p_values) < 1e-12, p_values
+
+
+def test_equal_distributions_accept_everything():
+    rng = np.random.default_rng(3)
+    target = rng.dirichlet(np.ones(VOCAB), size=5)
+    for _ in range(2000):
+        drafts = np.array([sample_token(row, rng) for row in target[:4]])
+        n_accepted, _ = accept_drafts(target_probs=target, draft_probs=target[:4], draft_tokens=drafts, rng=rng)
+        assert n_accepted == 4
+
+
+def test_zero_target_probability_always_rejects_and_replacement_avoids_the_draft_token():
+    rng = np.random.default_rng(4)
+    target = np.array([[0.0, 0.5, 0.5], [1 / 3, 1 / 3, 1 / 3]])
+    draft = np.array([[1.0, 0.0, 0.0]])
+    for _ in range(500):
+        n_accepted, next_token = accept_drafts(target_probs=target, draft_probs=draft,
+                                               draft_tokens=np.array([0]), rng=rng)
+        assert n_accepted == 0 and next_token in (1, 2)
+
+
+def test_greedy_accepts_exactly_while_drafts_equal_the_argmax():
+    target_logits = np.array([
+        [0.0, 5.0, 1.0],  # argmax 1
+        [3.0, 0.0, 1.0],  # argmax 0
+        [0.0, 1.0, 2.0],  # argmax 2
+        [9.0, 0.0, 0.0],  # bonus row, argmax 0
+    ])
+    assert accept_greedy(target_logits=target_logits, draft_tokens=[1, 0, 2]) == (3, 0)
+    assert accept_greedy(target_logits=target_logits, draft_tokens=[1, 0, 1]) == (2, 2)
+    assert accept_greedy(target_logits=target_logits, draft_tokens=[2, 0, 2]) == (0, 1)
+    assert accept_greedy(target_logits=target_logits[:1], draft_tokens=[]) == (0, 1)
+
+
+def _probs_of(probabilities, settings):
+    return process_logits(np.log(np.array(probabilities)), settings)[0]
+
+
+def test_top_k_keeps_the_k_largest():
+    probs = process_logits(np.array([1.0, 3.0, 2.0, 0.0]),
+                           SamplingSettings(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0))[0]
+    expected = np.exp([3.0, 2.0]) / np.exp([3.0, 2.0]).sum()
+    np.testing.assert_allclose(probs, [0.0, expected[0], expected[1], 0.0])
+
+
+def test_top_p_keeps_the_token_that_crosses_p_and_ignores_temperature():
+    base = [0.5, 0.3, 0.15, 0.05]
+    for temperature in (0.5, 1.0, 2.0):
+        settings = SamplingSettings(temperature=temperature, top_k=0, top_p=0.75, min_p=0.0)
+        assert np.count_nonzero(_probs_of(base, settings)) == 2
+    settings = SamplingSettings(temperature=1.0, top_k=0, top_p=0.85, min_p=0.0)
+    np.testing.assert_allclose(_probs_of(base, settings), np.array([0.5, 0.3, 0.15, 0]) / 0.95)
+
+
+def test_min_p_is_relative_to_the_top_token_before_temperature():
+    settings = SamplingSettings(temperature=3.0, top_k=0, top_p=1.0, min_p=0.2)
+    probs = _probs_of([0.5, 0.3, 0.15, 0.05], settings)
+    assert np.count_nonzero(probs) == 3  # 0.05 < 0.2 * 0.5
+    tempered = np.log([0.5, 0.3, 0.15]) / 3.0
+    np.testing.assert_allclose(probs[:3], np.exp(tempered) / np.exp(tempered).sum())
+
+
+def test_masked_logits_never_get_probability():
+    probs = process_logits(np.array([1.0, -np.inf, 0.5]),
+                           SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0))[0]
+    assert probs[1] == 0.0 and probs.sum() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_k=-2), dict(top_p=0.0),
+                                 dict(top_p=1.5), dict(min_p=2.0)])
+def test_settings_reject_out_of_range_values(bad):
+    with pytest.raises(ValueError):
+        SamplingSettings(**bad)
