@@ -118,13 +118,17 @@ def write_tiny_llama(
         types = types[:n_vocab] + [int(TokenType.NORMAL)] * len(extra)
     for tid, text in (token_text_override or {}).items():
         tokens[tid] = text
+        if types[tid] == TokenType.BYTE:  # else llama.cpp would parse the text as "<0xXX>"
+            types[tid] = int(TokenType.NORMAL)
     known = set(tokens)  # drop merges whose parts or result were truncated/overridden
     merges = [m for m in merges if m.replace(" ", "") in known and all(p in known for p in m.split(" "))]
+    if vocab_type == "bpe" and not merges:  # gguf-py drops empty arrays; llama.cpp requires merges
+        raise ValueError("bpe vocab needs at least one merge: use n_vocab >= 260")
 
     nv, head_dim, n_ff = len(tokens), n_embd // n_head, 4 * n_embd
     path = pathlib.Path(path)
     w = GGUFWriter(str(path), "llama")
-    w.add_name(f"tiny-llama-{vocab_type}-b{base_seed}-s{seed}")
+    w.add_name(f"tiny-llama-{vocab_type}")
     w.add_file_type(0)  # ALL_F32
     w.add_vocab_size(nv)
     w.add_context_length(n_ctx_train)

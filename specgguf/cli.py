@@ -1,0 +1,158 @@
+"""The command line. Commands gather options and call keyword-only functions; errors become one line here.
+
+Set SPECGGUF_DEBUG=1 to see tracebacks (and llama.cpp's own log).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from typer.exceptions import TyperException
+
+from .errors import PromptError, SpecggufError, UsageError
+from .sampling import SamplingSettings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Speculative decoding for llama.cpp GGUF models: the big model's answers, sooner.")
+
+@app.callback()
+def _root() -> None:
+    """Speculative decoding for llama.cpp GGUF models: the big model's answers, sooner."""
+
+
+# --- options shared between commands (defined once) -------------------------------------
+Model = Annotated[Optional[Path], typer.Option("-m", "--model", help="Verifier GGUF file.", show_default=False)]
+ModelDraft = Annotated[Optional[Path], typer.Option("-md", "--model-draft", help="Draft GGUF file.",
+                                                    show_default=False)]
+PairName = Annotated[Optional[str], typer.Option("--pair", help="A pair from models.yaml (see `pull`).")]
+DraftMax = Annotated[Optional[int], typer.Option("-k", "--draft-max", min=0,
+                                                 help="Draft tokens per step; 0 = verifier alone. "
+                                                      "Default: the pair's recommended K, else 8.")]
+Temperature = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature; 0 = greedy.")]
+TopK = Annotated[int, typer.Option("--top-k", min=0, help="Top-k (0 = off).")]
+TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p (1 = off).")]
+MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Min-p (0 = off).")]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="RNG seed (default: random, reported in --json).")]
+CtxSize = Annotated[int, typer.Option("-c", "--ctx-size", min=16, help="Context size in tokens.")]
+Threads = Annotated[Optional[int], typer.Option("-t", "--threads", min=1, help="CPU threads (default: all).")]
+GpuLayers = Annotated[int, typer.Option("-ngl", "--n-gpu-layers", min=0, help="Verifier layers on the GPU.")]
+GpuLayersDraft = Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", min=0,
+                                             help="Draft layers on the GPU.")]
+
+
+def _consoles(json_output: bool) -> tuple[Console | None, Console]:
+    """A styled stdout console only on a terminal; stats always to stderr."""
+    out_console = Console(highlight=False) if sys.stdout.isatty() and not json_output else None
+    return out_console, Console(stderr=True, highlight=False)
+
+
+def _read_prompt(prompt: str | None) -> str:
+    if prompt is not None and prompt != "-":
+        return prompt
+    if sys.stdin is None or sys.stdin.isatty():
+        raise PromptError("no prompt: give it as an argument or on standard input")
+    return sys.stdin.read()
+
+
+def _progress_bar(err_console: Console):
+    """A Rich progress callback for assembling model files."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    progress = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                        TransferSpeedColumn(), console=err_console, transient=True)
+    tasks: dict[int, int] = {}
+
+    def on_progress(done: int, total: int) -> None:
+        if total not in tasks:
+            progress.start()
+            tasks[total] = progress.add_task("assembling model", total=total)
+        progress.update(tasks[total], completed=done)
+        if done >= total:
+            progress.stop()
+    return on_progress
+
+
+@app.command()
+def run(
+    prompt: Annotated[Optional[str], typer.Argument(help="The prompt; '-' or nothing reads standard input.")] = None,
+    model: Model = None,
+    model_draft: ModelDraft = None,
+    pair: PairName = None,
+    draft_max: DraftMax = None,
+    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Tokens to generate.")] = 512,
+    temp: Temperature = 0.8,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
+    seed: Seed = None,
+    ctx_size: CtxSize = 4096,
+    threads: Threads = None,
+    n_gpu_layers: GpuLayers = 0,
+    n_gpu_layers_draft: GpuLayersDraft = 0,
+    system: Annotated[Optional[str], typer.Option("--system", help="System prompt for the chat template.")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
+    show_rejected: Annotated[bool, typer.Option("--show-rejected", help="Show rejected drafts, struck out.")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No stats line on stderr.")] = False,
+) -> None:
+    """Answer one prompt with speculative decoding."""
+    from .resolve import resolve_pair
+    from .run import LoadOptions, run_prompt
+
+    text = _read_prompt(prompt)
+    out_console, err_console = _consoles(json_output)
+    try:
+        settings = SamplingSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
+                            on_progress=_progress_bar(err_console))
+    run_prompt(prompt=text, resolved=resolved, k=draft_max, max_tokens=max_tokens, settings=settings,
+               seed=seed, load=LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers,
+                                           n_gpu_layers_draft=n_gpu_layers_draft),
+               raw=raw, system=system, json_output=json_output, show_rejected=show_rejected, quiet=quiet,
+               out=sys.stdout, out_console=out_console, err_console=err_console)
+
+
+def _fail(message: str, code: int) -> int:
+    sys.stderr.write(f"specgguf: error: {message}\n")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: every failure is one line on stderr and a non-zero exit code."""
+    debug = os.environ.get("SPECGGUF_DEBUG") not in (None, "", "0")
+    try:
+        app(args=argv, prog_name="specgguf", standalone_mode=False)
+        return 0
+    except SpecggufError as error:
+        if debug:
+            raise
+        return _fail(str(error), error.exit_code)
+    except typer.Exit as exit_:
+        return exit_.exit_code
+    except typer.Abort:
+        return _fail("interrupted", 130)
+    except TyperException as error:  # bad options: typer's (click's) message, on one line
+        return _fail(error.format_message().replace("\n", " "), getattr(error, "exit_code", 2))
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except BrokenPipeError:
+        # The reader went away (`| head -1`): stop quietly, and keep Python's
+        # own flush at exit from complaining about the closed pipe.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except OSError as error:
+        if debug:
+            raise
+        return _fail(str(error), 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

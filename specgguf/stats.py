@@ -1,0 +1,82 @@
+"""Running totals over the engine's step events: what the stats line and --json report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .engine import StepEvent
+
+
+@dataclass
+class GenerationStats:
+    n_tokens: int = 0
+    n_steps: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    sample_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    wall_seconds: float = 0.0  # generation only, prompt ingestion excluded; set by the caller
+    stop: str | None = None
+    accepted_by_position: list[int] = field(default_factory=list)  # drafts accepted at position i
+    drafted_by_position: list[int] = field(default_factory=list)
+
+    def add(self, event: StepEvent) -> None:
+        self.n_tokens += len(event.tokens)
+        self.n_steps += 1 if event.n_drafted or event.tokens else 0
+        self.n_drafted += event.n_drafted
+        self.n_accepted += event.n_accepted
+        self.draft_seconds += event.draft_seconds
+        self.verify_seconds += event.verify_seconds
+        self.sample_seconds += event.sample_seconds
+        self.prefill_seconds += event.prefill_seconds
+        self.stop = event.stop or self.stop
+        for counts, n in ((self.drafted_by_position, event.n_drafted), (self.accepted_by_position, event.n_accepted)):
+            counts.extend([0] * (n - len(counts)))
+            for position in range(n):
+                counts[position] += 1
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.n_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted drafts / proposed drafts; None when nothing was drafted (plain decoding)."""
+        return self.n_accepted / self.n_drafted if self.n_drafted else None
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Mean tokens emitted per verifier forward pass (1.0 for plain decoding)."""
+        return self.n_tokens / self.n_steps if self.n_steps else 0.0
+
+    @property
+    def other_seconds(self) -> float:
+        """Time outside the draft and verify calls: sampling, acceptance, rollback, rendering."""
+        return max(0.0, self.wall_seconds - self.draft_seconds - self.verify_seconds)
+
+    def summary(self) -> str:
+        acceptance = (f"acceptance {self.acceptance_rate:.0%} ({self.n_accepted}/{self.n_drafted})"
+                      if self.acceptance_rate is not None else "plain decoding")
+        return (f"{self.n_tokens} tokens in {self.wall_seconds:.2f} s · {self.tokens_per_second:.1f} tok/s"
+                f" · {acceptance} · {self.tokens_per_step:.2f} tokens/step"
+                f" · draft {self.draft_seconds:.2f} s, verify {self.verify_seconds:.2f} s,"
+                f" other {self.other_seconds:.2f} s · prompt {self.prefill_seconds:.2f} s")
+
+    def as_dict(self) -> dict:
+        return {
+            "n_tokens": self.n_tokens,
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "acceptance_rate": None if self.acceptance_rate is None else round(self.acceptance_rate, 4),
+            "tokens_per_step": round(self.tokens_per_step, 3),
+            "n_steps": self.n_steps,
+            "n_drafted": self.n_drafted,
+            "n_accepted": self.n_accepted,
+            "acceptance_by_position": [round(a / d, 4) for a, d in
+                                       zip(self.accepted_by_position, self.drafted_by_position)],
+            "seconds": {"generation": round(self.wall_seconds, 4), "prompt": round(self.prefill_seconds, 4),
+                        "draft": round(self.draft_seconds, 4), "verify": round(self.verify_seconds, 4),
+                        "other": round(self.other_seconds, 4)},
+            "stop_reason": self.stop,
+        }
