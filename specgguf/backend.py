@@ -82,11 +82,17 @@ class LlamaModel:
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
             raise ModelLoadError(f"{self.path}: could not create a context: {_reason('out of memory?')}")
-        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
-        self.n_batch = n_batch
+        # llama.cpp may round the context up and caps the batch at it: use what it
+        # really has, but never more context than the user asked for.
+        self.n_ctx = min(n_ctx, llama_cpp.llama_n_ctx(self._ctx))
+        self.n_batch = min(n_batch, llama_cpp.llama_n_batch(self._ctx), llama_cpp.llama_n_ubatch(self._ctx))
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self.n_past = 0
+        self.cached: list[int] = []  # the tokens in the KV cache
+
+    @property
+    def n_past(self) -> int:
+        return len(self.cached)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -119,7 +125,7 @@ class LlamaModel:
             status = llama_cpp.llama_decode(self._ctx, batch)
             if status != 0:
                 raise ModelLoadError(f"{self.path.name}: llama_decode failed ({status}): {_reason('')}")
-            self.n_past += len(chunk)
+            self.cached.extend(chunk)
         if n_logits == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         pointer = llama_cpp.llama_get_logits(self._ctx)
@@ -128,7 +134,7 @@ class LlamaModel:
     def rewind(self, n_past: int) -> None:
         if n_past < self.n_past:
             llama_cpp.llama_memory_seq_rm(self._memory, 0, n_past, -1)
-            self.n_past = n_past
+            del self.cached[n_past:]
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
@@ -186,7 +192,7 @@ class LlamaModel:
             add_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
             bos=llama_cpp.llama_vocab_bos(vocab),
             eos=llama_cpp.llama_vocab_eos(vocab),
-            token_text=lambda token: llama_cpp.llama_vocab_get_text(vocab, token),
+            token_texts=tuple(llama_cpp.llama_vocab_get_text(vocab, token) for token in range(self.n_vocab)),
         )
 
 

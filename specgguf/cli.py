@@ -5,6 +5,7 @@ Set SPECGGUF_DEBUG=1 to see tracebacks (and llama.cpp's own log).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -49,6 +50,18 @@ def _consoles(json_output: bool) -> tuple[Console | None, Console]:
     """A styled stdout console only on a terminal; stats always to stderr."""
     out_console = Console(highlight=False) if sys.stdout.isatty() and not json_output else None
     return out_console, Console(stderr=True, highlight=False)
+
+
+class _ReaderGone(Exception):
+    """stdout's reader closed the pipe (`| head -1`); not an OSError, so click leaves it to us."""
+
+
+@contextlib.contextmanager
+def _reader_may_leave():
+    try:
+        yield
+    except BrokenPipeError:
+        raise _ReaderGone from None
 
 
 def _read_prompt(prompt: str | None) -> str:
@@ -112,11 +125,12 @@ def run(
         raise UsageError(str(error)) from None
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
                             on_progress=_progress_bar(err_console))
-    run_prompt(prompt=text, resolved=resolved, k=draft_max, max_tokens=max_tokens, settings=settings,
-               seed=seed, load=LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers,
-                                           n_gpu_layers_draft=n_gpu_layers_draft),
-               raw=raw, system=system, json_output=json_output, show_rejected=show_rejected, quiet=quiet,
-               out=sys.stdout, out_console=out_console, err_console=err_console)
+    with _reader_may_leave():
+        run_prompt(prompt=text, resolved=resolved, k=draft_max, max_tokens=max_tokens, settings=settings,
+                   seed=seed, load=LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers,
+                                               n_gpu_layers_draft=n_gpu_layers_draft),
+                   raw=raw, system=system, json_output=json_output, show_rejected=show_rejected, quiet=quiet,
+                   out=sys.stdout, out_console=out_console, err_console=err_console)
 
 
 def _fail(message: str, code: int) -> int:
@@ -142,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(error.format_message().replace("\n", " "), getattr(error, "exit_code", 2))
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
-    except BrokenPipeError:
+    except (_ReaderGone, BrokenPipeError):
         # The reader went away (`| head -1`): stop quietly, and keep Python's
         # own flush at exit from complaining about the closed pipe.
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -7,7 +7,6 @@ flags, vocabulary sizes within 128, and identical token text from id 5 on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import IncompatibleModelsError
@@ -29,7 +28,7 @@ class VocabInfo:
     add_eos: bool
     bos: int
     eos: int
-    token_text: Callable[[int], bytes]
+    token_texts: tuple[bytes, ...]  # by token id; read eagerly, so it outlives the model
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ def compare_vocabularies(verifier: VocabInfo, draft: VocabInfo, *, max_examples:
     examples, n_differing = [], 0
     if findings[0].ok:
         for token in range(CHECK_START_TOKEN_ID, min(verifier.n_vocab, draft.n_vocab)):
-            ours, theirs = verifier.token_text(token), draft.token_text(token)
+            ours, theirs = verifier.token_texts[token], draft.token_texts[token]
             if ours != theirs:
                 n_differing += 1
                 if len(examples) < max_examples:

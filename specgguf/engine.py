@@ -24,7 +24,11 @@ class Model(Protocol):
 
     n_vocab: int
     n_ctx: int
-    n_past: int  # tokens currently in the KV cache
+    cached: list[int]  # the tokens in the KV cache, in order
+
+    @property
+    def n_past(self) -> int:
+        """len(cached)."""
 
     def eval(self, tokens: Sequence[int], *, n_logits: int) -> np.ndarray:
         """Append tokens to the cache; return logits rows (n_logits, n_vocab) for the last n_logits."""
@@ -116,9 +120,11 @@ def speculate(
     start = time.perf_counter()
     # Every model's cache holds all of the context but its newest token, which
     # rides in the next batch: the verifier never spends a forward pass on it alone.
+    # What the cache already holds of the prompt (an earlier chat turn) is kept.
     for model in models:
-        model.rewind(0)
-        model.eval(prompt_tokens[:-1], n_logits=0)
+        n_reused = _common_prefix(model.cached, prompt_tokens[:-1])
+        model.rewind(n_reused)
+        model.eval(prompt_tokens[n_reused:-1], n_logits=0)
     prefill_seconds = time.perf_counter() - start
     context = list(prompt_tokens)
     n_emitted = 0
@@ -175,6 +181,15 @@ def speculate(
         yield event
         if event.stop:
             return
+
+
+def _common_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
+    n = 0
+    for ours, theirs in zip(cached, tokens):
+        if ours != theirs:
+            break
+        n += 1
+    return n
 
 
 def _stop_event(reason: str, prefill_seconds: float) -> StepEvent:

@@ -61,11 +61,11 @@ def run_prompt(*, prompt: str, resolved: ResolvedPair, k: int | None, max_tokens
                quiet: bool = False, out: TextIO, out_console: Console | None, err_console: Console) -> dict:
     """Generate one answer; stream it (or print one JSON object) and report stats on stderr."""
     k = k if k is not None else (resolved.recommended_k if resolved.recommended_k is not None else DEFAULT_K)
-    if resolved.draft is None and k > 0 and not quiet and not json_output:
-        err_console.print("no draft model given (-md): decoding with the verifier alone", style="yellow")
     seed = seed if seed is not None else secrets.randbelow(2**31)
     verifier, draft = load_models(resolved, load, need_draft=k > 0)
     tokens = prompt_tokens(verifier, prompt, raw=raw, system=system)
+    if resolved.draft is None and k > 0 and not quiet and not json_output:
+        err_console.print("no draft model given (-md): decoding with the verifier alone", style="yellow")
     stream = TokenStream(verifier.token_bytes, console=None if json_output else out_console,
                          out=None if json_output else out, show_rejected=show_rejected)
     if show_rejected and out_console is not None and not json_output:

@@ -24,6 +24,10 @@ class FakeModel:
         self.eval_calls: list[list[int]] = []
 
     @property
+    def cached(self) -> list[int]:
+        return self.cache
+
+    @property
     def n_past(self) -> int:
         return len(self.cache)
 
