@@ -16,6 +16,7 @@ from rich.console import Console
 from typer.exceptions import TyperException
 
 from .errors import PromptError, SpecggufError, UsageError
+from .run import LoadOptions
 from .sampling import SamplingSettings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -31,9 +32,16 @@ Model = Annotated[Optional[Path], typer.Option("-m", "--model", help="Verifier G
 ModelDraft = Annotated[Optional[Path], typer.Option("-md", "--model-draft", help="Draft GGUF file.",
                                                     show_default=False)]
 PairName = Annotated[Optional[str], typer.Option("--pair", help="A pair from models.yaml (see `pull`).")]
-DraftMax = Annotated[Optional[int], typer.Option("-k", "--draft-max", min=0,
-                                                 help="Draft tokens per step; 0 = verifier alone. "
-                                                      "Default: the pair's recommended K, else 8.")]
+DraftMax = Annotated[Optional[str], typer.Option(
+    "-k", "--draft-max", help="Draft tokens per step: a number (0 = verifier alone), 'adaptive' (chosen each "
+    "step from measured costs) or 'auto' (default: the K `bench` stored for this pair here, else adaptive).")]
+Drafter = Annotated[str, typer.Option("--drafter", help="model (draft model), ngram (prompt lookup, no draft "
+                                      "model) or hybrid (n-gram on long matches, else the model).")]
+DraftPMin = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=1.0,
+                                          help="Stop drafting when the draft's top probability is below this.")]
+DraftMin = Annotated[int, typer.Option("--draft-min", min=0, help="Draft at least this many tokens "
+                                       "before --draft-p-min can stop it.")]
+ForceSpec = Annotated[bool, typer.Option("--force-spec", help="Keep speculating even where it measured slower.")]
 Temperature = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature; 0 = greedy.")]
 TopK = Annotated[int, typer.Option("--top-k", min=0, help="Top-k (0 = off).")]
 TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p (1 = off).")]
@@ -72,6 +80,16 @@ def _read_prompt(prompt: str | None) -> str:
     return sys.stdin.read()
 
 
+def _draft_options(draft_max: str | None, drafter: str, p_min: float, n_min: int, force_spec: bool):
+    from .drafting import DRAFTERS
+    from .run import DraftOptions
+    from .tuning import parse_k
+
+    if drafter not in DRAFTERS:
+        raise UsageError(f"--drafter must be one of {', '.join(DRAFTERS)}, not {drafter!r}")
+    return DraftOptions(k=parse_k(draft_max), drafter=drafter, p_min=p_min, n_min=n_min, force_spec=force_spec)
+
+
 def _progress_bar(err_console: Console):
     """A Rich progress callback for assembling model files."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
@@ -97,6 +115,10 @@ def run(
     model_draft: ModelDraft = None,
     pair: PairName = None,
     draft_max: DraftMax = None,
+    drafter: Drafter = "model",
+    draft_p_min: DraftPMin = 0.0,
+    draft_min: DraftMin = 0,
+    force_spec: ForceSpec = False,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Tokens to generate.")] = 512,
     temp: Temperature = 0.8,
     top_k: TopK = 40,
@@ -115,7 +137,7 @@ def run(
 ) -> None:
     """Answer one prompt with speculative decoding."""
     from .resolve import resolve_pair
-    from .run import LoadOptions, run_prompt
+    from .run import run_prompt
 
     text = _read_prompt(prompt)
     out_console, err_console = _consoles(json_output)
@@ -126,11 +148,97 @@ def run(
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
                             on_progress=_progress_bar(err_console))
     with _reader_may_leave():
-        run_prompt(prompt=text, resolved=resolved, k=draft_max, max_tokens=max_tokens, settings=settings,
+        run_prompt(prompt=text, resolved=resolved, max_tokens=max_tokens, settings=settings,
+                   drafting=_draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec),
                    seed=seed, load=LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers,
                                                n_gpu_layers_draft=n_gpu_layers_draft),
                    raw=raw, system=system, json_output=json_output, show_rejected=show_rejected, quiet=quiet,
                    out=sys.stdout, out_console=out_console, err_console=err_console)
+
+
+@app.command()
+def bench(
+    model: Model = None,
+    model_draft: ModelDraft = None,
+    pair: PairName = None,
+    f16: Annotated[bool, typer.Option("--f16", help="Also measure the pair with its verifier converted to F16 "
+                                      "(memory-bound on a CPU; converted once into the cache).")] = False,
+    only_f16: Annotated[bool, typer.Option("--only-f16", help="Measure only the F16-verifier variant.")] = False,
+    draft_max: Annotated[Optional[str], typer.Option("-k", "--draft-max", help="K values to sweep, e.g. 2,4,8.")] = None,
+    temps: Annotated[str, typer.Option("--temps", help="Temperatures, e.g. 0,0.8.")] = "0",
+    repeats: Annotated[Optional[int], typer.Option("--repeats", min=1, help="Repeats of the prompt set.")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", min=1, help="Tokens per run.")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Two prompts, K 4 and 8, one repeat, 64 tokens.")] = False,
+    ctx_size: CtxSize = 2048,
+    threads: Threads = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON report.")] = False,
+) -> None:
+    """Measure plain vs speculative decoding side by side and print the ratios."""
+    from .bench_report import BenchTarget, bench as run_benchmark, f16_variant, parse_list
+    from .resolve import resolve_pair
+
+    out_console, err_console = _consoles(json_output)
+    ks = parse_list(draft_max, int, "-k") if draft_max else ([4, 8] if quick else [2, 4, 8, 12])
+    temperatures = parse_list(temps, float, "--temps")
+    if any(k < 0 for k in ks) or any(t < 0 for t in temperatures):
+        raise UsageError("K values and temperatures must be >= 0")
+    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
+                            on_progress=_progress_bar(err_console))
+    if resolved.draft is None:
+        raise UsageError("bench needs a draft model: give -md DRAFT or a --pair")
+    target = BenchTarget(label=resolved.name or resolved.verifier.name, pair=resolved)
+    targets = [f16_variant(target)] if only_f16 else [target] + ([f16_variant(target)] if f16 else [])
+    run_benchmark(targets=targets, ks=ks, temperatures=temperatures,
+                  repeats=repeats or (1 if quick else 2), max_tokens=max_tokens or (64 if quick else 128),
+                  quick=quick, load=LoadOptions(n_ctx=ctx_size, n_threads=threads), json_output=json_output,
+                  out=sys.stdout, err_console=err_console)
+
+
+@app.command()
+def pull(
+    pair: Annotated[Optional[str], typer.Argument(help="A pair from `specgguf pairs` (default: the default pair).",
+                                                  show_default=False)] = None,
+    verifier: Annotated[Optional[str], typer.Option("--verifier", help="Ad-hoc pair: the verifier, "
+                                                    "OWNER/REPO/FILE.gguf on Hugging Face.")] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", help="Ad-hoc pair: the draft, OWNER/REPO/FILE.gguf.")] = None,
+) -> None:
+    """Download a matched pair into the Hugging Face cache (resumable, SHA-256 verified), then check it pairs.
+
+    Progress goes to stderr; the two local paths (verifier, draft) to stdout.
+    Honours HF_ENDPOINT, HF_HOME/HF_HUB_CACHE and HF_HUB_OFFLINE=1.
+    """
+    from .pull import pull as pull_pair
+
+    pull_pair(pair_name=pair, verifier=verifier, draft=draft,
+              err_console=Console(stderr=True, highlight=False), out=sys.stdout)
+
+
+@app.command()
+def pairs(
+    name: Annotated[Optional[str], typer.Argument(help="Show this pair in full.", show_default=False)] = None,
+) -> None:
+    """The registry's pairs: sizes, whether they are here, recommended K, and what was measured here."""
+    from .pairs import show_pairs
+
+    with _reader_may_leave():
+        show_pairs(name=name, console=Console(highlight=False))
+
+
+@app.command()
+def check(
+    draft: Annotated[str, typer.Argument(help="The draft: a GGUF path, a pair name (its draft) "
+                                              "or a pulled OWNER/REPO/FILE.gguf.", show_default=False)],
+    verifier: Annotated[str, typer.Argument(help="The verifier: a GGUF path, a pair name (its verifier) "
+                                                 "or a pulled OWNER/REPO/FILE.gguf.", show_default=False)],
+) -> None:
+    """Explain, item by item, whether DRAFT can draft for VERIFIER (exit status 1 if it cannot)."""
+    from .check import check_pair, render_report
+
+    report = check_pair(draft=draft, verifier=verifier)
+    with _reader_may_leave():
+        render_report(report, Console(highlight=False, soft_wrap=True))
+    if not report.compatible:
+        raise typer.Exit(1)
 
 
 def _fail(message: str, code: int) -> int:

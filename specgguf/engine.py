@@ -10,13 +10,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
+from .drafting import Drafter, Drafts, ModelDrafter, ingest
 from .errors import ContextFullError, PromptError
-from .sampling import SamplingSettings, accept_drafts, accept_greedy, process_logits, sample_token
+from .sampling import SamplingSettings, accept_drafts, accept_greedy, process_logits
+
+
+class KPolicy(Protocol):
+    """Picks K before each step and learns from its event (see kpolicy.py)."""
+
+    def choose(self) -> int: ...
+
+    def observe(self, event: "StepEvent") -> None: ...
+
+
+class FixedK:
+    def __init__(self, k: int):
+        self.k = k
+
+    def choose(self) -> int:
+        return self.k
+
+    def observe(self, event: "StepEvent") -> None:
+        pass
 
 
 class Model(Protocol):
@@ -53,6 +73,7 @@ class StepEvent:
     verify_seconds: float
     sample_seconds: float
     prefill_seconds: float = 0.0  # prompt ingestion, on the first event only
+    draft_source: str | None = None  # who proposed the drafts: "draft" (model) or "ngram"
     stop: str | None = None  # "eos", "max_tokens" or "context" on the last event
 
     @property
@@ -60,52 +81,22 @@ class StepEvent:
         return self.accepted + ([] if self.verifier_token is None else [self.verifier_token])
 
 
-@dataclass
-class _Drafts:
-    tokens: list[int] = field(default_factory=list)
-    probs: list[np.ndarray] = field(default_factory=list)  # empty when greedy
-
-
-def _align(logits: np.ndarray, n_vocab: int) -> np.ndarray:
-    """Fit draft logits to the verifier's vocabulary: extra draft entries are cut,
-    missing ones get -inf (the draft never proposes a token the verifier lacks)."""
-    if logits.shape[-1] >= n_vocab:
-        return logits[..., :n_vocab]
-    pad = np.full(logits.shape[:-1] + (n_vocab - logits.shape[-1],), -np.inf, dtype=logits.dtype)
-    return np.concatenate([logits, pad], axis=-1)
-
-
-def _draft(draft: Model, pending: list[int], k: int, n_vocab: int,
-           settings: SamplingSettings, rng: np.random.Generator) -> _Drafts:
-    """Propose up to k tokens; stop early at an end-of-generation token."""
-    drafts = _Drafts()
-    feed = pending
-    for _ in range(k):
-        logits = _align(draft.eval(feed, n_logits=1), n_vocab)
-        if settings.greedy:
-            token = int(np.argmax(logits[0]))
-        else:
-            draft_probs = process_logits(logits, settings)[0]
-            token = sample_token(draft_probs, rng)
-            drafts.probs.append(draft_probs)
-        drafts.tokens.append(token)
-        if draft.is_eog(token):
-            break
-        feed = [token]
-    return drafts
-
-
 def speculate(
     *,
     verifier: Model,
-    draft: Model | None,
+    draft: Model | None = None,
+    drafter: Drafter | None = None,
     prompt_tokens: Sequence[int],
-    k: int,
+    k: int | KPolicy,
     max_tokens: int,
     settings: SamplingSettings,
     rng: np.random.Generator,
 ) -> Iterator[StepEvent]:
-    """Generate up to max_tokens with speculative decoding; k=0 (or no draft) is plain decoding."""
+    """Generate up to max_tokens with speculative decoding; k=0 (or no drafter) is plain decoding.
+
+    `draft` is a draft model (wrapped in a ModelDrafter); `drafter` any other
+    proposer. `k` is a fixed number of drafts or a policy that picks one per step.
+    """
     if not prompt_tokens:
         raise PromptError("the prompt is empty")
     if max_tokens < 1:
@@ -115,32 +106,31 @@ def speculate(
             f"the prompt is {len(prompt_tokens)} tokens but the context holds {verifier.n_ctx};"
             " raise -c/--ctx-size or shorten the prompt"
         )
-    k = k if draft is not None else 0
-    models = [m for m in (verifier, draft) if m is not None]
+    if drafter is None and draft is not None:
+        drafter = ModelDrafter(draft)
+    policy = FixedK(k) if isinstance(k, int) else k
     start = time.perf_counter()
-    # Every model's cache holds all of the context but its newest token, which
-    # rides in the next batch: the verifier never spends a forward pass on it alone.
-    # What the cache already holds of the prompt (an earlier chat turn) is kept.
-    for model in models:
-        n_reused = _common_prefix(model.cached, prompt_tokens[:-1])
-        model.rewind(n_reused)
-        model.eval(prompt_tokens[n_reused:-1], n_logits=0)
+    # Every cache holds all of the context but its newest token, which rides in
+    # the next batch: the verifier never spends a forward pass on it alone.
+    # What a cache already holds of the prompt (an earlier chat turn) is kept.
+    ingest(verifier, prompt_tokens)
+    if drafter is not None:
+        drafter.prepare(prompt_tokens)
     prefill_seconds = time.perf_counter() - start
     context = list(prompt_tokens)
     n_emitted = 0
     while True:
-        # The verifier must fit the pending token plus the drafts; the draft model
-        # evaluates its pending tokens plus all drafts but the last.
+        # The verifier must fit the pending token plus the drafts.
         room = verifier.n_ctx - len(context)
         if room < 0:
             yield _stop_event("context", prefill_seconds)
             return
-        if draft is not None:
-            room = min(room, draft.n_ctx - len(context) + 1)
-        k_step = max(0, min(k, room, max_tokens - n_emitted - 1))
+        if drafter is not None:
+            room = min(room, drafter.room(len(context)))
+        k_step = max(0, min(policy.choose() if drafter is not None else 0, room, max_tokens - n_emitted - 1))
         t0 = time.perf_counter()
-        drafts = _draft(draft, context[draft.n_past:], k_step, verifier.n_vocab, settings, rng) \
-            if draft is not None and k_step > 0 else _Drafts()
+        drafts = drafter.propose(context, k_step, n_vocab=verifier.n_vocab, settings=settings, rng=rng) \
+            if k_step > 0 else Drafts()
         t1 = time.perf_counter()
         # One batched pass: the pending token plus every draft; logits rows i = 0..K
         # are the verifier's next-token scores after pending + drafts[:i].
@@ -158,18 +148,19 @@ def speculate(
             )
         emitted = drafts.tokens[:n_accepted] + [next_token]
         context += emitted
-        # Roll both caches back to the accepted prefix. If every draft was accepted
-        # the draft model has not seen the last one yet; it rides in with next_token.
-        for model in models:
-            model.rewind(min(model.n_past, len(context) - 1))
+        # Roll both caches back to the accepted prefix (all but the newest token).
+        verifier.rewind(len(context) - 1)
+        if drafter is not None:
+            drafter.sync(context)
         t3 = time.perf_counter()
         event = StepEvent(
             accepted=drafts.tokens[:n_accepted], rejected=drafts.tokens[n_accepted:],
             verifier_token=next_token, n_drafted=n_drafted, n_accepted=n_accepted,
             draft_seconds=t1 - t0, verify_seconds=t2 - t1, sample_seconds=t3 - t2,
-            prefill_seconds=prefill_seconds,
+            prefill_seconds=prefill_seconds, draft_source=drafts.source if n_drafted else None,
         )
         prefill_seconds = 0.0
+        policy.observe(event)
         eog_at = next((i for i, token in enumerate(emitted) if verifier.is_eog(token)), None)
         if eog_at is not None:
             event.accepted = emitted[:eog_at]
@@ -181,15 +172,6 @@ def speculate(
         yield event
         if event.stop:
             return
-
-
-def _common_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
-    n = 0
-    for ours, theirs in zip(cached, tokens):
-        if ours != theirs:
-            break
-        n += 1
-    return n
 
 
 def _stop_event(reason: str, prefill_seconds: float) -> StepEvent:

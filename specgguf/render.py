@@ -16,13 +16,14 @@ from rich.text import Text
 
 from .engine import StepEvent
 
-STYLE_ACCEPTED = "green"
+STYLE_ACCEPTED = {"draft": "green", "ngram": "cyan"}  # by drafter
 STYLE_VERIFIER = ""
 STYLE_REJECTED = "red strike dim"
 
 
 def legend() -> Text:
-    return Text.assemble("colours: ", ("accepted draft", STYLE_ACCEPTED), " · ", ("verifier", STYLE_VERIFIER),
+    return Text.assemble("colours: ", ("accepted draft", STYLE_ACCEPTED["draft"]), " · ",
+                         ("accepted n-gram", STYLE_ACCEPTED["ngram"]), " · ", ("verifier", STYLE_VERIFIER),
                          " · ", ("rejected draft", STYLE_REJECTED))
 
 
@@ -48,7 +49,8 @@ class TokenStream:
         return self._decoder.decode(self._token_bytes(token))
 
     def write(self, event: StepEvent) -> str:
-        segments = [(self._decode(token), STYLE_ACCEPTED) for token in event.accepted]
+        accepted_style = STYLE_ACCEPTED.get(event.draft_source or "draft", "green")
+        segments = [(self._decode(token), accepted_style) for token in event.accepted]
         if event.rejected and self._show_rejected and self._console is not None:
             rejected = b"".join(self._token_bytes(token) for token in event.rejected)
             segments.append((rejected.decode("utf-8", errors="replace"), STYLE_REJECTED))

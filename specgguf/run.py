@@ -5,21 +5,21 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
 import numpy as np
 from rich.console import Console
 from rich.text import Text
 
+from .drafting import build_drafter
 from .engine import speculate
 from .errors import PromptError
 from .render import TokenStream, legend
 from .resolve import ResolvedPair
 from .sampling import SamplingSettings
 from .stats import GenerationStats
-
-DEFAULT_K = 8
+from .tuning import KChoice, make_policy
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,15 @@ class LoadOptions:
     n_threads: int | None = None
     n_gpu_layers: int = 0
     n_gpu_layers_draft: int = 0
+
+
+@dataclass(frozen=True)
+class DraftOptions:
+    k: KChoice = field(default_factory=lambda: KChoice("auto"))
+    drafter: str = "model"  # "model", "ngram" (prompt lookup, no draft model) or "hybrid"
+    p_min: float = 0.0  # early stop: the draft stops below this top probability
+    n_min: int = 0  # ... but only after this many drafts
+    force_spec: bool = False  # never fall back to plain decoding
 
 
 def load_models(resolved: ResolvedPair, options: LoadOptions, *, need_draft: bool):
@@ -55,16 +64,20 @@ def prompt_tokens(verifier, prompt: str, *, raw: bool, system: str | None) -> li
     return verifier.tokenize(verifier.apply_chat_template(messages), special=True)
 
 
-def run_prompt(*, prompt: str, resolved: ResolvedPair, k: int | None, max_tokens: int,
+def run_prompt(*, prompt: str, resolved: ResolvedPair, drafting: DraftOptions, max_tokens: int,
                settings: SamplingSettings, seed: int | None, load: LoadOptions, raw: bool = False,
                system: str | None = None, json_output: bool = False, show_rejected: bool = False,
                quiet: bool = False, out: TextIO, out_console: Console | None, err_console: Console) -> dict:
     """Generate one answer; stream it (or print one JSON object) and report stats on stderr."""
-    k = k if k is not None else (resolved.recommended_k if resolved.recommended_k is not None else DEFAULT_K)
     seed = seed if seed is not None else secrets.randbelow(2**31)
-    verifier, draft = load_models(resolved, load, need_draft=k > 0)
+    wants_draft_model = drafting.drafter != "ngram" and not (drafting.k.mode == "fixed" and drafting.k.k == 0)
+    verifier, draft = load_models(resolved, load, need_draft=wants_draft_model)
     tokens = prompt_tokens(verifier, prompt, raw=raw, system=system)
-    if resolved.draft is None and k > 0 and not quiet and not json_output:
+    policy, k_source = make_policy(drafting.k, verifier=resolved.verifier, draft=resolved.draft,
+                                   drafter=drafting.drafter, temperature=settings.temperature,
+                                   recommended_k=resolved.recommended_k, force_spec=drafting.force_spec)
+    drafter = build_drafter(drafting.drafter, draft, p_min=drafting.p_min, n_min=drafting.n_min)
+    if resolved.draft is None and drafting.drafter != "ngram" and not quiet and not json_output:
         err_console.print("no draft model given (-md): decoding with the verifier alone", style="yellow")
     stream = TokenStream(verifier.token_bytes, console=None if json_output else out_console,
                          out=None if json_output else out, show_rejected=show_rejected)
@@ -72,8 +85,8 @@ def run_prompt(*, prompt: str, resolved: ResolvedPair, k: int | None, max_tokens
         err_console.print(legend())
     stats = GenerationStats()
     start = time.perf_counter()
-    for event in speculate(verifier=verifier, draft=draft, prompt_tokens=tokens, k=k, max_tokens=max_tokens,
-                           settings=settings, rng=np.random.default_rng(seed)):
+    for event in speculate(verifier=verifier, drafter=drafter, prompt_tokens=tokens, k=policy,
+                           max_tokens=max_tokens, settings=settings, rng=np.random.default_rng(seed)):
         stats.add(event)
         stream.write(event)
     stats.wall_seconds = time.perf_counter() - start - stats.prefill_seconds
@@ -82,19 +95,28 @@ def run_prompt(*, prompt: str, resolved: ResolvedPair, k: int | None, max_tokens
         "text": stream.text,
         **stats.as_dict(),
         "prompt_tokens": len(tokens),
+        "k_source": k_source,
         "settings": {
             "model": str(resolved.verifier), "model_draft": str(resolved.draft) if draft else None,
-            "pair": resolved.name, "draft_max": k if draft else 0, "max_tokens": max_tokens,
-            **{name: value for name, value in asdict(settings).items()}, "seed": seed,
-            **asdict(load), "raw": raw,
+            "pair": resolved.name, "drafter": drafting.drafter if drafter else None,
+            "draft_max": drafting.k.k if drafting.k.mode == "fixed" else drafting.k.mode,
+            "draft_p_min": drafting.p_min, "draft_min": drafting.n_min, "max_tokens": max_tokens,
+            **asdict(settings), "seed": seed, **asdict(load), "raw": raw,
         },
     }
     if json_output:
         out.write(json.dumps(result, ensure_ascii=False) + "\n")
         out.flush()
-    if stats.stop == "context" and not quiet:
+    elif not quiet:
+        _report(stats, k_source, load, err_console)
+    return result
+
+
+def _report(stats: GenerationStats, k_source: str, load: LoadOptions, err_console: Console) -> None:
+    if stats.stop == "context":
         err_console.print(f"stopped: the context ({load.n_ctx} tokens) is full; raise -c/--ctx-size",
                           style="yellow")
-    if not quiet and not json_output:
-        err_console.print(Text(stats.summary(), style="dim"))
-    return result
+    err_console.print(Text(f"{stats.summary()} · {k_source}", style="dim"))
+    if k_source.startswith("K adaptive") and stats.n_steps >= 8 and stats.n_plain_steps > stats.n_steps / 2:
+        err_console.print("speculation was losing on this machine: most steps decoded plain"
+                          " (see `specgguf bench`; --force-spec keeps drafting)", style="yellow")

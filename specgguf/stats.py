@@ -19,12 +19,19 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     wall_seconds: float = 0.0  # generation only, prompt ingestion excluded; set by the caller
     stop: str | None = None
+    n_plain_steps: int = 0  # steps that drafted nothing
+    accepted_by_source: dict[str, int] = field(default_factory=dict)  # "draft" / "ngram" -> accepted tokens
     accepted_by_position: list[int] = field(default_factory=list)  # drafts accepted at position i
     drafted_by_position: list[int] = field(default_factory=list)
 
     def add(self, event: StepEvent) -> None:
         self.n_tokens += len(event.tokens)
-        self.n_steps += 1 if event.n_drafted or event.tokens else 0
+        stepped = bool(event.n_drafted or event.tokens)
+        self.n_steps += stepped
+        self.n_plain_steps += stepped and not event.n_drafted
+        if event.n_accepted:
+            self.accepted_by_source[event.draft_source] = \
+                self.accepted_by_source.get(event.draft_source, 0) + event.n_accepted
         self.n_drafted += event.n_drafted
         self.n_accepted += event.n_accepted
         self.draft_seconds += event.draft_seconds
@@ -59,6 +66,9 @@ class GenerationStats:
     def summary(self) -> str:
         acceptance = (f"acceptance {self.acceptance_rate:.0%} ({self.n_accepted}/{self.n_drafted})"
                       if self.acceptance_rate is not None else "plain decoding")
+        if len(self.accepted_by_source) > 1:
+            acceptance += " [" + ", ".join(f"{n} from {source}" for source, n in
+                                           sorted(self.accepted_by_source.items())) + "]"
         return (f"{self.n_tokens} tokens in {self.wall_seconds:.2f} s · {self.tokens_per_second:.1f} tok/s"
                 f" · {acceptance} · {self.tokens_per_step:.2f} tokens/step"
                 f" · draft {self.draft_seconds:.2f} s, verify {self.verify_seconds:.2f} s,"
@@ -73,6 +83,8 @@ class GenerationStats:
             "n_steps": self.n_steps,
             "n_drafted": self.n_drafted,
             "n_accepted": self.n_accepted,
+            "n_plain_steps": self.n_plain_steps,
+            "accepted_by_source": dict(self.accepted_by_source),
             "acceptance_by_position": [round(a / d, 4) for a, d in
                                        zip(self.accepted_by_position, self.drafted_by_position)],
             "seconds": {"generation": round(self.wall_seconds, 4), "prompt": round(self.prefill_seconds, 4),

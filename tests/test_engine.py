@@ -7,6 +7,7 @@ import pytest
 from scipy.stats import chisquare
 
 from fakes import FakeModel, one_hot_logits
+from specgguf.drafting import HybridDrafter, ModelDrafter, NgramDrafter
 from specgguf.engine import speculate
 from specgguf.errors import ContextFullError, PromptError
 from specgguf.sampling import SamplingSettings
@@ -133,32 +134,43 @@ def test_a_draft_with_a_smaller_vocabulary_is_padded():
     assert all(token < VOCAB - 2 for event in events for token in event.accepted + event.rejected)
 
 
-# --- Losslessness under sampling, through the whole loop -------------------------------
+# --- Losslessness under sampling, through the whole loop, with every drafter ----------
 
 MARKOV_VOCAB = 3
 SEQUENCE_LENGTH = 3
+MARKOV_PROMPT = [0, 1, 2, 0, 1]  # repeats, so the n-gram drafter has something to propose
 
 
 def _markov_table(seed):
-    """next-token probabilities given the previous token; row MARKOV_VOCAB is the prompt's."""
-    table = np.random.default_rng(seed).dirichlet(np.ones(MARKOV_VOCAB), size=MARKOV_VOCAB + 1)
-    return np.log(table)
+    """log next-token probabilities given the previous token."""
+    return np.log(np.random.default_rng(seed).dirichlet(np.ones(MARKOV_VOCAB), size=MARKOV_VOCAB))
 
 
-def test_sampled_sequences_follow_the_verifiers_joint_distribution():
+def _drafter(kind, draft_model):
+    if kind == "model":
+        return ModelDrafter(draft_model)
+    if kind == "ngram":
+        return NgramDrafter(min_ngram=1)
+    return HybridDrafter(ModelDrafter(draft_model), NgramDrafter(min_ngram=1), min_match=2)
+
+
+@pytest.mark.parametrize("kind", ["model", "ngram", "hybrid"])
+def test_sampled_sequences_follow_the_verifiers_joint_distribution(kind):
     target_table, draft_table = _markov_table(1), _markov_table(2)
     settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     verifier = FakeModel(lambda context: target_table[context[-1]], n_vocab=MARKOV_VOCAB)
-    draft = FakeModel(lambda context: draft_table[context[-1]], n_vocab=MARKOV_VOCAB)
+    drafter = _drafter(kind, FakeModel(lambda context: draft_table[context[-1]], n_vocab=MARKOV_VOCAB))
     rng = np.random.default_rng(5)
     counts = np.zeros((MARKOV_VOCAB,) * SEQUENCE_LENGTH)
+    sources = set()
     n_sequences = 20_000
     for _ in range(n_sequences):
-        tokens = [t for event in speculate(verifier=verifier, draft=draft, prompt_tokens=[MARKOV_VOCAB],
-                                           k=2, max_tokens=SEQUENCE_LENGTH, settings=settings, rng=rng)
-                  for t in event.tokens]
-        counts[tuple(tokens)] += 1
+        events = list(speculate(verifier=verifier, drafter=drafter, prompt_tokens=MARKOV_PROMPT, k=3,
+                                max_tokens=SEQUENCE_LENGTH, settings=settings, rng=rng))
+        counts[tuple(t for event in events for t in event.tokens)] += 1
+        sources.update(event.draft_source for event in events if event.n_drafted)
     # The exact law of a 3-token sequence under the verifier alone.
     target = np.exp(target_table)
-    expected = np.einsum("a,ab,bc->abc", target[MARKOV_VOCAB], target[:MARKOV_VOCAB], target[:MARKOV_VOCAB])
+    expected = np.einsum("a,ab,bc->abc", target[MARKOV_PROMPT[-1]], target, target)
     assert chisquare(counts.ravel(), expected.ravel() * n_sequences).pvalue > 1e-4
+    assert sources == {"model": {"draft"}, "ngram": {"ngram"}, "hybrid": {"draft", "ngram"}}[kind]

@@ -1,0 +1,199 @@
+"""Drafters: who proposes the tokens the verifier checks.
+
+- `ModelDrafter`: a small draft model, with llama.cpp's early stop (`--draft-p-min`:
+  stop proposing when the draft's top probability falls below p_min, after at
+  least `n_min` tokens).
+- `NgramDrafter`: prompt lookup. Proposes what followed the most recent earlier
+  occurrence of the longest suffix n-gram of the context; no model at all.
+- `HybridDrafter`: the n-gram proposal when the match is long, the model otherwise.
+
+A deterministic proposal is a draft distribution with all its mass on one token
+(a one-hot row), so the acceptance rule stays lossless under sampling: the token
+is kept with probability target(x), and a rejection resamples from the target
+with x removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from .sampling import SamplingSettings, process_logits, sample_token
+
+
+@dataclass
+class Drafts:
+    tokens: list[int] = field(default_factory=list)
+    probs: list[np.ndarray] = field(default_factory=list)  # one row per token when sampling; empty when greedy
+    source: str = "draft"  # which drafter proposed them: "draft" or "ngram"
+
+
+class Drafter(Protocol):
+    source: str
+
+    def prepare(self, prompt_tokens: Sequence[int]) -> None:
+        """Ingest the prompt (all but its last token) before the first step."""
+
+    def room(self, context_length: int) -> int:
+        """How many tokens it can still propose after a context of this length."""
+
+    def propose(self, context: list[int], k: int, *, n_vocab: int, settings: SamplingSettings,
+                rng: np.random.Generator) -> Drafts:
+        """Up to k tokens that continue `context`."""
+
+    def sync(self, context: list[int]) -> None:
+        """The verifier settled on `context`: drop anything beyond it."""
+
+
+def _align(logits: np.ndarray, n_vocab: int) -> np.ndarray:
+    """Fit draft logits to the verifier's vocabulary: extra draft entries are cut,
+    missing ones get -inf (the draft never proposes a token the verifier lacks)."""
+    if logits.shape[-1] >= n_vocab:
+        return logits[..., :n_vocab]
+    pad = np.full(logits.shape[:-1] + (n_vocab - logits.shape[-1],), -np.inf, dtype=logits.dtype)
+    return np.concatenate([logits, pad], axis=-1)
+
+
+def common_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
+    n = 0
+    for ours, theirs in zip(cached, tokens):
+        if ours != theirs:
+            break
+        n += 1
+    return n
+
+
+def ingest(model, prompt_tokens: Sequence[int]) -> None:
+    """Bring a model's cache to prompt[:-1], keeping whatever prefix it already holds."""
+    n_reused = common_prefix(model.cached, prompt_tokens[:-1])
+    model.rewind(n_reused)
+    model.eval(prompt_tokens[n_reused:-1], n_logits=0)
+
+
+class ModelDrafter:
+    source = "draft"
+
+    def __init__(self, model, *, p_min: float = 0.0, n_min: int = 0):
+        self.model = model
+        self.p_min = p_min
+        self.n_min = n_min
+
+    def prepare(self, prompt_tokens: Sequence[int]) -> None:
+        ingest(self.model, prompt_tokens)
+
+    def room(self, context_length: int) -> int:
+        # It evaluates its pending tokens plus every draft but the last.
+        return self.model.n_ctx - context_length + 1
+
+    def propose(self, context, k, *, n_vocab, settings, rng) -> Drafts:
+        drafts = Drafts(source=self.source)
+        feed = context[self.model.n_past:]
+        for _ in range(k):
+            logits = _align(self.model.eval(feed, n_logits=1), n_vocab)
+            if settings.greedy:
+                token = int(np.argmax(logits[0]))
+                top_prob = 1.0 / np.exp(logits[0] - logits[0, token]).sum() if self.p_min > 0 else 1.0
+            else:
+                draft_probs = process_logits(logits, settings)[0]
+                token = sample_token(draft_probs, rng)
+                top_prob = float(draft_probs.max())
+            # Early stop: an unsure draft is not worth a verifier slot.
+            if len(drafts.tokens) >= self.n_min and top_prob < self.p_min:
+                break
+            drafts.tokens.append(token)
+            if not settings.greedy:
+                drafts.probs.append(draft_probs)
+            if self.model.is_eog(token):
+                break
+            feed = [token]
+        return drafts
+
+    def sync(self, context: list[int]) -> None:
+        # If every draft was accepted the model has not seen the last one yet;
+        # it rides in with the verifier's token on the next proposal.
+        self.model.rewind(min(self.model.n_past, len(context) - 1))
+
+
+class NgramDrafter:
+    """Prompt lookup: continue the longest recent n-gram match in prompt + output."""
+
+    source = "ngram"
+
+    def __init__(self, *, max_ngram: int = 4, min_ngram: int = 2, window: int = 4096):
+        self.max_ngram, self.min_ngram, self.window = max_ngram, min_ngram, window
+        self.last_match = 0  # length of the n-gram behind the last proposal (0: none)
+
+    def prepare(self, prompt_tokens: Sequence[int]) -> None:
+        pass
+
+    def room(self, context_length: int) -> int:
+        return 1 << 30
+
+    def lookup(self, context: list[int], k: int) -> list[int]:
+        history = np.asarray(context[-self.window:], dtype=np.int64)
+        for n in range(min(self.max_ngram, len(history) - 1), self.min_ngram - 1, -1):
+            pattern = history[-n:]
+            # Windows that start early enough to have at least one token after them.
+            windows = sliding_window_view(history[:-1], n)
+            hits = np.flatnonzero((windows == pattern).all(axis=1))
+            hits = hits[hits + n < len(history)]
+            if hits.size:
+                start = int(hits[-1]) + n  # the most recent occurrence
+                self.last_match = n
+                return history[start:start + k].tolist()
+        self.last_match = 0
+        return []
+
+    def propose(self, context, k, *, n_vocab, settings, rng) -> Drafts:
+        tokens = self.lookup(context, k) if k > 0 else []
+        probs = []
+        if not settings.greedy:
+            for token in tokens:
+                one_hot = np.zeros(n_vocab)
+                one_hot[token] = 1.0
+                probs.append(one_hot)
+        return Drafts(tokens=tokens, probs=probs, source=self.source)
+
+    def sync(self, context: list[int]) -> None:
+        pass
+
+
+class HybridDrafter:
+    """The n-gram proposal when its match is at least `min_match` tokens long, else the model."""
+
+    source = "draft"  # its costs and acceptance are the model's, for K choices
+
+    def __init__(self, model_drafter: ModelDrafter, ngram: NgramDrafter, *, min_match: int = 3):
+        self.model_drafter, self.ngram, self.min_match = model_drafter, ngram, min_match
+
+    def prepare(self, prompt_tokens):
+        self.model_drafter.prepare(prompt_tokens)
+
+    def room(self, context_length):
+        return self.model_drafter.room(context_length)
+
+    def propose(self, context, k, *, n_vocab, settings, rng) -> Drafts:
+        proposal = self.ngram.propose(context, k, n_vocab=n_vocab, settings=settings, rng=rng)
+        if proposal.tokens and self.ngram.last_match >= self.min_match:
+            return proposal
+        return self.model_drafter.propose(context, k, n_vocab=n_vocab, settings=settings, rng=rng)
+
+    def sync(self, context):
+        self.model_drafter.sync(context)
+
+
+DRAFTERS = ("model", "ngram", "hybrid")
+
+
+def build_drafter(kind: str, draft_model, *, p_min: float = 0.0, n_min: int = 0) -> Drafter | None:
+    """`kind` as the CLI names it; None when there is nothing to draft with."""
+    if kind == "ngram":
+        return NgramDrafter()
+    if draft_model is None:
+        return None
+    model_drafter = ModelDrafter(draft_model, p_min=p_min, n_min=n_min)
+    return HybridDrafter(model_drafter, NgramDrafter()) if kind == "hybrid" else model_drafter

@@ -1,0 +1,105 @@
+"""Where K comes from: `-k N`, `-k adaptive`, or `-k auto` (the default).
+
+`auto` uses the best K that `specgguf bench` measured for this pair on this
+machine (stored in `$XDG_CONFIG_HOME/specgguf/tuning.json`); if that measurement
+says speculation is slower than plain decoding here, it decodes plain and says so
+(`--force-spec` overrides). With no stored measurement it chooses K online
+(`kpolicy.AdaptiveK`), which also falls back to plain when speculation is losing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .engine import FixedK, KPolicy
+from .errors import UsageError
+from .kpolicy import AdaptiveK
+
+K_MAX = 16
+
+
+@dataclass(frozen=True)
+class KChoice:
+    mode: str  # "auto", "adaptive" or "fixed"
+    k: int | None = None
+
+
+def parse_k(text: str | None) -> KChoice:
+    if text is None or text == "auto":
+        return KChoice("auto")
+    if text == "adaptive":
+        return KChoice("adaptive")
+    try:
+        k = int(text)
+    except ValueError:
+        raise UsageError(f"-k/--draft-max takes a number, 'auto' or 'adaptive', not {text!r}") from None
+    if not 0 <= k <= 64:
+        raise UsageError(f"-k/--draft-max must be between 0 and 64, got {k}")
+    return KChoice("fixed", k)
+
+
+def machine_id() -> str:
+    """What makes a measurement transferable: host, processor and core count."""
+    return f"{platform.node()}|{platform.machine()}|{platform.processor()}|{os.cpu_count()}"
+
+
+def pair_key(verifier: Path, draft: Path) -> str:
+    return f"{Path(verifier).name}|{Path(draft).name}"
+
+
+def tuning_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(base) / "specgguf" / "tuning.json"
+
+
+def load_tuning() -> dict:
+    try:
+        data = json.loads(tuning_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def stored_measurement(verifier: Path, draft: Path, temperature: float) -> dict | None:
+    entry = load_tuning().get(machine_id(), {}).get(pair_key(verifier, draft), {})
+    return entry.get("greedy" if temperature <= 0 else "sampled")
+
+
+def store_measurement(verifier: Path, draft: Path, temperature: float, measurement: dict) -> None:
+    """Record a bench result; written to a temporary file and renamed, so a crash never truncates it."""
+    data = load_tuning()
+    data.setdefault(machine_id(), {}).setdefault(pair_key(verifier, draft), {})[
+        "greedy" if temperature <= 0 else "sampled"] = measurement
+    path = tuning_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
+        json.dump(data, handle, indent=1)
+    os.replace(handle.name, path)
+
+
+def make_policy(choice: KChoice, *, verifier: Path, draft: Path | None, drafter: str, temperature: float,
+                recommended_k: int | None, force_spec: bool) -> tuple[KPolicy, str]:
+    """The K policy for a run, and a few words on where K came from (for the stats line)."""
+    fallback_k = recommended_k or 8
+    if draft is None and drafter != "ngram":
+        return FixedK(0), "plain (no draft)"
+    if choice.mode == "fixed":
+        return FixedK(choice.k), f"K={choice.k} (-k)"
+    adaptive = AdaptiveK(k_max=K_MAX, k_min=1 if force_spec else 0,
+                         source="ngram" if drafter == "ngram" else "draft")
+    if choice.mode == "adaptive" or drafter == "ngram":
+        return adaptive, "K adaptive"
+    stored = stored_measurement(verifier, draft, temperature)
+    if stored is None:
+        return adaptive, "K adaptive (no bench stored for this pair here)"
+    if stored["k"] == 0:
+        if force_spec:
+            return FixedK(fallback_k), f"K={fallback_k} (--force-spec; bench measured plain faster here)"
+        return FixedK(0), (f"plain: bench measured speculation at {stored['speedup']:.2f}× here"
+                           " (--force-spec to speculate)")
+    return FixedK(stored["k"]), f"K={stored['k']} (bench here: {stored['speedup']:.2f}×)"
