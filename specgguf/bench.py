@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .engine import speculate
+from .drafting import build_drafter
+from .engine import FixedK, speculate
+from .kpolicy import AdaptiveK
 from .sampling import SamplingSettings
 from .stats import GenerationStats
 
@@ -48,13 +50,26 @@ QUICK_PROMPTS = ("code", "edit")
 
 @dataclass
 class Setting:
-    """One measured configuration: K drafts (0 = plain) at one temperature."""
+    """One measured configuration: a drafter with a fixed K (0 = plain) or adaptive K, at one temperature."""
 
-    k: int
+    drafter: str  # "model", "ngram" or "hybrid"
+    k: int | None  # None: adaptive
     temperature: float
     runs: list[GenerationStats] = field(default_factory=list)
+    run_prompts: list[str] = field(default_factory=list)  # the prompt kind of each run
     ratios: list[float] = field(default_factory=list)  # paired with plain, same prompt and repeat
     ratios_by_prompt: dict[str, list[float]] = field(default_factory=dict)
+    llama_seconds: float = 0.0  # time inside llama.cpp calls (both models)
+
+    @property
+    def label(self) -> str:
+        if self.k == 0:
+            return "plain"
+        return f"{self.drafter} K={'adaptive' if self.k is None else self.k}"
+
+    def policy(self):
+        return FixedK(self.k) if self.k is not None else \
+            AdaptiveK(k_max=16, source="ngram" if self.drafter == "ngram" else "draft")
 
     def total(self) -> GenerationStats:
         total = GenerationStats()
@@ -73,7 +88,8 @@ class Setting:
         total = self.total()
         split = max(total.wall_seconds, 1e-9)
         return {
-            "k": self.k, "temperature": self.temperature,
+            "label": self.label, "drafter": self.drafter, "k": "adaptive" if self.k is None else self.k,
+            "temperature": self.temperature,
             "tokens_per_second": round(total.tokens_per_second, 3),
             "speedup": round(statistics.median(self.ratios), 3) if self.ratios else None,
             "speedup_min": round(min(self.ratios), 3) if self.ratios else None,
@@ -86,55 +102,73 @@ class Setting:
                            "verify": round(total.verify_seconds / split, 4),
                            "other": round(total.other_seconds / split, 4)},
             "n_tokens": total.n_tokens, "seconds": round(total.wall_seconds, 3),
+            # The engine's own overhead: wall time not spent inside llama.cpp.
+            "overhead": round(max(0.0, 1 - self.llama_seconds / split), 4),
+            "runs": [{"prompt": kind, "n_tokens": run.n_tokens, "seconds": round(run.wall_seconds, 6)}
+                     for kind, run in zip(self.run_prompts, self.runs)],
         }
 
 
-def _generate(verifier, draft, tokens: list[int], *, k: int, max_tokens: int, temperature: float,
+def _generate(verifier, drafter, tokens: list[int], *, policy, max_tokens: int, temperature: float,
               seed: int) -> GenerationStats:
     stats = GenerationStats()
     settings = SamplingSettings(temperature=temperature)
     start = time.perf_counter()
-    for event in speculate(verifier=verifier, draft=draft, prompt_tokens=tokens, k=k, max_tokens=max_tokens,
-                           settings=settings, rng=np.random.default_rng(seed)):
+    for event in speculate(verifier=verifier, drafter=drafter, prompt_tokens=tokens, k=policy,
+                           max_tokens=max_tokens, settings=settings, rng=np.random.default_rng(seed)):
         stats.add(event)
     stats.wall_seconds = time.perf_counter() - start - stats.prefill_seconds
     return stats
 
 
-def run_bench(*, verifier, draft, prompt_tokens: dict[str, list[int]], ks: list[int], temperatures: list[float],
+def make_settings(*, ks: list[int], adaptive: bool, drafters: list[str], temperatures: list[float]) -> list[Setting]:
+    """Plain first, then every drafter with each fixed K (model only) and adaptive K."""
+    settings = []
+    for temperature in temperatures:
+        settings.append(Setting("model", 0, temperature))
+        for drafter in drafters:
+            fixed = [k for k in ks if k > 0] if drafter == "model" else []
+            settings += [Setting(drafter, k, temperature) for k in fixed]
+            if adaptive or drafter != "model":
+                settings.append(Setting(drafter, None, temperature))
+    return settings
+
+
+def run_bench(*, verifier, draft, prompt_tokens: dict[str, list[int]], settings: list[Setting],
               repeats: int, max_tokens: int, on_run: Callable[[], None] | None = None) -> list[Setting]:
-    """Measure plain (K=0) and every K in `ks`, interleaved, for each temperature."""
-    settings = {(k, t): Setting(k, t) for t in temperatures for k in [0, *[k for k in ks if k > 0]]}
+    """Measure every setting, interleaved: for each repeat and prompt, plain then the rest."""
+    models = [m for m in (verifier, draft) if m is not None]
     for repeat in range(repeats):
         for kind, tokens in prompt_tokens.items():
-            for temperature in temperatures:
-                plain_speed = None
-                for (k, t), setting in settings.items():
-                    if t != temperature:
-                        continue
-                    stats = _generate(verifier, draft, tokens, k=k, max_tokens=max_tokens,
-                                      temperature=temperature, seed=1000 * repeat + 7)
-                    setting.runs.append(stats)
-                    if k == 0:
-                        plain_speed = stats.tokens_per_second
-                    elif plain_speed:
-                        ratio = stats.tokens_per_second / plain_speed
-                        setting.ratios.append(ratio)
-                        setting.ratios_by_prompt.setdefault(kind, []).append(ratio)
-                    if on_run:
-                        on_run()
-    return list(settings.values())
+            plain_speed: dict[float, float] = {}
+            for setting in settings:
+                # Prompt ingestion is excluded from timings, so a warm prompt cache is fair to all.
+                busy_before = sum(m.busy_seconds for m in models)
+                stats = _generate(verifier, build_drafter(setting.drafter, draft), tokens,
+                                  policy=setting.policy(), max_tokens=max_tokens,
+                                  temperature=setting.temperature, seed=1000 * repeat + 7)
+                setting.llama_seconds += sum(m.busy_seconds for m in models) - busy_before - stats.prefill_seconds
+                setting.runs.append(stats)
+                setting.run_prompts.append(kind)
+                if setting.k == 0:
+                    plain_speed[setting.temperature] = stats.tokens_per_second
+                elif plain_speed.get(setting.temperature):
+                    ratio = stats.tokens_per_second / plain_speed[setting.temperature]
+                    setting.ratios.append(ratio)
+                    setting.ratios_by_prompt.setdefault(kind, []).append(ratio)
+                if on_run:
+                    on_run()
+    return settings
 
 
-def n_runs(*, n_prompts: int, ks: list[int], temperatures: list[float], repeats: int) -> int:
-    return repeats * n_prompts * len(temperatures) * (1 + len([k for k in ks if k > 0]))
-
-
-def best_k(settings: list[Setting], temperature: float) -> tuple[int, float]:
-    """The K with the highest median speedup at this temperature (0 if nothing beats plain)."""
-    candidates = [(s.report()["speedup"], s.k) for s in settings
-                  if s.temperature == temperature and s.k > 0 and s.ratios]
+def best_fixed_k(settings: list[Setting], temperature: float) -> dict:
+    """The draft model's best fixed K at this temperature; K=0 when nothing beats plain."""
+    candidates = [s for s in settings if s.temperature == temperature and s.drafter == "model"
+                  and s.k and s.ratios]
     if not candidates:
-        return 0, 1.0
-    speedup, k = max(candidates)
-    return (k, speedup) if speedup > 1.0 else (0, speedup)
+        return {"k": 0, "speedup": 1.0, "acceptance_rate": None}
+    best = max(candidates, key=lambda s: statistics.median(s.ratios))
+    report = best.report()
+    if report["speedup"] <= 1.0:
+        return {"k": 0, "speedup": report["speedup"], "acceptance_rate": report["acceptance_rate"]}
+    return {"k": best.k, "speedup": report["speedup"], "acceptance_rate": report["acceptance_rate"]}

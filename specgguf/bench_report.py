@@ -1,19 +1,22 @@
-"""Running `specgguf bench` for one or more pairs, and showing the results (table or JSON)."""
+"""Running `specgguf bench` for one or more pairs, storing the best K, and showing the results."""
 
 from __future__ import annotations
 
 import json
 import platform
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
-from .bench import PROMPTS, QUICK_PROMPTS, best_k, n_runs, run_bench
-from .run import LoadOptions, load_models, prompt_tokens
+from .bench import PROMPTS, QUICK_PROMPTS, best_fixed_k, make_settings, run_bench
+from .errors import UsageError
 from .resolve import ResolvedPair
+from .run import LoadOptions, load_models, prompt_tokens
+from .tuning import machine_id, store_measurement
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,18 @@ class BenchTarget:
     pair: ResolvedPair
 
 
-def f16_variant(target: BenchTarget, *, on_progress=None) -> BenchTarget:
+@dataclass(frozen=True)
+class BenchPlan:
+    ks: list[int]
+    temperatures: list[float]
+    drafters: list[str]
+    adaptive: bool
+    repeats: int
+    max_tokens: int
+    quick: bool
+
+
+def f16_variant(target: BenchTarget) -> BenchTarget:
     """The same pair with its verifier re-quantized to F16 (memory-bound on a CPU), cached."""
     from .backend import convert_to_f16
 
@@ -35,64 +49,94 @@ def f16_variant(target: BenchTarget, *, on_progress=None) -> BenchTarget:
     return BenchTarget(label=f"{target.label} (F16 verifier)", pair=pair)
 
 
-def bench(*, targets: list[BenchTarget], ks: list[int], temperatures: list[float], repeats: int,
-          max_tokens: int, quick: bool, load: LoadOptions, json_output: bool, out: TextIO,
-          err_console: Console) -> dict:
-    kinds = list(QUICK_PROMPTS if quick else PROMPTS)
-    total_runs = len(targets) * n_runs(n_prompts=len(kinds), ks=ks, temperatures=temperatures, repeats=repeats)
+def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, json_output: bool,
+          plot: Path | None, store: bool, out: TextIO, err_console: Console) -> dict:
+    kinds = list(QUICK_PROMPTS if plan.quick else PROMPTS)
+    settings_per_target = [make_settings(ks=plan.ks, adaptive=plan.adaptive, drafters=plan.drafters,
+                                         temperatures=plan.temperatures) for _ in targets]
+    total_runs = sum(len(s) for s in settings_per_target) * len(kinds) * plan.repeats
     results = []
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True) as progress:
         task = progress.add_task("benchmarking", total=total_runs)
-        for target in targets:
+        for target, settings in zip(targets, settings_per_target):
             progress.update(task, description=f"loading {target.label}")
             verifier, draft = load_models(target.pair, load, need_draft=True)
             tokens = {kind: prompt_tokens(verifier, PROMPTS[kind], raw=False, system=None) for kind in kinds}
             progress.update(task, description=target.label)
-            settings = run_bench(verifier=verifier, draft=draft, prompt_tokens=tokens, ks=ks,
-                                 temperatures=temperatures, repeats=repeats, max_tokens=max_tokens,
-                                 on_run=lambda: progress.advance(task))
-            results.append({
-                "pair": target.label, "verifier": str(target.pair.verifier), "draft": str(target.pair.draft),
-                "settings": [setting.report() for setting in settings],
-                "best_k": {str(t): dict(zip(("k", "speedup"), best_k(settings, t))) for t in temperatures},
-            })
+            run_bench(verifier=verifier, draft=draft, prompt_tokens=tokens, settings=settings,
+                      repeats=plan.repeats, max_tokens=plan.max_tokens, on_run=lambda: progress.advance(task))
+            best = {t: best_fixed_k(settings, t) for t in plan.temperatures}
+            if store:
+                for temperature, measurement in best.items():
+                    store_measurement(target.pair.verifier, target.pair.draft, temperature, measurement)
+            results.append({"pair": target.label, "verifier": str(target.pair.verifier),
+                            "draft": str(target.pair.draft), "settings": [s.report() for s in settings],
+                            "best_k": {str(t): b for t, b in best.items()}})
             verifier.close()
             draft.close()
-    report = {"machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                          "threads": load.n_threads},
-              "prompts": kinds, "repeats": repeats, "max_tokens": max_tokens, "results": results}
+    report = {"machine": {"id": machine_id(), "platform": platform.platform(), "threads": load.n_threads},
+              "prompts": kinds, "repeats": plan.repeats, "max_tokens": plan.max_tokens, "results": results}
+    if plot is not None:
+        save_plot(report, plot)
     if json_output:
         out.write(json.dumps(report) + "\n")
     else:
-        console = Console(file=out, highlight=False, width=None if out.isatty() else 140)
+        console = Console(file=out, highlight=False, width=None if out.isatty() else 150)
         for result in results:
             console.print(_table(result))
+        if store:
+            err_console.print("stored the best K per pair for `run`/`chat -k auto` on this machine")
     return report
 
 
 def _table(result: dict) -> Table:
-    table = Table(title=f"{result['pair']}", title_justify="left")
-    for column in ("temp", "K", "tok/s", "speedup (min–max)", "accept", "tok/step", "accept by position",
-                   "draft/verify/other"):
-        table.add_column(column, justify="right" if column not in ("accept by position",) else "left")
+    table = Table(title=result["pair"], title_justify="left")
+    for column in ("temp", "setting", "tok/s", "speedup (min–max)", "accept", "tok/step", "accept by position",
+                   "draft/verify/other", "overhead"):
+        table.add_column(column, justify="left" if column in ("setting", "accept by position") else "right")
     for row in result["settings"]:
-        speedup = "1.00 (plain)" if row["k"] == 0 else \
+        speedup = "1.00" if row["k"] == 0 else \
             f"{row['speedup']:.2f} ({row['speedup_min']:.2f}–{row['speedup_max']:.2f})"
         accept = "—" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.0%}"
         positions = " ".join(f"{a:.0%}" for a in row["acceptance_by_position"][:8])
         split = row["time_split"]
-        table.add_row(f"{row['temperature']:g}", str(row["k"]), f"{row['tokens_per_second']:.1f}", speedup,
+        table.add_row(f"{row['temperature']:g}", row["label"], f"{row['tokens_per_second']:.1f}", speedup,
                       accept, f"{row['tokens_per_step']:.2f}", positions,
-                      f"{split['draft']:.0%}/{split['verify']:.0%}/{split['other']:.0%}")
-    best = "; ".join(f"T={t}: K={b['k']} ({b['speedup']:.2f}×)" for t, b in result["best_k"].items())
-    table.caption = f"best K — {best}"
+                      f"{split['draft']:.0%}/{split['verify']:.0%}/{split['other']:.0%}", f"{row['overhead']:.1%}")
+    best = "; ".join(f"T={t}: " + (f"K={b['k']} ({b['speedup']:.2f}×)" if b["k"] else
+                                   f"plain (best K only {b['speedup']:.2f}×)") for t, b in result["best_k"].items())
+    table.caption = f"best fixed K — {best}"
     return table
 
 
-def parse_list(text: str, kind: type, option: str) -> list:
-    from .errors import UsageError
+def save_plot(report: dict, path: Path) -> None:
+    """Speedup vs K, one line per prompt kind, the plain baseline at 1.0 (fixed-K model drafts)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'specgguf[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
+    figure, axes = plt.subplots(1, len(report["results"]), figsize=(6 * len(report["results"]), 4), squeeze=False)
+    for ax, result in zip(axes[0], report["results"]):
+        rows = [r for r in result["settings"] if r["drafter"] == "model" and isinstance(r["k"], int) and r["k"] > 0]
+        for temperature in sorted({r["temperature"] for r in rows}):
+            for kind in report["prompts"]:
+                points = [(r["k"], r["speedup_by_prompt"].get(kind)) for r in rows if r["temperature"] == temperature]
+                points = [(k, v) for k, v in points if v is not None]
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=f"{kind} (T={temperature:g})")
+        ax.axhline(1.0, color="grey", linestyle="--", label="plain")
+        ax.set(title=result["pair"], xlabel="K (draft tokens per step)", ylabel="speedup over plain")
+        ax.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def parse_list(text: str, kind: type, option: str) -> list:
     try:
         return [kind(item) for item in text.split(",") if item.strip()]
     except ValueError:

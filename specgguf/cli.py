@@ -164,34 +164,44 @@ def bench(
     f16: Annotated[bool, typer.Option("--f16", help="Also measure the pair with its verifier converted to F16 "
                                       "(memory-bound on a CPU; converted once into the cache).")] = False,
     only_f16: Annotated[bool, typer.Option("--only-f16", help="Measure only the F16-verifier variant.")] = False,
-    draft_max: Annotated[Optional[str], typer.Option("-k", "--draft-max", help="K values to sweep, e.g. 2,4,8.")] = None,
-    temps: Annotated[str, typer.Option("--temps", help="Temperatures, e.g. 0,0.8.")] = "0",
+    draft_max: Annotated[Optional[str], typer.Option("-k", "--draft-max", help="Fixed K values to sweep, "
+                                                     "e.g. 2,4,8.")] = None,
+    adaptive: Annotated[bool, typer.Option("--adaptive/--no-adaptive", help="Also measure adaptive K.")] = True,
+    drafters: Annotated[str, typer.Option("--drafters", help="Drafters to measure: model,ngram,hybrid.")] = "model",
+    temps: Annotated[str, typer.Option("--temps", help="Temperatures, e.g. 0,0.8.")] = "0,0.8",
     repeats: Annotated[Optional[int], typer.Option("--repeats", min=1, help="Repeats of the prompt set.")] = None,
     max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", min=1, help="Tokens per run.")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Two prompts, K 4 and 8, one repeat, 64 tokens.")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Two prompts, K 4 and 8, greedy, one repeat, "
+                                        "48 tokens.")] = False,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Save speedup vs K as a PNG.")] = None,
+    store: Annotated[bool, typer.Option("--store/--no-store", help="Store the best K for `-k auto`.")] = True,
     ctx_size: CtxSize = 2048,
     threads: Threads = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON report.")] = False,
 ) -> None:
     """Measure plain vs speculative decoding side by side and print the ratios."""
-    from .bench_report import BenchTarget, bench as run_benchmark, f16_variant, parse_list
+    from .bench_report import BenchPlan, BenchTarget, bench as run_benchmark, f16_variant, parse_list
+    from .drafting import DRAFTERS
     from .resolve import resolve_pair
 
-    out_console, err_console = _consoles(json_output)
-    ks = parse_list(draft_max, int, "-k") if draft_max else ([4, 8] if quick else [2, 4, 8, 12])
-    temperatures = parse_list(temps, float, "--temps")
-    if any(k < 0 for k in ks) or any(t < 0 for t in temperatures):
+    _, err_console = _consoles(json_output)
+    plan = BenchPlan(
+        ks=parse_list(draft_max, int, "-k") if draft_max else ([4, 8] if quick else [2, 4, 8, 12]),
+        temperatures=parse_list(temps, float, "--temps") if not quick or temps != "0,0.8" else [0.0],
+        drafters=parse_list(drafters, str, "--drafters"), adaptive=adaptive,
+        repeats=repeats or (1 if quick else 2), max_tokens=max_tokens or (48 if quick else 128), quick=quick)
+    if any(k < 0 for k in plan.ks) or any(t < 0 for t in plan.temperatures):
         raise UsageError("K values and temperatures must be >= 0")
+    if set(plan.drafters) - set(DRAFTERS):
+        raise UsageError(f"--drafters takes {', '.join(DRAFTERS)}, got {drafters!r}")
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
                             on_progress=_progress_bar(err_console))
     if resolved.draft is None:
         raise UsageError("bench needs a draft model: give -md DRAFT or a --pair")
     target = BenchTarget(label=resolved.name or resolved.verifier.name, pair=resolved)
     targets = [f16_variant(target)] if only_f16 else [target] + ([f16_variant(target)] if f16 else [])
-    run_benchmark(targets=targets, ks=ks, temperatures=temperatures,
-                  repeats=repeats or (1 if quick else 2), max_tokens=max_tokens or (64 if quick else 128),
-                  quick=quick, load=LoadOptions(n_ctx=ctx_size, n_threads=threads), json_output=json_output,
-                  out=sys.stdout, err_console=err_console)
+    run_benchmark(targets=targets, plan=plan, load=LoadOptions(n_ctx=ctx_size, n_threads=threads),
+                  json_output=json_output, plot=plot, store=store, out=sys.stdout, err_console=err_console)
 
 
 @app.command()
@@ -210,7 +220,7 @@ def pull(
     from .pull import pull as pull_pair
 
     pull_pair(pair_name=pair, verifier=verifier, draft=draft,
-              err_console=Console(stderr=True, highlight=False), out=sys.stdout)
+              err_console=Console(stderr=True, highlight=False, soft_wrap=True), out=sys.stdout)
 
 
 @app.command()

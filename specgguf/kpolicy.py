@@ -52,14 +52,15 @@ class AdaptiveK:
     def acceptance(self) -> float:
         return (self.accepted + 1.0) / (self.accepted + self.rejected + 2.0)
 
-    def verify_cost(self, k: int) -> float:
-        """t_verify(k) from a least-squares line through the measured batch sizes."""
+    def verify_line(self) -> tuple[float, float]:
+        """(v0, v1) with t_verify(k) = v0 + v1 * k, least squares over the measured batch sizes."""
         sizes = np.array(sorted(self.verify_costs), dtype=float)
-        costs = np.array([self.verify_costs[int(s)] for s in sizes])
-        if len(sizes) == 1:
-            return float(costs[0]) * (1 + k) / (1 + sizes[0])  # assume proportional until we know better
+        costs = np.array([self.verify_costs[int(size)] for size in sizes])
+        if len(sizes) == 1:  # one size known: assume cost proportional to batch length for now
+            per_token = float(costs[0]) / (1 + sizes[0])
+            return per_token, per_token
         slope, intercept = np.polyfit(sizes, costs, 1)
-        return max(float(intercept + slope * k), 1e-6)
+        return float(intercept), float(slope)
 
     def choose(self) -> int:
         # Warm-up: one plain step (the cost of a single token), then one at k_max.
@@ -68,7 +69,8 @@ class AdaptiveK:
         elif self.draft_cost is None or len(self.verify_costs) < 2:
             k = self.k_max
         else:
-            rates = [expected_tokens(self.acceptance, k) / (k * self.draft_cost + self.verify_cost(k))
+            v0, v1 = self.verify_line()
+            rates = [expected_tokens(self.acceptance, k) / (k * self.draft_cost + max(v0 + v1 * k, 1e-6))
                      for k in range(self.k_min, self.k_max + 1)]
             k = self.k_min + int(np.argmax(rates))
             if k == 0:

@@ -1,0 +1,70 @@
+"""`specgguf bench` on tiny generated models: the report's structure and its arithmetic."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from test_cli import specgguf
+
+
+@pytest.fixture(scope="module")
+def report(tiny_verifier, tiny_draft, tmp_path_factory):
+    config = tmp_path_factory.mktemp("config")
+    result = specgguf("bench", "-m", tiny_verifier, "-md", tiny_draft, "--quick", "--json",
+                      "--drafters", "model,ngram,hybrid", "--plot", config / "speedup.png",
+                      env={"XDG_CONFIG_HOME": str(config)})
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout), config
+
+
+def test_report_structure(report):
+    data, _ = report
+    assert data["prompts"] == ["code", "edit"] and data["repeats"] == 1 and data["max_tokens"] == 48
+    (result,) = data["results"]
+    labels = [row["label"] for row in result["settings"]]
+    assert labels == ["plain", "model K=4", "model K=8", "model K=adaptive", "ngram K=adaptive",
+                      "hybrid K=adaptive"]
+    for row in result["settings"]:
+        assert set(row["time_split"]) == {"draft", "verify", "other"}
+        assert 0.0 <= row["overhead"] <= 1.0 and len(row["runs"]) == 2
+        if row["k"] == 0:
+            assert row["acceptance_rate"] is None and row["tokens_per_step"] == 1.0
+        else:
+            assert len(row["acceptance_by_position"]) >= 1
+
+
+def test_ratios_are_consistent_with_the_reports_own_timings(report):
+    data, _ = report
+    settings = data["results"][0]["settings"]
+    plain = {run["prompt"]: run["n_tokens"] / run["seconds"] for run in settings[0]["runs"]}
+    for row in settings:
+        total_tokens = sum(run["n_tokens"] for run in row["runs"])
+        total_seconds = sum(run["seconds"] for run in row["runs"])
+        assert row["tokens_per_second"] == pytest.approx(total_tokens / total_seconds, rel=1e-3)
+        if row["k"] == 0:
+            continue
+        ratios = {run["prompt"]: run["n_tokens"] / run["seconds"] / plain[run["prompt"]] for run in row["runs"]}
+        assert row["speedup_by_prompt"] == pytest.approx(ratios, rel=1e-3)
+        assert row["speedup"] == pytest.approx(statistics.median(ratios.values()), rel=1e-3)
+        assert row["speedup_min"] == pytest.approx(min(ratios.values()), rel=1e-3)
+        assert row["speedup_max"] == pytest.approx(max(ratios.values()), rel=1e-3)
+
+
+def test_best_k_is_stored_for_auto_and_the_plot_is_written(report, tiny_verifier, tiny_draft):
+    data, config = report
+    best = data["results"][0]["best_k"]["0.0"]
+    fixed = [row for row in data["results"][0]["settings"] if row["drafter"] == "model" and row["k"] in (4, 8)]
+    winner = max(fixed, key=lambda row: row["speedup"])
+    assert best["k"] == (winner["k"] if winner["speedup"] > 1.0 else 0)
+    stored = json.loads((config / "specgguf" / "tuning.json").read_text())
+    (per_pair,) = stored.values()
+    assert per_pair[f"{tiny_verifier.name}|{tiny_draft.name}"]["greedy"]["k"] == best["k"]
+    assert (config / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+    # `run -k auto` now takes K from the stored measurement and says so.
+    run = specgguf("run", "-m", tiny_verifier, "-md", tiny_draft, "--temp", "0", "-n", "8", "--json", "the",
+                   env={"XDG_CONFIG_HOME": str(config)})
+    source = json.loads(run.stdout)["k_source"]
+    assert ("bench here" in source) if best["k"] else source.startswith("plain: bench measured")

@@ -1,0 +1,71 @@
+"""Where K comes from: -k N, -k adaptive, -k auto with and without a stored bench result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specgguf.engine import FixedK
+from specgguf.errors import UsageError
+from specgguf.kpolicy import AdaptiveK
+from specgguf.tuning import KChoice, load_tuning, make_policy, parse_k, store_measurement, tuning_path
+
+VERIFIER, DRAFT = Path("/models/big.gguf"), Path("/models/small.gguf")
+
+
+@pytest.fixture(autouse=True)
+def config(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+
+
+def _policy(choice, **overrides):
+    options = dict(verifier=VERIFIER, draft=DRAFT, drafter="model", temperature=0.0, recommended_k=6,
+                   force_spec=False) | overrides
+    return make_policy(choice, **options)
+
+
+def test_parse_k():
+    assert parse_k(None) == parse_k("auto") == KChoice("auto")
+    assert parse_k("adaptive") == KChoice("adaptive") and parse_k("5") == KChoice("fixed", 5)
+    for bad in ("five", "-1", "99"):
+        with pytest.raises(UsageError):
+            parse_k(bad)
+
+
+def test_auto_without_a_measurement_is_adaptive_and_may_fall_back():
+    policy, source = _policy(KChoice("auto"))
+    assert isinstance(policy, AdaptiveK) and policy.k_min == 0 and "no bench stored" in source
+    policy, _ = _policy(KChoice("auto"), force_spec=True)
+    assert policy.k_min == 1
+
+
+def test_auto_uses_the_stored_best_k():
+    store_measurement(VERIFIER, DRAFT, 0.0, {"k": 8, "speedup": 2.4, "acceptance_rate": 0.9})
+    policy, source = _policy(KChoice("auto"))
+    assert isinstance(policy, FixedK) and policy.k == 8 and "2.40×" in source
+    # Sampled decoding has no measurement yet: adaptive.
+    assert isinstance(_policy(KChoice("auto"), temperature=0.8)[0], AdaptiveK)
+
+
+def test_auto_falls_back_to_plain_where_bench_measured_it_faster_unless_forced():
+    store_measurement(VERIFIER, DRAFT, 0.0, {"k": 0, "speedup": 0.85, "acceptance_rate": 0.7})
+    policy, source = _policy(KChoice("auto"))
+    assert policy.k == 0 and "0.85×" in source and "--force-spec" in source
+    policy, _ = _policy(KChoice("auto"), force_spec=True)
+    assert policy.k == 6  # the pair's recommended K
+
+
+def test_explicit_k_wins_and_no_draft_is_plain():
+    store_measurement(VERIFIER, DRAFT, 0.0, {"k": 0, "speedup": 0.85, "acceptance_rate": 0.7})
+    assert _policy(KChoice("fixed", 3))[0].k == 3
+    assert _policy(KChoice("auto"), draft=None)[0].k == 0
+    assert isinstance(_policy(KChoice("auto"), draft=None, drafter="ngram")[0], AdaptiveK)
+
+
+def test_tuning_file_survives_a_corrupt_write_and_keeps_other_pairs():
+    store_measurement(VERIFIER, DRAFT, 0.0, {"k": 4, "speedup": 1.3, "acceptance_rate": 0.8})
+    store_measurement(Path("other.gguf"), DRAFT, 0.0, {"k": 2, "speedup": 1.1, "acceptance_rate": 0.6})
+    assert len(next(iter(load_tuning().values()))) == 2
+    tuning_path().write_text("{not json")
+    assert load_tuning() == {}  # unreadable: treated as no measurement, not a crash
