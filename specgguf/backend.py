@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,6 +90,7 @@ class LlamaModel:
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.cached: list[int] = []  # the tokens in the KV cache
+        self.busy_seconds = 0.0  # time spent inside llama.cpp evaluating (for overhead figures)
 
     @property
     def n_past(self) -> int:
@@ -111,6 +113,7 @@ class LlamaModel:
             raise ContextFullError(f"context overflow: {self.n_past} + {len(tokens)} tokens > {self.n_ctx}")
         if n_logits > min(len(tokens), self.n_batch):
             raise ValueError(f"asked for {n_logits} logits rows from {len(tokens)} tokens")
+        started = time.perf_counter()
         batch = self._batch
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start:start + self.n_batch]
@@ -127,9 +130,12 @@ class LlamaModel:
                 raise ModelLoadError(f"{self.path.name}: llama_decode failed ({status}): {_reason('')}")
             self.cached.extend(chunk)
         if n_logits == 0:
+            self.busy_seconds += time.perf_counter() - started
             return np.empty((0, self.n_vocab), dtype=np.float32)
         pointer = llama_cpp.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(pointer, shape=(n_logits, self.n_vocab)).copy()
+        logits = np.ctypeslib.as_array(pointer, shape=(n_logits, self.n_vocab)).copy()
+        self.busy_seconds += time.perf_counter() - started
+        return logits
 
     def rewind(self, n_past: int) -> None:
         if n_past < self.n_past:
@@ -183,17 +189,46 @@ class LlamaModel:
 
     # --- what the compatibility check reads ---
     def vocab_info(self) -> VocabInfo:
-        vocab = self._vocab
-        return VocabInfo(
-            name=self.path.name,
-            vocab_type=llama_cpp.llama_vocab_type(vocab),
-            n_vocab=self.n_vocab,
-            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
-            add_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
-            bos=llama_cpp.llama_vocab_bos(vocab),
-            eos=llama_cpp.llama_vocab_eos(vocab),
-            token_texts=tuple(llama_cpp.llama_vocab_get_text(vocab, token) for token in range(self.n_vocab)),
-        )
+        return _vocab_info(self._vocab, self.path.name)
+
+
+def _vocab_info(vocab, name: str) -> VocabInfo:
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    return VocabInfo(
+        name=name,
+        vocab_type=llama_cpp.llama_vocab_type(vocab),
+        n_vocab=n_vocab,
+        add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+        add_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
+        bos=llama_cpp.llama_vocab_bos(vocab),
+        eos=llama_cpp.llama_vocab_eos(vocab),
+        token_texts=tuple(llama_cpp.llama_vocab_get_text(vocab, token) for token in range(n_vocab)),
+    )
+
+
+def read_vocab(path: str | Path, *, metadata_keys: Sequence[str] = ()) -> tuple[VocabInfo, dict[str, str]]:
+    """A GGUF's vocabulary and some metadata values, loading no weights (for `check` and `pull`)."""
+    path = Path(path)
+    check_gguf_file(path)
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    _recent_log.clear()
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise ModelLoadError(f"{path}: llama.cpp could not read its vocabulary: {_reason('unknown error')}")
+    try:
+        metadata = {}
+        for key in metadata_keys:
+            buffer = ctypes.create_string_buffer(256)
+            size = llama_cpp.llama_model_meta_val_str(model, key.encode(), buffer, len(buffer))
+            if size >= len(buffer):  # chat templates are long: ask again with room for all of it
+                buffer = ctypes.create_string_buffer(size + 1)
+                size = llama_cpp.llama_model_meta_val_str(model, key.encode(), buffer, len(buffer))
+            if size >= 0:
+                metadata[key] = buffer.value.decode("utf-8", "replace")
+        return _vocab_info(llama_cpp.llama_model_get_vocab(model), path.name), metadata
+    finally:
+        llama_cpp.llama_model_free(model)
 
 
 def convert_to_f16(source: Path, destination: Path, *, n_threads: int | None = None) -> Path:
