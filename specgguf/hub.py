@@ -1,0 +1,227 @@
+"""Hugging Face downloads into huggingface_hub's own cache: resumable across runs, SHA-256 checked.
+
+Files land where `hf_hub_download` puts them: `blobs/<etag>` under
+`$HF_HUB_CACHE/models--OWNER--NAME/`, linked from `snapshots/<commit>/<file>`, with
+`refs/<revision>` naming the commit. So files other tools pulled are reused, and ours
+serve them. huggingface_hub finds the file (`get_hf_file_metadata`, which follows the
+hub's redirects) and reads the cache (`try_to_load_from_cache`); the bytes are fetched
+here because since huggingface_hub 1.x `hf_hub_download` writes each attempt to a fresh
+temporary file and deletes it on failure, so an interrupted multi-GB download starts
+over (huggingface/huggingface_hub#4196). We keep `blobs/<etag>.incomplete` instead and
+resume it with an HTTP Range request, hashing as we go. It becomes the blob only once
+its size and SHA-256 match: a file that looks complete is always a verified one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx2
+from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RemoteEntryNotFoundError,
+                                    RepositoryNotFoundError, RevisionNotFoundError)
+from huggingface_hub.file_download import repo_folder_name
+from huggingface_hub.utils import WeakFileLock, build_hf_headers
+
+from .assets import cache_dir
+from .errors import AssetError, HubUnreachableError
+from .transfer import Progress, fetch
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_BLOCK = 4 * 1024 * 1024
+_TIMEOUT = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or 10)
+
+
+@dataclass(frozen=True)
+class HubFile:
+    repo: str
+    file: str
+    revision: str | None = None  # None: main
+    sha256: str | None = None
+    size: int | None = None
+
+    @property
+    def ref(self) -> str:
+        return f"{self.repo}/{self.file}" + (f" at {self.revision}" if self.revision else "")
+
+
+def hub_cache() -> Path:
+    """huggingface_hub's cache folder, read from the environment now (its own constants are read at import)."""
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(name):
+            return Path(os.path.expandvars(os.environ[name])).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.path.expandvars(os.environ["HF_HOME"])).expanduser() / "hub"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface" / "hub"
+
+
+def hub_endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def offline() -> bool:
+    return any(os.environ.get(name, "").upper() in {"1", "ON", "YES", "TRUE"}
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def cached(file: HubFile) -> Path | None:
+    """The file's path in the hub cache, or None (no network)."""
+    found = try_to_load_from_cache(file.repo, file.file, cache_dir=hub_cache(), revision=file.revision)
+    return Path(found) if isinstance(found, str) else None
+
+
+def snapshot_commit(path: Path) -> str | None:
+    """The commit of a `snapshots/<commit>/...` path."""
+    parts = path.parts
+    return parts[parts.index("snapshots") + 1] if "snapshots" in parts[:-1] else None
+
+
+def lfs_sha256(path: Path) -> str | None:
+    """The SHA-256 a cached file's blob is named by (the hub's LFS ETag), if it is one."""
+    name = path.resolve().name
+    return name if _SHA256.fullmatch(name) else None
+
+
+# --- verification: a SHA-256 is checked once, then remembered by size and mtime ---------
+def _stamp_path(sha256: str) -> Path:
+    return cache_dir() / "verified" / sha256
+
+
+def _is_stamped(path: Path, sha256: str) -> bool:
+    try:
+        stamp, stat = json.loads(_stamp_path(sha256).read_text()), path.stat()
+    except (OSError, ValueError):
+        return False
+    return stamp == {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _stamp(path: Path, sha256: str) -> None:
+    stat = path.stat()
+    _stamp_path(sha256).parent.mkdir(parents=True, exist_ok=True)
+    _stamp_path(sha256).write_text(json.dumps({"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}))
+
+
+def _hash(path: Path, progress: Progress | None, what: str) -> str:
+    digest, done, total = hashlib.sha256(), 0, path.stat().st_size
+    with path.open("rb") as handle:
+        while block := handle.read(_BLOCK):
+            digest.update(block)
+            done += len(block)
+            if progress:
+                progress(what, done, total)
+    return digest.hexdigest()
+
+
+def verify_cached(path: Path, sha256: str | None, progress: Progress | None = None) -> bool:
+    """True if the cached file is `sha256` (else the LFS SHA-256 its blob is named by), checked once.
+
+    A blob named by another SHA-256 is another version of the file: left alone, False.
+    A blob whose bytes do not match is damaged: its snapshot link and the blob are
+    removed, so that nothing complete-looking is left, and False.
+    """
+    blob, named = path.resolve(), lfs_sha256(path)
+    if sha256 and named and named != sha256:
+        return False
+    expected = sha256 or named
+    if expected is None or _is_stamped(blob, expected):
+        return True
+    if _hash(blob, progress, "verifying") == expected:
+        _stamp(blob, expected)
+        return True
+    path.unlink(missing_ok=True)
+    blob.unlink(missing_ok=True)
+    return False
+
+
+# --- the download ------------------------------------------------------------------------
+def download(file: HubFile, *, progress: Progress | None = None) -> Path:
+    """The file's path in the hub cache: reused if there and intact, else downloaded (resuming)."""
+    found = cached(file)
+    if found is not None and verify_cached(found, file.sha256, progress):
+        return found
+    if offline():
+        raise HubUnreachableError(f"{file.ref} is not in the Hugging Face cache ({hub_cache()}) and"
+                                  " HF_HUB_OFFLINE is set: unset it to download")
+    endpoint = hub_endpoint()
+    meta = _metadata(file, endpoint)
+    etag_sha256 = meta.etag if _SHA256.fullmatch(meta.etag) else None
+    if file.sha256 and etag_sha256 and etag_sha256 != file.sha256:
+        raise AssetError(f"{file.ref}: the hub's file has SHA-256 {etag_sha256}, the registry expects"
+                         f" {file.sha256}: it changed upstream or the entry is wrong; nothing was downloaded")
+    if file.size and meta.size and meta.size != file.size:
+        raise AssetError(f"{file.ref}: the hub's file has {meta.size} bytes, the registry expects {file.size};"
+                         " nothing was downloaded")
+    storage = hub_cache() / repo_folder_name(repo_id=file.repo, repo_type="model")
+    pointer = storage / "snapshots" / meta.commit_hash / file.file
+    blob = storage / "blobs" / meta.etag
+    lock = storage.parent / ".locks" / storage.name / f"{meta.etag}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with WeakFileLock(lock):
+        if blob.is_file():
+            verify_cached(blob, file.sha256 or etag_sha256, progress)  # removes it if it is not the file
+        if not blob.is_file():
+            headers = build_hf_headers()
+            if urlparse(meta.location).netloc != urlparse(endpoint).netloc:
+                headers.pop("authorization", None)  # a CDN link is already signed
+            expected = file.sha256 or etag_sha256
+            fetch(meta.location, blob, name=file.ref, size=meta.size, sha256=expected, headers=headers,
+                  progress=progress)
+            if expected is not None:
+                _stamp(blob, expected)
+        _link(blob, pointer)
+        _write_ref(storage, file.revision or "main", meta.commit_hash)
+    return pointer
+
+
+def _metadata(file: HubFile, endpoint: str):
+    url = hf_hub_url(file.repo, file.file, revision=file.revision, endpoint=endpoint)
+    try:
+        meta = get_hf_file_metadata(url, endpoint=endpoint, timeout=_TIMEOUT)
+    except GatedRepoError:
+        raise AssetError(f"{file.repo} is gated: accept its licence at {endpoint}/{file.repo},"
+                         " then log in with `hf auth login`") from None
+    except RepositoryNotFoundError:
+        raise AssetError(f"repository {file.repo} was not found on {endpoint} (or it is private)") from None
+    except RevisionNotFoundError:
+        raise AssetError(f"revision {file.revision} of {file.repo} was not found on {endpoint}") from None
+    except RemoteEntryNotFoundError:
+        raise AssetError(f"{file.file} was not found in {file.repo}"
+                         f" ({file.revision or 'main'}) on {endpoint}") from None
+    except HfHubHTTPError as error:
+        status = error.response.status_code if error.response is not None else "?"
+        if status == 404:
+            raise AssetError(f"{file.ref} was not found on {endpoint} (HTTP 404)") from None
+        raise HubUnreachableError(f"the hub at {endpoint} answered HTTP {status} for {file.ref}:"
+                                  " try again later") from None
+    except httpx2.TransportError as error:
+        raise HubUnreachableError(f"cannot reach the Hugging Face hub at {endpoint} ({error or type(error).__name__}):"
+                                  " check the connection and HF_ENDPOINT; models already pulled still run") from None
+    if meta.commit_hash is None or meta.etag is None:
+        raise HubUnreachableError(f"{endpoint} does not answer like a Hugging Face hub (no commit or ETag"
+                                  f" for {file.ref}): check HF_ENDPOINT")
+    return meta
+
+
+def _link(blob: Path, pointer: Path) -> None:
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    if pointer.is_symlink() or pointer.exists():
+        pointer.unlink()
+    try:
+        pointer.symlink_to(os.path.relpath(blob, pointer.parent))
+    except OSError:  # no symlinks here (some Windows setups): move the blob, as huggingface_hub does
+        os.replace(blob, pointer)
+
+
+def _write_ref(storage: Path, revision: str, commit: str) -> None:
+    if revision == commit:
+        return
+    ref = storage / "refs" / revision
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    if not ref.is_file() or ref.read_text() != commit:
+        ref.write_text(commit)
