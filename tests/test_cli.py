@@ -52,9 +52,11 @@ def test_k_zero_decodes_with_the_verifier_alone(tiny):
     assert report["n_drafted"] == 0 and report["acceptance_rate"] is None and report["tokens_per_step"] == 1.0
 
 
-def test_sampled_runs_repeat_with_a_seed(tiny):
-    first = specgguf("run", *tiny, "--seed", "5", "-n", "20", "the cat")
-    again = specgguf("run", *tiny, "--seed", "5", "-n", "20", "the cat")
+def test_sampled_runs_repeat_with_a_seed_and_a_fixed_k(tiny):
+    # With a fixed K the random draws happen in the same order; adaptive K follows
+    # measured timings, so only its distribution, not its exact sample, repeats.
+    first = specgguf("run", *tiny, "--seed", "5", "-k", "3", "-n", "20", "the cat")
+    again = specgguf("run", *tiny, "--seed", "5", "-k", "3", "-n", "20", "the cat")
     assert first.returncode == 0 and first.stdout == again.stdout
 
 
