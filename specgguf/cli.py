@@ -80,6 +80,13 @@ def _read_prompt(prompt: str | None) -> str:
     return sys.stdin.read()
 
 
+def _sampling_settings(temp: float, top_k: int, top_p: float, min_p: float) -> SamplingSettings:
+    try:
+        return SamplingSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
 def _draft_options(draft_max: str | None, drafter: str, p_min: float, n_min: int, force_spec: bool):
     from .drafting import DRAFTERS
     from .run import DraftOptions
@@ -141,10 +148,7 @@ def run(
 
     text = _read_prompt(prompt)
     out_console, err_console = _consoles(json_output)
-    try:
-        settings = SamplingSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
+    settings = _sampling_settings(temp, top_k, top_p, min_p)
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
                             on_progress=_progress_bar(err_console))
     with _reader_may_leave():
@@ -288,10 +292,7 @@ def chat(
     from .resolve import resolve_pair
 
     out_console, err_console = _consoles(False)
-    try:
-        settings = SamplingSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
+    settings = _sampling_settings(temp, top_k, top_p, min_p)
     drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec)
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
                             on_progress=_progress_bar(err_console))
