@@ -22,7 +22,7 @@ from typing import Protocol
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .sampling import SamplingSettings, process_logits, sample_token
+from .sampling import SamplingSettings, sample_token, sparse_distribution
 
 
 @dataclass
@@ -98,9 +98,11 @@ class ModelDrafter:
                 token = int(np.argmax(logits[0]))
                 top_prob = 1.0 / np.exp(logits[0] - logits[0, token]).sum() if self.p_min > 0 else 1.0
             else:
-                draft_probs = process_logits(logits, settings)[0]
-                token = sample_token(draft_probs, rng)
-                top_prob = float(draft_probs.max())
+                support, weights = sparse_distribution(logits[0], settings)
+                token = int(support[sample_token(weights, rng)])
+                top_prob = float(weights.max())
+                draft_probs = np.zeros(n_vocab)
+                draft_probs[support] = weights
             # Early stop: an unsure draft is not worth a verifier slot.
             if len(drafts.tokens) >= self.n_min and top_prob < self.p_min:
                 break

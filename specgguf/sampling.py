@@ -45,8 +45,9 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum()
 
 
-def _process_row(logits: np.ndarray, settings: SamplingSettings, probs: np.ndarray) -> None:
-    """Write the processed distribution of one logits row into `probs` (zeros on entry)."""
+def sparse_distribution(logits: np.ndarray, settings: SamplingSettings) -> tuple[np.ndarray, np.ndarray]:
+    """One logits row -> (token ids, their probabilities): the support of the processed
+    distribution, which the chain keeps small (top-k), so draws need not scan the vocabulary."""
     n_vocab = logits.shape[0]
     # top-k: keep the k largest logits (0 disables).
     if 0 < settings.top_k < n_vocab:
@@ -70,7 +71,7 @@ def _process_row(logits: np.ndarray, settings: SamplingSettings, probs: np.ndarr
     if settings.min_p > 0.0:
         keep = candidate_logits >= candidate_logits[0] + np.log(settings.min_p)
         candidates, candidate_logits = candidates[keep], candidate_logits[keep]
-    probs[candidates] = _softmax(candidate_logits / settings.temperature)
+    return candidates, _softmax(candidate_logits / settings.temperature)
 
 
 def process_logits(logits: np.ndarray, settings: SamplingSettings) -> np.ndarray:
@@ -83,7 +84,8 @@ def process_logits(logits: np.ndarray, settings: SamplingSettings) -> np.ndarray
     logits = np.atleast_2d(logits)
     probs = np.zeros(logits.shape, dtype=np.float64)
     for row, out in zip(logits, probs):
-        _process_row(row, settings, out)
+        candidates, candidate_probs = sparse_distribution(row, settings)
+        out[candidates] = candidate_probs
     return probs
 
 
