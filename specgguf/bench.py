@@ -74,14 +74,7 @@ class Setting:
     def total(self) -> GenerationStats:
         total = GenerationStats()
         for run in self.runs:
-            for name in ("n_tokens", "n_steps", "n_drafted", "n_accepted", "draft_seconds", "verify_seconds",
-                         "sample_seconds", "prefill_seconds", "wall_seconds"):
-                setattr(total, name, getattr(total, name) + getattr(run, name))
-            for mine, theirs in ((total.drafted_by_position, run.drafted_by_position),
-                                 (total.accepted_by_position, run.accepted_by_position)):
-                mine.extend([0] * (len(theirs) - len(mine)))
-                for i, count in enumerate(theirs):
-                    mine[i] += count
+            total.merge(run)
         return total
 
     def report(self) -> dict:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .engine import FixedK, StepEvent  # noqa: F401 - FixedK re-exported
+from .engine import StepEvent
 
 
 def expected_tokens(acceptance: float, k: int) -> float:

@@ -44,6 +44,20 @@ class GenerationStats:
             for position in range(n):
                 counts[position] += 1
 
+    def merge(self, other: "GenerationStats") -> None:
+        """Add another run's totals to these (bench sums its runs per setting)."""
+        for name in ("n_tokens", "n_steps", "n_drafted", "n_accepted", "n_plain_steps", "draft_seconds",
+                     "verify_seconds", "sample_seconds", "prefill_seconds", "wall_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for source, n in other.accepted_by_source.items():
+            self.accepted_by_source[source] = self.accepted_by_source.get(source, 0) + n
+        for mine, theirs in ((self.drafted_by_position, other.drafted_by_position),
+                             (self.accepted_by_position, other.accepted_by_position)):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for position, count in enumerate(theirs):
+                mine[position] += count
+        self.stop = other.stop or self.stop
+
     @property
     def tokens_per_second(self) -> float:
         return self.n_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0

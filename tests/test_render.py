@@ -52,3 +52,15 @@ def test_stats_count_accepted_tokens_by_drafter():
     assert stats.accepted_by_source == {"draft": 3, "ngram": 1}
     assert "3 from draft" in stats.summary() and "1 from ngram" in stats.summary()
     assert stats.acceptance_rate == 4 / 5
+
+
+def test_merged_stats_equal_stats_of_all_events():
+    first, second, together = GenerationStats(), GenerationStats(), GenerationStats()
+    for event in EVENTS[:2]:
+        first.add(event)
+        together.add(event)
+    for event in EVENTS[2:]:
+        second.add(event)
+        together.add(event)
+    first.merge(second)
+    assert first == together
