@@ -15,7 +15,8 @@ with x removed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,6 +31,8 @@ class Drafts:
     tokens: list[int] = field(default_factory=list)
     probs: list[np.ndarray] = field(default_factory=list)  # one row per token when sampling; empty when greedy
     source: str = "draft"  # which drafter proposed them: "draft" or "ngram"
+    confidence: list[float] = field(default_factory=list)  # a draft model's top probability per token
+    catchup_seconds: float = 0.0  # spent reading tokens the verifier decoded alone (plain steps)
 
 
 class Drafter(Protocol):
@@ -42,8 +45,9 @@ class Drafter(Protocol):
         """How many tokens it can still propose after a context of this length."""
 
     def propose(self, context: list[int], k: int, *, n_vocab: int, settings: SamplingSettings,
-                rng: np.random.Generator) -> Drafts:
-        """Up to k tokens that continue `context`."""
+                rng: np.random.Generator, keep_drafting: Callable[[list[float]], bool] | None = None) -> Drafts:
+        """Up to k tokens that continue `context`. A drafter that knows its confidence asks
+        `keep_drafting(confidences so far)` after each token and stops when it says no."""
 
     def sync(self, context: list[int]) -> None:
         """The verifier settled on `context`: drop anything beyond it."""
@@ -89,14 +93,19 @@ class ModelDrafter:
         # It evaluates its pending tokens plus every draft but the last.
         return self.model.n_ctx - context_length + 1
 
-    def propose(self, context, k, *, n_vocab, settings, rng) -> Drafts:
+    def propose(self, context, k, *, n_vocab, settings, rng, keep_drafting=None) -> Drafts:
         drafts = Drafts(source=self.source)
         feed = context[self.model.n_past:]
+        if len(feed) > 2:  # after plain steps (or another drafter's): not a cost of drafting itself
+            start = time.perf_counter()
+            self.model.eval(feed[:-1], n_logits=0)
+            drafts.catchup_seconds = time.perf_counter() - start
+            feed = feed[-1:]
         for _ in range(k):
             logits = _align(self.model.eval(feed, n_logits=1), n_vocab)
             if settings.greedy:
                 token = int(np.argmax(logits[0]))
-                top_prob = 1.0 / np.exp(logits[0] - logits[0, token]).sum() if self.p_min > 0 else 1.0
+                top_prob = float(1.0 / np.exp(logits[0] - logits[0, token]).sum())
             else:
                 support, weights = sparse_distribution(logits[0], settings)
                 token = int(support[sample_token(weights, rng)])
@@ -107,9 +116,10 @@ class ModelDrafter:
             if len(drafts.tokens) >= self.n_min and top_prob < self.p_min:
                 break
             drafts.tokens.append(token)
+            drafts.confidence.append(top_prob)
             if not settings.greedy:
                 drafts.probs.append(draft_probs)
-            if self.model.is_eog(token):
+            if self.model.is_eog(token) or (keep_drafting is not None and not keep_drafting(drafts.confidence)):
                 break
             feed = [token]
         return drafts
@@ -150,7 +160,7 @@ class NgramDrafter:
         self.last_match = 0
         return []
 
-    def propose(self, context, k, *, n_vocab, settings, rng) -> Drafts:
+    def propose(self, context, k, *, n_vocab, settings, rng, keep_drafting=None) -> Drafts:
         tokens = self.lookup(context, k) if k > 0 else []
         probs = []
         if not settings.greedy:
@@ -178,11 +188,12 @@ class HybridDrafter:
     def room(self, context_length):
         return self.model_drafter.room(context_length)
 
-    def propose(self, context, k, *, n_vocab, settings, rng) -> Drafts:
+    def propose(self, context, k, *, n_vocab, settings, rng, keep_drafting=None) -> Drafts:
         proposal = self.ngram.propose(context, k, n_vocab=n_vocab, settings=settings, rng=rng)
         if proposal.tokens and self.ngram.last_match >= self.min_match:
             return proposal
-        return self.model_drafter.propose(context, k, n_vocab=n_vocab, settings=settings, rng=rng)
+        return self.model_drafter.propose(context, k, n_vocab=n_vocab, settings=settings, rng=rng,
+                                          keep_drafting=keep_drafting)
 
     def sync(self, context):
         self.model_drafter.sync(context)

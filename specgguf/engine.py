@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -25,6 +25,9 @@ class KPolicy(Protocol):
 
     def choose(self) -> int: ...
 
+    def keep_drafting(self, confidences: list[float]) -> bool:
+        """Asked after each draft token (its top probabilities so far): go on drafting?"""
+
     def observe(self, event: "StepEvent") -> None: ...
 
 
@@ -34,6 +37,9 @@ class FixedK:
 
     def choose(self) -> int:
         return self.k
+
+    def keep_drafting(self, confidences: list[float]) -> bool:
+        return True
 
     def observe(self, event: "StepEvent") -> None:
         pass
@@ -74,6 +80,8 @@ class StepEvent:
     sample_seconds: float
     prefill_seconds: float = 0.0  # prompt ingestion, on the first event only
     draft_source: str | None = None  # who proposed the drafts: "draft" (model) or "ngram"
+    draft_confidence: list[float] = field(default_factory=list)  # the draft model's top probability per draft
+    draft_catchup_seconds: float = 0.0  # of draft_seconds: the draft reading tokens decoded without it
     stop: str | None = None  # "eos", "max_tokens" or "context" on the last event
 
     @property
@@ -129,8 +137,8 @@ def speculate(
             room = min(room, drafter.room(len(context)))
         k_step = max(0, min(policy.choose() if drafter is not None else 0, room, max_tokens - n_emitted - 1))
         t0 = time.perf_counter()
-        drafts = drafter.propose(context, k_step, n_vocab=verifier.n_vocab, settings=settings, rng=rng) \
-            if k_step > 0 else Drafts()
+        drafts = drafter.propose(context, k_step, n_vocab=verifier.n_vocab, settings=settings, rng=rng,
+                                 keep_drafting=policy.keep_drafting) if k_step > 0 else Drafts()
         t1 = time.perf_counter()
         # One batched pass: the pending token plus every draft; logits rows i = 0..K
         # are the verifier's next-token scores after pending + drafts[:i].
@@ -158,6 +166,7 @@ def speculate(
             verifier_token=next_token, n_drafted=n_drafted, n_accepted=n_accepted,
             draft_seconds=t1 - t0, verify_seconds=t2 - t1, sample_seconds=t3 - t2,
             prefill_seconds=prefill_seconds, draft_source=drafts.source if n_drafted else None,
+            draft_confidence=drafts.confidence, draft_catchup_seconds=drafts.catchup_seconds,
         )
         prefill_seconds = 0.0
         policy.observe(event)

@@ -1,6 +1,6 @@
 """How many tokens to draft next: a fixed K, or K chosen each step from measured costs.
 
-The adaptive choice maximises expected tokens per second under this model:
+The adaptive policy maximises expected tokens per second under this model:
 
 - Draft position i (1-based) is accepted, given that positions 1..i-1 were, with
   probability c_i, estimated per position from decayed counts of drafted and
@@ -10,18 +10,32 @@ The adaptive choice maximises expected tokens per second under this model:
   acceptance is bursty (a draft on a roll tends to stay right), so the i.i.d.
   geometric model of Leviathan et al. (2023, §3.4), E(k) = (1 − a^(k+1))/(1 − a),
   underestimates deep drafts; it is what you get here when every c_i is equal.
-- A step costs T(k) = k · t_draft + t_verify(k): t_draft is the measured seconds
-  per draft token, t_verify(k) the measured seconds to verify a batch of k + 1
-  tokens, fitted as v0 + v1 · k by least squares over recent steps. On a CPU
-  with a compute-bound verifier v1 is large (a batch of 9 costs ~3.6× one
-  token); on a memory-bound one it is small (~1.7×), which is why K should differ.
-- k = 0 is plain decoding: E = 1, T = t_verify(0). So when speculation loses,
-  the policy falls back to plain by itself, and re-probes every `probe_every`
-  steps in case the text became easier to draft. While speculating it tries
-  k* + 2 every `explore_every` steps, to keep estimates for deeper positions.
+- A step costs T(k) = k · t_draft + t_verify(k) + overhead: t_draft is the
+  measured seconds per draft token; t_verify(k), the seconds to verify a batch
+  of k + 1 tokens, is v0 + v1 · k fitted by least squares over the batch sizes
+  seen with drafts, while t_verify(0), a single token (plain decoding), is kept as
+  measured: llama.cpp runs it through cheaper matrix-vector kernels. Measured here
+  with the 1.5B verifier: Q4_K_M (compute-bound) 35 ms for one token, 59 ms for
+  two, +20 ms per further token; F16 (memory-bound) 79 ms, 124 ms, +14 ms.
+- k = 0 is plain decoding: E = 1, T = t_verify(0). K* = argmax over
+  k_min ≤ k ≤ k_max of E(k) / T(k). When K* = 0 speculation is losing and the
+  policy decodes plain, re-probing every `probe_every` steps — but only once c_1
+  is known well enough: if c_1 raised by `doubt` standard errors (an upper confidence
+  bound) would still make some k ≥ 1 win, it keeps speculating. Giving up on a
+  few unlucky drafts costs more than a few more drafts do.
 
-K* = argmax over k_min ≤ k ≤ k_max of E(k) / T(k). Warm-up: one plain step (the
-cost of one token), then one at `k_start`.
+How long each draft is: with a draft model, which reports its top probability for
+every token it proposes, K* ≥ 1 only says "speculate" and the draft stops when
+`keep_drafting` says another token no longer raises the step's tokens per second,
+judged from the draft's confidence calibrated online against what the verifier
+accepted (the rule is in its docstring). This is llama.cpp's `--draft-p-min`
+with the threshold derived from measured costs instead of fixed: it drafts deep
+through confident runs on a memory-bound verifier and stops at the first unsure
+token on a compute-bound one. Proposers without a confidence (prompt lookup) draft
+K* tokens, and every `explore_every` steps K* + 2, to keep estimates for deeper
+positions.
+
+Warm-up: one plain step (the cost of one token), then one draft of `k_start`.
 """
 
 from __future__ import annotations
@@ -40,6 +54,10 @@ def expected_tokens(acceptance: float, k: int) -> float:
     return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
 
 
+# Bins of the draft's top probability for calibration: finer near 1, where most drafts are.
+CONFIDENCE_EDGES = np.array([0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995])
+
+
 @dataclass
 class AdaptiveK:
     k_max: int = 16
@@ -53,39 +71,70 @@ class AdaptiveK:
     verify_costs: dict[int, float] = field(default_factory=dict)  # k -> decayed seconds to verify k+1 tokens
     drafted: np.ndarray = field(default=None)  # decayed count of drafts at each position
     accepted: np.ndarray = field(default=None)  # ... and of those accepted
+    doubt: float = 2.0  # standard errors of optimism about c_1 before falling back to plain
+    step_overhead: float = 0.0  # seconds per step outside drafting and verifying (sampling, rollback)
+    calibration_decay: float = 0.995  # slower: each bin sees only some of the drafts
+    tried_by_confidence: np.ndarray = field(default=None)  # decayed drafts the rule tested, per bin
+    accepted_by_confidence: np.ndarray = field(default=None)  # ... and of those accepted
+    confidence_seen: bool = False  # the drafter reports confidence: `keep_drafting` sets the length
     steps: int = 0
     steps_since_probe: int = 0
 
     def __post_init__(self) -> None:
         self.drafted = np.zeros(self.k_max)
         self.accepted = np.zeros(self.k_max)
+        self.tried_by_confidence = np.zeros(len(CONFIDENCE_EDGES) + 1)
+        self.accepted_by_confidence = np.zeros(len(CONFIDENCE_EDGES) + 1)
 
     @property
     def acceptance(self) -> float:
         """The overall acceptance rate, with a Beta(1, 1) prior."""
         return (self.accepted.sum() + 1.0) / (self.drafted.sum() + 2.0)
 
-    def expected_by_k(self) -> np.ndarray:
-        """E(k) for k = 0..k_max from per-position conditional acceptance c_i."""
+    def expected_by_k(self, optimism: float = 0.0) -> np.ndarray:
+        """E(k) for k = 0..k_max from per-position conditional acceptance c_i. `optimism` raises
+        c_1 by that many standard errors (an upper confidence bound): the first position is the
+        one every speculative step tests, so its evidence is what decides against speculating."""
         prior = self.acceptance
         conditional = (self.accepted + 2.0 * prior) / (self.drafted + 2.0)
+        if optimism:
+            first = conditional[0]
+            conditional[0] = min(1.0, first + optimism * np.sqrt(first * (1.0 - first) / (self.drafted[0] + 2.0)))
         return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(conditional))])
 
     def verify_line(self) -> tuple[float, float]:
-        """(v0, v1) with t_verify(k) = v0 + v1 * k, least squares over the measured batch sizes."""
-        sizes = np.array(sorted(self.verify_costs), dtype=float)
-        costs = np.array([self.verify_costs[int(size)] for size in sizes])
-        if len(sizes) == 1:  # one size known: assume cost proportional to batch length for now
-            per_token = float(costs[0]) / (1 + sizes[0])
-            return per_token, per_token
+        """(v0, v1) with t_verify(k) = v0 + v1·k for k ≥ 1: least squares over the measured
+        batch sizes with drafts. A batch of one token (plain, k = 0) is left out: llama.cpp runs
+        it through matrix-vector kernels, cheaper than the line (F16 1.5B here: 79 ms for one
+        token, 124 ms for two, then +14 ms per token)."""
+        sizes = sorted(k for k in self.verify_costs if k > 0)
+        if len(sizes) < 2:  # too few to fit without plain's point
+            sizes = sorted(self.verify_costs)
+        if len(sizes) < 2:  # one size known: assume cost proportional to batch length for now
+            (size, cost), = self.verify_costs.items()
+            return cost / (1 + size), cost / (1 + size)
+        costs = np.array([self.verify_costs[size] for size in sizes])
+        sizes = np.array(sizes, dtype=float)
         slope, intercept = np.polyfit(sizes, costs, 1)
         return float(intercept), float(slope)
 
-    def best_k(self) -> int:
+    def verify_seconds(self, ks: np.ndarray) -> np.ndarray:
+        """Predicted seconds to verify k drafts (a batch of k + 1 tokens), k = 0 as measured."""
         v0, v1 = self.verify_line()
+        predicted = np.maximum(v0 + v1 * ks, 1e-6)
+        return np.where(ks == 0, self.verify_costs.get(0, v0), predicted)
+
+    def best_k(self) -> int:
         ks = np.arange(self.k_max + 1)
-        rates = self.expected_by_k() / (ks * self.draft_cost + np.maximum(v0 + v1 * ks, 1e-6))
-        return self.k_min + int(np.argmax(rates[self.k_min:]))
+        seconds = ks * self.draft_cost + self.verify_seconds(ks) + self.step_overhead
+        rates = self.expected_by_k() / seconds
+        k = self.k_min + int(np.argmax(rates[self.k_min:]))
+        if k == 0 and (self.expected_by_k(optimism=self.doubt) / seconds)[1:].max() > rates[0]:
+            # Plain looks best, but with `doubt` standard errors speculation still wins: the
+            # estimates rest on too few drafts to give up on it yet (a wrong "plain" is costly,
+            # it is only re-probed every `probe_every` steps).
+            k = 1 + int(np.argmax(rates[1:]))
+        return k
 
     def choose(self) -> int:
         self.steps += 1
@@ -99,20 +148,51 @@ class AdaptiveK:
             if self.steps_since_probe >= self.probe_every:
                 self.steps_since_probe = 0
                 return min(self.k_start, self.k_max)
+        elif self.confidence_seen:
+            return self.k_max  # a cap: `keep_drafting` ends the draft
         elif self.steps % self.explore_every == 0:
             return min(k + 2, self.k_max)
         return k
+
+    def calibrated(self, confidence: float) -> float:
+        """Chance the verifier accepts a draft of this top probability (earlier drafts accepted):
+        decayed counts in its confidence bin, with the confidence itself as a prior worth 2 drafts."""
+        b = int(np.searchsorted(CONFIDENCE_EDGES, confidence, side="right"))
+        return (self.accepted_by_confidence[b] + 2.0 * confidence) / (self.tried_by_confidence[b] + 2.0)
+
+    def keep_drafting(self, confidences: list[float]) -> bool:
+        """Draft one more token? Asked after each draft with the draft's top probabilities so far.
+
+        With i drafts of confidence c_1..c_i, P_j = a(c_1)·…·a(c_j) is the chance
+        that the first j are all accepted (a = `calibrated`), the step yields
+        E_i = 1 + P_1 + … + P_i tokens on average and costs
+        T_i = i·t_draft + v0 + v1·i + overhead seconds. One more draft adds about
+        P_i·a(c_i) tokens (confidence runs in streaks) for t_draft + v1 seconds,
+        which raises the step's tokens per second iff P_i·a(c_i) / (t_draft + v1) > E_i / T_i.
+        P only falls as the draft grows, so the first draft that fails this test
+        is where to stop.
+        """
+        if not self.confidence_seen or self.draft_cost is None or len(self.verify_costs) < 2:
+            return True  # warm-up: the length `choose` gave
+        v1 = max(self.verify_line()[1], 0.0)
+        all_accepted = np.cumprod([self.calibrated(c) for c in confidences])
+        expected = 1.0 + all_accepted.sum()
+        n = len(confidences)
+        seconds = n * self.draft_cost + float(self.verify_seconds(np.array(n))) + self.step_overhead
+        gain = all_accepted[-1] * self.calibrated(confidences[-1])
+        return gain * seconds > expected * (self.draft_cost + v1)
 
     def observe(self, event: StepEvent) -> None:
         if event.n_drafted and event.draft_source != self.source:
             return  # another drafter's step (e.g. an n-gram proposal): not this drafter's costs
         if not event.tokens and event.n_drafted == 0:
             return
+        self.step_overhead = self.decay * self.step_overhead + (1 - self.decay) * event.sample_seconds
         old = self.verify_costs.get(event.n_drafted)
         self.verify_costs[event.n_drafted] = event.verify_seconds if old is None else \
             self.decay * old + (1 - self.decay) * event.verify_seconds
         if event.n_drafted:
-            per_token = event.draft_seconds / event.n_drafted
+            per_token = (event.draft_seconds - event.draft_catchup_seconds) / event.n_drafted
             self.draft_cost = per_token if self.draft_cost is None else \
                 self.decay * self.draft_cost + (1 - self.decay) * per_token
             self.drafted *= self.decay
@@ -121,3 +201,11 @@ class AdaptiveK:
             # Position i was tried only if every earlier one was accepted.
             self.drafted[:min(event.n_accepted + 1, n_drafted)] += 1
             self.accepted[:min(event.n_accepted, n_drafted)] += 1
+        if event.draft_confidence:
+            self.confidence_seen = True
+            self.tried_by_confidence *= self.calibration_decay
+            self.accepted_by_confidence *= self.calibration_decay
+            tested = event.draft_confidence[:event.n_accepted + 1]
+            bins = np.searchsorted(CONFIDENCE_EDGES, tested, side="right")
+            np.add.at(self.tried_by_confidence, bins, 1.0)
+            np.add.at(self.accepted_by_confidence, bins[:event.n_accepted], 1.0)

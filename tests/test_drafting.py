@@ -55,6 +55,24 @@ def test_early_stop_at_low_draft_confidence_respects_the_minimum():
     assert len(_propose(ModelDrafter(model, p_min=0.0), [1, 1], 8).tokens) == 8
 
 
+def test_draft_reports_its_confidence_and_stops_when_the_policy_says_so():
+    model = FakeModel(_unsure_after_3, n_vocab=20)
+    model.eval([1], n_logits=0)
+    asked = []
+
+    def keep_drafting(confidences):
+        asked.append(list(confidences))
+        return confidences[-1] > 0.9
+
+    drafts = ModelDrafter(model).propose([1, 1], 8, n_vocab=20, settings=GREEDY, rng=np.random.default_rng(0),
+                                         keep_drafting=keep_drafting)
+    # After 3 the two tied tokens each get about half: the policy stops after that draft.
+    assert drafts.tokens == [2, 3, 4]
+    confident = 1 / (1 + 19 * np.exp(-8.0))
+    np.testing.assert_allclose(drafts.confidence, [confident, confident, 1 / (2 + 18 * np.exp(-5.0))])
+    assert asked == [drafts.confidence[:1], drafts.confidence[:2], drafts.confidence]
+
+
 def test_hybrid_uses_ngram_on_long_matches_and_the_model_otherwise():
     model = FakeModel(one_hot_logits(lambda c: 9, 20), n_vocab=20)
     hybrid = HybridDrafter(ModelDrafter(model), NgramDrafter(min_ngram=1), min_match=3)
@@ -111,8 +129,75 @@ def test_memory_bound_verifier_with_a_good_draft_speculates_deeply():
 
 
 def test_compute_bound_verifier_falls_back_to_plain():
-    policy = _policy_after(RECORDED["q4_k_m"], [3, 2, 4, 1, 3, 2] * 4)
+    # Half the first drafts fail: one draft yields 1.5 tokens for 0.138 s, plain 1 for 0.074 s.
+    policy = _policy_after(RECORDED["q4_k_m"], [1, 0, 2, 0, 1, 0] * 4)
     assert policy.choose() == 0
+
+
+def _policy_with_first_draft_accepted(times: int, of: int) -> AdaptiveK:
+    policy = AdaptiveK(k_max=12, decay=1.0)
+    policy.observe(_step(0, 0, verify=RECORDED["f16"][0]))
+    for i in range(of):
+        policy.observe(_step(2, 1 if i < times else 0, verify=RECORDED["f16"][0] + 0.034))
+    return policy
+
+
+def test_plain_only_once_the_evidence_is_in():
+    # One first draft in ten accepted: the point estimate says plain either way, but after
+    # ten drafts two standard errors of doubt still favour speculating; after thirty they do not.
+    few, many = _policy_with_first_draft_accepted(1, of=10), _policy_with_first_draft_accepted(3, of=30)
+    for policy in (few, many):
+        ks = np.arange(policy.k_max + 1)
+        seconds = ks * policy.draft_cost + policy.verify_seconds(ks) + policy.step_overhead
+        assert np.argmax(policy.expected_by_k() / seconds) == 0
+    assert few.best_k() >= 1
+    assert many.best_k() == 0
+
+
+def test_verify_cost_line_leaves_the_single_token_batch_apart():
+    policy = AdaptiveK(k_max=8)
+    # One token through matrix-vector kernels is cheaper than the line through the batches.
+    policy.verify_costs = {0: 0.079, 1: 0.124, 4: 0.166, 8: 0.222}
+    v0, v1 = policy.verify_line()
+    assert v1 == pytest.approx(0.014, abs=0.001) and v0 == pytest.approx(0.110, abs=0.002)
+    np.testing.assert_allclose(policy.verify_seconds(np.array([0, 2])), [0.079, v0 + 2 * v1])
+    policy.verify_costs = {0: 0.2, 8: 0.34}  # one batch size with drafts: the line through plain's point
+    assert policy.verify_line() == pytest.approx((0.2, 0.0175))
+
+
+def _confident_policy(verify_plain: float, verify_per_draft: float) -> AdaptiveK:
+    """A policy that has learnt: drafts of top probability >= 0.9 are accepted, those under 0.5 are not."""
+    policy = AdaptiveK(k_max=16, decay=1.0, calibration_decay=1.0)
+    policy.observe(_step(0, 0, verify=verify_plain))
+    for k, confidences in [(4, [0.99, 0.95, 0.3, 0.97]), (6, [0.99] * 5 + [0.2]), (3, [0.92, 0.4, 0.9])]:
+        n_accepted = next((i for i, c in enumerate(confidences) if c < 0.5), k)
+        policy.observe(_step(k, n_accepted, verify=verify_plain + verify_per_draft * k, draft=0.02,
+                             confidences=confidences))
+    return policy
+
+
+def test_calibration_counts_only_the_drafts_the_rule_tested():
+    policy = _confident_policy(0.08, 0.014)
+    # (4 drafts, 2 accepted) tests 3; (6, 5) tests 6; (3, 1) tests 2: 11 tested, 8 accepted.
+    assert policy.tried_by_confidence.sum() == 11 and policy.accepted_by_confidence.sum() == 8
+    assert policy.calibrated(0.99) > 0.9 and policy.calibrated(0.3) < 0.2
+
+
+def test_keep_drafting_follows_confidence_and_costs():
+    memory_bound, compute_bound = _confident_policy(0.08, 0.014), _confident_policy(0.035, 0.03)
+    assert memory_bound.choose() == memory_bound.k_max  # K is a cap; the draft's confidence ends the draft
+    for policy in (memory_bound, compute_bound):
+        assert not policy.keep_drafting([0.99, 0.3])  # an unsure draft ends it
+    # A long confident run: on a memory-bound verifier another draft is nearly free.
+    assert memory_bound.keep_drafting([0.99] * 8)
+    # Verifying one more token costs nearly as much as a plain step: stop sooner.
+    assert not compute_bound.keep_drafting([0.99] * 2 + [0.9] * 2)
+    assert memory_bound.keep_drafting([0.99] * 2 + [0.9] * 2)
+
+
+def test_a_policy_that_never_saw_confidence_keeps_the_chosen_length():
+    policy = _policy_after(RECORDED["f16"], [8, 8, 7, 8] * 3)
+    assert not policy.confidence_seen and policy.keep_drafting([0.1])
 
 
 def test_force_spec_never_chooses_plain():
@@ -131,10 +216,10 @@ def test_expected_tokens_per_step(acceptance, k, expected):
     assert expected_tokens(acceptance, k) == pytest.approx(expected)
 
 
-def _step(k, n_accepted, *, verify=0.2, draft=0.04):
+def _step(k, n_accepted, *, verify=0.2, draft=0.04, confidences=()):
     return StepEvent(accepted=[1] * n_accepted, rejected=[2] * (k - n_accepted), verifier_token=3, n_drafted=k,
                      n_accepted=n_accepted, draft_seconds=draft * k, verify_seconds=verify, sample_seconds=0.0,
-                     draft_source="draft" if k else None)
+                     draft_source="draft" if k else None, draft_confidence=list(confidences))
 
 
 def test_per_position_acceptance_counts_only_positions_the_rule_tested():

@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 
 from fakes import FakeModel, one_hot_logits
 from specgguf.drafting import HybridDrafter, ModelDrafter, NgramDrafter
-from specgguf.engine import speculate
+from specgguf.engine import FixedK, speculate
 from specgguf.errors import ContextFullError, PromptError
 from specgguf.sampling import SamplingSettings
 
@@ -154,8 +154,28 @@ def _drafter(kind, draft_model):
     return HybridDrafter(ModelDrafter(draft_model), NgramDrafter(min_ngram=1), min_match=2)
 
 
-@pytest.mark.parametrize("kind", ["model", "ngram", "hybrid"])
-def test_sampled_sequences_follow_the_verifiers_joint_distribution(kind):
+class ConfidenceStop:
+    """Three drafts at most, stopping after the first whose top probability is under 0.5:
+    the draft length depends on what the draft sampled, as with `AdaptiveK.keep_drafting`."""
+
+    def __init__(self):
+        self.answers = set()
+
+    def choose(self):
+        return 3
+
+    def keep_drafting(self, confidences):
+        self.answers.add(confidences[-1] >= 0.5)
+        return confidences[-1] >= 0.5
+
+    def observe(self, event):
+        pass
+
+
+@pytest.mark.parametrize("kind, policy", [("model", FixedK(3)), ("ngram", FixedK(3)), ("hybrid", FixedK(3)),
+                                          ("model", ConfidenceStop()), ("hybrid", ConfidenceStop())],
+                         ids=["model", "ngram", "hybrid", "model-confidence-stop", "hybrid-confidence-stop"])
+def test_sampled_sequences_follow_the_verifiers_joint_distribution(kind, policy):
     target_table, draft_table = _markov_table(1), _markov_table(2)
     settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     verifier = FakeModel(lambda context: target_table[context[-1]], n_vocab=MARKOV_VOCAB)
@@ -165,7 +185,7 @@ def test_sampled_sequences_follow_the_verifiers_joint_distribution(kind):
     sources = set()
     n_sequences = 20_000
     for _ in range(n_sequences):
-        events = list(speculate(verifier=verifier, drafter=drafter, prompt_tokens=MARKOV_PROMPT, k=3,
+        events = list(speculate(verifier=verifier, drafter=drafter, prompt_tokens=MARKOV_PROMPT, k=policy,
                                 max_tokens=SEQUENCE_LENGTH, settings=settings, rng=rng))
         counts[tuple(t for event in events for t in event.tokens)] += 1
         sources.update(event.draft_source for event in events if event.n_drafted)
@@ -174,3 +194,5 @@ def test_sampled_sequences_follow_the_verifiers_joint_distribution(kind):
     expected = np.einsum("a,ab,bc->abc", target[MARKOV_PROMPT[-1]], target, target)
     assert chisquare(counts.ravel(), expected.ravel() * n_sequences).pvalue > 1e-4
     assert sources == {"model": {"draft"}, "ngram": {"ngram"}, "hybrid": {"draft", "ngram"}}[kind]
+    if isinstance(policy, ConfidenceStop):
+        assert policy.answers == {True, False}  # drafts were both cut short and continued
