@@ -17,7 +17,7 @@ import numpy as np
 
 from .drafting import build_drafter
 from .engine import FixedK, speculate
-from .kpolicy import AdaptiveK
+from .kpolicy import adaptive_policy
 from .sampling import SamplingSettings
 from .stats import GenerationStats
 
@@ -68,8 +68,7 @@ class Setting:
         return f"{self.drafter} K={'adaptive' if self.k is None else self.k}"
 
     def policy(self):
-        return FixedK(self.k) if self.k is not None else \
-            AdaptiveK(k_max=16, source="ngram" if self.drafter == "ngram" else "draft")
+        return FixedK(self.k) if self.k is not None else adaptive_policy(self.drafter, k_max=16)
 
     def total(self) -> GenerationStats:
         total = GenerationStats()

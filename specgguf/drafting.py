@@ -44,6 +44,9 @@ class Drafter(Protocol):
     def room(self, context_length: int) -> int:
         """How many tokens it can still propose after a context of this length."""
 
+    def next_source(self, context: list[int]) -> str:
+        """Who would propose after `context`: "draft" (a model) or "ngram"."""
+
     def propose(self, context: list[int], k: int, *, n_vocab: int, settings: SamplingSettings,
                 rng: np.random.Generator, keep_drafting: Callable[[list[float]], bool] | None = None) -> Drafts:
         """Up to k tokens that continue `context`. A drafter that knows its confidence asks
@@ -92,6 +95,9 @@ class ModelDrafter:
     def room(self, context_length: int) -> int:
         # It evaluates its pending tokens plus every draft but the last.
         return self.model.n_ctx - context_length + 1
+
+    def next_source(self, context: list[int]) -> str:
+        return self.source
 
     def propose(self, context, k, *, n_vocab, settings, rng, keep_drafting=None) -> Drafts:
         drafts = Drafts(source=self.source)
@@ -145,6 +151,9 @@ class NgramDrafter:
     def room(self, context_length: int) -> int:
         return 1 << 30
 
+    def next_source(self, context: list[int]) -> str:
+        return self.source
+
     def lookup(self, context: list[int], k: int) -> list[int]:
         history = np.asarray(context[-self.window:], dtype=np.int64)
         for n in range(min(self.max_ngram, len(history) - 1), self.min_ngram - 1, -1):
@@ -175,9 +184,10 @@ class NgramDrafter:
 
 
 class HybridDrafter:
-    """The n-gram proposal when its match is at least `min_match` tokens long, else the model."""
+    """The n-gram proposal when its match is at least `min_match` tokens long, else the model.
+    Each step's `Drafts.source` says which; `kpolicy.PerSource` keeps a K policy for each."""
 
-    source = "draft"  # its costs and acceptance are the model's, for K choices
+    source = "draft"
 
     def __init__(self, model_drafter: ModelDrafter, ngram: NgramDrafter, *, min_match: int = 3):
         self.model_drafter, self.ngram, self.min_match = model_drafter, ngram, min_match
@@ -188,10 +198,13 @@ class HybridDrafter:
     def room(self, context_length):
         return self.model_drafter.room(context_length)
 
+    def next_source(self, context: list[int]) -> str:
+        found = self.ngram.lookup(context, 1)
+        return self.ngram.source if found and self.ngram.last_match >= self.min_match else self.model_drafter.source
+
     def propose(self, context, k, *, n_vocab, settings, rng, keep_drafting=None) -> Drafts:
-        proposal = self.ngram.propose(context, k, n_vocab=n_vocab, settings=settings, rng=rng)
-        if proposal.tokens and self.ngram.last_match >= self.min_match:
-            return proposal
+        if self.next_source(context) == self.ngram.source:
+            return self.ngram.propose(context, k, n_vocab=n_vocab, settings=settings, rng=rng)
         return self.model_drafter.propose(context, k, n_vocab=n_vocab, settings=settings, rng=rng,
                                           keep_drafting=keep_drafting)
 

@@ -23,7 +23,8 @@ from .sampling import SamplingSettings, accept_drafts, accept_greedy, process_lo
 class KPolicy(Protocol):
     """Picks K before each step and learns from its event (see kpolicy.py)."""
 
-    def choose(self) -> int: ...
+    def choose(self, source: str = "draft") -> int:
+        """K for the next step; `source` is the drafter about to propose ("draft" or "ngram")."""
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         """Asked after each draft token (its top probabilities so far): go on drafting?"""
@@ -35,7 +36,7 @@ class FixedK:
     def __init__(self, k: int):
         self.k = k
 
-    def choose(self) -> int:
+    def choose(self, source: str = "draft") -> int:
         return self.k
 
     def keep_drafting(self, confidences: list[float]) -> bool:
@@ -135,7 +136,8 @@ def speculate(
             return
         if drafter is not None:
             room = min(room, drafter.room(len(context)))
-        k_step = max(0, min(policy.choose() if drafter is not None else 0, room, max_tokens - n_emitted - 1))
+        k_wanted = policy.choose(drafter.next_source(context)) if drafter is not None else 0
+        k_step = max(0, min(k_wanted, room, max_tokens - n_emitted - 1))
         t0 = time.perf_counter()
         drafts = drafter.propose(context, k_step, n_vocab=verifier.n_vocab, settings=settings, rng=rng,
                                  keep_drafting=policy.keep_drafting) if k_step > 0 else Drafts()

@@ -136,7 +136,7 @@ class AdaptiveK:
             k = 1 + int(np.argmax(rates[1:]))
         return k
 
-    def choose(self) -> int:
+    def choose(self, source: str = "draft") -> int:
         self.steps += 1
         if 0 not in self.verify_costs and self.k_min == 0:
             return 0  # warm-up: the cost of one plain token
@@ -209,3 +209,29 @@ class AdaptiveK:
             bins = np.searchsorted(CONFIDENCE_EDGES, tested, side="right")
             np.add.at(self.tried_by_confidence, bins, 1.0)
             np.add.at(self.accepted_by_confidence, bins[:event.n_accepted], 1.0)
+
+
+class PerSource:
+    """One adaptive policy per drafter behind a hybrid: n-gram proposals cost nothing to draft
+    and are right at other rates than the model's, so each learns its own K (and a hybrid
+    whose draft model loses on this machine still takes the free n-gram drafts)."""
+
+    def __init__(self, policies: dict[str, AdaptiveK]):
+        self.policies = policies
+
+    def choose(self, source: str = "draft") -> int:
+        return self.policies[source].choose(source)
+
+    def keep_drafting(self, confidences: list[float]) -> bool:
+        return self.policies["draft"].keep_drafting(confidences)  # only a draft model knows its confidence
+
+    def observe(self, event: StepEvent) -> None:
+        for policy in self.policies.values():
+            policy.observe(event)  # each learns from its own drafter's steps, and all from plain ones
+
+
+def adaptive_policy(drafter: str, *, k_max: int, k_min: int = 0) -> AdaptiveK | PerSource:
+    """The adaptive K policy for a drafter kind as the CLI names it ("model", "ngram", "hybrid")."""
+    if drafter == "hybrid":
+        return PerSource({source: AdaptiveK(k_max=k_max, k_min=k_min, source=source) for source in ("draft", "ngram")})
+    return AdaptiveK(k_max=k_max, k_min=k_min, source="ngram" if drafter == "ngram" else "draft")

@@ -4,7 +4,7 @@
 machine (stored in `$XDG_CONFIG_HOME/specgguf/tuning.json`); if that measurement
 says speculation is slower than plain decoding here, it decodes plain and says so
 (`--force-spec` overrides). With no stored measurement it chooses K online
-(`kpolicy.AdaptiveK`), which also falls back to plain when speculation is losing.
+(`kpolicy.adaptive_policy`), which also falls back to plain when speculation is losing.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .engine import FixedK, KPolicy
 from .errors import UsageError
-from .kpolicy import AdaptiveK
+from .kpolicy import adaptive_policy
 
 K_MAX = 16
 
@@ -90,8 +90,7 @@ def make_policy(choice: KChoice, *, verifier: Path, draft: Path | None, drafter:
         return FixedK(0), "plain (no draft)"
     if choice.mode == "fixed":
         return FixedK(choice.k), f"K={choice.k} (-k)"
-    adaptive = AdaptiveK(k_max=K_MAX, k_min=1 if force_spec else 0,
-                         source="ngram" if drafter == "ngram" else "draft")
+    adaptive = adaptive_policy(drafter, k_max=K_MAX, k_min=1 if force_spec else 0)
     if choice.mode == "adaptive" or drafter == "ngram":
         return adaptive, "K adaptive"
     stored = stored_measurement(verifier, draft, temperature)

@@ -8,7 +8,7 @@ import pytest
 from fakes import FakeModel, one_hot_logits
 from specgguf.drafting import HybridDrafter, ModelDrafter, NgramDrafter, build_drafter
 from specgguf.engine import StepEvent, speculate
-from specgguf.kpolicy import AdaptiveK, expected_tokens
+from specgguf.kpolicy import AdaptiveK, adaptive_policy, expected_tokens
 from specgguf.sampling import SamplingSettings
 
 GREEDY = SamplingSettings(temperature=0.0)
@@ -76,9 +76,29 @@ def test_draft_reports_its_confidence_and_stops_when_the_policy_says_so():
 def test_hybrid_uses_ngram_on_long_matches_and_the_model_otherwise():
     model = FakeModel(one_hot_logits(lambda c: 9, 20), n_vocab=20)
     hybrid = HybridDrafter(ModelDrafter(model), NgramDrafter(min_ngram=1), min_match=3)
+    assert hybrid.next_source([1, 2, 3, 4, 1, 2, 3]) == "ngram"
     assert _propose(hybrid, [1, 2, 3, 4, 1, 2, 3], 2).source == "ngram"
+    assert hybrid.next_source([1, 2, 3, 4, 8, 2, 3]) == "draft"
     drafts = _propose(hybrid, [1, 2, 3, 4, 8, 2, 3], 2)  # only a 2-token match
     assert drafts.source == "draft" and drafts.tokens == [9, 9]
+
+
+def test_hybrid_policy_learns_each_drafters_k_apart():
+    policy = adaptive_policy("hybrid", k_max=8)
+    model_policy, ngram_policy = policy.policies["draft"], policy.policies["ngram"]
+    assert policy.choose("draft") == 0  # warm-up: one plain step, seen by both
+    policy.observe(_step(0, 0, verify=0.035))
+    assert ngram_policy.verify_costs == {0: 0.035}
+    # The draft model is wrong at once and costs as much as a plain step per draft ...
+    for _ in range(30):
+        policy.observe(_step(2, 0, verify=0.075, draft=0.035, confidences=[0.9, 0.9]))
+    # ... while n-gram drafts are free and right.
+    for _ in range(30):
+        policy.observe(_step(4, 4, verify=0.11, draft=0.00001, source="ngram"))
+    assert model_policy.drafted[0] > 10 and ngram_policy.drafted[0] > 10  # decayed counts
+    assert model_policy.accepted.sum() == 0 and ngram_policy.accepted[0] == ngram_policy.drafted[0]
+    assert policy.choose("draft") == 0 and policy.choose("ngram") >= 4
+    assert policy.keep_drafting([0.99]) == model_policy.keep_drafting([0.99])
 
 
 def test_build_drafter_by_name():
@@ -216,10 +236,10 @@ def test_expected_tokens_per_step(acceptance, k, expected):
     assert expected_tokens(acceptance, k) == pytest.approx(expected)
 
 
-def _step(k, n_accepted, *, verify=0.2, draft=0.04, confidences=()):
+def _step(k, n_accepted, *, verify=0.2, draft=0.04, confidences=(), source="draft"):
     return StepEvent(accepted=[1] * n_accepted, rejected=[2] * (k - n_accepted), verifier_token=3, n_drafted=k,
                      n_accepted=n_accepted, draft_seconds=draft * k, verify_seconds=verify, sample_seconds=0.0,
-                     draft_source="draft" if k else None, draft_confidence=list(confidences))
+                     draft_source=source if k else None, draft_confidence=list(confidences))
 
 
 def test_per_position_acceptance_counts_only_positions_the_rule_tested():

@@ -10,6 +10,7 @@ from fakes import FakeModel, one_hot_logits
 from specgguf.drafting import HybridDrafter, ModelDrafter, NgramDrafter
 from specgguf.engine import FixedK, speculate
 from specgguf.errors import ContextFullError, PromptError
+from specgguf.kpolicy import adaptive_policy
 from specgguf.sampling import SamplingSettings
 
 VOCAB = 10
@@ -161,7 +162,7 @@ class ConfidenceStop:
     def __init__(self):
         self.answers = set()
 
-    def choose(self):
+    def choose(self, source="draft"):
         return 3
 
     def keep_drafting(self, confidences):
@@ -173,8 +174,10 @@ class ConfidenceStop:
 
 
 @pytest.mark.parametrize("kind, policy", [("model", FixedK(3)), ("ngram", FixedK(3)), ("hybrid", FixedK(3)),
-                                          ("model", ConfidenceStop()), ("hybrid", ConfidenceStop())],
-                         ids=["model", "ngram", "hybrid", "model-confidence-stop", "hybrid-confidence-stop"])
+                                          ("model", ConfidenceStop()), ("hybrid", ConfidenceStop()),
+                                          ("hybrid", adaptive_policy("hybrid", k_max=3, k_min=1))],
+                         ids=["model", "ngram", "hybrid", "model-confidence-stop", "hybrid-confidence-stop",
+                              "hybrid-adaptive"])
 def test_sampled_sequences_follow_the_verifiers_joint_distribution(kind, policy):
     target_table, draft_table = _markov_table(1), _markov_table(2)
     settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
