@@ -19,10 +19,12 @@ The adaptive policy maximises expected tokens per second under this model:
   two, +20 ms per further token; F16 (memory-bound) 79 ms, 124 ms, +14 ms.
 - k = 0 is plain decoding: E = 1, T = t_verify(0). K* = argmax over
   k_min ≤ k ≤ k_max of E(k) / T(k). When K* = 0 speculation is losing and the
-  policy decodes plain, re-probing every `probe_every` steps — but only once c_1
-  is known well enough: if c_1 raised by `doubt` standard errors (an upper confidence
-  bound) would still make some k ≥ 1 win, it keeps speculating. Giving up on a
-  few unlucky drafts costs more than a few more drafts do.
+  policy decodes plain, probing with one draft of the best k ≥ 1 after
+  `probe_every` plain steps, then after twice as many following each probe that
+  did not win speculation back (up to `max_probe_interval`). It gives up only
+  once c_1 is known well enough: if c_1 raised by `doubt` standard errors (an
+  upper confidence bound) would still make some k ≥ 1 win, it keeps speculating.
+  Giving up on a few unlucky drafts costs more than a few more drafts do.
 
 How long each draft is: with a draft model, which reports its top probability for
 every token it proposes, K* ≥ 1 only says "speculate" and the draft stops when
@@ -64,11 +66,14 @@ class AdaptiveK:
     k_min: int = 0  # 1 forces speculation (no fallback to plain)
     k_start: int = 6  # the first speculative step's K
     decay: float = 0.95  # weight of the past per step
-    probe_every: int = 16
+    probe_every: int = 16  # plain steps before the first probe; doubles after each lost probe ...
+    max_probe_interval: int = 128  # ... up to this
     explore_every: int = 8
+    replain_every: int = 32  # speculative steps between plain steps that re-measure plain's cost
     source: str = "draft"  # learn only from steps this drafter proposed
     draft_cost: float | None = None  # seconds per draft token
     verify_costs: dict[int, float] = field(default_factory=dict)  # k -> decayed seconds to verify k+1 tokens
+    samples: dict = field(default_factory=dict)  # how many timings each estimate has seen
     drafted: np.ndarray = field(default=None)  # decayed count of drafts at each position
     accepted: np.ndarray = field(default=None)  # ... and of those accepted
     doubt: float = 2.0  # standard errors of optimism about c_1 before falling back to plain
@@ -79,10 +84,13 @@ class AdaptiveK:
     confidence_seen: bool = False  # the drafter reports confidence: `keep_drafting` sets the length
     steps: int = 0
     steps_since_probe: int = 0
+    steps_since_plain: int = 0
+    probe_interval: int = 0  # set from probe_every
 
     def __post_init__(self) -> None:
         self.drafted = np.zeros(self.k_max)
         self.accepted = np.zeros(self.k_max)
+        self.probe_interval = self.probe_every
         self.tried_by_confidence = np.zeros(len(CONFIDENCE_EDGES) + 1)
         self.accepted_by_confidence = np.zeros(len(CONFIDENCE_EDGES) + 1)
 
@@ -124,15 +132,19 @@ class AdaptiveK:
         predicted = np.maximum(v0 + v1 * ks, 1e-6)
         return np.where(ks == 0, self.verify_costs.get(0, v0), predicted)
 
-    def best_k(self) -> int:
+    def rates(self, optimism: float = 0.0) -> np.ndarray:
+        """Expected tokens per second E(k) / T(k) for k = 0..k_max."""
         ks = np.arange(self.k_max + 1)
         seconds = ks * self.draft_cost + self.verify_seconds(ks) + self.step_overhead
-        rates = self.expected_by_k() / seconds
+        return self.expected_by_k(optimism) / seconds
+
+    def best_k(self) -> int:
+        rates = self.rates()
         k = self.k_min + int(np.argmax(rates[self.k_min:]))
-        if k == 0 and (self.expected_by_k(optimism=self.doubt) / seconds)[1:].max() > rates[0]:
+        if k == 0 and self.rates(optimism=self.doubt)[1:].max() > rates[0]:
             # Plain looks best, but with `doubt` standard errors speculation still wins: the
-            # estimates rest on too few drafts to give up on it yet (a wrong "plain" is costly,
-            # it is only re-probed every `probe_every` steps).
+            # estimates rest on too few drafts to give up on it yet (a wrong "plain" is costly:
+            # it is only re-probed now and then).
             k = 1 + int(np.argmax(rates[1:]))
         return k
 
@@ -144,13 +156,24 @@ class AdaptiveK:
             return max(self.k_min, min(self.k_start, self.k_max))
         k = self.best_k()
         if k == 0:
+            self.steps_since_plain = 0
             self.steps_since_probe += 1
-            if self.steps_since_probe >= self.probe_every:
-                self.steps_since_probe = 0
-                return min(self.k_start, self.k_max)
-        elif self.confidence_seen:
+            if self.steps_since_probe < self.probe_interval:
+                return 0
+            # Probe: one draft of the best length, in case the text became easier to draft.
+            # Each probe that does not win speculation back doubles the wait for the next
+            # (a probe costs: the draft model first reads every token decoded without it).
+            self.steps_since_probe = 0
+            self.probe_interval = min(2 * self.probe_interval, self.max_probe_interval)
+            return 1 + int(np.argmax(self.rates()[1:]))
+        self.probe_interval, self.steps_since_probe = self.probe_every, 0
+        self.steps_since_plain += 1
+        if self.k_min == 0 and self.steps_since_plain > self.replain_every:
+            self.steps_since_plain = 0
+            return 0  # plain's cost is measured only on plain steps: refresh it now and then
+        if self.confidence_seen:
             return self.k_max  # a cap: `keep_drafting` ends the draft
-        elif self.steps % self.explore_every == 0:
+        if self.steps % self.explore_every == 0:
             return min(k + 2, self.k_max)
         return k
 
@@ -182,19 +205,24 @@ class AdaptiveK:
         gain = all_accepted[-1] * self.calibrated(confidences[-1])
         return gain * seconds > expected * (self.draft_cost + v1)
 
+    def _average(self, key, old: float | None, new: float) -> float:
+        """Decayed mean of a timing; the first samples count equally (a cold first step must
+        not dominate the estimate, which for plain steps is rarely refreshed)."""
+        self.samples[key] = n = self.samples.get(key, 0) + 1
+        weight = max(1.0 - self.decay, 1.0 / n)
+        return new if old is None else (1.0 - weight) * old + weight * new
+
     def observe(self, event: StepEvent) -> None:
         if event.n_drafted and event.draft_source != self.source:
             return  # another drafter's step (e.g. an n-gram proposal): not this drafter's costs
         if not event.tokens and event.n_drafted == 0:
             return
-        self.step_overhead = self.decay * self.step_overhead + (1 - self.decay) * event.sample_seconds
-        old = self.verify_costs.get(event.n_drafted)
-        self.verify_costs[event.n_drafted] = event.verify_seconds if old is None else \
-            self.decay * old + (1 - self.decay) * event.verify_seconds
-        if event.n_drafted:
-            per_token = (event.draft_seconds - event.draft_catchup_seconds) / event.n_drafted
-            self.draft_cost = per_token if self.draft_cost is None else \
-                self.decay * self.draft_cost + (1 - self.decay) * per_token
+        self.step_overhead = self._average("overhead", self.step_overhead, event.sample_seconds)
+        k = event.n_drafted
+        self.verify_costs[k] = self._average(k, self.verify_costs.get(k), event.verify_seconds)
+        if k:
+            per_token = (event.draft_seconds - event.draft_catchup_seconds) / k
+            self.draft_cost = self._average("draft", self.draft_cost, per_token)
             self.drafted *= self.decay
             self.accepted *= self.decay
             n_drafted = min(event.n_drafted, self.k_max)

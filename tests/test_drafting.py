@@ -225,10 +225,53 @@ def test_force_spec_never_chooses_plain():
     assert policy.choose() >= 1
 
 
-def test_plain_fallback_probes_again():
+def test_plain_fallback_probes_again_less_often_while_probes_lose():
     policy = _policy_after(RECORDED["q4_k_m"], [1, 0, 1, 0] * 4)
-    choices = [policy.choose() for _ in range(policy.probe_every + 1)]
-    assert 0 in choices and max(choices) >= 2
+
+    def losing_step(k):
+        verify = RECORDED["q4_k_m"][0] + (RECORDED["q4_k_m"][8] - RECORDED["q4_k_m"][0]) * k / 8
+        policy.observe(_step(k, 0, verify=verify, draft=DRAFT_SECONDS))
+
+    while (k := policy.choose()) != 0:  # until the evidence says plain
+        losing_step(k)
+    losing_step(0)
+    probes, since = [], 1
+    for _ in range(16 + 32 + 64 + 128 + 10):
+        k = policy.choose()
+        since += 1
+        if k:
+            probes.append((since, k))
+            since = 0
+        losing_step(k)  # every probe loses
+    gaps = [gap for gap, _ in probes]
+    assert gaps[0] <= 16 and gaps[1:] == [32, 64, 128]  # 16 plain steps in all before the first
+    assert all(k <= 2 for _, k in probes)  # short probes: verifying costs here
+
+
+def test_a_cold_first_timing_does_not_dominate_and_plain_is_remeasured():
+    policy = AdaptiveK(k_max=8)
+    for seconds in (0.2, 0.08, 0.08, 0.08):  # the first step after prompt ingestion runs cold
+        policy.observe(_step(0, 0, verify=seconds))
+    assert policy.verify_costs[0] == pytest.approx(0.11)
+    policy = _policy_after(RECORDED["f16"], [8] * 10)
+    choices = []
+    for _ in range(70):
+        choices.append(policy.choose())
+        policy.observe(_step(choices[-1], choices[-1], verify=RECORDED["f16"][0] + 0.017 * choices[-1]))
+    plain_at = [i for i, k in enumerate(choices) if k == 0]
+    assert len(plain_at) == 2 and plain_at[1] - plain_at[0] == policy.replain_every + 1
+
+
+def test_a_winning_probe_resets_the_wait():
+    policy = _policy_after(RECORDED["f16"], [0] * 30)
+    assert policy.choose() == 0
+    policy.probe_interval = 64  # after a few lost probes
+    choices = []
+    for _ in range(200):  # the text became easy: every draft is accepted
+        choices.append(policy.choose())
+        policy.observe(_step(choices[-1], choices[-1], verify=RECORDED["f16"][0] + 0.017 * choices[-1]))
+    assert choices[-1] > 0 and policy.probe_interval == policy.probe_every
+    assert choices.count(0) < 64 + 32  # won back after a probe or two
 
 
 @pytest.mark.parametrize("acceptance, k, expected", [(0.0, 4, 1.0), (1.0, 4, 5.0), (0.5, 2, 1.75)])
