@@ -21,7 +21,9 @@ The adaptive policy maximises expected tokens per second under this model:
   k_min ≤ k ≤ k_max of E(k) / T(k). When K* = 0 speculation is losing and the
   policy decodes plain, probing with one draft of the best k ≥ 1 after
   `probe_every` plain steps, then after twice as many following each probe that
-  did not win speculation back (up to `max_probe_interval`). It gives up only
+  did not win speculation back (up to `max_probe_interval`); it never probes when
+  even drafts that were always accepted would lose (a probe is not free: the draft
+  model first reads every token decoded without it). It gives up only
   once c_1 is known well enough: if c_1 raised by `doubt` standard errors (an
   upper confidence bound) would still make some k ≥ 1 win, it keeps speculating.
   Giving up on a few unlucky drafts costs more than a few more drafts do.
@@ -132,11 +134,14 @@ class AdaptiveK:
         predicted = np.maximum(v0 + v1 * ks, 1e-6)
         return np.where(ks == 0, self.verify_costs.get(0, v0), predicted)
 
+    def step_seconds(self) -> np.ndarray:
+        """T(k) for k = 0..k_max."""
+        ks = np.arange(self.k_max + 1)
+        return ks * self.draft_cost + self.verify_seconds(ks) + self.step_overhead
+
     def rates(self, optimism: float = 0.0) -> np.ndarray:
         """Expected tokens per second E(k) / T(k) for k = 0..k_max."""
-        ks = np.arange(self.k_max + 1)
-        seconds = ks * self.draft_cost + self.verify_seconds(ks) + self.step_overhead
-        return self.expected_by_k(optimism) / seconds
+        return self.expected_by_k(optimism) / self.step_seconds()
 
     def best_k(self) -> int:
         rates = self.rates()
@@ -148,6 +153,12 @@ class AdaptiveK:
             k = 1 + int(np.argmax(rates[1:]))
         return k
 
+    def could_win(self) -> bool:
+        """Would speculation beat plain decoding if every draft were accepted? If not, probing
+        is pointless (a compute-bound verifier with a draft model that is not much cheaper)."""
+        ceiling = np.arange(1, self.k_max + 2) / self.step_seconds()
+        return bool(ceiling[1:].max() > ceiling[0])
+
     def choose(self, source: str = "draft") -> int:
         self.steps += 1
         if 0 not in self.verify_costs and self.k_min == 0:
@@ -158,7 +169,7 @@ class AdaptiveK:
         if k == 0:
             self.steps_since_plain = 0
             self.steps_since_probe += 1
-            if self.steps_since_probe < self.probe_interval:
+            if self.steps_since_probe < self.probe_interval or not self.could_win():
                 return 0
             # Probe: one draft of the best length, in case the text became easier to draft.
             # Each probe that does not win speculation back doubles the wait for the next
