@@ -38,7 +38,7 @@ demo: install
 	$(VENV)/bin/specgguf run "$(DEMO_PROMPT)" -n 200 --temp 0 --show-rejected
 
 bench: install
-	$(VENV)/bin/specgguf bench --f16 --drafters model,ngram,hybrid --repeats 1 --plot bench-speedup.png
+	$(VENV)/bin/specgguf bench --f16 -k 4,8 --drafters model,ngram,hybrid --repeats 1 --plot bench-speedup.png
 
 # Time to first token per chat turn, caches reused vs history re-evaluated (one thread: see README).
 chat-ttft: install

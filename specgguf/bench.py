@@ -114,13 +114,13 @@ def _generate(verifier, drafter, tokens: list[int], *, policy, max_tokens: int, 
 
 
 def make_settings(*, ks: list[int], adaptive: bool, drafters: list[str], temperatures: list[float]) -> list[Setting]:
-    """Plain first, then every drafter with each fixed K (model only) and adaptive K."""
+    """Plain first, then every drafter with each fixed K and adaptive K (the n-gram and hybrid
+    drafters always with adaptive K: their point is to be compared with the model's)."""
     settings = []
     for temperature in temperatures:
         settings.append(Setting("model", 0, temperature))
         for drafter in drafters:
-            fixed = [k for k in ks if k > 0] if drafter == "model" else []
-            settings += [Setting(drafter, k, temperature) for k in fixed]
+            settings += [Setting(drafter, k, temperature) for k in ks if k > 0]
             if adaptive or drafter != "model":
                 settings.append(Setting(drafter, None, temperature))
     return settings

@@ -25,8 +25,8 @@ def test_report_structure(report):
     assert data["prompts"] == ["code", "edit"] and data["repeats"] == 1 and data["max_tokens"] == 48
     (result,) = data["results"]
     labels = [row["label"] for row in result["settings"]]
-    assert labels == ["plain", "model K=4", "model K=8", "model K=adaptive", "ngram K=adaptive",
-                      "hybrid K=adaptive"]
+    assert labels == ["plain", "model K=4", "model K=8", "model K=adaptive", "ngram K=4", "ngram K=8",
+                      "ngram K=adaptive", "hybrid K=4", "hybrid K=8", "hybrid K=adaptive"]
     for row in result["settings"]:
         assert set(row["time_split"]) == {"draft", "verify", "other"}
         assert 0.0 <= row["overhead"] <= 1.0 and len(row["runs"]) == 2
