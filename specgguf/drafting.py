@@ -203,8 +203,10 @@ class HybridDrafter:
         return self.ngram.source if found and self.ngram.last_match >= self.min_match else self.model_drafter.source
 
     def propose(self, context, k, *, n_vocab, settings, rng, keep_drafting=None) -> Drafts:
-        if self.next_source(context) == self.ngram.source:
-            return self.ngram.propose(context, k, n_vocab=n_vocab, settings=settings, rng=rng)
+        # The same test as `next_source`, on the lookup the proposal needs anyway.
+        proposal = self.ngram.propose(context, k, n_vocab=n_vocab, settings=settings, rng=rng)
+        if proposal.tokens and self.ngram.last_match >= self.min_match:
+            return proposal
         return self.model_drafter.propose(context, k, n_vocab=n_vocab, settings=settings, rng=rng,
                                           keep_drafting=keep_drafting)
 

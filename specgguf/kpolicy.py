@@ -209,11 +209,12 @@ class AdaptiveK:
         if not self.confidence_seen or self.draft_cost is None or len(self.verify_costs) < 2:
             return True  # warm-up: the length `choose` gave
         v1 = max(self.verify_line()[1], 0.0)
-        all_accepted = np.cumprod([self.calibrated(c) for c in confidences])
+        acceptance = [self.calibrated(c) for c in confidences]
+        all_accepted = np.cumprod(acceptance)
         expected = 1.0 + all_accepted.sum()
         n = len(confidences)
         seconds = n * self.draft_cost + float(self.verify_seconds(np.array(n))) + self.step_overhead
-        gain = all_accepted[-1] * self.calibrated(confidences[-1])
+        gain = all_accepted[-1] * acceptance[-1]
         return gain * seconds > expected * (self.draft_cost + v1)
 
     def _average(self, key, old: float | None, new: float) -> float:

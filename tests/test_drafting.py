@@ -134,13 +134,13 @@ def _policy_after(verify_costs, acceptance_pattern, *, k_min=0):
     policy = AdaptiveK(k_max=12, k_min=k_min)
     for n_accepted in acceptance_pattern:
         k = policy.choose()
-        verify = verify_costs[0] + (verify_costs[8] - verify_costs[0]) * k / 8
-        accepted = min(n_accepted, k)
-        policy.observe(StepEvent(accepted=[1] * accepted, rejected=[2] * (k - accepted), verifier_token=3,
-                                 n_drafted=k, n_accepted=accepted, draft_seconds=DRAFT_SECONDS * k,
-                                 verify_seconds=verify, sample_seconds=0.0,
-                                 draft_source="draft" if k else None))
+        policy.observe(_step(k, min(n_accepted, k), verify=_recorded_verify(verify_costs, k), draft=DRAFT_SECONDS))
     return policy
+
+
+def _recorded_verify(verify_costs, k):
+    """Seconds to verify k drafts, interpolated between the recorded batch sizes."""
+    return verify_costs[0] + (verify_costs[8] - verify_costs[0]) * k / 8
 
 
 def test_memory_bound_verifier_with_a_good_draft_speculates_deeply():
@@ -227,8 +227,7 @@ def test_plain_fallback_probes_again_less_often_while_probes_lose():
     policy = _policy_after(RECORDED["q4_k_m"], [1, 0, 1, 0] * 4)
 
     def losing_step(k):
-        verify = RECORDED["q4_k_m"][0] + (RECORDED["q4_k_m"][8] - RECORDED["q4_k_m"][0]) * k / 8
-        policy.observe(_step(k, 0, verify=verify, draft=DRAFT_SECONDS))
+        policy.observe(_step(k, 0, verify=_recorded_verify(RECORDED["q4_k_m"], k), draft=DRAFT_SECONDS))
 
     while (k := policy.choose()) != 0:  # until the evidence says plain
         losing_step(k)
