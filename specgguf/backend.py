@@ -79,6 +79,7 @@ class LlamaModel:
         context_params.n_batch = context_params.n_ubatch = n_batch
         threads = n_threads or max(1, os.cpu_count() or 1)
         context_params.n_threads = context_params.n_threads_batch = threads
+        self.n_threads, self.n_gpu_layers = threads, n_gpu_layers  # what its speed depends on
         self._ctx = llama_cpp.llama_init_from_model(self._model, context_params)
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)

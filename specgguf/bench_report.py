@@ -12,11 +12,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
-from .bench import PROMPTS, QUICK_PROMPTS, best_fixed_k, make_settings, run_bench
+from . import verify_costs
+from .bench import PROMPTS, best_fixed_k, make_settings, run_bench
 from .errors import UsageError
 from .resolve import ResolvedPair
 from .run import LoadOptions, load_models, prompt_tokens
-from .tuning import machine_id, store_measurement
+from .tuning import K_MAX, machine_id, store_measurement
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class BenchPlan:
     repeats: int
     max_tokens: int
     quick: bool
+    prompts: list[str]  # keys of bench.PROMPTS
 
 
 def f16_variant(target: BenchTarget) -> BenchTarget:
@@ -51,7 +53,7 @@ def f16_variant(target: BenchTarget) -> BenchTarget:
 
 def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, json_output: bool,
           plot: Path | None, store: bool, out: TextIO, err_console: Console) -> dict:
-    kinds = list(QUICK_PROMPTS if plan.quick else PROMPTS)
+    kinds = plan.prompts
     settings_per_target = [make_settings(ks=plan.ks, adaptive=plan.adaptive, drafters=plan.drafters,
                                          temperatures=plan.temperatures) for _ in targets]
     total_runs = sum(len(s) for s in settings_per_target) * len(kinds) * plan.repeats
@@ -63,16 +65,22 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
             progress.update(task, description=f"loading {target.label}")
             verifier, draft = load_models(target.pair, load, need_draft=True)
             tokens = {kind: prompt_tokens(verifier, PROMPTS[kind], raw=False, system=None) for kind in kinds}
+            progress.update(task, description=f"{target.label}: verify cost by batch size")
+            # Adaptive K reads this table; measured before the runs, as `run` would find it stored.
+            profile = verify_costs.measure_and_store(verifier, max_batch=K_MAX + 1, store=store,
+                                                     repeats=1 if plan.quick else 3)
             progress.update(task, description=target.label)
             run_bench(verifier=verifier, draft=draft, prompt_tokens=tokens, settings=settings,
-                      repeats=plan.repeats, max_tokens=plan.max_tokens, on_run=lambda: progress.advance(task))
+                      repeats=plan.repeats, max_tokens=plan.max_tokens, verify_profile=profile,
+                      on_run=lambda: progress.advance(task))
             best = {t: best_fixed_k(settings, t) for t in plan.temperatures}
             if store:
                 for temperature, measurement in best.items():
                     store_measurement(target.pair.verifier, target.pair.draft, temperature, measurement)
             results.append({"pair": target.label, "verifier": str(target.pair.verifier),
                             "draft": str(target.pair.draft), "settings": [s.report() for s in settings],
-                            "best_k": {str(t): b for t, b in best.items()}})
+                            "best_k": {str(t): b for t, b in best.items()},
+                            "verify_ms_by_batch": [round(c * 1000, 2) for c in profile]})
             verifier.close()
             draft.close()
     report = {"machine": {"id": machine_id(), "platform": platform.platform(), "threads": load.n_threads},
@@ -85,8 +93,12 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
         console = Console(file=out, highlight=False, width=None if out.isatty() else 150)
         for result in results:
             console.print(_table(result))
+            if len(kinds) > 1:
+                console.print(_prompt_table(result, kinds))
+            console.print(verify_costs.describe([ms / 1000 for ms in result["verify_ms_by_batch"]]))
         if store:
-            err_console.print("stored the best K per pair for `run`/`chat -k auto` on this machine")
+            err_console.print("stored the best K per pair for `run`/`chat -k auto` on this machine,"
+                              " and each verifier's verify costs for adaptive K")
     return report
 
 
@@ -107,6 +119,21 @@ def _table(result: dict) -> Table:
     best = "; ".join(f"T={t}: " + (f"K={b['k']} ({b['speedup']:.2f}×)" if b["k"] else
                                    f"plain (best K only {b['speedup']:.2f}×)") for t, b in result["best_k"].items())
     table.caption = f"best fixed K — {best}"
+    return table
+
+
+def _prompt_table(result: dict, kinds: list[str]) -> Table:
+    """Speedup over plain per prompt (median over repeats): drafters win on different texts."""
+    table = Table(title="speedup by prompt", title_justify="left")
+    table.add_column("temp", justify="right")
+    table.add_column("setting")
+    for kind in kinds:
+        table.add_column(kind, justify="right")
+    for row in result["settings"]:
+        if row["k"] != 0:
+            cells = [f"{row['speedup_by_prompt'][kind]:.2f}" if kind in row["speedup_by_prompt"] else "—"
+                     for kind in kinds]
+            table.add_row(f"{row['temperature']:g}", row["label"], *cells)
     return table
 
 
@@ -138,6 +165,6 @@ def save_plot(report: dict, path: Path) -> None:
 
 def parse_list(text: str, kind: type, option: str) -> list:
     try:
-        return [kind(item) for item in text.split(",") if item.strip()]
+        return [kind(item.strip()) for item in text.split(",") if item.strip()]
     except ValueError:
         raise UsageError(f"{option} takes a comma-separated list, got {text!r}") from None

@@ -20,6 +20,7 @@ from typing import TextIO
 from rich.console import Console
 from rich.text import Text
 
+from . import verify_costs
 from .chat import ChatSession
 from .chat_report import save_transcript, stats_report, turn_line
 from .drafting import build_drafter
@@ -276,7 +277,7 @@ def run_chat(*, resolved: ResolvedPair, drafting: DraftOptions, max_tokens: int,
     def choose_k(choice: KChoice, temperature: float):
         return make_policy(choice, verifier=resolved.verifier, draft=resolved.draft, drafter=drafting.drafter,
                            temperature=temperature, recommended_k=resolved.recommended_k,
-                           force_spec=drafting.force_spec)
+                           force_spec=drafting.force_spec, verify_profile=verify_costs.stored(verifier))
 
     policy, k_source = choose_k(drafting.k, settings.temperature)
     session = ChatSession(verifier=verifier, draft=draft, policy=policy, k_source=k_source,

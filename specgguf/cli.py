@@ -173,6 +173,8 @@ def bench(
     adaptive: Annotated[bool, typer.Option("--adaptive/--no-adaptive", help="Also measure adaptive K.")] = True,
     drafters: Annotated[str, typer.Option("--drafters", help="Drafters to measure: model,ngram,hybrid.")] = "model",
     temps: Annotated[str, typer.Option("--temps", help="Temperatures, e.g. 0,0.8.")] = "0,0.8",
+    prompts: Annotated[Optional[str], typer.Option("--prompts", help="Prompts to run, from: code, edit, chat, "
+                                                   "summary, repeat (default: all; --quick: code,edit).")] = None,
     repeats: Annotated[Optional[int], typer.Option("--repeats", min=1, help="Repeats of the prompt set.")] = None,
     max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", min=1, help="Tokens per run.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Two prompts, K 4 and 8, greedy, one repeat, "
@@ -184,6 +186,7 @@ def bench(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON report.")] = False,
 ) -> None:
     """Measure plain vs speculative decoding side by side and print the ratios."""
+    from .bench import PROMPTS, QUICK_PROMPTS
     from .bench_report import BenchPlan, BenchTarget, bench as run_benchmark, f16_variant, parse_list
     from .drafting import DRAFTERS
     from .resolve import resolve_pair
@@ -193,11 +196,14 @@ def bench(
         ks=parse_list(draft_max, int, "-k") if draft_max else ([4, 8] if quick else [2, 4, 8, 12]),
         temperatures=parse_list(temps, float, "--temps") if not quick or temps != "0,0.8" else [0.0],
         drafters=parse_list(drafters, str, "--drafters"), adaptive=adaptive,
-        repeats=repeats or (1 if quick else 2), max_tokens=max_tokens or (48 if quick else 128), quick=quick)
+        repeats=repeats or (1 if quick else 2), max_tokens=max_tokens or (48 if quick else 128), quick=quick,
+        prompts=parse_list(prompts, str, "--prompts") if prompts else list(QUICK_PROMPTS if quick else PROMPTS))
     if any(k < 0 for k in plan.ks) or any(t < 0 for t in plan.temperatures):
         raise UsageError("K values and temperatures must be >= 0")
     if set(plan.drafters) - set(DRAFTERS):
         raise UsageError(f"--drafters takes {', '.join(DRAFTERS)}, got {drafters!r}")
+    if not plan.prompts or set(plan.prompts) - set(PROMPTS):
+        raise UsageError(f"--prompts takes {', '.join(PROMPTS)}, got {prompts!r}")
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
                             on_progress=_progress_bar(err_console))
     if resolved.draft is None:

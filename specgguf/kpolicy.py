@@ -11,12 +11,17 @@ The adaptive policy maximises expected tokens per second under this model:
   geometric model of Leviathan et al. (2023, §3.4), E(k) = (1 − a^(k+1))/(1 − a),
   underestimates deep drafts; it is what you get here when every c_i is equal.
 - A step costs T(k) = k · t_draft + t_verify(k) + overhead: t_draft is the
-  measured seconds per draft token; t_verify(k), the seconds to verify a batch
-  of k + 1 tokens, is v0 + v1 · k fitted by least squares over the batch sizes
-  seen with drafts, while t_verify(0), a single token (plain decoding), is kept as
-  measured: llama.cpp runs it through cheaper matrix-vector kernels. Measured here
-  with the 1.5B verifier: Q4_K_M (compute-bound) 35 ms for one token, 59 ms for
-  two, +20 ms per further token; F16 (memory-bound) 79 ms, 124 ms, +14 ms.
+  measured seconds per draft token; t_verify(k) is the seconds to verify a batch
+  of k + 1 tokens. With a verify-cost table (`verify_profile`, measured by
+  `bench`: verify_costs.py), t_verify(k) = table[k] · s, where s, the ratio of
+  measured to tabled cost over the steps run so far, follows context length and
+  machine load; the table keeps llama.cpp's irregular kernel costs (on this
+  machine a batch of 16 tokens verifies faster than one of 12). Without one,
+  t_verify(k) = v0 + v1 · k, fitted by least squares over the batch sizes seen
+  with drafts. Either way t_verify(0), a single token (plain decoding), is kept
+  as measured: llama.cpp runs it through cheaper matrix-vector kernels. Measured
+  here with the 1.5B verifier: Q4_K_M (compute-bound) 35 ms for one token, 59 ms
+  for two, about +20 ms per further token; F16 (memory-bound) 79 ms, 124 ms, +14 ms.
 - k = 0 is plain decoding: E = 1, T = t_verify(0). K* = argmax over
   k_min ≤ k ≤ k_max of E(k) / T(k). When K* = 0 speculation is losing and the
   policy decodes plain, probing with one draft of the best k ≥ 1 after
@@ -74,6 +79,9 @@ class AdaptiveK:
     replain_every: int = 32  # speculative steps between plain steps that re-measure plain's cost
     source: str = "draft"  # learn only from steps this drafter proposed
     draft_cost: float | None = None  # seconds per draft token
+    verify_profile: np.ndarray | None = None  # measured seconds to verify k + 1 tokens, k = 0, 1, …
+    profile_scale: float = 1.0  # measured / tabled verify seconds, decayed mean over steps with drafts
+    profile_trust: int = 3  # the table counts as this many steps at scale 1 (a cold first step is slow)
     verify_costs: dict[int, float] = field(default_factory=dict)  # k -> decayed seconds to verify k+1 tokens
     samples: dict = field(default_factory=dict)  # how many timings each estimate has seen
     drafted: np.ndarray = field(default=None)  # decayed count of drafts at each position
@@ -94,6 +102,7 @@ class AdaptiveK:
         self.accepted = np.zeros(self.k_max)
         self.probe_interval = self.probe_every
         self.tried_by_confidence = np.zeros(len(CONFIDENCE_EDGES) + 1)
+        self.samples["scale"] = self.profile_trust
         self.accepted_by_confidence = np.zeros(len(CONFIDENCE_EDGES) + 1)
 
     @property
@@ -104,9 +113,16 @@ class AdaptiveK:
     def expected_by_k(self, optimism: float = 0.0) -> np.ndarray:
         """E(k) for k = 0..k_max from per-position conditional acceptance c_i. `optimism` raises
         c_1 by that many standard errors (an upper confidence bound): the first position is the
-        one every speculative step tests, so its evidence is what decides against speculating."""
+        one every speculative step tests, so its evidence is what decides against speculating.
+
+        Each c_i is shrunk towards c_(i-1) (c_1 towards the overall rate) with the weight of two
+        drafts: a position rarely tried takes the rate of the one before it. Acceptance given
+        that every earlier draft was right rarely falls with depth (drafts come right in runs), so
+        a deep position seen once failing does not condemn deep drafts for dozens of steps."""
+        conditional = np.empty(self.k_max)
         prior = self.acceptance
-        conditional = (self.accepted + 2.0 * prior) / (self.drafted + 2.0)
+        for i in range(self.k_max):
+            prior = conditional[i] = (self.accepted[i] + 2.0 * prior) / (self.drafted[i] + 2.0)
         if optimism:
             first = conditional[0]
             conditional[0] = min(1.0, first + optimism * np.sqrt(first * (1.0 - first) / (self.drafted[0] + 2.0)))
@@ -128,11 +144,23 @@ class AdaptiveK:
         slope, intercept = np.polyfit(sizes, costs, 1)
         return float(intercept), float(slope)
 
-    def verify_seconds(self, ks: np.ndarray) -> np.ndarray:
+    def verify_seconds(self, ks) -> np.ndarray:
         """Predicted seconds to verify k drafts (a batch of k + 1 tokens), k = 0 as measured."""
-        v0, v1 = self.verify_line()
-        predicted = np.maximum(v0 + v1 * ks, 1e-6)
-        return np.where(ks == 0, self.verify_costs.get(0, v0), predicted)
+        ks = np.asarray(ks)
+        if self.verify_profile is not None:
+            predicted = self._tabled(ks) * self.profile_scale
+            plain = self.verify_costs.get(0, float(self.verify_profile[0]) * self.profile_scale)
+        else:
+            v0, v1 = self.verify_line()
+            predicted, plain = np.maximum(v0 + v1 * ks, 1e-6), self.verify_costs.get(0, v0)
+        return np.where(ks == 0, plain, predicted)
+
+    def _tabled(self, ks: np.ndarray) -> np.ndarray:
+        """verify_profile[k]; past its end, extended by its last step."""
+        table = self.verify_profile
+        last = len(table) - 1
+        step = table[last] - table[last - 1]
+        return np.where(ks <= last, table[np.minimum(ks, last)], table[last] + step * (ks - last))
 
     def step_seconds(self) -> np.ndarray:
         """T(k) for k = 0..k_max."""
@@ -200,22 +228,26 @@ class AdaptiveK:
         With i drafts of confidence c_1..c_i, P_j = a(c_1)·…·a(c_j) is the chance
         that the first j are all accepted (a = `calibrated`), the step yields
         E_i = 1 + P_1 + … + P_i tokens on average and costs
-        T_i = i·t_draft + v0 + v1·i + overhead seconds. One more draft adds about
-        P_i·a(c_i) tokens (confidence runs in streaks) for t_draft + v1 seconds,
-        which raises the step's tokens per second iff P_i·a(c_i) / (t_draft + v1) > E_i / T_i.
+        T_i = i·t_draft + t_verify(i) + overhead seconds. One more draft adds about
+        P_i·a(c_i) tokens (confidence runs in streaks) for t_draft + Δ seconds, with
+        Δ = t_verify(i + 1) − t_verify(i), which raises the step's tokens per second
+        iff P_i·a(c_i) / (t_draft + Δ) > E_i / T_i.
         P only falls as the draft grows, so the first draft that fails this test
         is where to stop.
         """
         if not self.confidence_seen or self.draft_cost is None or len(self.verify_costs) < 2:
             return True  # warm-up: the length `choose` gave
-        v1 = max(self.verify_line()[1], 0.0)
         acceptance = [self.calibrated(c) for c in confidences]
         all_accepted = np.cumprod(acceptance)
         expected = 1.0 + all_accepted.sum()
         n = len(confidences)
-        seconds = n * self.draft_cost + float(self.verify_seconds(np.array(n))) + self.step_overhead
+        verify_now, verify_next = self.verify_seconds([n, n + 1])
+        extra = verify_next - verify_now  # may be < 0 with a measured table: a cheaper batch shape
+        if self.verify_profile is None:
+            extra = max(extra, 0.0)  # a line's negative slope is noise
+        seconds = n * self.draft_cost + verify_now + self.step_overhead
         gain = all_accepted[-1] * acceptance[-1]
-        return gain * seconds > expected * (self.draft_cost + v1)
+        return gain * seconds > expected * (self.draft_cost + extra)
 
     def _average(self, key, old: float | None, new: float) -> float:
         """Decayed mean of a timing; the first samples count equally (a cold first step must
@@ -232,6 +264,9 @@ class AdaptiveK:
         self.step_overhead = self._average("overhead", self.step_overhead, event.sample_seconds)
         k = event.n_drafted
         self.verify_costs[k] = self._average(k, self.verify_costs.get(k), event.verify_seconds)
+        if k and self.verify_profile is not None:
+            ratio = event.verify_seconds / float(self._tabled(np.array(k)))
+            self.profile_scale = self._average("scale", self.profile_scale, ratio)
         if k:
             per_token = (event.draft_seconds - event.draft_catchup_seconds) / k
             self.draft_cost = self._average("draft", self.draft_cost, per_token)
@@ -270,8 +305,15 @@ class PerSource:
             policy.observe(event)  # each learns from its own drafter's steps, and all from plain ones
 
 
-def adaptive_policy(drafter: str, *, k_max: int, k_min: int = 0) -> AdaptiveK | PerSource:
-    """The adaptive K policy for a drafter kind as the CLI names it ("model", "ngram", "hybrid")."""
+def adaptive_policy(drafter: str, *, k_max: int, k_min: int = 0,
+                    verify_profile: list[float] | None = None) -> AdaptiveK | PerSource:
+    """The adaptive K policy for a drafter kind as the CLI names it ("model", "ngram", "hybrid");
+    `verify_profile`: seconds to verify 1, 2, … tokens on this machine (verify_costs.py), if measured."""
+    table = None if verify_profile is None or len(verify_profile) < 2 else np.asarray(verify_profile, dtype=float)
+
+    def policy(source: str) -> AdaptiveK:
+        return AdaptiveK(k_max=k_max, k_min=k_min, source=source, verify_profile=table)
+
     if drafter == "hybrid":
-        return PerSource({source: AdaptiveK(k_max=k_max, k_min=k_min, source=source) for source in ("draft", "ngram")})
-    return AdaptiveK(k_max=k_max, k_min=k_min, source="ngram" if drafter == "ngram" else "draft")
+        return PerSource({source: policy(source) for source in ("draft", "ngram")})
+    return policy("ngram" if drafter == "ngram" else "draft")

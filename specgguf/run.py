@@ -12,6 +12,7 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
+from . import verify_costs
 from .drafting import build_drafter
 from .engine import speculate
 from .errors import PromptError
@@ -75,7 +76,8 @@ def run_prompt(*, prompt: str, resolved: ResolvedPair, drafting: DraftOptions, m
     tokens = prompt_tokens(verifier, prompt, raw=raw, system=system)
     policy, k_source = make_policy(drafting.k, verifier=resolved.verifier, draft=resolved.draft,
                                    drafter=drafting.drafter, temperature=settings.temperature,
-                                   recommended_k=resolved.recommended_k, force_spec=drafting.force_spec)
+                                   recommended_k=resolved.recommended_k, force_spec=drafting.force_spec,
+                                   verify_profile=verify_costs.stored(verifier))
     drafter = build_drafter(drafting.drafter, draft, p_min=drafting.p_min, n_min=drafting.n_min)
     if resolved.draft is None and drafting.drafter != "ngram" and not quiet and not json_output:
         err_console.print("no draft model given (-md): decoding with the verifier alone", style="yellow")

@@ -71,10 +71,41 @@ def stored_measurement(verifier: Path, draft: Path, temperature: float) -> dict 
 
 
 def store_measurement(verifier: Path, draft: Path, temperature: float, measurement: dict) -> None:
-    """Record a bench result; written to a temporary file and renamed, so a crash never truncates it."""
+    """Record a bench result for `-k auto`."""
+    def update(data: dict) -> None:
+        data.setdefault(machine_id(), {}).setdefault(pair_key(verifier, draft), {})[
+            "greedy" if temperature <= 0 else "sampled"] = measurement
+    _update_tuning(update)
+
+
+def verify_costs_key(verifier: Path, *, n_threads: int, n_gpu_layers: int) -> str:
+    """A verify-cost profile holds for this file (name and size) run with these settings."""
+    try:
+        size = Path(verifier).stat().st_size
+    except OSError:
+        size = 0
+    return f"verify_costs|{Path(verifier).name}|{size}|threads={n_threads}|gpu_layers={n_gpu_layers}"
+
+
+def stored_verify_costs(key: str) -> list[float] | None:
+    """Seconds to verify a batch of 1, 2, … tokens, as `bench` measured them here (see verify_costs.py)."""
+    costs = load_tuning().get(machine_id(), {}).get(key)
+    if isinstance(costs, list) and len(costs) >= 2 and all(isinstance(c, (int, float)) and c > 0 for c in costs):
+        return [float(c) for c in costs]
+    return None
+
+
+def store_verify_costs(key: str, costs: list[float]) -> None:
+    def update(data: dict) -> None:
+        data.setdefault(machine_id(), {})[key] = [round(c, 6) for c in costs]
+    _update_tuning(update)
+
+
+def _update_tuning(update) -> None:
+    """Read, change and write back tuning.json: to a temporary file, then renamed, so a crash
+    never truncates it."""
     data = load_tuning()
-    data.setdefault(machine_id(), {}).setdefault(pair_key(verifier, draft), {})[
-        "greedy" if temperature <= 0 else "sampled"] = measurement
+    update(data)
     path = tuning_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
@@ -83,19 +114,22 @@ def store_measurement(verifier: Path, draft: Path, temperature: float, measureme
 
 
 def make_policy(choice: KChoice, *, verifier: Path, draft: Path | None, drafter: str, temperature: float,
-                recommended_k: int | None, force_spec: bool) -> tuple[KPolicy, str]:
-    """The K policy for a run, and a few words on where K came from (for the stats line)."""
+                recommended_k: int | None, force_spec: bool,
+                verify_profile: list[float] | None = None) -> tuple[KPolicy, str]:
+    """The K policy for a run, and a few words on where K came from (for the stats line).
+    `verify_profile`: the verifier's verify cost by batch size, if `bench` measured it here."""
     fallback_k = recommended_k or 8
     if draft is None and drafter != "ngram":
         return FixedK(0), "plain (no draft)"
     if choice.mode == "fixed":
         return FixedK(choice.k), f"K={choice.k} (-k)"
-    adaptive = adaptive_policy(drafter, k_max=K_MAX, k_min=1 if force_spec else 0)
+    adaptive = adaptive_policy(drafter, k_max=K_MAX, k_min=1 if force_spec else 0, verify_profile=verify_profile)
+    costs = "verify costs from bench" if verify_profile else "no verify costs from bench yet"
     if choice.mode == "adaptive" or drafter == "ngram":
-        return adaptive, "K adaptive"
+        return adaptive, f"K adaptive ({costs})"
     stored = stored_measurement(verifier, draft, temperature)
     if stored is None:
-        return adaptive, "K adaptive (no bench stored for this pair here)"
+        return adaptive, f"K adaptive (no bench stored for this pair here; {costs})"
     if stored["k"] == 0:
         if force_spec:
             return FixedK(fallback_k), f"K={fallback_k} (--force-spec; bench measured plain faster here)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 
 import pytest
@@ -69,3 +70,20 @@ def test_best_k_is_stored_for_auto_and_the_plot_is_written(report, tiny_verifier
                    env={"XDG_CONFIG_HOME": str(config)})
     source = json.loads(run.stdout)["k_source"]
     assert ("bench here" in source) if best["k"] else source.startswith("plain: bench measured")
+
+
+def test_verify_costs_are_measured_stored_and_used_by_adaptive_k(report, tiny_verifier, tiny_draft):
+    data, config = report
+    measured = data["results"][0]["verify_ms_by_batch"]
+    assert len(measured) == 17 and all(ms > 0 for ms in measured)  # batches of 1..K_MAX + 1 tokens
+    (per_machine,) = json.loads((config / "specgguf" / "tuning.json").read_text()).values()
+    (key,) = [key for key in per_machine if key.startswith("verify_costs|")]
+    assert f"|{tiny_verifier.name}|{tiny_verifier.stat().st_size}|threads=" in key
+    # Stored in seconds to 6 decimals, reported in ms to 2: equal to within the two roundings.
+    assert [s * 1000 for s in per_machine[key]] == pytest.approx(measured, abs=0.006)
+    with_costs = specgguf("run", "-m", tiny_verifier, "--drafter", "ngram", "--temp", "0", "-n", "8", "--json",
+                          "the", env={"XDG_CONFIG_HOME": str(config)})
+    assert json.loads(with_costs.stdout)["k_source"] == "K adaptive (verify costs from bench)"
+    other_threads = specgguf("run", "-m", tiny_verifier, "--drafter", "ngram", "--temp", "0", "-n", "8",
+                             "--json", "-t", "1" if (os.cpu_count() or 1) > 1 else "2", "the", env={"XDG_CONFIG_HOME": str(config)})
+    assert "no verify costs from bench" in json.loads(other_threads.stdout)["k_source"]

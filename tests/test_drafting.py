@@ -300,8 +300,12 @@ def test_per_position_acceptance_counts_only_positions_the_rule_tested():
     # Tested: all 4 positions twice, positions 1-2 once, position 1 once.
     np.testing.assert_array_equal(policy.drafted, [4, 3, 2, 2])
     np.testing.assert_array_equal(policy.accepted, [3, 2, 2, 2])
-    prior = 10 / 13  # (9 accepted + 1) / (11 tested + 2)
-    conditional = (np.array([3, 2, 2, 2]) + 2 * prior) / (np.array([4, 3, 2, 2]) + 2)
+    # Each position shrunk towards the one before it, the first towards the overall rate.
+    c1 = (3 + 2 * 10 / 13) / (4 + 2)  # overall: (9 accepted + 1) / (11 tested + 2)
+    c2 = (2 + 2 * c1) / (3 + 2)
+    c3 = (2 + 2 * c2) / (2 + 2)
+    c4 = (2 + 2 * c3) / (2 + 2)
+    conditional = np.array([c1, c2, c3, c4])
     np.testing.assert_allclose(policy.expected_by_k(), [1, *(1 + np.cumsum(np.cumprod(conditional)))])
 
 
@@ -312,7 +316,57 @@ def test_bursty_acceptance_is_modelled_per_position():
     policy.observe(_step(0, 0, verify=0.20))
     for n_accepted in [0, 8] * 10:
         policy.observe(_step(8, n_accepted, verify=0.34))
-    prior = 81 / 92
-    first, later = (10 + 2 * prior) / 22, (10 + 2 * prior) / 12
-    assert policy.expected_by_k()[8] == pytest.approx(1 + first * sum(later ** i for i in range(8)))
+    first = (10 + 2 * 81 / 92) / 22  # shrunk towards the overall rate, (80 + 1) / (90 + 2)
+    later = [first]
+    for _ in range(7):
+        later.append((10 + 2 * later[-1]) / 12)  # each towards the position before
+    assert policy.expected_by_k()[8] == pytest.approx(1 + np.cumprod(later).sum())
     assert policy.best_k() == 8
+
+
+# --- a measured verify-cost table (verify_costs.py) --------------------------------------
+# Seconds to verify 1..17 tokens, measured here with the Q4_K_M verifier: irregular, a batch
+# of 16 costs less than one of 12.
+Q4_TABLE = [0.037, 0.0605, 0.079, 0.0959, 0.1184, 0.1402, 0.1646, 0.2297, 0.2464, 0.262, 0.2994,
+            0.2918, 0.3095, 0.3213, 0.3415, 0.2782, 0.3277]
+
+
+def test_a_verify_table_finds_the_cheap_batch_shape_a_line_misses():
+    # Free n-gram drafts, each right 95% of the time (given the earlier ones were), and the
+    # verify costs of batches up to 7 tokens seen so far. The table knows 16 tokens cost 278 ms
+    # and drafts 15; the line through the small batches predicts 20% more and stays short.
+    choices = {}
+    for name, table in (("table", np.array(Q4_TABLE)), ("line", None)):
+        policy = AdaptiveK(k_max=16, source="ngram", verify_profile=table, draft_cost=0.0002)
+        policy.verify_costs = {k: Q4_TABLE[k] for k in range(7)}
+        policy.drafted = np.full(16, 20.0)
+        policy.accepted = 0.95 * policy.drafted
+        choices[name] = policy.best_k()
+        if table is None:
+            assert policy.verify_seconds([15])[0] > 1.15 * Q4_TABLE[15]
+    assert choices == {"table": 15, "line": 4}
+
+
+def test_a_verify_table_is_scaled_by_what_the_steps_measure():
+    policy = AdaptiveK(k_max=16, decay=1.0, verify_profile=np.array(Q4_TABLE))
+    policy.observe(_step(0, 0, verify=0.040))
+    for k in (2, 4, 2, 4):  # the machine runs 20% slower than when the table was measured
+        policy.observe(_step(k, k, verify=1.2 * Q4_TABLE[k]))
+    # The table itself counts as `profile_trust` (3) steps at scale 1: one slow step moves it little.
+    scale = (3 * 1.0 + 4 * 1.2) / 7
+    assert policy.profile_scale == pytest.approx(scale)
+    np.testing.assert_allclose(policy.verify_seconds([0, 7, 15]), [0.040, scale * Q4_TABLE[7], scale * Q4_TABLE[15]])
+    # Past the table's end: extended by its last step.
+    short = AdaptiveK(k_max=8, verify_profile=np.array([0.03, 0.05, 0.06]))
+    np.testing.assert_allclose(short.verify_seconds([2, 4]), [0.06, 0.08])
+
+
+def test_keep_drafting_uses_the_tables_step_to_the_next_batch():
+    # 14 drafts verify as 15 tokens, 15 as 16: cheaper, so a 15th draft costs only drafting. A
+    # 7th draft makes the batch 8 tokens, 65 ms more than 7: a draft not sure enough is not worth it.
+    policy = _confident_policy(Q4_TABLE[0], 0.02)
+    policy.draft_cost = 0.005
+    assert not policy.keep_drafting([0.99] * 13 + [0.8])  # a line: +20 ms per token everywhere
+    policy.verify_profile, policy.profile_scale = np.array(Q4_TABLE), 1.0
+    assert policy.keep_drafting([0.99] * 13 + [0.8])
+    assert not policy.keep_drafting([0.99] * 6)
