@@ -228,26 +228,30 @@ class AdaptiveK:
         With i drafts of confidence c_1..c_i, P_j = a(c_1)·…·a(c_j) is the chance
         that the first j are all accepted (a = `calibrated`), the step yields
         E_i = 1 + P_1 + … + P_i tokens on average and costs
-        T_i = i·t_draft + t_verify(i) + overhead seconds. One more draft adds about
-        P_i·a(c_i) tokens (confidence runs in streaks) for t_draft + Δ seconds, with
-        Δ = t_verify(i + 1) − t_verify(i), which raises the step's tokens per second
-        iff P_i·a(c_i) / (t_draft + Δ) > E_i / T_i.
-        P only falls as the draft grows, so the first draft that fails this test
-        is where to stop.
+        T_i = i·t_draft + t_verify(i) + overhead seconds. Drafting on to j > i
+        drafts, each as sure as the last (confidence runs in streaks), would yield
+        E_j = E_i + P_i·(a + a² + … + a^(j−i)) with a = a(c_i), for T_j seconds.
+        Go on iff some j ≤ k_max beats E_i / T_i. Looking past the next draft
+        matters with a measured verify table: its steps are irregular (here one
+        more token can add 45 ms at one size and 3 ms at the next), so a draft can
+        be worth going on with although the very next one, alone, is not. With a
+        straight line this is the one-step test P_i·a / (t_draft + v1) > E_i / T_i.
         """
         if not self.confidence_seen or self.draft_cost is None or len(self.verify_costs) < 2:
             return True  # warm-up: the length `choose` gave
-        acceptance = [self.calibrated(c) for c in confidences]
-        all_accepted = np.cumprod(acceptance)
-        expected = 1.0 + all_accepted.sum()
         n = len(confidences)
-        verify_now, verify_next = self.verify_seconds([n, n + 1])
-        extra = verify_next - verify_now  # may be < 0 with a measured table: a cheaper batch shape
+        if n >= self.k_max:
+            return False
+        acceptance = np.array([self.calibrated(c) for c in confidences])
+        all_accepted = np.cumprod(acceptance)
+        lengths = np.arange(n, self.k_max + 1)
+        streak = all_accepted[-1] * np.cumsum(acceptance[-1] ** np.arange(1, len(lengths)))
+        expected = 1.0 + all_accepted.sum() + np.concatenate([[0.0], streak])
+        seconds = lengths * self.draft_cost + self.verify_seconds(lengths) + self.step_overhead
         if self.verify_profile is None:
-            extra = max(extra, 0.0)  # a line's negative slope is noise
-        seconds = n * self.draft_cost + verify_now + self.step_overhead
-        gain = all_accepted[-1] * acceptance[-1]
-        return gain * seconds > expected * (self.draft_cost + extra)
+            seconds = np.maximum.accumulate(seconds)  # a line's negative slope is noise, not free drafts
+        rates = expected / seconds
+        return bool(rates[1:].max() > rates[0])
 
     def _average(self, key, old: float | None, new: float) -> float:
         """Decayed mean of a timing; the first samples count equally (a cold first step must

@@ -5,6 +5,8 @@ machine (stored in `$XDG_CONFIG_HOME/specgguf/tuning.json`); if that measurement
 says speculation is slower than plain decoding here, it decodes plain and says so
 (`--force-spec` overrides). With no stored measurement it chooses K online
 (`kpolicy.adaptive_policy`), which also falls back to plain when speculation is losing.
+The stored K is the draft model's: the n-gram and hybrid drafters always choose K online.
+`bench` also stores each verifier's verify cost by batch size (verify_costs.py) for them.
 """
 
 from __future__ import annotations
@@ -125,7 +127,9 @@ def make_policy(choice: KChoice, *, verifier: Path, draft: Path | None, drafter:
         return FixedK(choice.k), f"K={choice.k} (-k)"
     adaptive = adaptive_policy(drafter, k_max=K_MAX, k_min=1 if force_spec else 0, verify_profile=verify_profile)
     costs = "verify costs from bench" if verify_profile else "no verify costs from bench yet"
-    if choice.mode == "adaptive" or drafter == "ngram":
+    if choice.mode == "adaptive" or drafter != "model":
+        # The stored best K is the draft model's alone: n-gram drafts (alone or in a hybrid) may
+        # win where it measured plain faster, so they always choose K online.
         return adaptive, f"K adaptive ({costs})"
     stored = stored_measurement(verifier, draft, temperature)
     if stored is None:

@@ -63,6 +63,14 @@ def test_explicit_k_wins_and_no_draft_is_plain():
     assert isinstance(_policy(KChoice("auto"), draft=None, drafter="ngram")[0], AdaptiveK)
 
 
+def test_auto_with_ngram_drafts_chooses_k_online_whatever_the_draft_model_measured():
+    # Bench found the draft model slower than plain here; free n-gram drafts may still win.
+    store_measurement(VERIFIER, DRAFT, 0.0, {"k": 0, "speedup": 0.85, "acceptance_rate": 0.7})
+    for drafter in ("ngram", "hybrid"):
+        policy, source = _policy(KChoice("auto"), drafter=drafter, verify_profile=[0.03, 0.05])
+        assert not isinstance(policy, FixedK) and source == "K adaptive (verify costs from bench)"
+
+
 def test_tuning_file_survives_a_corrupt_write_and_keeps_other_pairs():
     store_measurement(VERIFIER, DRAFT, 0.0, {"k": 4, "speedup": 1.3, "acceptance_rate": 0.8})
     store_measurement(Path("other.gguf"), DRAFT, 0.0, {"k": 2, "speedup": 1.1, "acceptance_rate": 0.6})
