@@ -145,6 +145,18 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(case, bad_files, tiny_verifier
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize("args, expected", [
+    (["--prompts", "edit,essays"], "--prompts takes code, edit, chat, summary, repeat, got 'edit,essays'"),
+    (["--prompts", ","], "--prompts takes"),
+    (["--drafters", "model,oracle"], "--drafters takes"),
+])
+def test_bad_bench_options_are_one_line_errors(args, expected):
+    result = specgguf("bench", *args)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"specgguf: error: {expected}") and result.stdout == ""
+
+
 def test_no_prompt_at_all_is_an_error():
     result = subprocess.run([*SPECGGUF, "run"], stdin=subprocess.DEVNULL, capture_output=True, text=True)
     # /dev/null is not a terminal: the prompt read from it is empty.
