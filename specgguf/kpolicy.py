@@ -67,6 +67,11 @@ def expected_tokens(acceptance: float, k: int) -> float:
 CONFIDENCE_EDGES = np.array([0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995])
 
 
+def confidence_bins(confidences):
+    """The calibration bin of each top probability (0 .. len(CONFIDENCE_EDGES))."""
+    return np.searchsorted(CONFIDENCE_EDGES, confidences, side="right")
+
+
 @dataclass
 class AdaptiveK:
     k_max: int = 16
@@ -102,8 +107,8 @@ class AdaptiveK:
         self.accepted = np.zeros(self.k_max)
         self.probe_interval = self.probe_every
         self.tried_by_confidence = np.zeros(len(CONFIDENCE_EDGES) + 1)
-        self.samples["scale"] = self.profile_trust
         self.accepted_by_confidence = np.zeros(len(CONFIDENCE_EDGES) + 1)
+        self.samples["scale"] = self.profile_trust
 
     @property
     def acceptance(self) -> float:
@@ -219,7 +224,7 @@ class AdaptiveK:
     def calibrated(self, confidence: float) -> float:
         """Chance the verifier accepts a draft of this top probability (earlier drafts accepted):
         decayed counts in its confidence bin, with the confidence itself as a prior worth 2 drafts."""
-        b = int(np.searchsorted(CONFIDENCE_EDGES, confidence, side="right"))
+        b = int(confidence_bins(confidence))
         return (self.accepted_by_confidence[b] + 2.0 * confidence) / (self.tried_by_confidence[b] + 2.0)
 
     def keep_drafting(self, confidences: list[float]) -> bool:
@@ -285,7 +290,7 @@ class AdaptiveK:
             self.tried_by_confidence *= self.calibration_decay
             self.accepted_by_confidence *= self.calibration_decay
             tested = event.draft_confidence[:event.n_accepted + 1]
-            bins = np.searchsorted(CONFIDENCE_EDGES, tested, side="right")
+            bins = confidence_bins(tested)
             np.add.at(self.tried_by_confidence, bins, 1.0)
             np.add.at(self.accepted_by_confidence, bins[:event.n_accepted], 1.0)
 

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 
 from .engine import Model
 from .tuning import store_verify_costs, stored_verify_costs, verify_costs_key
 
 
-def measure(model: Model, *, max_batch: int, repeats: int = 3, context: int = 256,
-            on_round: Callable[[], None] | None = None) -> list[float]:
+def measure(model: Model, *, max_batch: int, repeats: int = 3, context: int = 256) -> list[float]:
     """Seconds to evaluate a batch of n = 1..max_batch tokens (index n − 1) with logits for
     every row, as a verify step asks, after `context` tokens already in the cache.
 
@@ -50,8 +48,6 @@ def measure(model: Model, *, max_batch: int, repeats: int = 3, context: int = 25
             model.eval(batch[:n], n_logits=n)
             timings[n - 1].append(time.perf_counter() - started)
             model.rewind(context)
-        if on_round:
-            on_round()
     model.rewind(0)
     return [statistics.median(t) for t in timings]
 
