@@ -5,7 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # llama-cpp-python builds llama.cpp from source. On x86-64 we leave out AMX:
 # its tile instructions fault where the kernel does not grant AMX state (VMs, sandboxes).
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF
+# GGML_RPC: the RPC backend, for a verifier on other machines (`specgguf worker`, `--rpc`).
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DGGML_RPC=ON
 ifeq ($(shell uname -m),x86_64)
 LLAMA_CMAKE_ARGS += -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'
 endif
