@@ -8,8 +8,12 @@ loop needs (never `logits_all`), and rolls the KV cache back with
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import signal
+import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -20,6 +24,7 @@ import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from .compat import VocabInfo
+from .cores import ThreadGovernor
 from .errors import ContextFullError, ModelLoadError, PromptError
 
 # --- logging: llama.cpp's messages go to a ring buffer, shown on failure or on request ---
@@ -37,8 +42,52 @@ def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
         os.write(2, text)
 
 
+# --- Ctrl-C while llama.cpp loads: Python drops a KeyboardInterrupt raised inside a C callback
+# ("Exception ignored ..."), so while loading, Ctrl-C only sets a flag, the progress callback
+# asks llama.cpp to stop, and the interrupt is raised once llama.cpp has returned.
+_interrupted = threading.Event()
+
+
+@llama_cpp.llama_progress_callback
+def _load_progress(_progress: float, _user_data: ctypes.c_void_p) -> bool:
+    return not _interrupted.is_set()  # False: llama.cpp abandons the load
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """Ctrl-C during the block stops it and raises KeyboardInterrupt afterwards, never lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _interrupted.clear()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: _interrupted.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if _interrupted.is_set():
+        raise KeyboardInterrupt
+
+
+def _load_model(path: Path, params) -> ctypes.c_void_p | None:
+    params.progress_callback = _load_progress
+    with _interruptible():
+        return llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+
+
 llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
+
+
+_governor: ThreadGovernor | None = None
+
+
+def _shared_governor() -> ThreadGovernor:
+    """One for the process: both models follow the same reading of the load."""
+    global _governor
+    if _governor is None:
+        _governor = ThreadGovernor()
+    return _governor
 
 
 def _reason(default: str) -> str:
@@ -69,7 +118,7 @@ class LlamaModel:
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = n_gpu_layers
         _recent_log.clear()
-        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), model_params)
+        self._model = _load_model(self.path, model_params)
         if not self._model:
             raise ModelLoadError(f"{self.path}: llama.cpp could not load it: {_reason('unknown error')}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
@@ -77,10 +126,13 @@ class LlamaModel:
         context_params = llama_cpp.llama_context_default_params()
         context_params.n_ctx = n_ctx
         context_params.n_batch = context_params.n_ubatch = n_batch
-        threads = n_threads or max(1, os.cpu_count() or 1)
+        # No -t: the thread count follows the machine's load (cores.py), checked as we decode.
+        self._governor = _shared_governor() if n_threads is None else None
+        threads = n_threads or self._governor.threads
         context_params.n_threads = context_params.n_threads_batch = threads
         self.n_threads, self.n_gpu_layers = threads, n_gpu_layers  # what its speed depends on
-        self._ctx = llama_cpp.llama_init_from_model(self._model, context_params)
+        with _interruptible():
+            self._ctx = llama_cpp.llama_init_from_model(self._model, context_params)
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
             raise ModelLoadError(f"{self.path}: could not create a context: {_reason('out of memory?')}")
@@ -114,6 +166,8 @@ class LlamaModel:
             raise ContextFullError(f"context overflow: {self.n_past} + {len(tokens)} tokens > {self.n_ctx}")
         if n_logits > min(len(tokens), self.n_batch):
             raise ValueError(f"asked for {n_logits} logits rows from {len(tokens)} tokens")
+        if self._governor is not None:
+            self._follow_load()
         started = time.perf_counter()
         batch = self._batch
         for start in range(0, len(tokens), self.n_batch):
@@ -137,6 +191,15 @@ class LlamaModel:
         logits = np.ctypeslib.as_array(pointer, shape=(n_logits, self.n_vocab)).copy()
         self.busy_seconds += time.perf_counter() - started
         return logits
+
+    def _follow_load(self) -> None:
+        self._governor.check()
+        if self._governor.threads != self.n_threads:
+            if _echo_log:
+                os.write(2, f"specgguf: {self.path.name}: {self.n_threads} -> {self._governor.threads} threads"
+                            " (the machine's load changed)\n".encode())
+            self.n_threads = self._governor.threads
+            llama_cpp.llama_set_n_threads(self._ctx, self.n_threads, self.n_threads)
 
     def rewind(self, n_past: int) -> None:
         if n_past < self.n_past:
@@ -185,9 +248,21 @@ class LlamaModel:
         template = self.chat_template()
         if template is None:
             raise PromptError(f"{self.path.name} has no chat template; use --raw to send the text as is")
-        formatter = Jinja2ChatFormatter(template=template, eos_token=self._piece_text("eos"),
-                                        bos_token=self._piece_text("bos"))
-        return formatter(messages=messages).prompt
+        def render() -> str:
+            formatter = Jinja2ChatFormatter(template=template, eos_token=self._piece_text("eos"),
+                                            bos_token=self._piece_text("bos"))
+            return formatter(messages=messages).prompt
+        # The template is code from the file: it may fail, or loop for ever. Neither may escape as
+        # a traceback or a hang.
+        try:
+            return within_time(render, seconds=TEMPLATE_SECONDS)
+        except TimeoutError:
+            raise PromptError(f"{self.path.name}'s chat template did not finish within {TEMPLATE_SECONDS:g} s;"
+                              " use --raw to send the text as is") from None
+        except Exception as error:  # noqa: BLE001 - any failure of the file's own code
+            detail = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+            raise PromptError(f"{self.path.name}'s chat template failed ({detail});"
+                              " use --raw to send the text as is") from None
 
     def _piece_text(self, which: str) -> str:
         token = getattr(llama_cpp, f"llama_vocab_{which}")(self._vocab)
@@ -196,6 +271,29 @@ class LlamaModel:
     # --- what the compatibility check reads ---
     def vocab_info(self) -> VocabInfo:
         return _vocab_info(self._vocab, self.path.name)
+
+
+TEMPLATE_SECONDS = 5.0  # a real chat template renders in milliseconds
+
+
+def within_time(work, *, seconds: float):
+    """work(), stopped with TimeoutError if it runs past `seconds` (Python code only: a line tracer
+    in this thread checks the clock, so it stops loops in a Jinja template, which compiles to Python)."""
+    deadline, ticks = time.monotonic() + seconds, 0
+    previous = sys.gettrace()
+
+    def tracer(frame, event, arg):
+        nonlocal ticks
+        ticks += 1
+        if ticks % 256 == 0 and time.monotonic() > deadline:
+            raise TimeoutError
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        return work()
+    finally:
+        sys.settrace(previous)
 
 
 def _vocab_info(vocab, name: str) -> VocabInfo:
@@ -219,7 +317,7 @@ def read_vocab(path: str | Path, *, metadata_keys: Sequence[str] = ()) -> tuple[
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
     _recent_log.clear()
-    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    model = _load_model(path, params)
     if not model:
         raise ModelLoadError(f"{path}: llama.cpp could not read its vocabulary: {_reason('unknown error')}")
     try:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from . import verify_costs
 from .bench import PROMPTS, best_fixed_k, make_settings, run_bench
-from .errors import UsageError
+from .errors import SpecggufError, UsageError
 from .resolve import ResolvedPair
 from .run import LoadOptions, load_models, prompt_tokens
 from .tuning import K_MAX, machine_id, store_measurement
@@ -53,6 +53,8 @@ def f16_variant(target: BenchTarget) -> BenchTarget:
 
 def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, json_output: bool,
           plot: Path | None, store: bool, out: TextIO, err_console: Console) -> dict:
+    if plot is not None:
+        check_plot_path(plot)  # before minutes of measuring, not after
     kinds = plan.prompts
     settings_per_target = [make_settings(ks=plan.ks, adaptive=plan.adaptive, drafters=plan.drafters,
                                          temperatures=plan.temperatures) for _ in targets]
@@ -85,8 +87,6 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
             draft.close()
     report = {"machine": {"id": machine_id(), "platform": platform.platform(), "threads": load.n_threads},
               "prompts": kinds, "repeats": plan.repeats, "max_tokens": plan.max_tokens, "results": results}
-    if plot is not None:
-        save_plot(report, plot)
     if json_output:
         out.write(json.dumps(report) + "\n")
     else:
@@ -99,7 +99,29 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
         if store:
             err_console.print("stored the best K per pair for `run`/`chat -k auto` on this machine,"
                               " and each verifier's verify costs for adaptive K")
+    if plot is not None:  # last: a plot that fails loses no result
+        try:
+            save_plot(report, plot)
+        except OSError as error:
+            raise SpecggufError(f"could not write the plot {plot} ({error.strerror or error});"
+                                " the results above are complete") from None
     return report
+
+
+def check_plot_path(path: Path) -> None:
+    """--plot: matplotlib is there and the PNG can be written where asked."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'specgguf[plot]'") from None
+    existed = path.exists()
+    try:
+        with path.open("ab"):  # appending nothing: an existing plot is left as it is until replaced
+            pass
+    except OSError as error:
+        raise UsageError(f"--plot {path}: cannot write a file there ({error.strerror or error})") from None
+    if not existed:
+        path.unlink()
 
 
 def _table(result: dict) -> Table:

@@ -137,6 +137,7 @@ class ChatRepl:
         self.out, self.out_console, self.err = out, out_console, err_console
         self.quiet, self.show_rejected, self.models = quiet, show_rejected, models
         self.n_answers = 0
+        self.n_failed = 0  # questions that got no complete answer because of an error (not Ctrl-C)
 
     def note(self, message: str, style: str = "yellow") -> None:
         self.err.print(Text(message, style=style), soft_wrap=True)
@@ -230,6 +231,7 @@ class ChatRepl:
                 reply = self.session.ask(question)
             except SpecggufError as error:  # a message too long for the context, a failing template
                 self.note(str(error))
+                self.n_failed += 1
                 return
             if reply.n_dropped:
                 kept = ", kept the system prompt" if self.session.system else ""
@@ -257,6 +259,7 @@ class ChatRepl:
             stream.finish()
         if failure:
             self.note(f"the answer stopped: {failure}")
+            self.n_failed += 1
         elif interrupted:
             self.note("(interrupted)", style="dim")
         elif turn.stop == "context":
@@ -299,6 +302,10 @@ def run_chat(*, resolved: ResolvedPair, drafting: DraftOptions, max_tokens: int,
                 err_console.print(legend())
     else:
         reader, out_console = PipedInput(stdin), None
-    ChatRepl(session, reader=reader, interactive=interactive, out=out, out_console=out_console,
-             err_console=err_console, quiet=quiet, show_rejected=show_rejected, models=models,
-             k_choice=drafting.k, choose_k=choose_k).loop()
+    repl = ChatRepl(session, reader=reader, interactive=interactive, out=out, out_console=out_console,
+                    err_console=err_console, quiet=quiet, show_rejected=show_rejected, models=models,
+                    k_choice=drafting.k, choose_k=choose_k)
+    repl.loop()
+    if repl.n_failed and not interactive:  # a script must see that some answers are missing
+        raise SpecggufError(f"{repl.n_failed} question{'s' if repl.n_failed > 1 else ''} got no complete"
+                            " answer (see the messages above)")

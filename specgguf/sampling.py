@@ -11,6 +11,7 @@ greedy decoding: the argmax of the raw logits.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,9 @@ class SamplingSettings:
     min_p: float = 0.05
 
     def __post_init__(self) -> None:
+        for name, value in (("temperature", self.temperature), ("top-p", self.top_p), ("min-p", self.min_p)):
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:

@@ -72,7 +72,10 @@ def fetch(url: str, destination: Path, *, name: str, size: int | None, sha256: s
                 if size is None or partial.done >= size:
                     break
                 reason = "the server ended the transfer early"
-            except (httpx2.TransportError, _RetryableStatus) as error:
+            except httpx2.TooManyRedirects:
+                raise HubUnreachableError(f"downloading {name}: the server redirects in a loop;"
+                                          " try again later") from None
+            except (httpx2.RequestError, _RetryableStatus) as error:
                 reason = str(error) or type(error).__name__
             failures = 0 if partial.done > before else failures + 1
             if failures >= _RETRIES:
@@ -112,8 +115,8 @@ def _stream(url: str, partial: _Partial, size: int | None, headers: dict, progre
                              " run the same command again to resume") from error
         if partial.done and response.status_code != 206:
             partial.reset()  # the server ignored the Range: start over
-        length = response.headers.get("Content-Length")
-        if size is None and length is not None:
+        length = response.headers.get("Content-Length", "")
+        if size is None and length.isdigit():  # anything else: read to the end, sized as it comes
             size = partial.done + int(length)
         for chunk in response.iter_bytes():  # as it arrives: a dropped connection loses nothing
             partial.append(chunk)

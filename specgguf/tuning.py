@@ -12,8 +12,10 @@ The stored K is the draft model's: the n-gram and hybrid drafters always choose 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,24 +61,82 @@ def tuning_path() -> Path:
     return Path(base) / "specgguf" / "tuning.json"
 
 
-def load_tuning() -> dict:
+_warned: set[str] = set()
+
+
+def _warn(problem: str) -> None:
+    """One line on stderr, once per problem: a damaged tuning.json is ignored, never fatal."""
+    if problem not in _warned and sys.stderr is not None:
+        _warned.add(problem)
+        sys.stderr.write(f"specgguf: warning: {tuning_path()}: {problem}; ignored (`specgguf bench` rewrites it)\n")
+
+
+def load_tuning() -> dict | None:
+    """tuning.json's contents; {} if there is none; None if it is there but not a JSON object."""
     try:
-        data = json.loads(tuning_path().read_text())
-    except (OSError, ValueError):
+        text = tuning_path().read_text(encoding="utf-8")
+    except FileNotFoundError:
         return {}
-    return data if isinstance(data, dict) else {}
+    except (OSError, UnicodeDecodeError) as error:
+        _warn(f"cannot be read ({error})")
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError as error:
+        _warn(f"not valid JSON ({error})")
+        return None
+    if not isinstance(data, dict):
+        _warn("not a JSON object")
+        return None
+    return data
+
+
+def _machine_entries() -> dict:
+    entries = (load_tuning() or {}).get(machine_id(), {})
+    if not isinstance(entries, dict):
+        _warn("this machine's entry is not an object")
+        return {}
+    return entries
+
+
+def _valid_measurement(value: object) -> str | None:
+    """What is wrong with a stored bench result, or None."""
+    if not isinstance(value, dict):
+        return f"expected an object, got {type(value).__name__}"
+    k, speedup = value.get("k"), value.get("speedup")
+    if type(k) is not int or not 0 <= k <= 64:
+        return f"'k' must be a whole number from 0 to 64, got {k!r}"
+    if type(speedup) not in (int, float) or not math.isfinite(speedup) or speedup <= 0:
+        return f"'speedup' must be a positive number, got {speedup!r}"
+    acceptance = value.get("acceptance_rate")
+    if acceptance is not None and (type(acceptance) not in (int, float) or not 0 <= acceptance <= 1):
+        return f"'acceptance_rate' must be between 0 and 1, got {acceptance!r}"
+    return None
 
 
 def stored_measurement(verifier: Path, draft: Path, temperature: float) -> dict | None:
-    entry = load_tuning().get(machine_id(), {}).get(pair_key(verifier, draft), {})
-    return entry.get("greedy" if temperature <= 0 else "sampled")
+    """The best K `bench` stored for this pair here, if the entry is valid (else a warning and None)."""
+    key, kind = pair_key(verifier, draft), "greedy" if temperature <= 0 else "sampled"
+    entry = _machine_entries().get(key, {})
+    if not isinstance(entry, dict):
+        _warn(f"the entry for {key} is not an object")
+        return None
+    value = entry.get(kind)
+    if value is None:
+        return None
+    if problem := _valid_measurement(value):
+        _warn(f"the {kind} entry for {key}: {problem}")
+        return None
+    return value
 
 
 def store_measurement(verifier: Path, draft: Path, temperature: float, measurement: dict) -> None:
-    """Record a bench result for `-k auto`."""
+    """Record a bench result for `-k auto` (the pair's other entries are kept)."""
     def update(data: dict) -> None:
-        data.setdefault(machine_id(), {}).setdefault(pair_key(verifier, draft), {})[
-            "greedy" if temperature <= 0 else "sampled"] = measurement
+        pairs = data.setdefault(machine_id(), {})
+        if not isinstance(pairs.get(pair_key(verifier, draft)), dict):
+            pairs[pair_key(verifier, draft)] = {}
+        pairs[pair_key(verifier, draft)]["greedy" if temperature <= 0 else "sampled"] = measurement
     _update_tuning(update)
 
 
@@ -91,9 +151,13 @@ def verify_costs_key(verifier: Path, *, n_threads: int, n_gpu_layers: int) -> st
 
 def stored_verify_costs(key: str) -> list[float] | None:
     """Seconds to verify a batch of 1, 2, … tokens, as `bench` measured them here (see verify_costs.py)."""
-    costs = load_tuning().get(machine_id(), {}).get(key)
-    if isinstance(costs, list) and len(costs) >= 2 and all(isinstance(c, (int, float)) and c > 0 for c in costs):
+    costs = _machine_entries().get(key)
+    if costs is None:
+        return None
+    if isinstance(costs, list) and len(costs) >= 2 and all(
+            type(c) in (int, float) and math.isfinite(c) and c > 0 for c in costs):
         return [float(c) for c in costs]
+    _warn(f"{key}: expected a list of positive seconds")
     return None
 
 
@@ -106,10 +170,15 @@ def store_verify_costs(key: str, costs: list[float]) -> None:
 def _update_tuning(update) -> None:
     """Read, change and write back tuning.json: to a temporary file, then renamed, so a crash
     never truncates it."""
-    data = load_tuning()
-    update(data)
-    path = tuning_path()
+    data, path = load_tuning(), tuning_path()
     path.parent.mkdir(parents=True, exist_ok=True)
+    if data is None:  # unreadable: keep it beside the new one rather than overwrite it
+        os.replace(path, path.with_name(path.name + ".damaged"))
+        sys.stderr.write(f"specgguf: warning: kept the damaged {path} as {path.name}.damaged\n")
+        data = {}
+    if not isinstance(data.get(machine_id(), {}), dict):
+        data[machine_id()] = {}
+    update(data)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
         json.dump(data, handle, indent=1)
     os.replace(handle.name, path)

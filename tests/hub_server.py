@@ -38,6 +38,10 @@ class FakeHub:
     faults: dict[str, Fault] = field(default_factory=dict)  # sha256 -> fault
     requests: list[Request] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
+    # A hostile hub: per repo, headers that replace the honest ones (e.g. a path as the ETag),
+    # and repos whose resolve URL redirects to itself for ever.
+    hostile_headers: dict[str, dict[str, str]] = field(default_factory=dict)
+    redirect_loop: set[str] = field(default_factory=set)
 
     def add(self, repo: str, path: str, data: bytes, *, commit: str | None = None) -> str:
         """Publish `data` as `repo/path`; returns its SHA-256 (the LFS ETag)."""
@@ -113,12 +117,14 @@ def _handler(hub: FakeHub, *, cdn: bool):
             data = entry["files"][path]
             sha256 = hashlib.sha256(data).hexdigest()
             self.send_response(302)
-            self.send_header("Location", f"{hub.cdn_url}/cdn/{sha256}?signed=1")
-            self.send_header("X-Repo-Commit", entry["commit"])
-            self.send_header("X-Linked-Etag", f'"{sha256}"')
-            self.send_header("X-Linked-Size", str(len(data)))
-            self.send_header("ETag", '"not-the-lfs-etag"')
-            self.send_header("Content-Length", "0")
+            headers = {"Location": f"{hub.cdn_url}/cdn/{sha256}?signed=1", "X-Repo-Commit": entry["commit"],
+                       "X-Linked-Etag": f'"{sha256}"', "X-Linked-Size": str(len(data)),
+                       "ETag": '"not-the-lfs-etag"', "Content-Length": "0"}
+            if repo in hub.redirect_loop:
+                headers["Location"] = f"{hub.url}{self.path}"
+            headers.update(hub.hostile_headers.get(repo, {}))
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.end_headers()
 
         def _error(self, status: int, code: str, commit: str | None = None) -> None:

@@ -9,7 +9,8 @@ import pytest
 from specgguf.engine import FixedK
 from specgguf.errors import UsageError
 from specgguf.kpolicy import AdaptiveK
-from specgguf.tuning import KChoice, load_tuning, make_policy, parse_k, store_measurement, tuning_path
+from specgguf.tuning import (KChoice, load_tuning, make_policy, parse_k, store_measurement, stored_measurement,
+                             tuning_path)
 
 VERIFIER, DRAFT = Path("/models/big.gguf"), Path("/models/small.gguf")
 
@@ -76,4 +77,5 @@ def test_tuning_file_survives_a_corrupt_write_and_keeps_other_pairs():
     store_measurement(Path("other.gguf"), DRAFT, 0.0, {"k": 2, "speedup": 1.1, "acceptance_rate": 0.6})
     assert len(next(iter(load_tuning().values()))) == 2
     tuning_path().write_text("{not json")
-    assert load_tuning() == {}  # unreadable: treated as no measurement, not a crash
+    assert load_tuning() is None  # unreadable: treated as no measurement (with a warning), not a crash
+    assert stored_measurement(VERIFIER, DRAFT, 0.0) is None

@@ -1,0 +1,347 @@
+"""A hostile but fair user, hub and file: every case ends in one `specgguf: error:` line (or a warning)
+and a non-zero exit, never a traceback or a hang, and nothing is written outside its root.
+
+The hub cases run the real `specgguf pull` against the local stand-in (tests/hub_server.py)
+answering with hostile headers; the file cases use tiny GGUFs made here with hostile metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hub_server import FakeHub
+from tiny_gguf import write_tiny_llama
+
+SPECGGUF = [sys.executable, "-m", "specgguf"]
+VERIFIER_REPO = "test/tiny-verifier-GGUF"
+
+
+def specgguf(*args, env: dict | None = None, stdin: bytes | str | None = None, timeout: float = 120,
+             **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([*SPECGGUF, *map(str, args)], input=stdin.encode() if isinstance(stdin, str) else stdin,
+                          capture_output=True, timeout=timeout, env={**os.environ, **(env or {})}, **kwargs)
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The run failed with exactly one `specgguf: error:` line at the end, and no traceback."""
+    stderr = result.stderr.decode("utf-8", "replace")
+    assert result.returncode != 0, stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("specgguf: error: "), stderr
+    assert "\x1b" not in last  # hostile text never reaches the terminal raw
+    return last
+
+
+def files_under(root: Path) -> set[str]:
+    return {str(path.relative_to(root)) for path in root.rglob("*")}
+
+
+# --- a hostile hub ------------------------------------------------------------------------
+@pytest.fixture
+def hub(tiny_verifier, tiny_draft):
+    server = FakeHub()
+    server.add(VERIFIER_REPO, "verifier.gguf", tiny_verifier.read_bytes())
+    server.add("test/tiny-draft-GGUF", "draft.gguf", tiny_draft.read_bytes())
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def sandbox(tmp_path, hub):
+    """HF cache, specgguf cache and config inside tmp_path/root; tmp_path/outside must stay untouched."""
+    root = tmp_path / "root"
+    (root / "config" / "specgguf").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(root / "hf"), "SPECGGUF_CACHE": str(root / "cache"),
+           "XDG_CONFIG_HOME": str(root / "config"), "NO_COLOR": "1"}
+    return tmp_path, env
+
+
+def pull_pair(env: dict) -> subprocess.CompletedProcess:
+    return specgguf("pull", "--verifier", f"{VERIFIER_REPO}/verifier.gguf",
+                    "--draft", "test/tiny-draft-GGUF/draft.gguf", env=env)
+
+
+@pytest.mark.parametrize("header, value", [
+    ("X-Linked-Etag", '"../../../../outside/x"'),
+    ("X-Linked-Etag", '"../../../../../../../../outside/x"'),
+    ("X-Linked-Etag", '"not-a-sha256"'),
+    ("X-Linked-Etag", '"' + "A" * 64 + '"'),  # upper case: not what the hub sends
+    ("X-Repo-Commit", "../../../../outside"),
+    ("X-Repo-Commit", "../../../../../../../../outside"),
+    ("X-Repo-Commit", "0123abc"),
+    ("X-Repo-Commit", "\x1b]0;pwned\x07" + "0" * 33),
+])
+def test_hub_headers_never_become_paths_outside_the_cache(hub, sandbox, header, value):
+    tmp_path, env = sandbox
+    hub.hostile_headers[VERIFIER_REPO] = {header: value}
+    result = pull_pair(env)
+    line = one_error_line(result)
+    assert "refusing" in line and "nothing was written" in line
+    assert files_under(tmp_path / "outside") == set()
+    assert not any(name.endswith(".gguf") or "blobs/" in name for name in files_under(tmp_path / "root"))
+    assert "ready" not in result.stderr.decode()
+
+
+def test_a_file_whose_sha256_cannot_be_established_is_not_pulled(hub, sandbox):
+    # A 40-digit ETag is a git blob hash: nothing to check the bytes against, so never "verified".
+    _, env = sandbox
+    hub.hostile_headers[VERIFIER_REPO] = {"X-Linked-Etag": '"' + "ab" * 20 + '"'}
+    line = one_error_line(pull_pair(env))
+    assert "cannot be verified" in line and "sha256" in line
+
+
+def test_a_redirect_loop_is_one_clear_line(hub, sandbox):
+    _, env = sandbox
+    hub.redirect_loop.add(VERIFIER_REPO)
+    line = one_error_line(specgguf("pull", "--verifier", f"{VERIFIER_REPO}/verifier.gguf",
+                                   "--draft", "test/tiny-draft-GGUF/draft.gguf", env=env, timeout=60))
+    assert "redirect" in line
+
+
+@pytest.mark.parametrize("field, value", [
+    ("revision", "../../../../outside"), ("revision", "/etc"), ("repo", "../.."), ("repo", "a/.."),
+    ("file", "../x.gguf"), ("file", "/tmp/x.gguf"), ("file", "a/../../x.gguf"),
+])
+def test_paths_in_a_users_models_yaml_are_refused_with_file_and_line(sandbox, field, value):
+    tmp_path, env = sandbox
+    verifier = {"repo": VERIFIER_REPO, "file": "verifier.gguf", field: value}
+    registry = {"pairs": {"evil": {"note": "n", "license": "mit", "recommended_k": 3, "verifier": verifier,
+                                   "draft": {"repo": "test/tiny-draft-GGUF", "file": "draft.gguf"}}}}
+    path = tmp_path / "root" / "config" / "specgguf" / "models.yaml"
+    path.write_text(json.dumps(registry, indent=1))  # JSON is YAML; one key a line
+    for command in (["pull", "evil"], ["pairs"], ["pairs", "evil"], ["run", "--pair", "evil", "hi"]):
+        result = specgguf(*command, env=env)
+        line = one_error_line(result)
+        assert f"{path}:" in line and f"verifier.{field}" in line and result.returncode == 2, line
+    assert files_under(tmp_path / "outside") == set()
+
+
+@pytest.mark.parametrize("ref", ["t/ok/../../x.gguf", "t/../x/y.gguf", "t/./x/y.gguf"])
+def test_an_ad_hoc_reference_with_dot_dot_is_a_clean_error(sandbox, ref):
+    tmp_path, env = sandbox
+    line = one_error_line(specgguf("pull", "--verifier", ref, "--draft", "test/tiny-draft-GGUF/draft.gguf",
+                                   env=env))
+    assert "OWNER/REPO/FILE.gguf" in line
+    assert files_under(tmp_path / "outside") == set()
+
+
+# --- hostile GGUF files -------------------------------------------------------------------
+ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b[31m"
+
+
+@pytest.fixture(scope="module")
+def hostile_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("hostile")
+
+
+def tiny_with(folder: Path, name: str, **kwargs) -> Path:
+    return write_tiny_llama(folder / name, base_seed=7, **kwargs)
+
+
+def test_check_escapes_metadata_from_the_file(hostile_dir, tiny_verifier):
+    import gguf
+
+    path = hostile_dir / "escapes.gguf"
+    reader = gguf.GGUFReader(tiny_verifier)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for field in reader.fields.values():  # copy every key but the name, which gets escape sequences
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.name"):
+            continue
+        writer.add_key_value(field.name, field.contents(), field.types[0],
+                             field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+    writer.add_name(f"evil{ESCAPES}name")
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_shape=list(reversed(tensor.shape.tolist())),
+                          raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    result = specgguf("check", path, tiny_verifier)
+    stdout = result.stdout.decode()
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in stdout and "\x07" not in stdout
+    assert "evil\\x1b]0;pwned\\x07" in stdout  # shown, escaped
+
+
+@pytest.mark.parametrize("template, expected", [
+    ("{{ raise_exception('no system role') }}", "chat template failed (no system role)"),
+    ("{% for m in messages %}{{ m.content ", "chat template failed"),
+    ("{{ messages.__class__.__mro__ }}", "chat template failed"),
+    ("{{ 1 / 0 }}", "chat template failed"),
+    ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "did not finish"),
+])
+def test_a_failing_or_looping_chat_template_is_one_line(hostile_dir, tiny_draft, template, expected):
+    path = tiny_with(hostile_dir, f"template-{abs(hash(template))}.gguf", chat_template=template)
+    for command in (["run", "-m", path, "-md", tiny_draft, "-c", "128", "hello"],
+                    ["run", "-m", path, "-c", "128", "-k", "0", "hello"]):
+        started = time.monotonic()
+        line = one_error_line(specgguf(*command, timeout=60))
+        assert expected in line and "--raw" in line
+        assert time.monotonic() - started < 30
+    raw = specgguf("run", "-m", path, "-c", "128", "--raw", "--temp", "0", "-n", "4", "hello")
+    assert raw.returncode == 0, raw.stderr  # --raw sidesteps the template
+
+
+# --- options and input --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny(tiny_verifier, tiny_draft):
+    return ["-m", tiny_verifier, "-md", tiny_draft, "-c", "256", "--temp", "0", "-n", "6"]
+
+
+def test_seed_minus_one_is_random_and_other_negatives_are_refused(tiny):
+    first = json.loads(specgguf("run", *tiny, "--seed", "-1", "--json", "hi").stdout)
+    assert first["settings"]["seed"] >= 0
+    for command in ("run", "chat"):
+        line = one_error_line(specgguf(command, *tiny, "--seed", "-5", "hi" if command == "run" else "-q",
+                                       stdin="hi\n"))
+        assert "--seed" in line
+    chat = specgguf("chat", *tiny, "--seed", "-1", "-q", stdin="hello\n")
+    assert chat.returncode == 0, chat.stderr
+
+
+def test_stdin_that_is_not_utf8_is_refused_clearly(tiny):
+    line = one_error_line(specgguf("run", *tiny, stdin=b"hello \xff\xfe binary \x00"))
+    assert "not UTF-8" in line and "offset 6" in line
+
+
+def test_a_prompt_argument_that_is_not_utf8_is_refused_clearly(tiny):
+    result = subprocess.run([*map(os.fsencode, SPECGGUF), b"run", *map(os.fsencode, map(str, tiny)), b"caf\xe9"],
+                            capture_output=True, timeout=120)
+    assert "not UTF-8" in one_error_line(result)
+
+
+@pytest.mark.parametrize("path", ["models/some/thing.gguf", "a b/c d/e.gguf", "x/y/../z.gguf"])
+def test_a_missing_path_with_slashes_says_no_such_file(tiny_draft, path):
+    line = one_error_line(specgguf("run", "-m", path, "-md", tiny_draft, "hi"))
+    assert "no such file" in line
+
+
+def test_closed_stdout_is_one_line(tiny):
+    result = subprocess.run([*SPECGGUF, "run", *map(str, tiny), "hi"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, timeout=60,
+                            preexec_fn=lambda: os.close(1))
+    assert "standard output is closed" in one_error_line(result)
+
+
+def test_threads_beyond_the_usable_cores_are_capped_with_a_warning(tiny):
+    result = specgguf("run", *tiny, "-t", "1000", "--json", "hi")
+    assert result.returncode == 0, result.stderr
+    assert "-t 1000: only" in result.stderr.decode()
+    assert json.loads(result.stdout)["settings"]["n_threads"] == len(os.sched_getaffinity(0))
+
+
+def test_temperature_nan_is_refused_on_the_command_line_and_in_chat(tiny):
+    for value in ("nan", "inf"):
+        assert "temp" in one_error_line(specgguf("run", *tiny, "--temp", value, "hi"))
+    chat = specgguf("chat", *tiny, "-q", stdin="/temp nan\n/temp inf\nhello\n")
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stderr.decode().count("usage: /temp X") == 2
+
+
+def test_piped_chat_exits_non_zero_when_a_question_failed(tiny):
+    long_question = "word " * 400  # more than the 256-token context
+    result = specgguf("chat", *tiny, "-q", stdin=f"{long_question}\nhello\n")
+    line = one_error_line(result)
+    assert "1 question got no complete answer" in line
+    assert result.stdout.strip()  # the good question was still answered
+
+
+@pytest.mark.parametrize("content", [
+    "[1, 2]", '"text"', "{not json", '{"MACHINE": []}',
+    '{"MACHINE": {"PAIR": {"greedy": {"k": "abc", "speedup": 1.2}}}}',
+    '{"MACHINE": {"PAIR": {"greedy": {"speedup": 1.2}}}}',
+    '{"MACHINE": {"PAIR": {"greedy": {"k": 4.5, "speedup": 1.2}}}}',
+    '{"MACHINE": {"PAIR": {"greedy": {"k": -5, "speedup": 1.2}}}}',
+    '{"MACHINE": {"PAIR": {"greedy": {"k": true, "speedup": 1.2}}}}',
+    '{"MACHINE": {"PAIR": "greedy"}}',
+    '{"MACHINE": {"PAIR": {"greedy": [4]}}}',
+])
+def test_a_damaged_tuning_file_is_ignored_with_a_warning(tiny, tiny_verifier, tiny_draft, tmp_path, content):
+    from specgguf.tuning import machine_id, pair_key
+
+    config = tmp_path / "config"
+    (config / "specgguf").mkdir(parents=True)
+    tuning = config / "specgguf" / "tuning.json"
+    tuning.write_text(content.replace("MACHINE", machine_id().replace("\\", "\\\\"))
+                      .replace("PAIR", pair_key(tiny_verifier, tiny_draft)))
+    result = specgguf("run", *tiny, "-k", "auto", "--json", "hi", env={"XDG_CONFIG_HOME": str(config)})
+    assert result.returncode == 0, result.stderr
+    stderr = result.stderr.decode()
+    assert "specgguf: warning:" in stderr and "ignored" in stderr and "Traceback" not in stderr
+    assert json.loads(result.stdout)["k_source"].startswith("K adaptive")  # not "K=-5"
+    assert tuning.read_text().startswith(content[:1])  # reading never rewrites it
+
+
+def test_storing_into_a_damaged_tuning_file_keeps_what_was_there(tmp_path, monkeypatch):
+    from specgguf import tuning
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    path = tuning.tuning_path()
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    tuning.store_measurement(Path("v.gguf"), Path("d.gguf"), 0.0, {"k": 4, "speedup": 1.3})
+    assert path.with_name("tuning.json.damaged").read_text() == "{not json"
+    assert tuning.stored_measurement(Path("v.gguf"), Path("d.gguf"), 0.0)["k"] == 4
+    # An invalid entry beside valid ones: the valid ones survive a write.
+    data = json.loads(path.read_text())
+    data[tuning.machine_id()]["junk"] = {"greedy": {"k": "abc"}}
+    path.write_text(json.dumps(data))
+    tuning.store_measurement(Path("w.gguf"), Path("d.gguf"), 0.0, {"k": 2, "speedup": 1.1})
+    assert tuning.stored_measurement(Path("v.gguf"), Path("d.gguf"), 0.0)["k"] == 4
+    assert json.loads(path.read_text())[tuning.machine_id()]["junk"] == {"greedy": {"k": "abc"}}
+
+
+def test_bench_checks_the_plot_path_before_measuring(tiny_verifier, tiny_draft):
+    started = time.monotonic()
+    line = one_error_line(specgguf("bench", "-m", tiny_verifier, "-md", tiny_draft, "--quick",
+                                   "--plot", "/proc/nope.png", "--no-store"))
+    assert "--plot /proc/nope.png" in line and time.monotonic() - started < 20
+
+
+# --- Ctrl-C at any moment -----------------------------------------------------------------
+def test_ctrl_c_during_start_up_imports_is_exit_130_without_a_traceback(monkeypatch, capsys):
+    import importlib.abc
+
+    from specgguf import __main__ as entry
+
+    class Interrupting(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "specgguf.cli":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "specgguf.cli", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
+    assert entry.main() == 130
+    assert capsys.readouterr().err == "specgguf: error: interrupted\n"
+
+
+def test_ctrl_c_while_the_model_loads_stops_with_130(qwen_pair):
+    verifier, draft = qwen_pair
+    process = subprocess.Popen([*SPECGGUF, "run", "-m", verifier, "-md", draft, "-n", "400", "hi"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ,
+                                                                                   "SPECGGUF_DEBUG": "1"})
+    # llama.cpp's log (echoed with SPECGGUF_DEBUG) says the load has started: interrupt it there.
+    seen = b""
+    while b"llama_model_loader" not in seen:
+        chunk = process.stderr.read1(4096)
+        assert chunk, "the process ended before loading"
+        seen += chunk
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=60)
+    stderr = (seen + rest).decode("utf-8", "replace")
+    assert process.returncode == 130, stderr[-2000:]
+    assert "Exception ignored" not in stderr and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == "specgguf: error: interrupted"
