@@ -1,0 +1,89 @@
+"""Generated tokens -> the text a client may see, cut exactly at a stop string.
+
+One verify pass can emit a burst of accepted drafts; a stop string may end in the
+middle of it, or start in one burst and end in the next. `AnswerText` decodes the
+tokens as they come and hands out only text that cannot be the start of a stop
+string: what might be is held back until the next tokens settle it. When a stop
+string appears, the answer ends right before it and nothing after it is ever
+handed out.
+"""
+
+from __future__ import annotations
+
+import codecs
+from bisect import bisect_left
+from collections.abc import Callable
+
+
+class AnswerText:
+    def __init__(self, token_bytes: Callable[[int], bytes], stops: list[str]):
+        self._token_bytes = token_bytes
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.stops = stops
+        self.text = ""  # decoded so far; after a stop string, only the part before it
+        self.sent = 0  # characters of `text` handed out
+        self.stopped = False  # a stop string was found
+        self.tokens: list[int] = []
+        self._ends: list[int] = []  # byte offset where each token ends
+
+    def add(self, tokens: list[int]) -> str:
+        """Take one step's tokens; return the newly safe text (maybe empty)."""
+        if self.stopped:
+            return ""
+        for token in tokens:
+            data = self._token_bytes(token)
+            self.tokens.append(token)
+            self._ends.append((self._ends[-1] if self._ends else 0) + len(data))
+            self.text += self._decoder.decode(data)
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        """The generation ended: hand out what was held back (an incomplete character too)."""
+        if not self.stopped:
+            self.text += self._decoder.decode(b"", final=True)
+        return self._release(final=True)
+
+    def _release(self, *, final: bool) -> str:
+        if self.stopped:
+            return ""
+        longest = max((len(stop) for stop in self.stops), default=0)
+        search_from = max(0, self.sent - longest + 1)
+        found = [at for at in (self.text.find(stop, search_from) for stop in self.stops) if at >= 0]
+        if found:
+            self.stopped = True
+            self.text = self.text[:min(found)]
+            end = len(self.text)
+        else:
+            end = len(self.text) if final else len(self.text) - self._held_back()
+        delta = self.text[self.sent:end]
+        self.sent = max(self.sent, end)
+        return delta
+
+    def _held_back(self) -> int:
+        """Length of the longest end of `text` that a stop string starts with."""
+        for size in range(min(len(self.text), max((len(s) for s in self.stops), default=1) - 1), 0, -1):
+            tail = self.text[-size:]
+            if any(stop.startswith(tail) for stop in self.stops):
+                return size
+        return 0
+
+    def whole_tokens(self) -> tuple[list[int], str]:
+        """The generated tokens that lie wholly inside the answer's text, and their text.
+
+        For prefix reuse: a follow-up prompt that repeats the answer can reuse these very
+        tokens. Empty where their bytes are not exactly the answer's start (invalid UTF-8)."""
+        answer = self.text.encode("utf-8")
+        n_tokens = bisect_left(self._ends, len(answer) + 1)  # tokens ending within the answer
+        data = b"".join(self._token_bytes(token) for token in self.tokens[:n_tokens])
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return [], ""
+        return (self.tokens[:n_tokens], text) if answer.startswith(data) else ([], "")
+
+    def n_tokens_used(self, stop_string_found: bool) -> int:
+        """Tokens the answer took: all of them, or (after a stop string) those up to the one it starts in."""
+        if not stop_string_found:
+            return len(self.tokens)
+        stop_end = len(self.text.encode("utf-8")) + 1
+        return min(len(self.tokens), bisect_left(self._ends, stop_end) + 1)
