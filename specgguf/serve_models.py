@@ -178,6 +178,8 @@ class CompletionRequest(_Common):
             raise unsupported("suffix")
         if self.best_of not in (None, 1):
             raise unsupported("best_of")
+        if not self.text.strip():
+            raise ApiError(400, "'prompt' is empty", param="prompt")  # as `run` refuses it
 
     @property
     def text(self) -> str:

@@ -68,18 +68,23 @@ class AnswerText:
         return 0
 
     def whole_tokens(self) -> tuple[list[int], str]:
-        """The generated tokens that lie wholly inside the answer's text, and their text.
+        """The longest run of generated tokens that spells the start of the answer exactly, and its text.
 
-        For prefix reuse: a follow-up prompt that repeats the answer can reuse these very
-        tokens. Empty where their bytes are not exactly the answer's start (invalid UTF-8)."""
-        answer = self.text.encode("utf-8")
-        n_tokens = bisect_left(self._ends, len(answer) + 1)  # tokens ending within the answer
-        data = b"".join(self._token_bytes(token) for token in self.tokens[:n_tokens])
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            return [], ""
-        return (self.tokens[:n_tokens], text) if answer.startswith(data) else ([], "")
+        For prefix reuse: a follow-up prompt that repeats the answer can reuse these very tokens.
+        It ends before a token cut by a stop string and before bytes that are not valid UTF-8."""
+        limit = len(self.text.encode("utf-8"))
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+        parts, kept, n_kept = [], "", 0
+        for index, (token, end) in enumerate(zip(self.tokens, self._ends)):
+            if end > limit:
+                break
+            try:
+                parts.append(decoder.decode(self._token_bytes(token)))
+            except UnicodeDecodeError:
+                break
+            if decoder.getstate()[0] == b"":  # no character left open
+                kept, n_kept = "".join(parts), index + 1
+        return (self.tokens[:n_kept], kept) if self.text.startswith(kept) else ([], "")
 
     def n_tokens_used(self, stop_string_found: bool) -> int:
         """Tokens the answer took: all of them, or (after a stop string) those up to the one it starts in."""

@@ -29,8 +29,8 @@ class LiveServer:
         """The real openai SDK, pointed at this server."""
         from openai import OpenAI
 
-        options.setdefault("max_retries", 0)
-        return OpenAI(base_url=self.base_url + "/v1", api_key=self.api_key or "unused", **options)
+        options = {"max_retries": 0, "api_key": self.api_key or "unused", **options}
+        return OpenAI(base_url=self.base_url + "/v1", **options)
 
     def http(self) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -78,6 +78,9 @@ def live_server(*args, api_key: str | None = None, startup_timeout: float = 60):
                 raise RuntimeError("the server did not come up")
             time.sleep(0.1)
         yield server
+        returncode = server.stop()  # Ctrl-C: a clean exit
+        assert returncode == 0 and "Traceback" not in server.stderr, server.stderr
     finally:
         if process.poll() is None:
-            server.stop()
+            process.kill()
+            process.wait()

@@ -14,6 +14,7 @@ import pytest
 
 from live_server import live_server
 
+MODEL = "verifier"  # the tiny verifier's file name
 GREEDY = {"temperature": 0, "extra_body": {"speculative": {"k": 3}}}
 
 
@@ -29,7 +30,7 @@ def client(server):
 
 
 def chat(client, content: str, **options):
-    return client.chat.completions.create(model="verifier", messages=[{"role": "user", "content": content}],
+    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
                                           **options)
 
 
@@ -68,9 +69,9 @@ def test_streamed_chat_is_the_same_answer_in_chunks(client):
 
 
 def test_text_completion_whole_and_streamed(client):
-    whole = client.completions.create(model="verifier", prompt="the cat was", max_tokens=16, **GREEDY)
+    whole = client.completions.create(model=MODEL, prompt="the cat was", max_tokens=16, **GREEDY)
     assert whole.object == "text_completion" and whole.choices[0].text
-    chunks = list(client.completions.create(model="verifier", prompt="the cat was", max_tokens=16, stream=True,
+    chunks = list(client.completions.create(model=MODEL, prompt="the cat was", max_tokens=16, stream=True,
                                             **GREEDY))
     assert "".join(chunk.choices[0].text for chunk in chunks) == whole.choices[0].text
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
@@ -118,57 +119,73 @@ def test_greedy_answers_match_specgguf_run(client, tiny_verifier, tiny_draft, k)
     assert served.choices[0].message.content == _run_text(tiny_verifier, tiny_draft, prompt, k)
 
 
-def test_stop_string_inside_an_accepted_burst_cuts_exactly_there(client):
-    options = {"max_tokens": 24, "temperature": 0, "extra_body": {"speculative": {"k": 6}}}
-    chunks = [chunk.choices[0].delta.content or "" for chunk in
-              chat(client, "hello the cat", stream=True, **options) if chunk.choices]
-    full = "".join(chunks)
-    # A chunk is one verify step; pick one that carried several characters (an accepted burst)
-    # and a stop string that starts inside it and occurs nowhere earlier.
-    start = 0
-    for chunk in chunks:
-        middle = start + len(chunk) // 2
+def stop_inside_a_burst(chunks: list[str]) -> tuple[str, int]:
+    """A stop string that starts in the middle of the longest streamed chunk (one verify step: its
+    accepted drafts and the verifier's token) and occurs nowhere earlier; and where it starts."""
+    full, starts = "".join(chunks), [sum(map(len, chunks[:i])) for i in range(len(chunks))]
+    for index in sorted(range(len(chunks)), key=lambda i: -len(chunks[i])):
+        middle = starts[index] + len(chunks[index]) // 2
         stop = full[middle:middle + 3]
-        if len(chunk) >= 6 and len(stop) == 3 and full.find(stop) == middle:
-            break
-        start += len(chunk)
-    else:
-        pytest.fail(f"no multi-token step in {chunks!r}")
-    cut = chat(client, "hello the cat", stop=[stop, "\x00never"], **options)
-    assert cut.choices[0].message.content == full[:middle]
+        if len(stop) == 3 and stop.strip() and full.find(stop) == middle:
+            return stop, middle
+    pytest.fail(f"no stop string to cut {chunks!r} with")
+
+
+def check_stop_cuts_inside_a_burst(client, messages, options):
+    model = client.models.list().data[0].id
+    chunks = [chunk.choices[0].delta.content or "" for chunk in
+              client.chat.completions.create(model=model, messages=messages, stream=True, **options)
+              if chunk.choices]
+    stop, middle = stop_inside_a_burst(chunks)
+    cut = client.chat.completions.create(model=model, messages=messages, stop=[stop, "\x00never"], **options)
+    assert cut.choices[0].message.content == "".join(chunks)[:middle]
     assert cut.choices[0].finish_reason == "stop"
-    assert cut.model_extra["timings"]["draft_n_accepted"] > 0
-    streamed = [chunk.choices[0].delta.content or "" for chunk in
-                chat(client, "hello the cat", stream=True, stop=stop, **options) if chunk.choices]
-    assert "".join(streamed) == full[:middle]  # no chunk leaked text from after the stop string
-
-
-def test_ngram_drafts_on_a_repetitive_prompt_and_stop_cuts_in_their_burst(client):
-    prompt = "the cat and the dog " * 12
-    options = {"max_tokens": 24, "temperature": 0, "extra_body": {"speculative": {"drafter": "ngram", "k": 6}}}
-    full = client.completions.create(model="verifier", prompt=prompt, **options)
-    text, timings = full.choices[0].text, full.model_extra["timings"]
+    timings = cut.model_extra["timings"]
     assert timings["draft_n_accepted"] > 0
-    stop = text[len(text) // 2:len(text) // 2 + 2]
-    cut = client.completions.create(model="verifier", prompt=prompt, stop=stop, **options)
-    assert cut.choices[0].text == text[:text.find(stop)]
+    # The step that reached the stop string generated tokens after it, and none of them showed.
+    assert timings["predicted_n"] > cut.usage.completion_tokens
+    streamed = [chunk.choices[0].delta.content or "" for chunk in
+                client.chat.completions.create(model=model, messages=messages, stream=True, stop=stop, **options)
+                if chunk.choices]
+    assert "".join(streamed) == "".join(chunks)[:middle]  # no chunk leaked text from after the stop string
 
 
-def test_a_follow_up_turn_reuses_the_cached_conversation(client):
-    first = chat(client, "hello the cat", max_tokens=12, **GREEDY)
+def test_stop_string_inside_an_accepted_burst_cuts_exactly_there(client):
+    check_stop_cuts_inside_a_burst(client, [{"role": "user", "content": "hello the cat"}],
+                                   {"max_tokens": 24, "temperature": 0, "extra_body": {"speculative": {"k": 6}}})
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2):
+    with live_server("-m", smollm2, "--drafter", "ngram", "-c", "1024", "-t", "1", "-n", "40") as live:
+        yield live
+
+
+def test_ngram_drafts_on_a_repeating_prompt_and_a_stop_string_cuts_in_their_burst(smol):
+    text = "The quick brown fox jumps over the lazy dog. " * 2
+    check_stop_cuts_inside_a_burst(smol.client(), [{"role": "user", "content": f"Copy this text exactly: {text}"}],
+                                   {"max_tokens": 40, "temperature": 0, "extra_body": {"speculative": {"k": 6}}})
+
+
+def test_a_follow_up_turn_reuses_the_cached_conversation(smol):
+    client = smol.client()
+    model = client.models.list().data[0].id
+    question = [{"role": "user", "content": "Name three colours."}]
+    first = client.chat.completions.create(model=model, messages=question, max_tokens=12, **GREEDY)
     answer = first.choices[0].message.content
     follow_up = client.chat.completions.create(
-        model="verifier", max_tokens=8, **GREEDY,
-        messages=[{"role": "user", "content": "hello the cat"}, {"role": "assistant", "content": answer},
-                  {"role": "user", "content": "and the dog?"}])
+        model=model, max_tokens=4, **GREEDY,
+        messages=[*question, {"role": "assistant", "content": answer}, {"role": "user", "content": "And two more?"}])
     timings = follow_up.model_extra["timings"]
+    # Both turns' tokens came from the cache (the very tokens generated, not a re-tokenized copy)...
     assert timings["cache_n"] >= first.usage.prompt_tokens + first.usage.completion_tokens - 1
-    assert timings["prompt_n"] < 12  # only the new turn's tokens
+    assert timings["prompt_n"] + timings["cache_n"] == follow_up.usage.prompt_tokens
+    assert timings["prompt_n"] < follow_up.usage.prompt_tokens / 3  # ... and only the new turn was evaluated
 
 
 def test_system_messages_and_text_parts_are_accepted(client):
     response = client.chat.completions.create(
-        model="verifier", max_tokens=6, **GREEDY,
+        model=MODEL, max_tokens=6, **GREEDY,
         messages=[{"role": "system", "content": "be brief"},
                   {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "cat"}]}])
     assert response.usage.prompt_tokens > 6

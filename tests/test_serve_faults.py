@@ -115,12 +115,16 @@ def slow(smollm2):
         yield live
 
 
-def first_text_event(response: httpx.Response) -> dict:
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            event = json.loads(line[6:])
-            if event["choices"] and event["choices"][0]["text"]:
-                return event
+def events(response: httpx.Response):
+    """A stream's events, as they come (the data of each `data:` line)."""
+    return (line[6:] for line in response.iter_lines() if line.startswith("data: "))
+
+
+def first_text(stream) -> str:
+    for data in stream:
+        event = json.loads(data)
+        if event["choices"] and event["choices"][0]["text"]:
+            return event["choices"][0]["text"]
     raise AssertionError("the stream ended before any text")
 
 
@@ -136,7 +140,7 @@ def test_a_client_that_hangs_up_stops_its_generation(slow):
         before_text = greedy_text(http)
         generated_before = slow.metric("specgguf_tokens_generated_total")
         with http.stream("POST", "/v1/completions", json=LONG) as response:
-            first_text_event(response)
+            first_text(events(response))
         # The next request runs once the abandoned one has stopped; the caches are as good as before.
         assert greedy_text(http) == before_text
         generated = slow.metric("specgguf_tokens_generated_total") - generated_before
@@ -146,7 +150,8 @@ def test_a_client_that_hangs_up_stops_its_generation(slow):
 def test_a_full_queue_answers_503_with_retry_after(slow):
     with slow.http() as http, slow.http() as other, ThreadPoolExecutor(1) as pool:
         with http.stream("POST", "/v1/completions", json=LONG) as running:
-            first_text_event(running)  # generating now
+            stream = events(running)  # (kept: dropping the iterator would close the connection)
+            first_text(stream)  # generating now
             waiting = pool.submit(greedy_text, other)
             deadline = time.monotonic() + 30
             while http.get("/health").json()["queue_length"] < 1:
@@ -156,15 +161,17 @@ def test_a_full_queue_answers_503_with_retry_after(slow):
                 busy = post(third, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
             assert_error(busy, 503, None)
             assert busy.headers["Retry-After"] == "1"
+            assert not waiting.done()
         assert waiting.result(timeout=60)  # served once the running one was abandoned
 
 
 def test_sigterm_ends_streams_and_exits_cleanly(smollm2):
     with live_server("-m", smollm2, "--drafter", "ngram", "-c", "2048", "-t", "1") as live:
         with live.http() as http, http.stream("POST", "/v1/completions", json=LONG) as response:
-            first_text_event(response)
+            stream = events(response)
+            first_text(stream)
             live.process.send_signal(signal.SIGTERM)
-            rest = [line for line in response.iter_lines() if line.startswith("data: ")]
+            rest = list(stream)
         assert rest and "shutting down" in rest[-1]  # an error event, then the end of the stream
         assert live.stop(timeout=30) == 0, live.stderr
         assert "Traceback" not in live.stderr

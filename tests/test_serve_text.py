@@ -75,3 +75,9 @@ def test_whole_tokens_leave_out_a_token_cut_in_the_middle():
     _, answer = stream([[0, 1, 2]], ["orl"])
     assert answer.text == "Hello w"
     assert answer.whole_tokens() == ([0], "Hello")
+
+
+def test_whole_tokens_stop_before_bytes_that_are_not_utf8():
+    _, answer = stream([[0, 1, 6, 2]], [])  # a lone continuation byte
+    assert answer.text == "Hello wor\ufffdld"
+    assert answer.whole_tokens() == ([0, 1], "Hello wor")
