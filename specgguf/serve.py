@@ -173,13 +173,13 @@ def create_app(*, generator: Generator, options: ServeOptions, metrics: Metrics)
     async def chat_completions(request: Request):
         body = parse_body(ChatRequest, await request.body())
         return await _answer(request, body, _generation_request(body, body.template_messages(), "", options),
-                             Shape("chat", options.model_name))
+                             Shape("chat", options.model_name, logprobs=body.n_top_logprobs is not None))
 
     @app.post("/v1/completions", dependencies=[Depends(check_key)])
     async def completions(request: Request):
         body = parse_body(CompletionRequest, await request.body())
         return await _answer(request, body, _generation_request(body, None, body.text, options),
-                             Shape("text", options.model_name))
+                             Shape("text", options.model_name, logprobs=body.n_top_logprobs is not None))
 
     async def _answer(request: Request, body, generation: GenerationRequest, shape: Shape):
         if body.model is not None and body.model != options.model_name:
@@ -201,12 +201,13 @@ def create_app(*, generator: Generator, options: ServeOptions, metrics: Metrics)
                 include_usage = body.stream_options is not None and body.stream_options.include_usage
                 return StreamingResponse(_events(job, shape, first, include_usage), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            parts = []
+            parts, logprobs = [], []
             while isinstance(message := await receiver.next(), Delta):
                 parts.append(message.text)
+                logprobs += message.logprobs
             if isinstance(message, Failed):
                 raise ApiError(500, str(message.error), kind="server_error")
-            return JSONResponse(shape.response("".join(parts), message))
+            return JSONResponse(shape.response("".join(parts), message, logprobs))
         except _ClientGone:
             return Response(status_code=499)  # nginx's "client closed request": nobody reads it
         finally:
@@ -218,7 +219,7 @@ def create_app(*, generator: Generator, options: ServeOptions, metrics: Metrics)
             while True:
                 message = await job.messages.get()
                 if isinstance(message, Delta):
-                    yield shape.sse(shape.chunk(message.text, include_usage))
+                    yield shape.sse(shape.chunk(message.text, message.logprobs, include_usage))
                 elif isinstance(message, Finished):
                     yield shape.sse(shape.last_chunk(message, include_usage))
                     if include_usage:
@@ -242,7 +243,8 @@ def _generation_request(body, messages, text: str, options: ServeOptions) -> Gen
     return GenerationRequest(
         messages=messages, text=text, max_tokens=body.token_limit or options.max_tokens,
         settings=body.sampling(options.settings), seed=body.seed, stops=body.stop_strings, k=k,
-        drafter=speculative.drafter if speculative else None, p_min=speculative.p_min if speculative else None)
+        drafter=speculative.drafter if speculative else None, p_min=speculative.p_min if speculative else None,
+        n_top_logprobs=body.n_top_logprobs)
 
 
 class _Server(uvicorn.Server):

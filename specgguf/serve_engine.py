@@ -32,7 +32,7 @@ from .errors import ContextFullError, PromptError, SpecggufError, UsageError
 from .resolve import ResolvedPair
 from .run import DraftOptions
 from .sampling import SamplingSettings
-from .serve_text import AnswerText
+from .serve_text import AnswerText, TokenLogprob, token_logprobs
 from .stats import GenerationStats
 from .tuning import KChoice, make_policy
 
@@ -54,6 +54,7 @@ class GenerationRequest:
     k: KChoice | None = None  # None: the server's defaults
     drafter: str | None = None
     p_min: float | None = None
+    n_top_logprobs: int | None = None  # None: no log-probabilities; else alternatives per token
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Started:
 @dataclass(frozen=True)
 class Delta:
     text: str
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # for the tokens this text starts
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,8 @@ class Generator:
         seed = request.seed if request.seed is not None and request.seed >= 0 else secrets.randbelow(2**31)
         answer, stats = AnswerText(self.verifier.token_bytes, request.stops), GenerationStats()
         first_token_seconds, start = None, time.perf_counter()
+        logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
+        n_top, n_logprobs_sent = request.n_top_logprobs, 0
         events = speculate(verifier=self.verifier, drafter=drafter, prompt_tokens=prompt, k=policy,
                            max_tokens=request.max_tokens, settings=request.settings, rng=np.random.default_rng(seed))
         try:
@@ -218,8 +222,12 @@ class Generator:
                 stats.add(event)
                 if event.tokens and first_token_seconds is None:
                     first_token_seconds = time.perf_counter() - job.arrived
+                if n_top is not None and event.tokens:
+                    logprobs += token_logprobs(event.target_logits, event.tokens, n_top=n_top,
+                                               token_bytes=self.verifier.token_bytes)
                 if delta := answer.add(event.tokens):
-                    job.send(Delta(delta))
+                    job.send(Delta(delta, logprobs[n_logprobs_sent:answer.n_tokens_shown()]))
+                    n_logprobs_sent = max(n_logprobs_sent, answer.n_tokens_shown())
                 if answer.stopped or job.cancelled.is_set():
                     break
         except SpecggufError as error:
@@ -231,7 +239,7 @@ class Generator:
         stats.wall_seconds = max(0.0, time.perf_counter() - start - stats.prefill_seconds)
         cancelled = job.cancelled.is_set() and not answer.stopped
         if not cancelled and (delta := answer.finish()):
-            job.send(Delta(delta))
+            job.send(Delta(delta, logprobs[n_logprobs_sent:answer.n_tokens_shown()]))
         kept_tokens, kept_text = answer.whole_tokens()
         self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
         finish_reason = "stop" if answer.stopped or stats.stop == "eos" else "length"

@@ -67,8 +67,6 @@ class _Common(_Strict):
     user: str | None = None  # an end-user id; nothing to do with generation
     # Declared only to be refused by name (see `refuse_unsupported`).
     n: int | None = None
-    logprobs: Any = None
-    top_logprobs: Any = None
     logit_bias: dict[str, Any] | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
@@ -77,10 +75,6 @@ class _Common(_Strict):
     def refuse_unsupported(self) -> None:
         if self.n not in (None, 1):
             raise unsupported("n", "one choice per request")
-        if self.logprobs not in (None, False, 0):
-            raise unsupported("logprobs")
-        if self.top_logprobs not in (None, 0):
-            raise unsupported("top_logprobs")
         if self.logit_bias:
             raise unsupported("logit_bias")
         for name in ("frequency_penalty", "presence_penalty"):
@@ -139,6 +133,8 @@ class ChatMessage(_Strict):
 class ChatRequest(_Common):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
@@ -147,6 +143,8 @@ class ChatRequest(_Common):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         for name in ("tools", "functions"):
             if getattr(self, name):
                 raise unsupported(name, "no tool calls")
@@ -163,9 +161,15 @@ class ChatRequest(_Common):
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    @property
+    def n_top_logprobs(self) -> int | None:
+        """None: no log-probabilities; else how many alternatives per token."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(_Common):
     prompt: Union[str, Annotated[list[str], Field(min_length=1, max_length=1)]]
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # the legacy API: how many alternatives
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -188,6 +192,10 @@ class CompletionRequest(_Common):
     @property
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def n_top_logprobs(self) -> int | None:
+        return self.logprobs
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}

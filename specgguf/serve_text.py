@@ -13,6 +13,33 @@ from __future__ import annotations
 import codecs
 from bisect import bisect_left
 from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One emitted token's log-probability under the verifier, and the most likely alternatives."""
+
+    token: bytes
+    logprob: float
+    top: list[tuple[bytes, float]]
+
+
+def token_logprobs(rows: np.ndarray, tokens: list[int], *, n_top: int,
+                   token_bytes: Callable[[int], bytes]) -> list[TokenLogprob]:
+    """Log-softmax of the verifier's raw logits (no temperature, top-k/top-p/min-p) at each token."""
+    result = []
+    for row, token in zip(rows, tokens):
+        row = row.astype(np.float64)
+        shifted = row - row.max()
+        logprobs = shifted - np.log(np.exp(shifted).sum())
+        best = np.argpartition(-logprobs, n_top - 1)[:n_top] if n_top else np.array([], dtype=np.int64)
+        best = best[np.argsort(-logprobs[best], kind="stable")]
+        result.append(TokenLogprob(token_bytes(token), float(logprobs[token]),
+                                   [(token_bytes(int(other)), float(logprobs[other])) for other in best]))
+    return result
 
 
 class AnswerText:
@@ -22,6 +49,7 @@ class AnswerText:
         self.stops = stops
         self.text = ""  # decoded so far; after a stop string, only the part before it
         self.sent = 0  # characters of `text` handed out
+        self.sent_bytes = 0  # ... and their length in UTF-8
         self.stopped = False  # a stop string was found
         self.tokens: list[int] = []
         self._ends: list[int] = []  # byte offset where each token ends
@@ -57,7 +85,14 @@ class AnswerText:
             end = len(self.text) if final else len(self.text) - self._held_back()
         delta = self.text[self.sent:end]
         self.sent = max(self.sent, end)
+        self.sent_bytes += len(delta.encode("utf-8"))
         return delta
+
+    def n_tokens_shown(self) -> int:
+        """Tokens whose text has started to be handed out (a token cut by a stop string counts)."""
+        if self.sent_bytes == 0:
+            return 0
+        return min(len(self.tokens), bisect_left(self._ends, self.sent_bytes) + 1)
 
     def _held_back(self) -> int:
         """Length of the longest end of `text` that a stop string starts with."""

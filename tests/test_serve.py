@@ -183,6 +183,37 @@ def test_a_follow_up_turn_reuses_the_cached_conversation(smol):
     assert timings["prompt_n"] < follow_up.usage.prompt_tokens / 3  # ... and only the new turn was evaluated
 
 
+def test_logprobs_are_the_verifiers_own_while_speculating(client):
+    def ask(k, **options):
+        return chat(client, "hello the cat", max_tokens=16, temperature=0, logprobs=True, top_logprobs=3,
+                    extra_body={"speculative": {"k": k}}, **options)
+    speculative, plain = ask(4), ask(0)
+    assert speculative.model_extra["timings"]["draft_n_accepted"] > 0
+    entries = speculative.choices[0].logprobs.content
+    assert len(entries) == speculative.usage.completion_tokens
+    text = b"".join(bytes(entry.bytes) for entry in entries).decode("utf-8", errors="replace")
+    assert text == speculative.choices[0].message.content
+    for entry, alone in zip(entries, plain.choices[0].logprobs.content, strict=True):
+        assert entry.token == alone.token
+        assert entry.logprob == pytest.approx(alone.logprob, abs=1e-3)  # accepted drafts' too
+        # Greedy: each token is the verifier's most likely one.
+        assert [top.token for top in entry.top_logprobs][0] == entry.token
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+        assert [top.logprob for top in entry.top_logprobs] == sorted((top.logprob for top in entry.top_logprobs),
+                                                                    reverse=True)
+    streamed = [entry for chunk in ask(4, stream=True) if chunk.choices and chunk.choices[0].logprobs
+                for entry in chunk.choices[0].logprobs.content]
+    assert [(entry.token, entry.logprob) for entry in streamed] == [(entry.token, entry.logprob) for entry in entries]
+
+
+def test_legacy_completion_logprobs(client):
+    response = client.completions.create(model=MODEL, prompt="the cat was", max_tokens=10, logprobs=2, **GREEDY)
+    choice = response.choices[0]
+    assert len(choice.logprobs.tokens) == len(choice.logprobs.token_logprobs) == response.usage.completion_tokens
+    assert all(len(top) <= 2 and max(top.values()) <= 0 for top in choice.logprobs.top_logprobs)
+    assert choice.logprobs.text_offset[0] == 0 and choice.logprobs.text_offset == sorted(choice.logprobs.text_offset)
+
+
 def test_system_messages_and_text_parts_are_accepted(client):
     response = client.chat.completions.create(
         model=MODEL, max_tokens=6, **GREEDY,

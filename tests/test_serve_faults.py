@@ -37,8 +37,9 @@ BAD_CHAT = [
     ({"messages": HELLO, "min_p": 2}, 400, "min_p"), ({"messages": HELLO, "stream": "yes"}, 400, "stream"),
     ({"messages": HELLO, "stop": 5}, 400, "stop"), ({"messages": HELLO, "stop": [""]}, 400, "stop"),
     ({"messages": HELLO, "n": 2}, 400, "n"), ({"messages": HELLO, "tools": [{"type": "function"}]}, 400, "tools"),
-    ({"messages": HELLO, "logit_bias": {"1": 5}}, 400, "logit_bias"), ({"messages": HELLO, "logprobs": True}, 400,
+    ({"messages": HELLO, "logit_bias": {"1": 5}}, 400, "logit_bias"), ({"messages": HELLO, "logprobs": "yes"}, 400,
                                                                        "logprobs"),
+    ({"messages": HELLO, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ({"messages": HELLO, "top_logprobs": 3}, 400, "top_logprobs"),
     ({"messages": HELLO, "presence_penalty": 0.5}, 400, "presence_penalty"),
     ({"messages": HELLO, "response_format": {"type": "json_object"}}, 400, "response_format"),
@@ -54,7 +55,7 @@ BAD_CHAT = [
 ]
 BAD_COMPLETION = [
     ({}, 400, "prompt"), ({"prompt": [1, 2, 3]}, 400, "prompt"), ({"prompt": ["a", "b"]}, 400, "prompt"),
-    ({"prompt": "hi", "echo": True}, 400, "echo"), ({"prompt": "hi", "best_of": 3}, 400, "best_of"),
+    ({"prompt": "hi", "echo": True}, 400, "echo"), ({"prompt": "hi", "logprobs": -1}, 400, "logprobs"), ({"prompt": "hi", "best_of": 3}, 400, "best_of"),
     ({"prompt": ""}, 400, None),
 ]
 

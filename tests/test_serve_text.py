@@ -81,3 +81,26 @@ def test_whole_tokens_stop_before_bytes_that_are_not_utf8():
     _, answer = stream([[0, 1, 6, 2]], [])  # a lone continuation byte
     assert answer.text == "Hello wor\ufffdld"
     assert answer.whole_tokens() == ([0, 1], "Hello wor")
+
+
+def test_tokens_are_shown_as_their_text_is_handed_out():
+    answer = AnswerText(token_bytes, [" STOP"])
+    assert answer.add([0, 4]) == "Hello" and answer.n_tokens_shown() == 1  # " STO" held back
+    assert answer.add([8]) == " STO more" and answer.n_tokens_shown() == 3
+    answer = AnswerText(token_bytes, ["orl"])
+    answer.add([0, 1, 2, 3])
+    assert answer.text == "Hello w" and answer.n_tokens_shown() == 2  # " wor" started before the cut
+
+
+def test_token_logprobs_are_the_log_softmax_of_the_raw_logits():
+    import numpy as np
+
+    from specgguf.serve_text import token_logprobs
+
+    rows = np.array([[2.0, 1.0, 0.0, -1.0, 0.5, 0.0, 0.0, 0.0, 0.0], [0.0] * 9])
+    entries = token_logprobs(rows, [1, 3], n_top=2, token_bytes=token_bytes)
+    expected = rows[0] - np.log(np.exp(rows[0]).sum())
+    assert entries[0].token == b" wor" and entries[0].logprob == pytest.approx(expected[1])
+    assert entries[0].top == [(b"Hello", pytest.approx(expected[0])), (b" wor", pytest.approx(expected[1]))]
+    assert entries[1].logprob == pytest.approx(-np.log(9))
+    assert token_logprobs(rows, [1, 3], n_top=0, token_bytes=token_bytes)[0].top == []
