@@ -8,12 +8,8 @@ server-sent events (serve_shapes). Every error is an OpenAI-style JSON body.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ipaddress
 import secrets
-import signal
 import socket
-import threading
 import time
 from dataclasses import dataclass
 
@@ -24,17 +20,15 @@ from rich.console import Console
 from rich.text import Text
 from starlette.exceptions import HTTPException
 
-from .errors import UsageError
 from .resolve import ResolvedPair
 from .run import DraftOptions, LoadOptions, load_models
 from .sampling import SamplingSettings
 from .serve_engine import Delta, Failed, Finished, GenerationRequest, Generator, QueueFull, Started
+from .serve_http import BodyLimit, CountRequests, Server, check_address, listen
 from .serve_metrics import CONTENT_TYPE, Metrics
 from .serve_models import ApiError, ChatRequest, CompletionRequest, parse_body
 from .serve_shapes import Shape
 from .tuning import KChoice
-
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 
 
 @dataclass(frozen=True)
@@ -44,59 +38,6 @@ class ServeOptions:
     settings: SamplingSettings  # the defaults a request may override
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
-
-
-class _BodyLimit:
-    """413 for a body over the limit: by its Content-Length, or while it streams in."""
-
-    def __init__(self, app, *, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
-
-    def _too_large(self) -> ApiError:
-        return ApiError(413, f"the request body is larger than {self.max_bytes} bytes", code="body_too_large")
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.max_bytes:
-            error = self._too_large()
-            return await JSONResponse(error.body(), error.status)(scope, receive, send)
-        received = 0
-
-        async def limited_receive():
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.max_bytes:
-                raise self._too_large()
-            return message
-
-        await self.app(scope, limited_receive, send)
-
-
-class _CountRequests:
-    """Counts answered requests by endpoint and status for /metrics."""
-
-    def __init__(self, app, *, metrics: Metrics):
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        status = 500
-
-        async def recording_send(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, recording_send)
-        finally:
-            endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
-            self.metrics.requests.labels(endpoint, str(status)).inc()
 
 
 class _ClientGone(Exception):
@@ -130,8 +71,8 @@ class _Receiver:
 
 def create_app(*, generator: Generator, options: ServeOptions, metrics: Metrics) -> FastAPI:
     app = FastAPI(title="specgguf", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(_BodyLimit, max_bytes=options.max_body_bytes)
-    app.add_middleware(_CountRequests, metrics=metrics)
+    app.add_middleware(BodyLimit, max_bytes=options.max_body_bytes)
+    app.add_middleware(CountRequests, metrics=metrics)
     created = int(time.time())
 
     @app.exception_handler(ApiError)
@@ -247,54 +188,6 @@ def _generation_request(body, messages, text: str, options: ServeOptions) -> Gen
         n_top_logprobs=body.n_top_logprobs)
 
 
-class _Server(uvicorn.Server):
-    """uvicorn, but Ctrl-C / SIGTERM end the generations first and the process exits 0 afterwards
-    (uvicorn itself re-raises the signal once it has shut down)."""
-
-    def __init__(self, config: uvicorn.Config, *, on_exit):
-        super().__init__(config)
-        self._on_exit = on_exit
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def handle_exit(self, sig, frame) -> None:
-        self._on_exit()
-        super().handle_exit(sig, frame)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_address(host: str, *, api_key: str | None, insecure: bool) -> None:
-    if not is_loopback(host) and not api_key and not insecure:
-        raise UsageError(f"refusing to serve on {host} (reachable from other machines) without an API key:"
-                         " give --api-key (or SPECGGUF_API_KEY), or --insecure to serve it open")
-
-
-def listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        return socket.create_server((host, port), family=family)
-    except OSError as error:
-        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
-
-
 def serve(*, generator: Generator, options: ServeOptions, sock: socket.socket, err_console: Console) -> None:
     """Answer requests until Ctrl-C or SIGTERM; then stop the generator and return."""
     metrics = generator.metrics
@@ -306,7 +199,7 @@ def serve(*, generator: Generator, options: ServeOptions, sock: socket.socket, e
     err_console.print(Text(f"specgguf serve · {options.model_name} · http://{shown_host}:{port}/v1"
                            f"{' · API key required' if options.api_key else ''} · Ctrl-C to stop", style="dim"))
     try:
-        _Server(config, on_exit=generator.stop).run(sockets=[sock])
+        Server(config, on_exit=generator.stop).run(sockets=[sock])
     finally:
         generator.stop()
         generator.join(timeout=10)

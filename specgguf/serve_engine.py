@@ -16,10 +16,10 @@ does that, as `chat.ChatSession` does for one user.
 from __future__ import annotations
 
 import asyncio
-import queue
 import secrets
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -132,60 +132,73 @@ class Generator:
         self.has_template = verifier.chat_template() is not None
         self._render = verifier.apply_chat_template if self.has_template else chatml
         self._policies: dict[tuple, tuple[KPolicy, str]] = {}  # adaptive policies keep learning
-        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
-        self._live: set[Job] = set()
-        self._lock = threading.Lock()
+        self._waiting: deque[Job] = deque()  # FIFO; a job whose client left is dropped from it
+        self._running: Job | None = None
+        self._queue_size = queue_size
+        self._changed = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._work, name="specgguf-generator", daemon=True)
         self._thread.start()
 
+    def _drop_cancelled(self) -> None:
+        """(Holding the lock.) A job cancelled while waiting gives its place up at once."""
+        if any(job.cancelled.is_set() for job in self._waiting):
+            self._waiting = deque(job for job in self._waiting if not job.cancelled.is_set())
+
     @property
     def n_waiting(self) -> int:
-        return self._jobs.qsize()
+        with self._changed:
+            self._drop_cancelled()
+            return len(self._waiting)
 
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Job:
         job = Job(request, loop)
-        with self._lock:
+        with self._changed:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
-            try:
-                self._jobs.put_nowait(job)
-            except queue.Full:
-                raise QueueFull(f"{self._jobs.maxsize} requests are already waiting") from None
-            self._live.add(job)
+            self._drop_cancelled()
+            if len(self._waiting) >= self._queue_size:
+                raise QueueFull(f"{self._queue_size} requests are already waiting")
+            self._waiting.append(job)
+            self._changed.notify()
         return job
 
     def stop(self) -> None:
         """Cancel every job (the running one stops after its current step) and end the worker."""
-        with self._lock:
+        with self._changed:
             self._stopping = True
-            for job in self._live:
+            for job in self._waiting:
                 job.cancelled.set()
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
                 job.send(Failed(SpecggufError("the server is shutting down"), client_error=False))
-        self._jobs.put(None)
+            self._waiting.clear()
+            if self._running is not None:
+                self._running.cancelled.set()
+            self._changed.notify()
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
     # --- the worker thread ---
+    def _next_job(self) -> Job | None:
+        with self._changed:
+            self._running = None
+            while True:
+                self._drop_cancelled()
+                if self._stopping:
+                    return None
+                if self._waiting:
+                    self._running = self._waiting.popleft()
+                    return self._running
+                self._changed.wait()
+
     def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while (job := self._next_job()) is not None:
             try:
-                if not job.cancelled.is_set():
-                    self._generate(job)
+                self._generate(job)
             except Exception as error:  # noqa: BLE001 - the worker must survive anything; the client hears why
                 self._forget_caches()
                 job.send(Failed(SpecggufError(f"generation failed: {type(error).__name__}: {error}"),
                                 client_error=False))
-            finally:
-                with self._lock:
-                    self._live.discard(job)
 
     def _forget_caches(self) -> None:
         """After a failure inside a model call a cache may hold tokens its `cached` list does not."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -251,3 +252,13 @@ def test_a_public_address_needs_an_api_key(tiny_verifier):
     assert result.returncode == 2
     assert result.stderr.startswith("specgguf: error: refusing to serve on 0.0.0.0")
     assert result.stderr.count("\n") == 1
+
+
+def test_a_taken_port_is_a_one_line_error(tiny_verifier):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = subprocess.run([sys.executable, "-m", "specgguf", "serve", "-m", tiny_verifier,
+                                 "--port", str(taken.getsockname()[1])], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("specgguf: error: cannot listen on 127.0.0.1:") and result.stderr.count("\n") == 1

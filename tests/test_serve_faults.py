@@ -129,6 +129,13 @@ def first_text(stream) -> str:
     raise AssertionError("the stream ended before any text")
 
 
+def wait_for(condition, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 def greedy_text(http: httpx.Client) -> str:
     response = post(http, "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 12,
                                               "temperature": 0})
@@ -154,10 +161,7 @@ def test_a_full_queue_answers_503_with_retry_after(slow):
             stream = events(running)  # (kept: dropping the iterator would close the connection)
             first_text(stream)  # generating now
             waiting = pool.submit(greedy_text, other)
-            deadline = time.monotonic() + 30
-            while http.get("/health").json()["queue_length"] < 1:
-                assert time.monotonic() < deadline, "the second request never queued"
-                time.sleep(0.05)
+            wait_for(lambda: http.get("/health").json()["queue_length"] == 1)
             with slow.http() as third:
                 busy = post(third, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
             assert_error(busy, 503, None)
@@ -176,3 +180,18 @@ def test_sigterm_ends_streams_and_exits_cleanly(smollm2):
         assert rest and "shutting down" in rest[-1]  # an error event, then the end of the stream
         assert live.stop(timeout=30) == 0, live.stderr
         assert "Traceback" not in live.stderr
+
+
+def test_a_client_that_leaves_the_queue_is_never_served(slow):
+    with slow.http() as http:
+        generated_before = slow.metric("specgguf_tokens_generated_total")
+        with http.stream("POST", "/v1/completions", json=LONG) as running:
+            stream = events(running)
+            first_text(stream)
+            with httpx.Client(base_url=slow.base_url, timeout=httpx.Timeout(30, read=1)) as impatient:
+                with pytest.raises(httpx.ReadTimeout):  # queued behind the running one: gives up, hangs up
+                    impatient.post("/v1/completions", json=LONG)
+            wait_for(lambda: http.get("/health").json()["queue_length"] == 0)  # it gave its place up
+        assert greedy_text(http)  # runs next: the abandoned request was skipped, not generated
+        assert slow.metric("specgguf_tokens_generated_total") - generated_before < LONG["max_tokens"]
+        assert slow.metric('specgguf_requests_total{endpoint="/v1/completions",status="499"}') >= 1
