@@ -344,6 +344,57 @@ def chat(
                  out_console=out_console, err_console=err_console)
 
 
+@app.command()
+def serve(
+    model: Model = None,
+    model_draft: ModelDraft = None,
+    pair: PairName = None,
+    draft_max: DraftMax = None,
+    drafter: Drafter = "model",
+    draft_p_min: DraftPMin = 0.0,
+    draft_min: DraftMin = 0,
+    force_spec: ForceSpec = False,
+    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1,
+                                            help="Most tokens per answer when a request gives no max_tokens.")] = 512,
+    temp: Temperature = 0.8,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
+    ctx_size: CtxSize = 4096,
+    threads: Threads = None,
+    n_gpu_layers: GpuLayers = 0,
+    n_gpu_layers_draft: GpuLayersDraft = 0,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8080,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECGGUF_API_KEY", show_envvar=True,
+                                                   help="Require 'Authorization: Bearer KEY'.")] = None,
+    insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback --host without an "
+                                           "API key.")] = False,
+    queue_size: Annotated[int, typer.Option("--queue-size", min=1, help="Requests that may wait for the "
+                                            "generator; more get 503.")] = 16,
+    max_body: Annotated[int, typer.Option("--max-body", min=1024, help="Largest request body in bytes; "
+                                          "larger gets 413.")] = 1 << 20,
+) -> None:
+    """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...).
+
+    Sampling and drafting options are the defaults; each request may override them.
+    """
+    from .resolve import resolve_pair
+    from .serve import check_address, run_server
+
+    check_address(host, api_key=api_key, insecure=insecure)  # before a pair is fetched or loaded
+    _, err_console = _consoles(False)
+    settings = _sampling_settings(temp, top_k, top_p, min_p)
+    drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec)
+    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
+                            on_progress=_progress_bar(err_console))
+    run_server(resolved=resolved, drafting=drafting, settings=settings, max_tokens=max_tokens,
+               load=LoadOptions(n_ctx=ctx_size, n_threads=_threads(threads, err_console), n_gpu_layers=n_gpu_layers,
+                                n_gpu_layers_draft=n_gpu_layers_draft),
+               host=host, port=port, api_key=api_key, insecure=insecure, queue_size=queue_size,
+               max_body_bytes=max_body, err_console=err_console)
+
+
 def _fail(message: str, code: int) -> int:
     from .render import terminal_safe  # messages quote file names, metadata and hub headers
 

@@ -84,6 +84,9 @@ class StepEvent:
     draft_confidence: list[float] = field(default_factory=list)  # the draft model's top probability per draft
     draft_catchup_seconds: float = 0.0  # of draft_seconds: the draft reading tokens decoded without it
     stop: str | None = None  # "eos", "max_tokens" or "context" on the last event
+    # The verifier's raw logits for each of `tokens` (row i scored token i), from the verify pass
+    # itself: log-probabilities at no extra model cost. None on an event that emitted nothing.
+    target_logits: np.ndarray | None = None
 
     @property
     def tokens(self) -> list[int]:
@@ -169,6 +172,7 @@ def speculate(
             draft_seconds=t1 - t0, verify_seconds=t2 - t1, sample_seconds=t3 - t2,
             prefill_seconds=prefill_seconds, draft_source=drafts.source if n_drafted else None,
             draft_confidence=drafts.confidence, draft_catchup_seconds=drafts.catchup_seconds,
+            target_logits=target_logits[:len(emitted)],
         )
         prefill_seconds = 0.0
         policy.observe(event)
@@ -177,6 +181,7 @@ def speculate(
             event.accepted = emitted[:eog_at]
             event.verifier_token = None
             event.stop = "eos"
+            event.target_logits = target_logits[:eog_at]
         n_emitted += len(event.tokens)
         if event.stop is None and n_emitted >= max_tokens:
             event.stop = "max_tokens"

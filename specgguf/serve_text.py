@@ -1,0 +1,129 @@
+"""Generated tokens -> the text a client may see, cut exactly at a stop string.
+
+One verify pass can emit a burst of accepted drafts; a stop string may end in the
+middle of it, or start in one burst and end in the next. `AnswerText` decodes the
+tokens as they come and hands out only text that cannot be the start of a stop
+string: what might be is held back until the next tokens settle it. When a stop
+string appears, the answer ends right before it and nothing after it is ever
+handed out.
+"""
+
+from __future__ import annotations
+
+import codecs
+from bisect import bisect_left
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One emitted token's log-probability under the verifier, and the most likely alternatives."""
+
+    token: bytes
+    logprob: float
+    top: list[tuple[bytes, float]]
+
+
+def token_logprobs(rows: np.ndarray, tokens: list[int], *, n_top: int,
+                   token_bytes: Callable[[int], bytes]) -> list[TokenLogprob]:
+    """Log-softmax of the verifier's raw logits (no temperature, top-k/top-p/min-p) at each token."""
+    result = []
+    for row, token in zip(rows, tokens):
+        row = row.astype(np.float64)
+        shifted = row - row.max()
+        logprobs = shifted - np.log(np.exp(shifted).sum())
+        best = np.argpartition(-logprobs, n_top - 1)[:n_top] if n_top else np.array([], dtype=np.int64)
+        best = best[np.argsort(-logprobs[best], kind="stable")]
+        result.append(TokenLogprob(token_bytes(token), float(logprobs[token]),
+                                   [(token_bytes(int(other)), float(logprobs[other])) for other in best]))
+    return result
+
+
+class AnswerText:
+    def __init__(self, token_bytes: Callable[[int], bytes], stops: list[str]):
+        self._token_bytes = token_bytes
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.stops = stops
+        self.text = ""  # decoded so far; after a stop string, only the part before it
+        self.sent = 0  # characters of `text` handed out
+        self.sent_bytes = 0  # ... and their length in UTF-8
+        self.stopped = False  # a stop string was found
+        self.tokens: list[int] = []
+        self._ends: list[int] = []  # byte offset where each token ends
+
+    def add(self, tokens: list[int]) -> str:
+        """Take one step's tokens; return the newly safe text (maybe empty)."""
+        if self.stopped:
+            return ""
+        for token in tokens:
+            data = self._token_bytes(token)
+            self.tokens.append(token)
+            self._ends.append((self._ends[-1] if self._ends else 0) + len(data))
+            self.text += self._decoder.decode(data)
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        """The generation ended: hand out what was held back (an incomplete character too)."""
+        if not self.stopped:
+            self.text += self._decoder.decode(b"", final=True)
+        return self._release(final=True)
+
+    def _release(self, *, final: bool) -> str:
+        if self.stopped:
+            return ""
+        longest = max((len(stop) for stop in self.stops), default=0)
+        search_from = max(0, self.sent - longest + 1)
+        found = [at for at in (self.text.find(stop, search_from) for stop in self.stops) if at >= 0]
+        if found:
+            self.stopped = True
+            self.text = self.text[:min(found)]
+            end = len(self.text)
+        else:
+            end = len(self.text) if final else len(self.text) - self._held_back()
+        delta = self.text[self.sent:end]
+        self.sent = max(self.sent, end)
+        self.sent_bytes += len(delta.encode("utf-8"))
+        return delta
+
+    def n_tokens_shown(self) -> int:
+        """Tokens whose text has started to be handed out (a token cut by a stop string counts)."""
+        if self.sent_bytes == 0:
+            return 0
+        return min(len(self.tokens), bisect_left(self._ends, self.sent_bytes) + 1)
+
+    def _held_back(self) -> int:
+        """Length of the longest end of `text` that a stop string starts with."""
+        for size in range(min(len(self.text), max((len(s) for s in self.stops), default=1) - 1), 0, -1):
+            tail = self.text[-size:]
+            if any(stop.startswith(tail) for stop in self.stops):
+                return size
+        return 0
+
+    def whole_tokens(self) -> tuple[list[int], str]:
+        """The longest run of generated tokens that spells the start of the answer exactly, and its text.
+
+        For prefix reuse: a follow-up prompt that repeats the answer can reuse these very tokens.
+        It ends before a token cut by a stop string and before bytes that are not valid UTF-8."""
+        limit = len(self.text.encode("utf-8"))
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+        parts, kept, n_kept = [], "", 0
+        for index, (token, end) in enumerate(zip(self.tokens, self._ends)):
+            if end > limit:
+                break
+            try:
+                parts.append(decoder.decode(self._token_bytes(token)))
+            except UnicodeDecodeError:
+                break
+            if decoder.getstate()[0] == b"":  # no character left open
+                kept, n_kept = "".join(parts), index + 1
+        return (self.tokens[:n_kept], kept) if self.text.startswith(kept) else ([], "")
+
+    def n_tokens_used(self, stop_string_found: bool) -> int:
+        """Tokens the answer took: all of them, or (after a stop string) those up to the one it starts in."""
+        if not stop_string_found:
+            return len(self.tokens)
+        stop_end = len(self.text.encode("utf-8")) + 1
+        return min(len(self.tokens), bisect_left(self._ends, stop_end) + 1)
