@@ -253,3 +253,16 @@ def test_a_worker_that_stops_answering_in_mid_conversation(tiny_args, one_worker
     assert one_error_line(result).startswith(f"specgguf: error: RPC worker {one_worker.address}: no answer within"
                                              " 3 s (--rpc-timeout) while")
     assert time.monotonic() - started < 30
+
+
+def test_a_build_without_rpc_names_the_fix(monkeypatch, tiny_verifier):
+    import llama_cpp
+
+    from specgguf.backend import LlamaModel
+    from specgguf.errors import ModelLoadError
+
+    monkeypatch.setattr(llama_cpp, "llama_supports_rpc", lambda: False)
+    with pytest.raises(ModelLoadError) as error:
+        LlamaModel(tiny_verifier, rpc_workers=[RpcWorker("127.0.0.1", free_port())])
+    assert "built without llama.cpp's RPC backend" in str(error.value)
+    assert "CMAKE_ARGS='-DGGML_RPC=ON'" in str(error.value) and "make install" in str(error.value)
