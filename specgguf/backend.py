@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import llama_cpp
@@ -26,6 +26,8 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from .compat import VocabInfo
 from .cores import ThreadGovernor
 from .errors import ContextFullError, ModelLoadError, PromptError
+from .ggml_devices import Ggml
+from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker, Watchdog, probe
 
 # --- logging: llama.cpp's messages go to a ring buffer, shown on failure or on request ---
 _LOG_ERROR = 3
@@ -48,9 +50,6 @@ def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
 _interrupted = threading.Event()
 
 
-@llama_cpp.llama_progress_callback
-def _load_progress(_progress: float, _user_data: ctypes.c_void_p) -> bool:
-    return not _interrupted.is_set()  # False: llama.cpp abandons the load
 
 
 @contextlib.contextmanager
@@ -69,8 +68,15 @@ def _interruptible():
         raise KeyboardInterrupt
 
 
-def _load_model(path: Path, params) -> ctypes.c_void_p | None:
-    params.progress_callback = _load_progress
+def _load_model(path: Path, params, *, on_progress: Callable[[], None] | None = None) -> ctypes.c_void_p | None:
+    """llama.cpp's load, abandoned at once on Ctrl-C; `on_progress` is called as it goes."""
+    def progress(_progress: float, _user_data: ctypes.c_void_p) -> bool:
+        if on_progress is not None:
+            on_progress()
+        return not _interrupted.is_set()  # False: llama.cpp abandons the load
+
+    callback = llama_cpp.llama_progress_callback(progress)  # referenced until the load returns
+    params.progress_callback = callback
     with _interruptible():
         return llama_cpp.llama_model_load_from_file(str(path).encode(), params)
 
@@ -108,19 +114,103 @@ def check_gguf_file(path: Path) -> None:
         raise ModelLoadError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
 
 
+# --- RPC: layers on other machines' `specgguf worker` (or llama.cpp rpc-server) ---
+RPC_INSTALL = ("this llama-cpp-python was built without llama.cpp's RPC backend; reinstall it with RPC:"
+               " CMAKE_ARGS='-DGGML_RPC=ON' pip install --no-cache-dir --force-reinstall"
+               " llama-cpp-python==0.3.36 (what `make install` does)")
+_ggml: Ggml | None = None
+_watchdog: Watchdog | None = None  # set once RPC devices are registered in this process
+
+
+def _ggml_library() -> Ggml:
+    global _ggml
+    if _ggml is None:
+        _ggml = Ggml(Path(llama_cpp.__file__).parent / "lib")
+    return _ggml
+
+
+def _require_rpc() -> Ggml:
+    ggml = _ggml_library()
+    if not llama_cpp.llama_supports_rpc() or not ggml.has_rpc():
+        raise ModelLoadError(RPC_INSTALL)
+    return ggml
+
+
+def _rpc_devices(workers: Sequence[RpcWorker], timeout: float) -> list[int]:
+    """Check each worker's handshake ourselves (ggml-rpc would abort), then register its devices."""
+    global _watchdog
+    ggml = _require_rpc()
+    for worker in workers:
+        # Not once this process holds a connection to it: a worker serves one client at a time.
+        if _watchdog is None or worker not in _watchdog.workers:
+            probe(worker, timeout=min(timeout, 10.0))
+    if _watchdog is None:
+        _watchdog = watchdog = Watchdog(workers, timeout=timeout)
+        # From here on a failing worker makes ggml abort(): say which one, in one line.
+        ggml.on_abort(lambda message: watchdog.fail(f"llama.cpp's RPC client failed"
+                                                    f" ({message.rsplit(': ', 1)[-1].strip()})"))
+    else:
+        _watchdog.workers = tuple(dict.fromkeys(_watchdog.workers + tuple(workers)))
+    devices = []
+    for worker in workers:
+        with _watchdog.guard(f"while connecting to {worker}"):
+            found = ggml.add_rpc_server(str(worker))
+        if not found:
+            raise ModelLoadError(f"RPC worker {worker} offers no device")
+        devices.extend(found)
+    return devices
+
+
+def _device_list(devices: list[int]) -> ctypes.Array:
+    """A NULL-terminated ggml_backend_dev_t array, for llama_model_params.devices."""
+    return (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+
+
+def rpc_server_devices() -> list[tuple[int, str]]:
+    return _require_rpc().server_devices()
+
+
+def start_rpc_server(endpoint: str, *, cache_dir: str | None, n_threads: int, devices: list[int]) -> None:
+    """ggml's RPC server on this machine's devices: blocks (in C) for as long as it serves."""
+    _require_rpc().start_rpc_server(endpoint, cache_dir=cache_dir, n_threads=n_threads, devices=devices)
+
+
 class LlamaModel:
-    """One GGUF model with its own context: the engine's `Model`."""
+    """One GGUF model with its own context: the engine's `Model`.
+
+    With `rpc_workers`, its layers go to those workers (all of them unless
+    `n_gpu_layers` says how many; the rest stay here); without, once RPC devices
+    exist in this process, the model is pinned to this machine's devices.
+    """
 
     def __init__(self, path: str | Path, *, n_ctx: int = 4096, n_threads: int | None = None,
-                 n_gpu_layers: int = 0, n_batch: int = 512):
+                 n_gpu_layers: int = 0, n_batch: int = 512, rpc_workers: Sequence[RpcWorker] = (),
+                 rpc_timeout: float = DEFAULT_TIMEOUT):
         self.path = Path(path)
         check_gguf_file(self.path)
         model_params = llama_cpp.llama_model_default_params()
+        self._devices = None
+        if rpc_workers:
+            self._devices = _device_list(_rpc_devices(rpc_workers, rpc_timeout))
+            n_gpu_layers = n_gpu_layers or -1  # RPC devices count as GPUs: by default, every layer
+        elif _watchdog is not None:
+            self._devices = _device_list(_ggml_library().local_offload_devices())
+        if self._devices is not None:
+            model_params.devices = ctypes.addressof(self._devices)
         model_params.n_gpu_layers = n_gpu_layers
+        remote = _watchdog if rpc_workers else None
+        self._guard = remote.guard if remote else lambda _during: contextlib.nullcontext()
+        # Loading sends the weights to the workers: time out on silence, not on size.
+        feed = (lambda: remote.feed("while loading")) if remote else None
         _recent_log.clear()
-        self._model = _load_model(self.path, model_params)
+        with self._guard(f"while loading {self.path.name}"):
+            self._model = _load_model(self.path, model_params, on_progress=feed)
         if not self._model:
             raise ModelLoadError(f"{self.path}: llama.cpp could not load it: {_reason('unknown error')}")
+        n_layers = llama_cpp.llama_model_n_layer(self._model)
+        self.placement = Placement(
+            workers=tuple(map(str, rpc_workers)), n_layers=n_layers,
+            n_layers_remote=0 if not rpc_workers else n_layers if n_gpu_layers < 0 else min(n_gpu_layers, n_layers))
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         context_params = llama_cpp.llama_context_default_params()
@@ -131,7 +221,7 @@ class LlamaModel:
         threads = n_threads or self._governor.threads
         context_params.n_threads = context_params.n_threads_batch = threads
         self.n_threads, self.n_gpu_layers = threads, n_gpu_layers  # what its speed depends on
-        with _interruptible():
+        with self._guard(f"while creating {self.path.name}'s context"), _interruptible():
             self._ctx = llama_cpp.llama_init_from_model(self._model, context_params)
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
@@ -151,9 +241,10 @@ class LlamaModel:
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
-            llama_cpp.llama_batch_free(self._batch)
-            llama_cpp.llama_free(self._ctx)
-            llama_cpp.llama_model_free(self._model)
+            with self._guard("while freeing the model"):
+                llama_cpp.llama_batch_free(self._batch)
+                llama_cpp.llama_free(self._ctx)
+                llama_cpp.llama_model_free(self._model)
             self._ctx = None
 
     def __del__(self) -> None:
@@ -180,15 +271,17 @@ class LlamaModel:
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = i >= first_output
             batch.n_tokens = len(chunk)
-            status = llama_cpp.llama_decode(self._ctx, batch)
+            with self._guard("while decoding"):
+                status = llama_cpp.llama_decode(self._ctx, batch)
             if status != 0:
                 raise ModelLoadError(f"{self.path.name}: llama_decode failed ({status}): {_reason('')}")
             self.cached.extend(chunk)
         if n_logits == 0:
             self.busy_seconds += time.perf_counter() - started
             return np.empty((0, self.n_vocab), dtype=np.float32)
-        pointer = llama_cpp.llama_get_logits(self._ctx)
-        logits = np.ctypeslib.as_array(pointer, shape=(n_logits, self.n_vocab)).copy()
+        with self._guard("while decoding"):
+            pointer = llama_cpp.llama_get_logits(self._ctx)
+            logits = np.ctypeslib.as_array(pointer, shape=(n_logits, self.n_vocab)).copy()
         self.busy_seconds += time.perf_counter() - started
         return logits
 
@@ -203,12 +296,14 @@ class LlamaModel:
 
     def rewind(self, n_past: int) -> None:
         if n_past < self.n_past:
-            llama_cpp.llama_memory_seq_rm(self._memory, 0, n_past, -1)
+            with self._guard("while rolling back the cache"):
+                llama_cpp.llama_memory_seq_rm(self._memory, 0, n_past, -1)
             del self.cached[n_past:]
 
     def clear(self) -> None:
         """Empty the whole KV cache, whatever it holds (e.g. after a call was interrupted)."""
-        llama_cpp.llama_memory_clear(self._memory, True)
+        with self._guard("while clearing the cache"):
+            llama_cpp.llama_memory_clear(self._memory, True)
         self.cached.clear()
 
     def is_eog(self, token: int) -> bool:

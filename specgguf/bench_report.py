@@ -16,7 +16,7 @@ from . import verify_costs
 from .bench import PROMPTS, best_fixed_k, make_settings, run_bench
 from .errors import SpecggufError, UsageError
 from .resolve import ResolvedPair
-from .run import LoadOptions, load_models, prompt_tokens
+from .run import LoadOptions, load_models, placement, prompt_tokens, where_line
 from .tuning import K_MAX, machine_id, store_measurement
 
 
@@ -56,6 +56,11 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
     if plot is not None:
         check_plot_path(plot)  # before minutes of measuring, not after
     kinds = plan.prompts
+    if load.rpc and store:
+        # K and verify costs over the network are not this machine's: keep them out of tuning.json.
+        store = False
+        err_console.print("with --rpc, bench stores nothing for `-k auto` (those figures are this machine's)",
+                          style="dim")
     settings_per_target = [make_settings(ks=plan.ks, adaptive=plan.adaptive, drafters=plan.drafters,
                                          temperatures=plan.temperatures) for _ in targets]
     total_runs = sum(len(s) for s in settings_per_target) * len(kinds) * plan.repeats
@@ -80,6 +85,7 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
                 for temperature, measurement in best.items():
                     store_measurement(target.pair.verifier, target.pair.draft, temperature, measurement)
             results.append({"pair": target.label, "verifier": str(target.pair.verifier),
+                            "placement": placement(verifier, draft), "where": where_line(verifier, draft),
                             "draft": str(target.pair.draft), "settings": [s.report() for s in settings],
                             "best_k": {str(t): b for t, b in best.items()},
                             "verify_ms_by_batch": [round(c * 1000, 2) for c in profile]})
@@ -92,6 +98,8 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
     else:
         console = Console(file=out, highlight=False, width=None if out.isatty() else 150)
         for result in results:
+            if load.rpc:
+                console.print(result["where"])
             console.print(_table(result))
             if len(kinds) > 1:
                 console.print(_prompt_table(result, kinds))

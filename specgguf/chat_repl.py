@@ -27,7 +27,7 @@ from .drafting import build_drafter
 from .errors import SpecggufError
 from .render import TokenStream, legend
 from .resolve import ResolvedPair
-from .run import DraftOptions, LoadOptions, load_models
+from .run import DraftOptions, LoadOptions, load_models, where_line
 from .tuning import KChoice, make_policy, parse_k
 
 PROMPT = ">>> "
@@ -276,6 +276,8 @@ def run_chat(*, resolved: ResolvedPair, drafting: DraftOptions, max_tokens: int,
     seed = seed if seed is not None else secrets.randbelow(2**31)
     # The draft model loads even at -k 0, so that /k can turn drafting on.
     verifier, draft = load_models(resolved, load, need_draft=drafting.drafter != "ngram")
+    if load.rpc and not quiet:
+        err_console.print(Text(where_line(verifier, draft), style="dim"))
 
     def choose_k(choice: KChoice, temperature: float):
         return make_policy(choice, verifier=resolved.verifier, draft=resolved.draft, drafter=drafting.drafter,

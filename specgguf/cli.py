@@ -53,6 +53,13 @@ Threads = Annotated[Optional[int], typer.Option("-t", "--threads", min=1, help="
 GpuLayers = Annotated[int, typer.Option("-ngl", "--n-gpu-layers", min=0, help="Verifier layers on the GPU.")]
 GpuLayersDraft = Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", min=0,
                                              help="Draft layers on the GPU.")]
+Rpc = Annotated[Optional[str], typer.Option(
+    "--rpc", help="Put the verifier's layers on these `specgguf worker`s (or llama.cpp rpc-servers): "
+    "HOST:PORT[,HOST:PORT...]; with -ngl N only N layers go there.", show_default=False)]
+RpcDraft = Annotated[bool, typer.Option("--rpc-draft", help="Put the draft on the --rpc workers too "
+                                        "(default: it stays on this machine).")]
+RpcTimeout = Annotated[float, typer.Option("--rpc-timeout", min=0.1, help="Seconds an RPC worker may stay "
+                                           "silent before the command gives up.")]
 
 
 def _consoles(json_output: bool) -> tuple[Console | None, Console]:
@@ -118,14 +125,30 @@ def _sampling_settings(temp: float, top_k: int, top_p: float, min_p: float) -> S
         raise UsageError(str(error)) from None
 
 
-def _draft_options(draft_max: str | None, drafter: str, p_min: float, n_min: int, force_spec: bool):
+def _draft_options(draft_max: str | None, drafter: str, p_min: float, n_min: int, force_spec: bool,
+                   rpc: str | None = None):
     from .drafting import DRAFTERS
     from .run import DraftOptions
-    from .tuning import parse_k
+    from .tuning import KChoice, parse_k
 
     if drafter not in DRAFTERS:
         raise UsageError(f"--drafter must be one of {', '.join(DRAFTERS)}, not {drafter!r}")
-    return DraftOptions(k=parse_k(draft_max), drafter=drafter, p_min=p_min, n_min=n_min, force_spec=force_spec)
+    k = parse_k(draft_max)
+    if rpc is not None and k.mode == "auto":
+        k = KChoice("adaptive")  # the K `bench` stored was measured with the verifier here, not on workers
+    return DraftOptions(k=k, drafter=drafter, p_min=p_min, n_min=n_min, force_spec=force_spec)
+
+
+def _load_options(*, ctx_size: int, threads: int | None, rpc: str | None, rpc_draft: bool, rpc_timeout: float,
+                  err_console: Console, n_gpu_layers: int = 0, n_gpu_layers_draft: int = 0) -> LoadOptions:
+    from .rpc import parse_workers
+
+    workers = parse_workers(rpc) if rpc is not None else ()
+    if rpc_draft and not workers:
+        raise UsageError("--rpc-draft needs --rpc HOST:PORT")
+    return LoadOptions(n_ctx=ctx_size, n_threads=_threads(threads, err_console), n_gpu_layers=n_gpu_layers,
+                       n_gpu_layers_draft=n_gpu_layers_draft, rpc=workers, rpc_draft=rpc_draft,
+                       rpc_timeout=rpc_timeout)
 
 
 def _progress_bar(err_console: Console):
@@ -167,6 +190,9 @@ def run(
     threads: Threads = None,
     n_gpu_layers: GpuLayers = 0,
     n_gpu_layers_draft: GpuLayersDraft = 0,
+    rpc: Rpc = None,
+    rpc_draft: RpcDraft = False,
+    rpc_timeout: RpcTimeout = 60.0,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt for the chat template.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
@@ -180,15 +206,16 @@ def run(
     text = _read_prompt(prompt)
     out_console, err_console = _consoles(json_output)
     settings = _sampling_settings(temp, top_k, top_p, min_p)
-    _seed(seed)  # checked before the models load
+    seed = _seed(seed)  # checked before the models load
+    load = _load_options(ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers,
+                         n_gpu_layers_draft=n_gpu_layers_draft, rpc=rpc, rpc_draft=rpc_draft, rpc_timeout=rpc_timeout,
+                         err_console=err_console)
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
                             on_progress=_progress_bar(err_console))
     with _reader_may_leave():
         run_prompt(prompt=text, resolved=resolved, max_tokens=max_tokens, settings=settings,
-                   drafting=_draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec),
-                   seed=_seed(seed), load=LoadOptions(n_ctx=ctx_size, n_threads=_threads(threads, err_console),
-                                                      n_gpu_layers=n_gpu_layers,
-                                                      n_gpu_layers_draft=n_gpu_layers_draft),
+                   drafting=_draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, rpc),
+                   seed=seed, load=load,
                    raw=raw, system=system, json_output=json_output, show_rejected=show_rejected, quiet=quiet,
                    out=sys.stdout, out_console=out_console, err_console=err_console)
 
@@ -216,6 +243,9 @@ def bench(
     store: Annotated[bool, typer.Option("--store/--no-store", help="Store the best K for `-k auto`.")] = True,
     ctx_size: CtxSize = 2048,
     threads: Threads = None,
+    rpc: Rpc = None,
+    rpc_draft: RpcDraft = False,
+    rpc_timeout: RpcTimeout = 60.0,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON report.")] = False,
 ) -> None:
     """Measure plain vs speculative decoding side by side and print the ratios."""
@@ -225,6 +255,8 @@ def bench(
     from .resolve import resolve_pair
 
     _, err_console = _consoles(json_output)
+    load = _load_options(ctx_size=ctx_size, threads=threads, rpc=rpc, rpc_draft=rpc_draft, rpc_timeout=rpc_timeout,
+                         err_console=err_console)
     plan = BenchPlan(
         ks=parse_list(draft_max, int, "-k") if draft_max else ([4, 8] if quick else [2, 4, 8, 12]),
         temperatures=parse_list(temps, float, "--temps") if not quick or temps != "0,0.8" else [0.0],
@@ -243,8 +275,8 @@ def bench(
         raise UsageError("bench needs a draft model: give -md DRAFT or a --pair")
     target = BenchTarget(label=resolved.name or resolved.verifier.name, pair=resolved)
     targets = [f16_variant(target)] if only_f16 else [target] + ([f16_variant(target)] if f16 else [])
-    run_benchmark(targets=targets, plan=plan, load=LoadOptions(n_ctx=ctx_size, n_threads=_threads(threads, err_console)),
-                  json_output=json_output, plot=plot, store=store, out=sys.stdout, err_console=err_console)
+    run_benchmark(targets=targets, plan=plan, load=load, json_output=json_output, plot=plot,
+                  store=store, out=sys.stdout, err_console=err_console)
 
 
 @app.command()
@@ -322,6 +354,9 @@ def chat(
     threads: Threads = None,
     n_gpu_layers: GpuLayers = 0,
     n_gpu_layers_draft: GpuLayersDraft = 0,
+    rpc: Rpc = None,
+    rpc_draft: RpcDraft = False,
+    rpc_timeout: RpcTimeout = 60.0,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt for the chat template.")] = None,
     show_rejected: Annotated[bool, typer.Option("--show-rejected", help="Show rejected drafts, struck out.")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No stats line after each answer.")] = False,
@@ -332,14 +367,16 @@ def chat(
 
     out_console, err_console = _consoles(False)
     settings = _sampling_settings(temp, top_k, top_p, min_p)
-    drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec)
-    seed, n_threads = _seed(seed), _threads(threads, err_console)
+    drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, rpc)
+    seed = _seed(seed)
+    load = _load_options(ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers,
+                         n_gpu_layers_draft=n_gpu_layers_draft, rpc=rpc, rpc_draft=rpc_draft, rpc_timeout=rpc_timeout,
+                         err_console=err_console)
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
                             on_progress=_progress_bar(err_console))
     with _reader_may_leave():
         run_chat(resolved=resolved, drafting=drafting, max_tokens=max_tokens, settings=settings, seed=seed,
-                 load=LoadOptions(n_ctx=ctx_size, n_threads=n_threads, n_gpu_layers=n_gpu_layers,
-                                  n_gpu_layers_draft=n_gpu_layers_draft),
+                 load=load,
                  system=system, show_rejected=show_rejected, quiet=quiet, stdin=sys.stdin, out=sys.stdout,
                  out_console=out_console, err_console=err_console)
 
@@ -364,6 +401,9 @@ def serve(
     threads: Threads = None,
     n_gpu_layers: GpuLayers = 0,
     n_gpu_layers_draft: GpuLayersDraft = 0,
+    rpc: Rpc = None,
+    rpc_draft: RpcDraft = False,
+    rpc_timeout: RpcTimeout = 60.0,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8080,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECGGUF_API_KEY", show_envvar=True,
@@ -385,14 +425,36 @@ def serve(
     check_address(host, api_key=api_key, insecure=insecure)  # before a pair is fetched or loaded
     _, err_console = _consoles(False)
     settings = _sampling_settings(temp, top_k, top_p, min_p)
-    drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec)
+    drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, rpc)
+    load = _load_options(ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers,
+                         n_gpu_layers_draft=n_gpu_layers_draft, rpc=rpc, rpc_draft=rpc_draft, rpc_timeout=rpc_timeout,
+                         err_console=err_console)
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
                             on_progress=_progress_bar(err_console))
-    run_server(resolved=resolved, drafting=drafting, settings=settings, max_tokens=max_tokens,
-               load=LoadOptions(n_ctx=ctx_size, n_threads=_threads(threads, err_console), n_gpu_layers=n_gpu_layers,
-                                n_gpu_layers_draft=n_gpu_layers_draft),
+    run_server(resolved=resolved, drafting=drafting, settings=settings, max_tokens=max_tokens, load=load,
                host=host, port=port, api_key=api_key, insecure=insecure, queue_size=queue_size,
                max_body_bytes=max_body, err_console=err_console)
+
+
+@app.command()
+def worker(
+    host: Annotated[str, typer.Option("--host", help="IPv4 address to listen on; anything but loopback is "
+                                      "reachable by others (no authentication).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 50052,
+    threads: Annotated[Optional[int], typer.Option("-t", "--threads", min=1,
+                                                   help="CPU threads (default: half the cores).")] = None,
+    cache: Annotated[Optional[Path], typer.Option("--cache", help="Keep received weights in this folder, so a "
+                                                  "client loading the same model again sends only hashes.",
+                                                  show_default=False)] = None,
+) -> None:
+    """Serve this machine's CPU (or GPUs) to `--rpc` clients: llama.cpp's RPC server, as its `rpc-server` runs it.
+
+    Ctrl-C stops it (exit status 130), SIGTERM too (0).
+    """
+    from .worker import exit_now, serve
+
+    exit_now(serve(host=host, port=port, n_threads=threads, cache_dir=cache,
+                   err_console=Console(stderr=True, highlight=False, soft_wrap=True)))
 
 
 def _fail(message: str, code: int) -> int:

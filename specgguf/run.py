@@ -18,6 +18,7 @@ from .engine import speculate
 from .errors import PromptError
 from .render import TokenStream, legend
 from .resolve import ResolvedPair
+from .rpc import DEFAULT_TIMEOUT, RpcWorker
 from .sampling import SamplingSettings
 from .stats import GenerationStats
 from .tuning import KChoice, make_policy
@@ -29,6 +30,9 @@ class LoadOptions:
     n_threads: int | None = None
     n_gpu_layers: int = 0
     n_gpu_layers_draft: int = 0
+    rpc: tuple[RpcWorker, ...] = ()  # the verifier's layers go to these workers
+    rpc_draft: bool = False  # ... and the draft's too
+    rpc_timeout: float = DEFAULT_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -46,11 +50,12 @@ def load_models(resolved: ResolvedPair, options: LoadOptions, *, need_draft: boo
     from .compat import ensure_compatible
 
     verifier = LlamaModel(resolved.verifier, n_ctx=options.n_ctx, n_threads=options.n_threads,
-                          n_gpu_layers=options.n_gpu_layers)
+                          n_gpu_layers=options.n_gpu_layers, rpc_workers=options.rpc, rpc_timeout=options.rpc_timeout)
     if not need_draft or resolved.draft is None:
         return verifier, None
     draft = LlamaModel(resolved.draft, n_ctx=options.n_ctx, n_threads=options.n_threads,
-                       n_gpu_layers=options.n_gpu_layers_draft)
+                       n_gpu_layers=options.n_gpu_layers_draft, rpc_workers=options.rpc if options.rpc_draft else (),
+                       rpc_timeout=options.rpc_timeout)
     ensure_compatible(verifier.vocab_info(), draft.vocab_info())
     return verifier, draft
 
@@ -104,21 +109,34 @@ def run_prompt(*, prompt: str, resolved: ResolvedPair, drafting: DraftOptions, m
             "draft_max": drafting.k.k if drafting.k.mode == "fixed" else drafting.k.mode,
             "draft_p_min": drafting.p_min, "draft_min": drafting.n_min, "max_tokens": max_tokens,
             **asdict(settings), "seed": seed, **asdict(load), "raw": raw,
+            "rpc": [str(worker) for worker in load.rpc], "placement": placement(verifier, draft),
         },
     }
     if json_output:
         out.write(json.dumps(result, ensure_ascii=False) + "\n")
         out.flush()
     elif not quiet:
-        _report(stats, k_source, load, err_console)
+        _report(stats, k_source, load, err_console, where=where_line(verifier, draft) if load.rpc else None)
     return result
 
 
-def _report(stats: GenerationStats, k_source: str, load: LoadOptions, err_console: Console) -> None:
+def placement(verifier, draft) -> dict:
+    """Where each model's layers are (for --json): workers, layer counts, and in words."""
+    return {role: {**asdict(model.placement), "description": model.placement.describe(role)}
+            for role, model in (("verifier", verifier), ("draft", draft)) if hasattr(model, "placement")}
+
+
+def where_line(verifier, draft) -> str:
+    """'verifier on 2 RPC workers · draft local', for the stats line."""
+    return " · ".join(entry["description"] for entry in placement(verifier, draft).values())
+
+
+def _report(stats: GenerationStats, k_source: str, load: LoadOptions, err_console: Console, *,
+            where: str | None = None) -> None:
     if stats.stop == "context":
         err_console.print(f"stopped: the context ({load.n_ctx} tokens) is full; raise -c/--ctx-size",
                           style="yellow")
-    err_console.print(Text(f"{stats.summary()} · {k_source}", style="dim"))
+    err_console.print(Text(f"{stats.summary()} · {k_source}" + (f" · {where}" if where else ""), style="dim"))
     if k_source.startswith("K adaptive") and stats.n_steps >= 8 and stats.n_plain_steps > stats.n_steps / 2:
         err_console.print("speculation was losing on this machine: most steps decoded plain"
                           " (see `specgguf bench`; --force-spec keeps drafting)", style="yellow")

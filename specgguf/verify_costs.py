@@ -53,7 +53,9 @@ def measure(model: Model, *, max_batch: int, repeats: int = 3, context: int = 25
 
 
 def key_for(model) -> str:
-    return verify_costs_key(model.path, n_threads=model.n_threads, n_gpu_layers=model.n_gpu_layers)
+    key = verify_costs_key(model.path, n_threads=model.n_threads, n_gpu_layers=model.n_gpu_layers)
+    workers = getattr(getattr(model, "placement", None), "workers", ())
+    return key + (f"|rpc={','.join(workers)}" if workers else "")  # costs over a network are its own
 
 
 def stored(model) -> list[float] | None:

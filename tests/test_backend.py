@@ -40,15 +40,17 @@ class RecordingModel:
         self.model.rewind(n_past)
 
 
-def _check_greedy_per_step(verifier_path, draft_path, prompt, *, k, max_tokens, n_ctx=512):
+def _check_greedy_per_step(verifier_path, draft_path, prompt, *, k, max_tokens, n_ctx=512,
+                           verifier_options=None, draft_options=None):
     """Every emitted token is the argmax of the verifier's logits for exactly its context.
 
     llama.cpp is not batch-invariant (a batch of 9 and a batch of 1 give slightly
     different logits), so this checks each step against the verifier's own logits
-    in that step, not against a separate plain run byte for byte.
+    in that step, not against a separate plain run byte for byte. The options go
+    to each LlamaModel (e.g. RPC workers); both models are closed before returning.
     """
-    verifier = RecordingModel(LlamaModel(verifier_path, n_ctx=n_ctx))
-    draft = LlamaModel(draft_path, n_ctx=n_ctx)
+    verifier = RecordingModel(LlamaModel(verifier_path, n_ctx=n_ctx, **(verifier_options or {})))
+    draft = LlamaModel(draft_path, n_ctx=n_ctx, **(draft_options or {}))
     tokens = verifier.tokenize(prompt, special=False)
     events = list(speculate(verifier=verifier, draft=draft, prompt_tokens=tokens, k=k,
                             max_tokens=max_tokens, settings=GREEDY, rng=np.random.default_rng(0)))
@@ -60,6 +62,8 @@ def _check_greedy_per_step(verifier_path, draft_path, prompt, *, k, max_tokens, 
         context.append(token)
     assert verifier.model.cached == context[: verifier.model.n_past]
     assert draft.cached == context[: draft.n_past]
+    verifier.model.close()
+    draft.close()
     return events, output
 
 

@@ -1,0 +1,268 @@
+"""The verifier on llama.cpp RPC workers (`specgguf worker`, `--rpc`), the draft local.
+
+Real workers (subprocesses on 127.0.0.1, random free ports), real GGUF files, real
+sockets for the faults: nobody listening, a server of another protocol, one that
+never answers, a worker killed or stopped in the middle of a conversation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from specgguf.errors import UsageError
+from specgguf.rpc import PROTOCOL_MAJOR, Placement, RpcWorker, RpcWorkerError, parse_workers, probe
+from test_backend import _check_greedy_per_step
+
+SPECGGUF = [sys.executable, "-m", "specgguf"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Worker:
+    """A `specgguf worker` subprocess on 127.0.0.1, ready when it answers the RPC handshake."""
+
+    def __init__(self, *extra: str):
+        self.address = RpcWorker("127.0.0.1", free_port())
+        self.process = subprocess.Popen([*SPECGGUF, "worker", "--port", str(self.address.port), "-t", "1", *extra],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(RpcWorkerError):
+                probe(self.address, timeout=2)
+                return
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker did not start: {self.process.communicate()[1]}")
+            time.sleep(0.1)
+
+    def stop(self, sig=signal.SIGTERM) -> tuple[int, str]:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        _, stderr = self.process.communicate(timeout=10)
+        return self.process.returncode, stderr
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+        self.process.communicate(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    workers = [Worker(), Worker()]
+    yield workers
+    for worker in workers:
+        assert worker.stop()[0] == 0
+
+
+@pytest.fixture()
+def one_worker():
+    worker = Worker()
+    yield worker
+    worker.kill()
+
+
+def specgguf(*args, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*SPECGGUF, *map(str, args)], input=stdin, capture_output=True, text=True, timeout=timeout)
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    """The failure is one line on stderr, with no traceback and no llama.cpp abort text."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr and "GGML_ASSERT" not in result.stderr
+    assert lines and lines[-1].startswith("specgguf: error: "), result.stderr
+    assert sum(line.startswith("specgguf: error: ") for line in lines) == 1
+    return lines[-1]
+
+
+# --- addresses and the handshake ---------------------------------------------------------
+def test_worker_addresses_parse_or_name_the_bad_one():
+    assert parse_workers("10.0.0.2:50052, gpu-box:7000") == (RpcWorker("10.0.0.2", 50052), RpcWorker("gpu-box", 7000))
+    for text, bad in (("10.0.0.2", "10.0.0.2"), ("a:1,b:x", "b:x"), ("a:1,:2", ":2"), ("a:0", "a:0"),
+                      ("a:70000", "a:70000"), ("[::1]:5000", "[::1]:5000"), ("a:1,a:1", "a:1"), ("", "")):
+        with pytest.raises(UsageError) as error:
+            parse_workers(text)
+        assert bad in str(error.value)
+
+
+def test_bad_rpc_address_is_a_usage_error_before_anything_loads(tiny_verifier, tiny_draft):
+    result = specgguf("run", "-m", tiny_verifier, "-md", tiny_draft, "--rpc", "127.0.0.1:1,nowhere", "hi")
+    assert one_error_line(result) == ("specgguf: error: --rpc: 'nowhere' is not HOST:PORT"
+                                      " (e.g. 192.168.1.20:50052)") and result.returncode == 2
+    result = specgguf("run", "-m", tiny_verifier, "--rpc-draft", "hi")
+    assert "--rpc-draft needs --rpc" in one_error_line(result)
+
+
+def test_placement_in_words():
+    assert Placement().describe("draft") == "draft local"
+    assert Placement(("a:1", "b:2"), 28, 28).describe("verifier") == "verifier on 2 RPC workers"
+    assert Placement(("a:1",), 28, 20).describe("verifier") == "verifier on 1 RPC worker + local (8 of 28 layers)"
+
+
+def test_a_worker_answers_the_handshake_and_stops_quietly(tmp_path):
+    worker = Worker("--cache", str(tmp_path / "cache"))
+    assert probe(worker.address, timeout=5)[0] == PROTOCOL_MAJOR
+    code, stderr = worker.stop(signal.SIGINT)
+    assert code == 130 and "error" not in stderr and "Traceback" not in stderr
+    assert f"on 127.0.0.1:{worker.address.port}" in stderr and "warning" not in stderr  # loopback: no warning
+    assert (tmp_path / "cache").is_dir()
+
+
+def test_a_worker_on_a_taken_port_says_so():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = specgguf("worker", "--port", port, timeout=30)
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in one_error_line(result)
+    assert "--host must be an IPv4 address" in one_error_line(specgguf("worker", "--host", "localhost", timeout=30))
+
+
+# --- the verifier split across two workers, the draft local ------------------------------
+def test_tiny_verifier_on_two_workers_is_greedy_per_step(two_workers, tiny_verifier, tiny_draft):
+    workers = [w.address for w in two_workers]
+    events, output = _check_greedy_per_step(tiny_verifier, tiny_draft, "the cat was there", k=4, max_tokens=40,
+                                            verifier_options={"rpc_workers": workers})
+    assert len(output) == 40 and 0 < sum(e.n_accepted for e in events)
+
+
+@pytest.mark.qwen
+def test_default_pair_verifier_on_two_workers_is_greedy_per_step(two_workers, qwen_pair):
+    verifier, draft = qwen_pair
+    workers = [w.address for w in two_workers]
+    events, output = _check_greedy_per_step(verifier, draft, "def fibonacci(n):", k=6, max_tokens=24,
+                                            verifier_options={"rpc_workers": workers, "n_threads": 1},
+                                            draft_options={"n_threads": 1})
+    assert len(output) == 24 and sum(e.n_accepted for e in events) > 0
+
+
+def test_run_reports_where_the_verifier_runs(two_workers, tiny_verifier, tiny_draft):
+    rpc = ",".join(str(w.address) for w in two_workers)
+    common = ["-m", tiny_verifier, "-md", tiny_draft, "-c", "256", "--temp", "0", "-n", "20", "-k", "3",
+              "-t", "1", "--rpc", rpc]
+    result = specgguf("run", *common, "--json", "the dog")
+    assert result.returncode == 0, result.stderr
+    settings = json.loads(result.stdout)["settings"]
+    assert settings["rpc"] == rpc.split(",")
+    assert settings["placement"]["verifier"]["workers"] == rpc.split(",")
+    assert settings["placement"]["verifier"]["description"] == "verifier on 2 RPC workers"
+    assert settings["placement"]["draft"]["description"] == "draft local"
+    local = specgguf("run", *common[:-2], "the dog")
+    streamed = specgguf("run", *common, "the dog")
+    assert streamed.returncode == 0, streamed.stderr
+    assert "K=3 (-k) · verifier on 2 RPC workers · draft local" in " ".join(streamed.stderr.split())
+    assert streamed.stdout == local.stdout  # the same greedy text as all-local (tiny model: exact)
+    both = specgguf("run", *common, "--rpc-draft", "--json", "the dog")
+    assert json.loads(both.stdout)["settings"]["placement"]["draft"]["description"] == "draft on 2 RPC workers"
+
+
+# --- faults: one line naming the worker, a non-zero exit, bounded time --------------------
+@pytest.fixture(scope="module")
+def tiny_args(tiny_verifier, tiny_draft):
+    return ["-m", tiny_verifier, "-md", tiny_draft, "-c", "256", "--temp", "0", "-n", "8", "-t", "1"]
+
+
+def test_no_worker_listening(tiny_args):
+    port = free_port()
+    result = specgguf("run", *tiny_args, "--rpc", f"127.0.0.1:{port}", "hi", timeout=60)
+    assert one_error_line(result) == (f"specgguf: error: RPC worker 127.0.0.1:{port}: connection refused"
+                                      " (is `specgguf worker` running there, on that port?)")
+
+
+@contextlib.contextmanager
+def tcp_server(answer: bytes | None):
+    """A plain TCP server on 127.0.0.1 that sends `answer` and hangs up, or (None) never says a thing."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def serve():
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = listener.accept()
+                if answer is None:
+                    held.append(connection)
+                else:
+                    with connection:
+                        connection.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+        for connection in held:
+            connection.close()
+
+
+def test_another_protocol_on_the_port(tiny_args):
+    with tcp_server(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n") as address:
+        result = specgguf("run", *tiny_args, "--rpc", address, "hi", timeout=60)
+    assert one_error_line(result) == (f"specgguf: error: RPC worker {address}: answered b'HTTP/1.1' instead of a"
+                                      " llama.cpp RPC v7 handshake (another program, or another llama.cpp version,"
+                                      " on that port?)")
+
+
+def test_a_worker_that_never_answers_times_out(tiny_args):
+    with tcp_server(None) as address:
+        started = time.monotonic()
+        result = specgguf("run", *tiny_args, "--rpc", address, "--rpc-timeout", "2", "hi", timeout=60)
+        elapsed = time.monotonic() - started
+    assert f"RPC worker {address}: no answer to the handshake within 2 s" in one_error_line(result)
+    assert elapsed < 30
+
+
+def _chat_until_first_answer(tiny_args, worker: Worker, *extra: str) -> subprocess.Popen:
+    chat = subprocess.Popen([*SPECGGUF, "chat", *map(str, tiny_args), "--rpc", str(worker.address), *extra],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    chat.stdin.write("the cat\n")
+    chat.stdin.flush()
+    assert chat.stdout.readline()  # the first answer came through the worker
+    return chat
+
+
+def test_a_worker_killed_in_mid_conversation(tiny_args, one_worker):
+    chat = _chat_until_first_answer(tiny_args, one_worker)
+    one_worker.kill()
+    _, stderr = chat.communicate("and the dog\n", timeout=60)
+    result = subprocess.CompletedProcess(chat.args, chat.returncode, "", stderr)
+    assert one_error_line(result).startswith(f"specgguf: error: RPC worker {one_worker.address} went away while")
+    assert "connection refused now" in one_error_line(result)
+
+
+def test_a_worker_that_stops_answering_in_mid_conversation(tiny_args, one_worker):
+    chat = _chat_until_first_answer(tiny_args, one_worker, "--rpc-timeout", "3")
+    os.kill(one_worker.process.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    _, stderr = chat.communicate("and the dog\n", timeout=60)
+    result = subprocess.CompletedProcess(chat.args, chat.returncode, "", stderr)
+    assert one_error_line(result).startswith(f"specgguf: error: RPC worker {one_worker.address}: no answer within"
+                                             " 3 s (--rpc-timeout) while")
+    assert time.monotonic() - started < 30
+
+
+def test_a_build_without_rpc_names_the_fix(monkeypatch, tiny_verifier):
+    import llama_cpp
+
+    from specgguf.backend import LlamaModel
+    from specgguf.errors import ModelLoadError
+
+    monkeypatch.setattr(llama_cpp, "llama_supports_rpc", lambda: False)
+    with pytest.raises(ModelLoadError) as error:
+        LlamaModel(tiny_verifier, rpc_workers=[RpcWorker("127.0.0.1", free_port())])
+    assert "built without llama.cpp's RPC backend" in str(error.value)
+    assert "CMAKE_ARGS='-DGGML_RPC=ON'" in str(error.value) and "make install" in str(error.value)
