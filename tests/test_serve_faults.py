@@ -36,6 +36,7 @@ BAD_CHAT = [
     ({"messages": HELLO, "top_p": 0}, 400, "top_p"), ({"messages": HELLO, "top_k": -3}, 400, "top_k"),
     ({"messages": HELLO, "min_p": 2}, 400, "min_p"), ({"messages": HELLO, "stream": "yes"}, 400, "stream"),
     ({"messages": HELLO, "stop": 5}, 400, "stop"), ({"messages": HELLO, "stop": [""]}, 400, "stop"),
+    ({"messages": HELLO, "stop": ["x" * 501]}, 400, "stop[0]"), ({"messages": HELLO, "stop": ["a"] * 17}, 400, "stop"),
     ({"messages": HELLO, "n": 2}, 400, "n"), ({"messages": HELLO, "tools": [{"type": "function"}]}, 400, "tools"),
     ({"messages": HELLO, "logit_bias": {"1": 5}}, 400, "logit_bias"), ({"messages": HELLO, "logprobs": "yes"}, 400,
                                                                        "logprobs"),
