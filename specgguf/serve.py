@@ -214,6 +214,9 @@ def run_server(*, resolved: ResolvedPair, drafting: DraftOptions, load: LoadOpti
     sock = listen(host, port)  # before loading: a taken port fails at once
     try:
         verifier, draft = load_models(resolved, load, need_draft=drafting.drafter != "ngram")
+        if draft is None and drafting.drafter != "ngram":
+            err_console.print("no draft model given (-md): decoding with the verifier alone unless a request"
+                              " asks for the n-gram drafter", style="yellow")
         generator: Generator | None = None
         metrics = Metrics(lambda: generator.n_waiting if generator else 0)
         generator = Generator(verifier=verifier, draft=draft, resolved=resolved, drafting=drafting,

@@ -284,9 +284,9 @@ class Generator:
         choice = request.k or self.drafting.k
         p_min = self.drafting.p_min if request.p_min is None else request.p_min
         if kind != "ngram" and self.draft is None and not (choice.mode == "fixed" and choice.k == 0):
-            if request.drafter is not None:
-                raise UsageError(f"drafter {kind!r} needs a draft model, and this server has none loaded"
-                                 " (start it with -md or --pair)")
+            if request.drafter is not None or request.k is not None:
+                raise UsageError(f"drafter {kind!r} needs a draft model, and this server has none loaded (start"
+                                 " it with -md or --pair, or ask for \"drafter\": \"ngram\" or \"k\": 0)")
             choice = KChoice("fixed", 0)
         drafter = build_drafter(kind, self.draft, p_min=p_min, n_min=self.drafting.n_min)
         if choice.mode == "fixed":

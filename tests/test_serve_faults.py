@@ -51,6 +51,7 @@ BAD_CHAT = [
     ({"messages": HELLO, "speculative": {"drafter": "oracle"}}, 400, "speculative.drafter"),
     ({"messages": HELLO, "speculative": {"depth": 3}}, 400, "speculative.depth"),
     ({"messages": HELLO, "speculative": {"drafter": "model"}}, 400, None),  # no draft model loaded
+    ({"messages": HELLO, "speculative": {"k": 4}}, 400, None),
     ({"messages": HELLO, "model": "gpt-4"}, 404, "model"),
     ({"messages": [{"role": "user", "content": "the cat " * 400}]}, 400, None),  # longer than the context
 ]
@@ -59,6 +60,9 @@ BAD_COMPLETION = [
     ({"prompt": "hi", "echo": True}, 400, "echo"), ({"prompt": "hi", "logprobs": -1}, 400, "logprobs"), ({"prompt": "hi", "best_of": 3}, 400, "best_of"),
     ({"prompt": ""}, 400, None),
 ]
+
+
+GOOD = {CHAT: {"messages": HELLO, "max_tokens": 4}, "/v1/completions": {"prompt": "the cat", "max_tokens": 4}}
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +92,8 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, path, cases):
             assert_error(post(http, path, body), status, param)
         good = post(http, CHAT, {"messages": HELLO, "max_tokens": 4, "temperature": 0})
         assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] >= 1
+        ngram = post(http, path, {**GOOD[path], "speculative": {"drafter": "ngram", "k": 4}})
+        assert ngram.status_code == 200  # prompt lookup needs no draft model
 
 
 def test_oversized_bodies_get_413_with_or_without_a_length(server):
