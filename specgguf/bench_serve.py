@@ -46,6 +46,8 @@ def _serve_once(client, model: str, prompt: str, *, k: int, max_tokens: int) -> 
         if chunk.choices and chunk.choices[0].finish_reason:
             last = chunk
     end = time.perf_counter()
+    if last is None or last.model_extra is None:
+        raise SystemExit("the stream ended without a finish reason")
     timings = last.model_extra["timings"]
     generation = end - start - timings["prompt_ms"] / 1000
     return {"text": "".join(text), "tokens": timings["predicted_n"], "client_tps": timings["predicted_n"] / generation,
@@ -57,7 +59,7 @@ def _wait_for_health(base_url: str, process: subprocess.Popen) -> None:
 
     for _ in range(600):
         if process.poll() is not None:
-            raise SystemExit(f"the server exited: {process.stderr.read()}")
+            raise SystemExit(f"the server exited: {process.stderr.read() if process.stderr else ''}")
         try:
             if httpx.get(base_url + "/health", timeout=2).status_code == 200:
                 return

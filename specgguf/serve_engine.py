@@ -20,14 +20,16 @@ import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Generator as Generator_
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
 from . import verify_costs
 from .chat import chatml
 from .drafting import build_drafter, common_prefix
-from .engine import FixedK, KPolicy, speculate
+from .engine import FixedK, KPolicy, StepEvent, speculate
 from .errors import ContextFullError, PromptError, SpecggufError, UsageError
 from .resolve import ResolvedPair
 from .run import DraftOptions
@@ -207,17 +209,21 @@ class Generator:
                 model.clear()
         self.prompts.remember("", [], special=True)
 
+    def _prepare(self, request: GenerationRequest):
+        """The prompt (text, special, tokens), drafter and K policy; a bad request raises."""
+        text, special = self._prompt_text(request)
+        prompt = self.prompts.tokens_for(text, special=special)
+        if not prompt:
+            raise PromptError("the prompt is empty")
+        if len(prompt) >= self.verifier.n_ctx:
+            raise ContextFullError(f"the prompt is {len(prompt)} tokens but the context holds"
+                                   f" {self.verifier.n_ctx}; shorten it (or start the server with a larger -c)")
+        return text, special, prompt, *self._drafting(request)
+
     def _generate(self, job: Job) -> None:
         request = job.request
         try:
-            text, special = self._prompt_text(request)
-            prompt = self.prompts.tokens_for(text, special=special)
-            if not prompt:
-                raise PromptError("the prompt is empty")
-            if len(prompt) >= self.verifier.n_ctx:
-                raise ContextFullError(f"the prompt is {len(prompt)} tokens but the context holds"
-                                       f" {self.verifier.n_ctx}; shorten it (or start the server with a larger -c)")
-            drafter, policy = self._drafting(request)
+            text, special, prompt, drafter, policy = self._prepare(request)
         except SpecggufError as error:
             job.send(Failed(error, client_error=True))
             return
@@ -228,14 +234,15 @@ class Generator:
         first_token_seconds, start = None, time.perf_counter()
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_top, n_logprobs_sent = request.n_top_logprobs, 0
-        events = speculate(verifier=self.verifier, drafter=drafter, prompt_tokens=prompt, k=policy,
-                           max_tokens=request.max_tokens, settings=request.settings, rng=np.random.default_rng(seed))
+        events = cast(Generator_[StepEvent, None, None], speculate(  # a generator: closed below
+            verifier=self.verifier, drafter=drafter, prompt_tokens=prompt, k=policy, max_tokens=request.max_tokens,
+            settings=request.settings, rng=np.random.default_rng(seed)))
         try:
             for event in events:
                 stats.add(event)
                 if event.tokens and first_token_seconds is None:
                     first_token_seconds = time.perf_counter() - job.arrived
-                if n_top is not None and event.tokens:
+                if n_top is not None and event.tokens and event.target_logits is not None:
                     logprobs += token_logprobs(event.target_logits, event.tokens, n_top=n_top,
                                                token_bytes=self.verifier.token_bytes)
                 if delta := answer.add(event.tokens):
@@ -255,17 +262,13 @@ class Generator:
             job.send(Delta(delta, logprobs[n_logprobs_sent:answer.n_tokens_shown()]))
         kept_tokens, kept_text = answer.whole_tokens()
         self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
-        finish_reason = "stop" if answer.stopped or stats.stop == "eos" else "length"
-        finished = Finished(finish_reason=finish_reason, n_prompt=len(prompt), n_cached=n_cached,
-                            n_completion=answer.n_tokens_used(answer.stopped), stats=stats,
-                            first_token_seconds=first_token_seconds)
+        finished = Finished(finish_reason="stop" if answer.stopped or stats.stop == "eos" else "length",
+                            n_prompt=len(prompt), n_cached=n_cached, n_completion=answer.n_tokens_used(answer.stopped),
+                            stats=stats, first_token_seconds=first_token_seconds)
         if self.metrics is not None:
             self.metrics.observe(finished)
-        if cancelled:
-            why = "the server is shutting down" if self._stopping else "the request was cancelled"
-            job.send(Failed(SpecggufError(why), client_error=False))
-        else:
-            job.send(finished)
+        why = "the server is shutting down" if self._stopping else "the request was cancelled"
+        job.send(Failed(SpecggufError(why), client_error=False) if cancelled else finished)
 
     def _prompt_text(self, request: GenerationRequest) -> tuple[str, bool]:
         """The prompt's text, and whether special tokens in it are parsed (chat templates write them)."""
@@ -290,7 +293,7 @@ class Generator:
             choice = KChoice("fixed", 0)
         drafter = build_drafter(kind, self.draft, p_min=p_min, n_min=self.drafting.n_min)
         if choice.mode == "fixed":
-            return drafter, FixedK(choice.k)
+            return drafter, FixedK(choice.k or 0)
         key = (choice.mode, kind, request.settings.greedy)
         if key not in self._policies:
             self._policies[key] = make_policy(
