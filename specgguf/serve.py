@@ -101,10 +101,17 @@ def create_app(*, generator: Generator, options: ServeOptions, metrics: Metrics)
     async def health():
         return {"status": "ok", "queue_length": generator.n_waiting}
 
+    the_model = {"id": options.model_name, "object": "model", "created": created, "owned_by": "specgguf"}
+
     @app.get("/v1/models", dependencies=[Depends(check_key)])
     async def models():
-        return {"object": "list", "data": [{"id": options.model_name, "object": "model", "created": created,
-                                            "owned_by": "specgguf"}]}
+        return {"object": "list", "data": [the_model]}
+
+    @app.get("/v1/models/{model_id:path}", dependencies=[Depends(check_key)])
+    async def model(model_id: str):
+        if model_id != options.model_name:
+            raise ApiError(404, f"unknown model {model_id[:200]!r}", param="model", code="model_not_found")
+        return the_model
 
     @app.get("/metrics", dependencies=[Depends(check_key)])
     async def prometheus():

@@ -37,6 +37,9 @@ def chat(client, content: str, **options):
 
 def test_models_lists_the_verifier(client):
     assert [model.id for model in client.models.list()] == ["verifier"]
+    assert client.models.retrieve("verifier").owned_by == "specgguf"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
 
 
 def test_chat_completion_has_openai_shape_usage_and_timings(client):
