@@ -142,8 +142,8 @@ def create_app(*, generator: Generator, options: ServeOptions, metrics: Metrics)
         try:
             first = await receiver.next()
             if isinstance(first, Failed):
-                raise ApiError(400 if first.client_error else 500, str(first.error),
-                               kind="invalid_request_error" if first.client_error else "server_error")
+                raise ApiError(first.status, str(first.error),
+                               kind="invalid_request_error" if first.status < 500 else "server_error")
             if body.stream:
                 receiver.close()
                 include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -154,7 +154,7 @@ def create_app(*, generator: Generator, options: ServeOptions, metrics: Metrics)
                 parts.append(message.text)
                 logprobs += message.logprobs
             if isinstance(message, Failed):
-                raise ApiError(500, str(message.error), kind="server_error")
+                raise ApiError(message.status, str(message.error), kind="server_error")
             return JSONResponse(shape.response("".join(parts), message, logprobs))
         except _ClientGone:
             return Response(status_code=499)  # nginx's "client closed request": nobody reads it
@@ -175,7 +175,7 @@ def create_app(*, generator: Generator, options: ServeOptions, metrics: Metrics)
                     yield "data: [DONE]\n\n"
                     return
                 else:
-                    yield shape.sse(ApiError(500, str(message.error), kind="server_error").body())
+                    yield shape.sse(ApiError(message.status, str(message.error), kind="server_error").body())
                     return
         finally:
             job.cancelled.set()  # a client that hung up: the generation stops at its next step

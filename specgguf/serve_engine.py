@@ -84,7 +84,7 @@ class Finished:
 @dataclass(frozen=True)
 class Failed:
     error: SpecggufError
-    client_error: bool  # the request's fault (4xx) rather than the server's (5xx)
+    status: int  # as HTTP would say it: 400 the request's fault, 500 the server's, 503 shutting down
 
 
 @dataclass(eq=False)  # compared by identity: the generator keeps a set of live jobs
@@ -171,7 +171,7 @@ class Generator:
             self._stopping = True
             for job in self._waiting:
                 job.cancelled.set()
-                job.send(Failed(SpecggufError("the server is shutting down"), client_error=False))
+                job.send(Failed(SpecggufError("the server is shutting down"), status=503))
             self._waiting.clear()
             if self._running is not None:
                 self._running.cancelled.set()
@@ -199,8 +199,7 @@ class Generator:
                 self._generate(job)
             except Exception as error:  # noqa: BLE001 - the worker must survive anything; the client hears why
                 self._forget_caches()
-                job.send(Failed(SpecggufError(f"generation failed: {type(error).__name__}: {error}"),
-                                client_error=False))
+                job.send(Failed(SpecggufError(f"generation failed: {type(error).__name__}: {error}"), status=500))
 
     def _forget_caches(self) -> None:
         """After a failure inside a model call a cache may hold tokens its `cached` list does not."""
@@ -225,7 +224,7 @@ class Generator:
         try:
             text, special, prompt, drafter, policy = self._prepare(request)
         except SpecggufError as error:
-            job.send(Failed(error, client_error=True))
+            job.send(Failed(error, status=400))
             return
         n_cached = common_prefix(self.verifier.cached, prompt[:-1])
         job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
@@ -252,7 +251,7 @@ class Generator:
                     break
         except SpecggufError as error:
             self._forget_caches()
-            job.send(Failed(error, client_error=False))
+            job.send(Failed(error, status=500))
             return
         finally:
             events.close()  # the engine stops at a step boundary: both caches stay consistent
@@ -267,8 +266,9 @@ class Generator:
                             stats=stats, first_token_seconds=first_token_seconds)
         if self.metrics is not None:
             self.metrics.observe(finished)
-        why = "the server is shutting down" if self._stopping else "the request was cancelled"
-        job.send(Failed(SpecggufError(why), client_error=False) if cancelled else finished)
+        shutdown = Failed(SpecggufError("the server is shutting down"), status=503)
+        gone = Failed(SpecggufError("the request was cancelled"), status=499)  # its client hung up
+        job.send((shutdown if self._stopping else gone) if cancelled else finished)
 
     def _prompt_text(self, request: GenerationRequest) -> tuple[str, bool]:
         """The prompt's text, and whether special tokens in it are parsed (chat templates write them)."""

@@ -179,12 +179,16 @@ def test_a_full_queue_answers_503_with_retry_after(slow):
 
 def test_sigterm_ends_streams_and_exits_cleanly(smollm2):
     with live_server("-m", smollm2, "--drafter", "ngram", "-c", "2048", "-t", "1") as live:
-        with live.http() as http, http.stream("POST", "/v1/completions", json=LONG) as response:
+        with live.http() as http, live.http() as other, ThreadPoolExecutor(1) as pool, \
+                http.stream("POST", "/v1/completions", json=LONG) as response:
             stream = events(response)
             first_text(stream)
+            queued = pool.submit(post, other, "/v1/completions", {"prompt": "hi", "max_tokens": 4})
+            wait_for(lambda: http.get("/health").json()["queue_length"] == 1)
             live.process.send_signal(signal.SIGTERM)
             rest = list(stream)
-        assert rest and "shutting down" in rest[-1]  # an error event, then the end of the stream
+            assert_error(queued.result(timeout=30), 503, None)  # the waiting request: turned away
+        assert rest and "shutting down" in rest[-1]  # the running stream: an error event, then the end
         assert live.stop(timeout=30) == 0, live.stderr
         assert "Traceback" not in live.stderr
 
