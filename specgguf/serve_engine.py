@@ -20,7 +20,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Generator as Generator_
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -87,7 +87,7 @@ class Failed:
     status: int  # as HTTP would say it: 400 the request's fault, 500 the server's, 503 shutting down
 
 
-@dataclass(eq=False)  # compared by identity: the generator keeps a set of live jobs
+@dataclass(eq=False)  # compared by identity
 class Job:
     request: GenerationRequest
     loop: asyncio.AbstractEventLoop
@@ -123,7 +123,7 @@ class PromptCache:
         self.text, self.tokens, self.special = text, list(tokens), special
 
 
-class Generator:
+class Worker:
     """The loaded pair, the server's drafting defaults, and the worker thread."""
 
     def __init__(self, *, verifier, draft, resolved: ResolvedPair, drafting: DraftOptions, queue_size: int,
@@ -233,7 +233,7 @@ class Generator:
         first_token_seconds, start = None, time.perf_counter()
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_top, n_logprobs_sent = request.n_top_logprobs, 0
-        events = cast(Generator_[StepEvent, None, None], speculate(  # a generator: closed below
+        events = cast(Generator[StepEvent, None, None], speculate(  # a generator: closed below
             verifier=self.verifier, drafter=drafter, prompt_tokens=prompt, k=policy, max_tokens=request.max_tokens,
             settings=request.settings, rng=np.random.default_rng(seed)))
         try:
