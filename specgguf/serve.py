@@ -1,7 +1,7 @@
 """`specgguf serve`: an OpenAI-compatible HTTP server (FastAPI on uvicorn) over the same engine as `run`.
 
 Routes parse and validate a request, hand a `GenerationRequest` to the single
-generator thread (serve_engine), and shape what comes back into OpenAI's JSON or
+worker thread (serve_engine), and shape what comes back into OpenAI's JSON or
 server-sent events (serve_shapes). Every error is an OpenAI-style JSON body.
 """
 
@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from .resolve import ResolvedPair
 from .run import DraftOptions, LoadOptions, load_models
 from .sampling import SamplingSettings
-from .serve_engine import Delta, Failed, Finished, GenerationRequest, Generator, QueueFull, Started
+from .serve_engine import Delta, Failed, Finished, GenerationRequest, QueueFull, Worker
 from .serve_http import BodyLimit, CountRequests, Server, check_address, listen
 from .serve_metrics import CONTENT_TYPE, Metrics
 from .serve_models import ApiError, ChatRequest, CompletionRequest, parse_body
@@ -69,7 +69,7 @@ class _Receiver:
         self._watch.cancel()
 
 
-def create_app(*, generator: Generator, options: ServeOptions, metrics: Metrics) -> FastAPI:
+def create_app(*, worker: Worker, options: ServeOptions, metrics: Metrics) -> FastAPI:
     app = FastAPI(title="specgguf", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=options.max_body_bytes)
     app.add_middleware(CountRequests, metrics=metrics)
@@ -99,12 +99,19 @@ def create_app(*, generator: Generator, options: ServeOptions, metrics: Metrics)
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "queue_length": generator.n_waiting}
+        return {"status": "ok", "queue_length": worker.n_waiting}
+
+    the_model = {"id": options.model_name, "object": "model", "created": created, "owned_by": "specgguf"}
 
     @app.get("/v1/models", dependencies=[Depends(check_key)])
     async def models():
-        return {"object": "list", "data": [{"id": options.model_name, "object": "model", "created": created,
-                                            "owned_by": "specgguf"}]}
+        return {"object": "list", "data": [the_model]}
+
+    @app.get("/v1/models/{model_id:path}", dependencies=[Depends(check_key)])
+    async def model(model_id: str):
+        if model_id != options.model_name:
+            raise ApiError(404, f"unknown model {model_id[:200]!r}", param="model", code="model_not_found")
+        return the_model
 
     @app.get("/metrics", dependencies=[Depends(check_key)])
     async def prometheus():
@@ -114,66 +121,73 @@ def create_app(*, generator: Generator, options: ServeOptions, metrics: Metrics)
     async def chat_completions(request: Request):
         body = parse_body(ChatRequest, await request.body())
         return await _answer(request, body, _generation_request(body, body.template_messages(), "", options),
-                             Shape("chat", options.model_name, logprobs=body.n_top_logprobs is not None))
+                             Shape("chat", options.model_name, logprobs=body.n_top_logprobs is not None),
+                             worker=worker, options=options)
 
     @app.post("/v1/completions", dependencies=[Depends(check_key)])
     async def completions(request: Request):
         body = parse_body(CompletionRequest, await request.body())
         return await _answer(request, body, _generation_request(body, None, body.text, options),
-                             Shape("text", options.model_name, logprobs=body.n_top_logprobs is not None))
-
-    async def _answer(request: Request, body, generation: GenerationRequest, shape: Shape):
-        if body.model is not None and body.model != options.model_name:
-            raise ApiError(404, f"unknown model {body.model[:200]!r}: this server serves {options.model_name!r}"
-                           " (see GET /v1/models)", param="model", code="model_not_found")
-        try:
-            job = generator.submit(generation, asyncio.get_running_loop())
-        except QueueFull as error:
-            raise ApiError(503, f"the server is busy: {error}; try again shortly", kind="server_error",
-                           code="queue_full", headers={"Retry-After": "1"}) from None
-        receiver = _Receiver(job, request)
-        try:
-            first = await receiver.next()
-            if isinstance(first, Failed):
-                raise ApiError(400 if first.client_error else 500, str(first.error),
-                               kind="invalid_request_error" if first.client_error else "server_error")
-            if body.stream:
-                receiver.close()
-                include_usage = body.stream_options is not None and body.stream_options.include_usage
-                return StreamingResponse(_events(job, shape, first, include_usage), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            parts, logprobs = [], []
-            while isinstance(message := await receiver.next(), Delta):
-                parts.append(message.text)
-                logprobs += message.logprobs
-            if isinstance(message, Failed):
-                raise ApiError(500, str(message.error), kind="server_error")
-            return JSONResponse(shape.response("".join(parts), message, logprobs))
-        except _ClientGone:
-            return Response(status_code=499)  # nginx's "client closed request": nobody reads it
-        finally:
-            receiver.close()
-
-    async def _events(job, shape: Shape, started: Started, include_usage: bool):
-        try:
-            yield shape.sse(shape.first_chunk(include_usage))
-            while True:
-                message = await job.messages.get()
-                if isinstance(message, Delta):
-                    yield shape.sse(shape.chunk(message.text, message.logprobs, include_usage))
-                elif isinstance(message, Finished):
-                    yield shape.sse(shape.last_chunk(message, include_usage))
-                    if include_usage:
-                        yield shape.sse(shape.usage_chunk(message))
-                    yield "data: [DONE]\n\n"
-                    return
-                else:
-                    yield shape.sse(ApiError(500, str(message.error), kind="server_error").body())
-                    return
-        finally:
-            job.cancelled.set()  # a client that hung up: the generation stops at its next step
+                             Shape("text", options.model_name, logprobs=body.n_top_logprobs is not None),
+                             worker=worker, options=options)
 
     return app
+
+
+async def _answer(request: Request, body, generation: GenerationRequest, shape: Shape, *, worker: Worker,
+                  options: ServeOptions):
+    """Queue one request; answer it whole, or return the stream of its events."""
+    if body.model is not None and body.model != options.model_name:
+        raise ApiError(404, f"unknown model {body.model[:200]!r}: this server serves {options.model_name!r}"
+                       " (see GET /v1/models)", param="model", code="model_not_found")
+    try:
+        job = worker.submit(generation, asyncio.get_running_loop())
+    except QueueFull as error:
+        raise ApiError(503, f"the server is busy: {error}; try again shortly", kind="server_error",
+                       code="queue_full", headers={"Retry-After": "1"}) from None
+    receiver = _Receiver(job, request)
+    try:
+        first = await receiver.next()
+        if isinstance(first, Failed):
+            raise ApiError(first.status, str(first.error),
+                           kind="invalid_request_error" if first.status < 500 else "server_error")
+        if body.stream:
+            receiver.close()
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            return StreamingResponse(_events(job, shape, include_usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        parts, logprobs = [], []
+        while isinstance(message := await receiver.next(), Delta):
+            parts.append(message.text)
+            logprobs += message.logprobs
+        if isinstance(message, Failed):
+            raise ApiError(message.status, str(message.error), kind="server_error")
+        return JSONResponse(shape.response("".join(parts), message, logprobs))
+    except _ClientGone:
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+    finally:
+        receiver.close()
+
+
+async def _events(job, shape: Shape, include_usage: bool):
+    """Server-sent events: OpenAI's chunks, then `data: [DONE]` (or an error event)."""
+    try:
+        yield shape.sse(shape.first_chunk(include_usage))
+        while True:
+            message = await job.messages.get()
+            if isinstance(message, Delta):
+                yield shape.sse(shape.chunk(message.text, message.logprobs, include_usage))
+            elif isinstance(message, Finished):
+                yield shape.sse(shape.last_chunk(message, include_usage))
+                if include_usage:
+                    yield shape.sse(shape.usage_chunk(message))
+                yield "data: [DONE]\n\n"
+                return
+            else:
+                yield shape.sse(ApiError(message.status, str(message.error), kind="server_error").body())
+                return
+    finally:
+        job.cancelled.set()  # a client that hung up: the generation stops at its next step
 
 
 def _generation_request(body, messages, text: str, options: ServeOptions) -> GenerationRequest:
@@ -188,10 +202,10 @@ def _generation_request(body, messages, text: str, options: ServeOptions) -> Gen
         n_top_logprobs=body.n_top_logprobs)
 
 
-def serve(*, generator: Generator, options: ServeOptions, sock: socket.socket, err_console: Console) -> None:
-    """Answer requests until Ctrl-C or SIGTERM; then stop the generator and return."""
-    metrics = generator.metrics
-    app = create_app(generator=generator, options=options, metrics=metrics)
+def serve(*, worker: Worker, options: ServeOptions, sock: socket.socket, err_console: Console) -> None:
+    """Answer requests until Ctrl-C or SIGTERM; then stop the worker and return."""
+    metrics = worker.metrics
+    app = create_app(worker=worker, options=options, metrics=metrics)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
                             lifespan="off")
     host, port = sock.getsockname()[:2]
@@ -199,10 +213,10 @@ def serve(*, generator: Generator, options: ServeOptions, sock: socket.socket, e
     err_console.print(Text(f"specgguf serve · {options.model_name} · http://{shown_host}:{port}/v1"
                            f"{' · API key required' if options.api_key else ''} · Ctrl-C to stop", style="dim"))
     try:
-        Server(config, on_exit=generator.stop).run(sockets=[sock])
+        Server(config, on_exit=worker.stop).run(sockets=[sock])
     finally:
-        generator.stop()
-        generator.join(timeout=10)
+        worker.stop()
+        worker.join(timeout=10)
         err_console.print(Text("specgguf serve: stopped", style="dim"))
 
 
@@ -214,12 +228,15 @@ def run_server(*, resolved: ResolvedPair, drafting: DraftOptions, load: LoadOpti
     sock = listen(host, port)  # before loading: a taken port fails at once
     try:
         verifier, draft = load_models(resolved, load, need_draft=drafting.drafter != "ngram")
-        generator: Generator | None = None
-        metrics = Metrics(lambda: generator.n_waiting if generator else 0)
-        generator = Generator(verifier=verifier, draft=draft, resolved=resolved, drafting=drafting,
+        if draft is None and drafting.drafter != "ngram":
+            err_console.print("no draft model given (-md): decoding with the verifier alone unless a request"
+                              " asks for the n-gram drafter", style="yellow")
+        worker: Worker | None = None
+        metrics = Metrics(lambda: worker.n_waiting if worker else 0)
+        worker = Worker(verifier=verifier, draft=draft, resolved=resolved, drafting=drafting,
                               queue_size=queue_size, metrics=metrics)
         name = resolved.name or resolved.verifier.stem
-        serve(generator=generator, options=ServeOptions(model_name=name, max_tokens=max_tokens, settings=settings,
+        serve(worker=worker, options=ServeOptions(model_name=name, max_tokens=max_tokens, settings=settings,
                                                         api_key=api_key or None, max_body_bytes=max_body_bytes),
               sock=sock, err_console=err_console)
     finally:

@@ -20,14 +20,16 @@ import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Generator
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
 from . import verify_costs
 from .chat import chatml
 from .drafting import build_drafter, common_prefix
-from .engine import FixedK, KPolicy, speculate
+from .engine import FixedK, KPolicy, StepEvent, speculate
 from .errors import ContextFullError, PromptError, SpecggufError, UsageError
 from .resolve import ResolvedPair
 from .run import DraftOptions
@@ -82,10 +84,10 @@ class Finished:
 @dataclass(frozen=True)
 class Failed:
     error: SpecggufError
-    client_error: bool  # the request's fault (4xx) rather than the server's (5xx)
+    status: int  # as HTTP would say it: 400 the request's fault, 500 the server's, 503 shutting down
 
 
-@dataclass(eq=False)  # compared by identity: the generator keeps a set of live jobs
+@dataclass(eq=False)  # compared by identity
 class Job:
     request: GenerationRequest
     loop: asyncio.AbstractEventLoop
@@ -121,7 +123,7 @@ class PromptCache:
         self.text, self.tokens, self.special = text, list(tokens), special
 
 
-class Generator:
+class Worker:
     """The loaded pair, the server's drafting defaults, and the worker thread."""
 
     def __init__(self, *, verifier, draft, resolved: ResolvedPair, drafting: DraftOptions, queue_size: int,
@@ -169,7 +171,7 @@ class Generator:
             self._stopping = True
             for job in self._waiting:
                 job.cancelled.set()
-                job.send(Failed(SpecggufError("the server is shutting down"), client_error=False))
+                job.send(Failed(SpecggufError("the server is shutting down"), status=503))
             self._waiting.clear()
             if self._running is not None:
                 self._running.cancelled.set()
@@ -197,8 +199,7 @@ class Generator:
                 self._generate(job)
             except Exception as error:  # noqa: BLE001 - the worker must survive anything; the client hears why
                 self._forget_caches()
-                job.send(Failed(SpecggufError(f"generation failed: {type(error).__name__}: {error}"),
-                                client_error=False))
+                job.send(Failed(SpecggufError(f"generation failed: {type(error).__name__}: {error}"), status=500))
 
     def _forget_caches(self) -> None:
         """After a failure inside a model call a cache may hold tokens its `cached` list does not."""
@@ -207,19 +208,23 @@ class Generator:
                 model.clear()
         self.prompts.remember("", [], special=True)
 
+    def _prepare(self, request: GenerationRequest):
+        """The prompt (text, special, tokens), drafter and K policy; a bad request raises."""
+        text, special = self._prompt_text(request)
+        prompt = self.prompts.tokens_for(text, special=special)
+        if not prompt:
+            raise PromptError("the prompt is empty")
+        if len(prompt) >= self.verifier.n_ctx:
+            raise ContextFullError(f"the prompt is {len(prompt)} tokens but the context holds"
+                                   f" {self.verifier.n_ctx}; shorten it (or start the server with a larger -c)")
+        return text, special, prompt, *self._drafting(request)
+
     def _generate(self, job: Job) -> None:
         request = job.request
         try:
-            text, special = self._prompt_text(request)
-            prompt = self.prompts.tokens_for(text, special=special)
-            if not prompt:
-                raise PromptError("the prompt is empty")
-            if len(prompt) >= self.verifier.n_ctx:
-                raise ContextFullError(f"the prompt is {len(prompt)} tokens but the context holds"
-                                       f" {self.verifier.n_ctx}; shorten it (or start the server with a larger -c)")
-            drafter, policy = self._drafting(request)
+            text, special, prompt, drafter, policy = self._prepare(request)
         except SpecggufError as error:
-            job.send(Failed(error, client_error=True))
+            job.send(Failed(error, status=400))
             return
         n_cached = common_prefix(self.verifier.cached, prompt[:-1])
         job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
@@ -228,14 +233,15 @@ class Generator:
         first_token_seconds, start = None, time.perf_counter()
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_top, n_logprobs_sent = request.n_top_logprobs, 0
-        events = speculate(verifier=self.verifier, drafter=drafter, prompt_tokens=prompt, k=policy,
-                           max_tokens=request.max_tokens, settings=request.settings, rng=np.random.default_rng(seed))
+        events = cast(Generator[StepEvent, None, None], speculate(  # a generator: closed below
+            verifier=self.verifier, drafter=drafter, prompt_tokens=prompt, k=policy, max_tokens=request.max_tokens,
+            settings=request.settings, rng=np.random.default_rng(seed)))
         try:
             for event in events:
                 stats.add(event)
                 if event.tokens and first_token_seconds is None:
                     first_token_seconds = time.perf_counter() - job.arrived
-                if n_top is not None and event.tokens:
+                if n_top is not None and event.tokens and event.target_logits is not None:
                     logprobs += token_logprobs(event.target_logits, event.tokens, n_top=n_top,
                                                token_bytes=self.verifier.token_bytes)
                 if delta := answer.add(event.tokens):
@@ -245,7 +251,7 @@ class Generator:
                     break
         except SpecggufError as error:
             self._forget_caches()
-            job.send(Failed(error, client_error=False))
+            job.send(Failed(error, status=500))
             return
         finally:
             events.close()  # the engine stops at a step boundary: both caches stay consistent
@@ -255,17 +261,14 @@ class Generator:
             job.send(Delta(delta, logprobs[n_logprobs_sent:answer.n_tokens_shown()]))
         kept_tokens, kept_text = answer.whole_tokens()
         self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
-        finish_reason = "stop" if answer.stopped or stats.stop == "eos" else "length"
-        finished = Finished(finish_reason=finish_reason, n_prompt=len(prompt), n_cached=n_cached,
-                            n_completion=answer.n_tokens_used(answer.stopped), stats=stats,
-                            first_token_seconds=first_token_seconds)
+        finished = Finished(finish_reason="stop" if answer.stopped or stats.stop == "eos" else "length",
+                            n_prompt=len(prompt), n_cached=n_cached, n_completion=answer.n_tokens_used(answer.stopped),
+                            stats=stats, first_token_seconds=first_token_seconds)
         if self.metrics is not None:
             self.metrics.observe(finished)
-        if cancelled:
-            why = "the server is shutting down" if self._stopping else "the request was cancelled"
-            job.send(Failed(SpecggufError(why), client_error=False))
-        else:
-            job.send(finished)
+        shutdown = Failed(SpecggufError("the server is shutting down"), status=503)
+        gone = Failed(SpecggufError("the request was cancelled"), status=499)  # its client hung up
+        job.send((shutdown if self._stopping else gone) if cancelled else finished)
 
     def _prompt_text(self, request: GenerationRequest) -> tuple[str, bool]:
         """The prompt's text, and whether special tokens in it are parsed (chat templates write them)."""
@@ -284,13 +287,13 @@ class Generator:
         choice = request.k or self.drafting.k
         p_min = self.drafting.p_min if request.p_min is None else request.p_min
         if kind != "ngram" and self.draft is None and not (choice.mode == "fixed" and choice.k == 0):
-            if request.drafter is not None:
-                raise UsageError(f"drafter {kind!r} needs a draft model, and this server has none loaded"
-                                 " (start it with -md or --pair)")
+            if request.drafter is not None or request.k is not None:
+                raise UsageError(f"drafter {kind!r} needs a draft model, and this server has none loaded (start"
+                                 " it with -md or --pair, or ask for \"drafter\": \"ngram\" or \"k\": 0)")
             choice = KChoice("fixed", 0)
         drafter = build_drafter(kind, self.draft, p_min=p_min, n_min=self.drafting.n_min)
         if choice.mode == "fixed":
-            return drafter, FixedK(choice.k)
+            return drafter, FixedK(choice.k or 0)
         key = (choice.mode, kind, request.settings.greedy)
         if key not in self._policies:
             self._policies[key] = make_policy(

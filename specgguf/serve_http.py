@@ -68,7 +68,8 @@ class CountRequests:
         try:
             await self.app(scope, receive, recording_send)
         finally:
-            endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
+            path = scope["path"]
+            endpoint = path if path in ENDPOINTS else "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
             self.metrics.requests.labels(endpoint, str(status)).inc()
 
 

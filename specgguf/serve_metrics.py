@@ -28,7 +28,7 @@ class Metrics:
         self.accepted_at = Counter("specgguf_drafts_accepted_by_position", "Draft tokens accepted at each "
                                    "position; divide by specgguf_drafts_by_position for acceptance",
                                    ["position"], registry=registry)
-        queue_gauge = Gauge("specgguf_queue_length", "Requests waiting for the generator", registry=registry)
+        queue_gauge = Gauge("specgguf_queue_length", "Requests waiting for the worker", registry=registry)
         queue_gauge.set_function(queue_length)
         self.first_token = Histogram("specgguf_time_to_first_token_seconds", "From a request's arrival to its "
                                      "first generated token (queueing and prompt included)", registry=registry,

@@ -50,6 +50,9 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+_StopString = Annotated[str, Field(max_length=500)]  # held-back text is checked against each, every step
+
+
 class _Common(_Strict):
     """What chat and text completions share."""
 
@@ -62,7 +65,7 @@ class _Common(_Strict):
     top_k: Annotated[int, Field(ge=0)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     seed: int | None = None  # negative: a random seed (llama.cpp's -1)
-    stop: Union[str, Annotated[list[str], Field(max_length=16)], None] = None
+    stop: Union[_StopString, Annotated[list[_StopString], Field(max_length=16)], None] = None
     speculative: Speculative | None = None
     user: str | None = None  # an end-user id; nothing to do with generation
     # Declared only to be refused by name (see `refuse_unsupported`).
@@ -217,13 +220,17 @@ def parse_body(model: type[_Common], raw: bytes) -> Any:
     try:
         request = model.model_validate_json(raw)
     except ValidationError as error:
-        first = error.errors(include_url=False)[0]
+        # Of a union's failed branches, the deepest error says most ("stop[0]: too long", not "not a string").
+        first = max(error.errors(include_url=False), key=lambda detail: len(_param_name(detail["loc"]) or ""))
         if first["type"] == "json_invalid":
             raise ApiError(400, f"the body is not valid JSON: {first['msg']}") from None
         if first["type"] == "model_type" and not first["loc"]:
             raise ApiError(400, "the body must be a JSON object") from None
         param = _param_name(first["loc"])
-        message = "unknown field" if first["type"] == "extra_forbidden" else first["msg"]
+        # A union's branches failing at the same place: say what each would have taken.
+        messages = dict.fromkeys(detail["msg"] for detail in error.errors(include_url=False)
+                                 if _param_name(detail["loc"]) == param)
+        message = "unknown field" if first["type"] == "extra_forbidden" else "; or ".join(messages)
         raise ApiError(400, f"'{param}': {message}" if param else message, param=param) from None
     request.refuse_unsupported()
     return request

@@ -1,5 +1,5 @@
 """OpenAI's response shapes (chat and text completions, whole or as stream chunks), plus
-llama-server's `timings` object, built from the generator's `Finished` message."""
+llama-server's `timings` object, built from the worker's `Finished` message."""
 
 from __future__ import annotations
 

@@ -37,6 +37,9 @@ def chat(client, content: str, **options):
 
 def test_models_lists_the_verifier(client):
     assert [model.id for model in client.models.list()] == ["verifier"]
+    assert client.models.retrieve("verifier").owned_by == "specgguf"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
 
 
 def test_chat_completion_has_openai_shape_usage_and_timings(client):
@@ -230,6 +233,24 @@ def test_eight_concurrent_clients_get_the_answers_they_would_get_alone(client):
         together = list(pool.map(lambda prompt: chat(client, prompt, **GREEDY), prompts))
     assert [response.choices[0].message.content for response in together] == alone
     assert all(response.choices[0].finish_reason in ("stop", "length") for response in together)
+
+
+def test_metrics_count_tokens_drafts_and_requests(server, client):
+    before = {name: server.metric(name) for name in ("specgguf_tokens_generated_total",
+                                                     "specgguf_tokens_drafted_total", "specgguf_tokens_accepted_total")}
+    response = chat(client, "the cat and the dog", max_tokens=10, **GREEDY)
+    timings = response.model_extra["timings"]
+    assert server.metric("specgguf_tokens_generated_total") - before["specgguf_tokens_generated_total"] == \
+        timings["predicted_n"]
+    assert server.metric("specgguf_tokens_drafted_total") - before["specgguf_tokens_drafted_total"] == timings["draft_n"]
+    assert server.metric("specgguf_tokens_accepted_total") - before["specgguf_tokens_accepted_total"] == \
+        timings["draft_n_accepted"]
+    assert server.metric('specgguf_drafts_by_position_total{position="0"}') >= \
+        server.metric('specgguf_drafts_accepted_by_position_total{position="0"}') > 0
+    assert server.metric("specgguf_time_to_first_token_seconds_count") >= 1
+    assert server.metric("specgguf_tokens_per_second_count") >= 1
+    assert server.metric("specgguf_queue_length") == 0
+    assert server.metric('specgguf_requests_total{endpoint="/v1/chat/completions",status="200"}') >= 1
 
 
 def test_api_key_is_required_when_set(tiny_verifier):

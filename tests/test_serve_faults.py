@@ -36,6 +36,7 @@ BAD_CHAT = [
     ({"messages": HELLO, "top_p": 0}, 400, "top_p"), ({"messages": HELLO, "top_k": -3}, 400, "top_k"),
     ({"messages": HELLO, "min_p": 2}, 400, "min_p"), ({"messages": HELLO, "stream": "yes"}, 400, "stream"),
     ({"messages": HELLO, "stop": 5}, 400, "stop"), ({"messages": HELLO, "stop": [""]}, 400, "stop"),
+    ({"messages": HELLO, "stop": ["x" * 501]}, 400, "stop[0]"), ({"messages": HELLO, "stop": ["a"] * 17}, 400, "stop"),
     ({"messages": HELLO, "n": 2}, 400, "n"), ({"messages": HELLO, "tools": [{"type": "function"}]}, 400, "tools"),
     ({"messages": HELLO, "logit_bias": {"1": 5}}, 400, "logit_bias"), ({"messages": HELLO, "logprobs": "yes"}, 400,
                                                                        "logprobs"),
@@ -50,6 +51,7 @@ BAD_CHAT = [
     ({"messages": HELLO, "speculative": {"drafter": "oracle"}}, 400, "speculative.drafter"),
     ({"messages": HELLO, "speculative": {"depth": 3}}, 400, "speculative.depth"),
     ({"messages": HELLO, "speculative": {"drafter": "model"}}, 400, None),  # no draft model loaded
+    ({"messages": HELLO, "speculative": {"k": 4}}, 400, None),
     ({"messages": HELLO, "model": "gpt-4"}, 404, "model"),
     ({"messages": [{"role": "user", "content": "the cat " * 400}]}, 400, None),  # longer than the context
 ]
@@ -58,6 +60,9 @@ BAD_COMPLETION = [
     ({"prompt": "hi", "echo": True}, 400, "echo"), ({"prompt": "hi", "logprobs": -1}, 400, "logprobs"), ({"prompt": "hi", "best_of": 3}, 400, "best_of"),
     ({"prompt": ""}, 400, None),
 ]
+
+
+GOOD = {CHAT: {"messages": HELLO, "max_tokens": 4}, "/v1/completions": {"prompt": "the cat", "max_tokens": 4}}
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +92,8 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, path, cases):
             assert_error(post(http, path, body), status, param)
         good = post(http, CHAT, {"messages": HELLO, "max_tokens": 4, "temperature": 0})
         assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] >= 1
+        ngram = post(http, path, {**GOOD[path], "speculative": {"drafter": "ngram", "k": 4}})
+        assert ngram.status_code == 200  # prompt lookup needs no draft model
 
 
 def test_oversized_bodies_get_413_with_or_without_a_length(server):
@@ -172,12 +179,16 @@ def test_a_full_queue_answers_503_with_retry_after(slow):
 
 def test_sigterm_ends_streams_and_exits_cleanly(smollm2):
     with live_server("-m", smollm2, "--drafter", "ngram", "-c", "2048", "-t", "1") as live:
-        with live.http() as http, http.stream("POST", "/v1/completions", json=LONG) as response:
+        with live.http() as http, live.http() as other, ThreadPoolExecutor(1) as pool, \
+                http.stream("POST", "/v1/completions", json=LONG) as response:
             stream = events(response)
             first_text(stream)
+            queued = pool.submit(post, other, "/v1/completions", {"prompt": "hi", "max_tokens": 4})
+            wait_for(lambda: http.get("/health").json()["queue_length"] == 1)
             live.process.send_signal(signal.SIGTERM)
             rest = list(stream)
-        assert rest and "shutting down" in rest[-1]  # an error event, then the end of the stream
+            assert_error(queued.result(timeout=30), 503, None)  # the waiting request: turned away
+        assert rest and "shutting down" in rest[-1]  # the running stream: an error event, then the end
         assert live.stop(timeout=30) == 0, live.stderr
         assert "Traceback" not in live.stderr
 
