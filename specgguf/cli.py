@@ -54,7 +54,8 @@ GpuLayersDraft = Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", mi
                                              help="Draft layers on the GPU.")]
 Rpc = Annotated[Optional[str], typer.Option(
     "--rpc", help="Put the verifier's layers on these `specgguf worker`s (or llama.cpp rpc-servers): "
-    "HOST:PORT[,HOST:PORT...]; with -ngl N only N layers go there.", show_default=False)]
+    "HOST:PORT[,HOST:PORT...]; -ngl N sends only the last N (the output layer counts as one, as in "
+    "llama.cpp).", show_default=False)]
 RpcDraft = Annotated[bool, typer.Option("--rpc-draft", help="Put the draft on the --rpc workers too "
                                         "(default: it stays on this machine).")]
 RpcTimeout = Annotated[float, typer.Option("--rpc-timeout", min=0.1, help="Seconds an RPC worker may stay "

@@ -169,6 +169,12 @@ def test_run_reports_where_the_verifier_runs(two_workers, tiny_verifier, tiny_dr
     assert streamed.stdout == local.stdout  # the same greedy text as all-local (tiny model: exact)
     both = specgguf("run", *common, "--rpc-draft", "--json", "the dog")
     assert json.loads(both.stdout)["settings"]["placement"]["draft"]["description"] == "draft on 2 RPC workers"
+    # -ngl counts as in llama.cpp: the output layer, then repeating layers from the last one down.
+    split = json.loads(specgguf("run", *common, "-ngl", "2", "--json", "the dog").stdout)["settings"]["placement"]
+    n_layers = split["verifier"]["n_layers"]
+    assert n_layers > 1 and split["verifier"]["n_layers_remote"] == 1
+    described = split["verifier"]["description"]
+    assert described == f"verifier on 2 RPC workers + local ({n_layers - 1} of {n_layers} layers)"
 
 
 # --- faults: one line naming the worker, a non-zero exit, bounded time --------------------
