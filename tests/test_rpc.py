@@ -170,7 +170,9 @@ def test_run_reports_where_the_verifier_runs(two_workers, tiny_verifier, tiny_dr
     both = specgguf("run", *common, "--rpc-draft", "--json", "the dog")
     assert json.loads(both.stdout)["settings"]["placement"]["draft"]["description"] == "draft on 2 RPC workers"
     # -ngl counts as in llama.cpp: the output layer, then repeating layers from the last one down.
-    split = json.loads(specgguf("run", *common, "-ngl", "2", "--json", "the dog").stdout)["settings"]["placement"]
+    report = json.loads(specgguf("run", *common, "-ngl", "2", "-k", "auto", "--json", "the dog").stdout)
+    assert report["k_source"].startswith("K adaptive")  # a K stored by a local bench does not apply
+    split = report["settings"]["placement"]
     n_layers = split["verifier"]["n_layers"]
     assert n_layers > 1 and split["verifier"]["n_layers_remote"] == 1
     described = split["verifier"]["description"]
