@@ -179,6 +179,31 @@ def test_run_reports_where_the_verifier_runs(two_workers, tiny_verifier, tiny_dr
     assert described == f"verifier on 2 RPC workers + local ({n_layers - 1} of {n_layers} layers)"
 
 
+def test_models_loaded_later_do_not_reach_for_a_gone_worker(tiny_verifier, one_worker):
+    """Only models given workers use them: after a worker is gone, loading other models here
+    (our own, a vocabulary, llama_cpp.Llama with its default devices) must not touch it."""
+    script = f"""
+import llama_cpp
+from specgguf.backend import LlamaModel, read_vocab
+from specgguf.rpc import RpcWorker
+remote = LlamaModel({str(tiny_verifier)!r}, n_ctx=64, rpc_workers=[RpcWorker("127.0.0.1", {one_worker.address.port})])
+remote.eval([1, 2, 3], n_logits=1)
+remote.close()
+print("loaded", flush=True)
+input()  # the test kills the worker meanwhile
+read_vocab({str(tiny_verifier)!r})
+LlamaModel({str(tiny_verifier)!r}, n_ctx=64).eval([1, 2, 3], n_logits=1)
+llama_cpp.Llama({str(tiny_verifier)!r}, n_ctx=64, verbose=False)
+print("still here")
+"""
+    process = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "loaded\n"
+    one_worker.kill()
+    stdout, stderr = process.communicate("\n", timeout=60)
+    assert process.returncode == 0 and stdout == "still here\n", stderr
+
+
 # --- faults: one line naming the worker, a non-zero exit, bounded time --------------------
 @pytest.fixture(scope="module")
 def tiny_args(tiny_verifier, tiny_draft):
