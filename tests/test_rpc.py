@@ -133,6 +133,28 @@ def test_a_worker_on_a_taken_port_says_so():
     assert "--host must be an IPv4 address" in one_error_line(specgguf("worker", "--host", "localhost", timeout=30))
 
 
+def test_a_worker_on_another_address_warns_that_anyone_there_can_use_it(monkeypatch):
+    """In process, with ggml's server call patched out (it returns at once, as when it cannot
+    serve): the warning comes first, then the failure. Nothing listens on 192.0.2.1 (TEST-NET)."""
+    import io
+
+    from rich.console import Console
+
+    from specgguf import backend, worker
+
+    monkeypatch.setattr(worker, "check_listen_address", lambda host, port: None)
+    calls = []
+    monkeypatch.setattr(backend, "start_rpc_server", lambda endpoint, **options: calls.append((endpoint, options)))
+    stderr = io.StringIO()
+    with pytest.raises(RpcWorkerError, match="could not serve on 192.0.2.1:50052"):
+        worker.serve(host="192.0.2.1", port=50052, n_threads=1, cache_dir=None,
+                     err_console=Console(file=stderr, width=200))
+    assert "has no authentication" in stderr.getvalue() and "trusted network" in stderr.getvalue()
+    [(endpoint, options)] = calls
+    assert endpoint == "192.0.2.1:50052" and options["n_threads"] == 1 and options["cache_dir"] is None
+    assert len(options["devices"]) == 1  # this machine's CPU
+
+
 # --- the verifier split across two workers, the draft local ------------------------------
 def test_tiny_verifier_on_two_workers_is_greedy_per_step(two_workers, tiny_verifier, tiny_draft):
     workers = [w.address for w in two_workers]
