@@ -207,10 +207,11 @@ class LlamaModel:
             self._model = _load_model(self.path, model_params, on_progress=feed)
         if not self._model:
             raise ModelLoadError(f"{self.path}: llama.cpp could not load it: {_reason('unknown error')}")
+        # llama.cpp offloads the last n_gpu_layers of (the repeating layers, then the output layer).
         n_layers = llama_cpp.llama_model_n_layer(self._model)
-        self.placement = Placement(
-            workers=tuple(map(str, rpc_workers)), n_layers=n_layers,
-            n_layers_remote=0 if not rpc_workers else n_layers if n_gpu_layers < 0 else min(n_gpu_layers, n_layers))
+        offloaded = n_layers if n_gpu_layers < 0 else max(0, min(n_gpu_layers - 1, n_layers))
+        self.placement = Placement(workers=tuple(map(str, rpc_workers)), n_layers=n_layers,
+                                   n_layers_remote=offloaded if rpc_workers else 0)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         context_params = llama_cpp.llama_context_default_params()

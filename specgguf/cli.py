@@ -55,7 +55,8 @@ GpuLayersDraft = Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", mi
                                              help="Draft layers on the GPU.")]
 Rpc = Annotated[Optional[str], typer.Option(
     "--rpc", help="Put the verifier's layers on these `specgguf worker`s (or llama.cpp rpc-servers): "
-    "HOST:PORT[,HOST:PORT...]; with -ngl N only N layers go there.", show_default=False)]
+    "HOST:PORT[,HOST:PORT...]; -ngl N sends only the last N (the output layer counts as one, as in "
+    "llama.cpp).", show_default=False)]
 RpcDraft = Annotated[bool, typer.Option("--rpc-draft", help="Put the draft on the --rpc workers too "
                                         "(default: it stays on this machine).")]
 RpcTimeout = Annotated[float, typer.Option("--rpc-timeout", min=0.1, help="Seconds an RPC worker may stay "
@@ -126,7 +127,7 @@ def _sampling_settings(temp: float, top_k: int, top_p: float, min_p: float) -> S
 
 
 def _draft_options(draft_max: str | None, drafter: str, p_min: float, n_min: int, force_spec: bool,
-                   rpc: str | None = None):
+                   on_workers: bool = False):
     from .drafting import DRAFTERS
     from .run import DraftOptions
     from .tuning import KChoice, parse_k
@@ -134,7 +135,7 @@ def _draft_options(draft_max: str | None, drafter: str, p_min: float, n_min: int
     if drafter not in DRAFTERS:
         raise UsageError(f"--drafter must be one of {', '.join(DRAFTERS)}, not {drafter!r}")
     k = parse_k(draft_max)
-    if rpc is not None and k.mode == "auto":
+    if on_workers and k.mode == "auto":
         k = KChoice("adaptive")  # the K `bench` stored was measured with the verifier here, not on workers
     return DraftOptions(k=k, drafter=drafter, p_min=p_min, n_min=n_min, force_spec=force_spec)
 
@@ -214,7 +215,7 @@ def run(
                             on_progress=_progress_bar(err_console))
     with _reader_may_leave():
         run_prompt(prompt=text, resolved=resolved, max_tokens=max_tokens, settings=settings,
-                   drafting=_draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, rpc),
+                   drafting=_draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc)),
                    seed=seed, load=load,
                    raw=raw, system=system, json_output=json_output, show_rejected=show_rejected, quiet=quiet,
                    out=sys.stdout, out_console=out_console, err_console=err_console)
@@ -367,11 +368,11 @@ def chat(
 
     out_console, err_console = _consoles(False)
     settings = _sampling_settings(temp, top_k, top_p, min_p)
-    drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, rpc)
     seed = _seed(seed)
     load = _load_options(ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers,
                          n_gpu_layers_draft=n_gpu_layers_draft, rpc=rpc, rpc_draft=rpc_draft, rpc_timeout=rpc_timeout,
                          err_console=err_console)
+    drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc))
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
                             on_progress=_progress_bar(err_console))
     with _reader_may_leave():
@@ -425,10 +426,10 @@ def serve(
     check_address(host, api_key=api_key, insecure=insecure)  # before a pair is fetched or loaded
     _, err_console = _consoles(False)
     settings = _sampling_settings(temp, top_k, top_p, min_p)
-    drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, rpc)
     load = _load_options(ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers,
                          n_gpu_layers_draft=n_gpu_layers_draft, rpc=rpc, rpc_draft=rpc_draft, rpc_timeout=rpc_timeout,
                          err_console=err_console)
+    drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc))
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
                             on_progress=_progress_bar(err_console))
     run_server(resolved=resolved, drafting=drafting, settings=settings, max_tokens=max_tokens, load=load,

@@ -31,7 +31,6 @@ class Ggml:
             ("ggml_backend_reg_dev_count", [pointer], size),
             ("ggml_backend_reg_dev_get", [pointer, size], pointer),
             ("ggml_backend_reg_name", [pointer], text),
-            ("ggml_backend_register", [pointer], None),
             ("ggml_backend_dev_count", [], size),
             ("ggml_backend_dev_get", [size], pointer),
             ("ggml_backend_dev_type", [pointer], ctypes.c_int),
@@ -52,15 +51,18 @@ class Ggml:
         return self._rpc_function("ggml_backend_rpc_add_server", _AddServer) is not None
 
     def add_rpc_server(self, endpoint: str) -> list[int]:
-        """Register a worker's devices (as llama.cpp's --rpc does); their handles.
+        """A worker's devices, from the registry `ggml_backend_rpc_add_server` makes for it.
 
+        Unlike llama.cpp's --rpc, the registry is not added to ggml's global device
+        list: models get these devices only through llama_model_params.devices. A model
+        loaded with llama.cpp's default device list (which puts RPC devices first) can
+        then never reach for a worker, which aborts the process once the worker is gone.
         ggml-rpc connects here and aborts the process if it cannot: probe first.
         """
         add_server = self._rpc_function("ggml_backend_rpc_add_server", _AddServer)
         registry = add_server(endpoint.encode())
         if not registry:
             return []
-        self._lib.ggml_backend_register(registry)  # ggml ignores a registry it already has
         return [self._lib.ggml_backend_reg_dev_get(registry, i)
                 for i in range(self._lib.ggml_backend_reg_dev_count(registry))]
 

@@ -133,6 +133,28 @@ def test_a_worker_on_a_taken_port_says_so():
     assert "--host must be an IPv4 address" in one_error_line(specgguf("worker", "--host", "localhost", timeout=30))
 
 
+def test_a_worker_on_another_address_warns_that_anyone_there_can_use_it(monkeypatch):
+    """In process, with ggml's server call patched out (it returns at once, as when it cannot
+    serve): the warning comes first, then the failure. Nothing listens on 192.0.2.1 (TEST-NET)."""
+    import io
+
+    from rich.console import Console
+
+    from specgguf import backend, worker
+
+    monkeypatch.setattr(worker, "check_listen_address", lambda host, port: None)
+    calls = []
+    monkeypatch.setattr(backend, "start_rpc_server", lambda endpoint, **options: calls.append((endpoint, options)))
+    stderr = io.StringIO()
+    with pytest.raises(RpcWorkerError, match="could not serve on 192.0.2.1:50052"):
+        worker.serve(host="192.0.2.1", port=50052, n_threads=1, cache_dir=None,
+                     err_console=Console(file=stderr, width=200))
+    assert "has no authentication" in stderr.getvalue() and "trusted network" in stderr.getvalue()
+    [(endpoint, options)] = calls
+    assert endpoint == "192.0.2.1:50052" and options["n_threads"] == 1 and options["cache_dir"] is None
+    assert len(options["devices"]) == 1  # this machine's CPU
+
+
 # --- the verifier split across two workers, the draft local ------------------------------
 def test_tiny_verifier_on_two_workers_is_greedy_per_step(two_workers, tiny_verifier, tiny_draft):
     workers = [w.address for w in two_workers]
@@ -169,6 +191,39 @@ def test_run_reports_where_the_verifier_runs(two_workers, tiny_verifier, tiny_dr
     assert streamed.stdout == local.stdout  # the same greedy text as all-local (tiny model: exact)
     both = specgguf("run", *common, "--rpc-draft", "--json", "the dog")
     assert json.loads(both.stdout)["settings"]["placement"]["draft"]["description"] == "draft on 2 RPC workers"
+    # -ngl counts as in llama.cpp: the output layer, then repeating layers from the last one down.
+    report = json.loads(specgguf("run", *common, "-ngl", "2", "-k", "auto", "--json", "the dog").stdout)
+    assert report["k_source"].startswith("K adaptive")  # a K stored by a local bench does not apply
+    split = report["settings"]["placement"]
+    n_layers = split["verifier"]["n_layers"]
+    assert n_layers > 1 and split["verifier"]["n_layers_remote"] == 1
+    described = split["verifier"]["description"]
+    assert described == f"verifier on 2 RPC workers + local ({n_layers - 1} of {n_layers} layers)"
+
+
+def test_models_loaded_later_do_not_reach_for_a_gone_worker(tiny_verifier, one_worker):
+    """Only models given workers use them: after a worker is gone, loading other models here
+    (our own, a vocabulary, llama_cpp.Llama with its default devices) must not touch it."""
+    script = f"""
+import llama_cpp
+from specgguf.backend import LlamaModel, read_vocab
+from specgguf.rpc import RpcWorker
+remote = LlamaModel({str(tiny_verifier)!r}, n_ctx=64, rpc_workers=[RpcWorker("127.0.0.1", {one_worker.address.port})])
+remote.eval([1, 2, 3], n_logits=1)
+remote.close()
+print("loaded", flush=True)
+input()  # the test kills the worker meanwhile
+read_vocab({str(tiny_verifier)!r})
+LlamaModel({str(tiny_verifier)!r}, n_ctx=64).eval([1, 2, 3], n_logits=1)
+llama_cpp.Llama({str(tiny_verifier)!r}, n_ctx=64, verbose=False)
+print("still here")
+"""
+    process = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "loaded\n"
+    one_worker.kill()
+    stdout, stderr = process.communicate("\n", timeout=60)
+    assert process.returncode == 0 and stdout == "still here\n", stderr
 
 
 # --- faults: one line naming the worker, a non-zero exit, bounded time --------------------
