@@ -18,30 +18,15 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
 
 from specgguf.bench import PROMPTS
+from specgguf.bench_serve import wait_for_health
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def wait_for(url: str, process: subprocess.Popen) -> None:
-    import httpx
-
-    for _ in range(1200):
-        if process.poll() is not None:
-            raise SystemExit(f"{process.args[0]} exited with {process.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    raise SystemExit(f"{url} did not come up")
 
 
 def ask(url: str, prompt: str, n: int, extra: dict | None = None) -> tuple[float, int, str]:
@@ -80,7 +65,7 @@ def main() -> None:
                                        stderr=subprocess.DEVNULL)
             processes.append(process)
             urls[name] = f"http://127.0.0.1:{port}"
-            wait_for(urls[name], process)
+            wait_for_health(urls[name], process)
         settings = {
             "llama-server plain": (urls["llama plain"], None),
             f"llama-server -md K={args.k}": (urls[f"llama K={args.k}"], None),

@@ -54,12 +54,13 @@ def _serve_once(client, model: str, prompt: str, *, k: int, max_tokens: int) -> 
             "server_tps": timings["predicted_per_second"], "ttft": (first or end) - start, "wall": end - start}
 
 
-def _wait_for_health(base_url: str, process: subprocess.Popen) -> None:
+def wait_for_health(base_url: str, process: subprocess.Popen) -> None:
+    """Until GET /health answers 200 (specgguf serve and llama-server both have it), or the process ends."""
     import httpx
 
     for _ in range(600):
         if process.poll() is not None:
-            raise SystemExit(f"the server exited: {process.stderr.read() if process.stderr else ''}")
+            raise SystemExit(f"{process.args[0]} exited: {process.stderr.read() if process.stderr else ''}")
         try:
             if httpx.get(base_url + "/health", timeout=2).status_code == 200:
                 return
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base_url = f"http://127.0.0.1:{args.port}"
     try:
-        _wait_for_health(base_url, server)
+        wait_for_health(base_url, server)
         client = OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=600)
         model = client.models.list().data[0].id
         _serve_once(client, model, prompts[0], k=args.k, max_tokens=8)  # warm-up
