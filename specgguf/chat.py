@@ -83,14 +83,6 @@ class ChatSession:
         return self.verifier.n_ctx
 
     # --- prompts ---
-    def _render_text(self, messages: list[dict[str, str]]) -> str:
-        try:
-            return self._render(messages)
-        except PromptError:
-            raise
-        except Exception as error:  # jinja2 errors, and templates that raise_exception(...)
-            raise PromptError(f"the model's chat template failed: {error}") from None
-
     def _tokenize_piece(self, text: str) -> list[int]:
         """Tokens for text that continues a prompt: no BOS in front."""
         tokens = self.verifier.tokenize(text, special=True)
@@ -103,7 +95,7 @@ class ChatSession:
         covered = ""  # the text `tokens` stand for
         for turn in [*turns, Turn(question)]:
             messages.append({"role": "user", "content": turn.question})
-            text = self._render_text(messages)
+            text = self._render(messages)  # a failing or looping template: PromptError (backend)
             if covered and text.startswith(covered):
                 tokens += self._tokenize_piece(text[len(covered):])
             else:  # the first turn, or a template that rewrote the history

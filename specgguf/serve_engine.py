@@ -274,12 +274,7 @@ class Worker:
         """The prompt's text, and whether special tokens in it are parsed (chat templates write them)."""
         if request.messages is None:
             return request.text, False
-        try:
-            return self._render(request.messages), True
-        except PromptError:
-            raise
-        except Exception as error:  # noqa: BLE001 - jinja2 errors, templates that raise_exception(...)
-            raise PromptError(f"the model's chat template failed: {error}") from None
+        return self._render(request.messages), True  # a failing or looping template: PromptError (backend)
 
     def _drafting(self, request: GenerationRequest):
         """The drafter and K policy for a request: the server's defaults, overridden per request."""

@@ -192,6 +192,8 @@ def test_a_failing_or_looping_chat_template_is_one_line(hostile_dir, tiny_draft,
         assert time.monotonic() - started < 30
     raw = specgguf("run", "-m", path, "-c", "128", "--raw", "--temp", "0", "-n", "4", "hello")
     assert raw.returncode == 0, raw.stderr  # --raw sidesteps the template
+    chat = specgguf("chat", "-m", path, "-c", "128", "-q", stdin="hello\n", timeout=60)  # the same rendering
+    assert "1 question got no complete answer" in one_error_line(chat) and expected in chat.stderr.decode()
 
 
 # --- options and input --------------------------------------------------------------------
