@@ -17,10 +17,10 @@ import numpy as np
 
 from .drafting import build_drafter
 from .engine import FixedK, speculate
-from .kpolicy import adaptive_policy
+from .costs import MachineCosts
+from .kpolicy import K_MAX, PolicyConfig, adaptive_policy
 from .sampling import SamplingSettings
 from .stats import GenerationStats
-from .tuning import K_MAX
 
 _CODE = '''def parse_config(path):
     config = {}
@@ -68,10 +68,10 @@ class Setting:
             return "plain"
         return f"{self.drafter} K={'adaptive' if self.k is None else self.k}"
 
-    def policy(self, verify_profile: list[float] | None = None):
+    def policy(self, machine_costs: MachineCosts):
         if self.k is not None:
             return FixedK(self.k)
-        return adaptive_policy(self.drafter, k_max=K_MAX, verify_profile=verify_profile)
+        return adaptive_policy(self.drafter, machine_costs, PolicyConfig(k_max=K_MAX))
 
     def total(self) -> GenerationStats:
         total = GenerationStats()
@@ -130,10 +130,10 @@ def make_settings(*, ks: list[int], adaptive: bool, drafters: list[str], tempera
 
 
 def run_bench(*, verifier, draft, prompt_tokens: dict[str, list[int]], settings: list[Setting],
-              repeats: int, max_tokens: int, verify_profile: list[float] | None = None,
+              repeats: int, max_tokens: int, machine_costs: MachineCosts,
               on_run: Callable[[], None] | None = None) -> list[Setting]:
     """Measure every setting, interleaved: for each repeat and prompt, plain then the rest.
-    Adaptive settings get `verify_profile` (verify_costs.py), as `run` would from the store."""
+    Adaptive settings start from `machine_costs` (costs.py), as `run` would from the store."""
     models = [m for m in (verifier, draft) if m is not None]
     for repeat in range(repeats):
         for kind, tokens in prompt_tokens.items():
@@ -142,7 +142,7 @@ def run_bench(*, verifier, draft, prompt_tokens: dict[str, list[int]], settings:
                 # Prompt ingestion is excluded from timings, so a warm prompt cache is fair to all.
                 busy_before = sum(m.busy_seconds for m in models)
                 stats = _generate(verifier, build_drafter(setting.drafter, draft), tokens,
-                                  policy=setting.policy(verify_profile), max_tokens=max_tokens,
+                                  policy=setting.policy(machine_costs), max_tokens=max_tokens,
                                   temperature=setting.temperature, seed=1000 * repeat + 7)
                 setting.llama_seconds += sum(m.busy_seconds for m in models) - busy_before - stats.prefill_seconds
                 setting.runs.append(stats)

@@ -12,12 +12,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
-from . import verify_costs
+from . import costs
 from .bench import PROMPTS, best_fixed_k, make_settings, run_bench
 from .errors import SpecggufError, UsageError
 from .resolve import ResolvedPair
-from .run import LoadOptions, load_models, placement, prompt_tokens, where_line
-from .tuning import K_MAX, machine_id, store_measurement
+from .prepare import LoadOptions, load_models, prompt_tokens
+from .run import placement, where_line
+from .kpolicy import K_MAX
+from .tuning import machine_id, store_measurement
 
 
 @dataclass(frozen=True)
@@ -74,11 +76,12 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
             tokens = {kind: prompt_tokens(verifier, PROMPTS[kind], raw=False, system=None) for kind in kinds}
             progress.update(task, description=f"{target.label}: verify cost by batch size")
             # Adaptive K reads this table; measured before the runs, as `run` would find it stored.
-            profile = verify_costs.measure_and_store(verifier, max_batch=K_MAX + 1, store=store,
-                                                     repeats=1 if plan.quick else 3)
+            profile = costs.measure_and_store(verifier, max_batch=K_MAX + 1, store=store,
+                                              repeats=1 if plan.quick else 3)
+            machine = costs.MachineCosts(tuple(profile), costs.measure_draft(draft, store=store))
             progress.update(task, description=target.label)
             run_bench(verifier=verifier, draft=draft, prompt_tokens=tokens, settings=settings,
-                      repeats=plan.repeats, max_tokens=plan.max_tokens, verify_profile=profile,
+                      repeats=plan.repeats, max_tokens=plan.max_tokens, machine_costs=machine,
                       on_run=lambda: progress.advance(task))
             best = {t: best_fixed_k(settings, t) for t in plan.temperatures}
             if store:
@@ -103,7 +106,7 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
             console.print(_table(result))
             if len(kinds) > 1:
                 console.print(_prompt_table(result, kinds))
-            console.print(verify_costs.describe([ms / 1000 for ms in result["verify_ms_by_batch"]]))
+            console.print(costs.describe([ms / 1000 for ms in result["verify_ms_by_batch"]]))
         if store:
             err_console.print("stored the best K per pair for `run`/`chat -k auto` on this machine,"
                               " and each verifier's verify costs for adaptive K")

@@ -20,15 +20,13 @@ from typing import TextIO
 from rich.console import Console
 from rich.text import Text
 
-from . import verify_costs
 from .chat import ChatSession
 from .chat_report import save_transcript, stats_report, turn_line
-from .drafting import build_drafter
 from .errors import SpecggufError
 from .render import TokenStream, legend
 from .resolve import ResolvedPair
-from .run import DraftOptions, LoadOptions, load_models, where_line
-from .tuning import KChoice, make_policy, parse_k
+from .prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
+from .run import where_line
 
 PROMPT = ">>> "
 HISTORY_KEEP = 5000  # lines kept when the history file has grown past twice this
@@ -275,19 +273,19 @@ def run_chat(*, resolved: ResolvedPair, drafting: DraftOptions, max_tokens: int,
     """Load the pair and talk until end of input, /exit, Ctrl-D or Ctrl-C at the prompt."""
     seed = seed if seed is not None else secrets.randbelow(2**31)
     # The draft model loads even at -k 0, so that /k can turn drafting on.
-    verifier, draft = load_models(resolved, load, need_draft=drafting.drafter != "ngram")
+    prepared = prepare(resolved, load, drafting, keep_draft=True,
+                       on_measure=None if quiet else lambda: err_console.print(MEASURING, style="dim"))
+    verifier, draft = prepared.verifier, prepared.draft
     if load.rpc and not quiet:
         err_console.print(Text(where_line(verifier, draft), style="dim"))
 
     def choose_k(choice: KChoice, temperature: float):
-        return make_policy(choice, verifier=resolved.verifier, draft=resolved.draft, drafter=drafting.drafter,
-                           temperature=temperature, recommended_k=resolved.recommended_k,
-                           force_spec=drafting.force_spec, verify_profile=verify_costs.stored(verifier))
+        policy, source = prepared.policy(choice, temperature=temperature)
+        return policy, str(source)
 
     policy, k_source = choose_k(drafting.k, settings.temperature)
     session = ChatSession(verifier=verifier, draft=draft, policy=policy, k_source=k_source,
-                          drafter=build_drafter(drafting.drafter, draft, p_min=drafting.p_min, n_min=drafting.n_min),
-                          system=system, max_tokens=max_tokens, settings=settings, seed=seed)
+                          drafter=prepared.drafter(), system=system, max_tokens=max_tokens, settings=settings, seed=seed)
     interactive = stdin.isatty()
     models = {"verifier": resolved.verifier.name, "draft": resolved.draft.name if draft else None}
     if interactive:

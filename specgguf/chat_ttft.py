@@ -19,7 +19,7 @@ from .drafting import ModelDrafter
 from .engine import FixedK
 from .errors import SpecggufError
 from .resolve import resolve_pair
-from .run import LoadOptions, load_models
+from .prepare import LoadOptions, load_models
 from .sampling import SamplingSettings
 
 QUESTIONS = [

@@ -16,7 +16,7 @@ from rich.console import Console
 from typer.exceptions import TyperException
 
 from .errors import PromptError, SpecggufError, UsageError
-from .run import LoadOptions
+from .prepare import LoadOptions
 from .sampling import SamplingSettings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -129,8 +129,7 @@ def _sampling_settings(temp: float, top_k: int, top_p: float, min_p: float) -> S
 def _draft_options(draft_max: str | None, drafter: str, p_min: float, n_min: int, force_spec: bool,
                    on_workers: bool = False):
     from .drafting import DRAFTERS
-    from .run import DraftOptions
-    from .tuning import KChoice, parse_k
+    from .prepare import DraftOptions, KChoice, parse_k
 
     if drafter not in DRAFTERS:
         raise UsageError(f"--drafter must be one of {', '.join(DRAFTERS)}, not {drafter!r}")

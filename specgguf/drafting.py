@@ -81,6 +81,27 @@ def ingest(model, prompt_tokens: Sequence[int]) -> None:
     model.eval(prompt_tokens[n_reused:-1], n_logits=0)
 
 
+class NoDrafter:
+    """Plain decoding: proposes nothing, so every step is one verifier token."""
+
+    source = "draft"
+
+    def prepare(self, prompt_tokens: Sequence[int]) -> None:
+        pass
+
+    def room(self, context_length: int) -> int:
+        return 0
+
+    def next_source(self, context: list[int]) -> str:
+        return self.source
+
+    def propose(self, context, k, *, n_vocab, settings, rng, keep_drafting=None) -> Drafts:
+        return Drafts()
+
+    def sync(self, context: list[int]) -> None:
+        pass
+
+
 class ModelDrafter:
     source = "draft"
 
@@ -143,7 +164,6 @@ class NgramDrafter:
 
     def __init__(self, *, max_ngram: int = 4, min_ngram: int = 2, window: int = 4096):
         self.max_ngram, self.min_ngram, self.window = max_ngram, min_ngram, window
-        self.last_match = 0  # length of the n-gram behind the last proposal (0: none)
 
     def prepare(self, prompt_tokens: Sequence[int]) -> None:
         pass
@@ -154,7 +174,9 @@ class NgramDrafter:
     def next_source(self, context: list[int]) -> str:
         return self.source
 
-    def lookup(self, context: list[int], k: int) -> list[int]:
+    def lookup(self, context: list[int], k: int) -> tuple[list[int], int]:
+        """Up to k tokens that followed the longest suffix n-gram's latest earlier occurrence,
+        and that n-gram's length (0: no match)."""
         history = np.asarray(context[-self.window:], dtype=np.int64)
         for n in range(min(self.max_ngram, len(history) - 1), self.min_ngram - 1, -1):
             pattern = history[-n:]
@@ -164,13 +186,14 @@ class NgramDrafter:
             hits = hits[hits + n < len(history)]
             if hits.size:
                 start = int(hits[-1]) + n  # the most recent occurrence
-                self.last_match = n
-                return history[start:start + k].tolist()
-        self.last_match = 0
-        return []
+                return history[start:start + k].tolist(), n
+        return [], 0
 
     def propose(self, context, k, *, n_vocab, settings, rng, keep_drafting=None) -> Drafts:
-        tokens = self.lookup(context, k) if k > 0 else []
+        return self.drafts(self.lookup(context, k)[0] if k > 0 else [], n_vocab=n_vocab, settings=settings)
+
+    def drafts(self, tokens: list[int], *, n_vocab: int, settings: SamplingSettings) -> Drafts:
+        """Deterministic proposals: when sampling, each a one-hot draft distribution."""
         probs = []
         if not settings.greedy:
             for token in tokens:
@@ -199,14 +222,14 @@ class HybridDrafter:
         return self.model_drafter.room(context_length)
 
     def next_source(self, context: list[int]) -> str:
-        found = self.ngram.lookup(context, 1)
-        return self.ngram.source if found and self.ngram.last_match >= self.min_match else self.model_drafter.source
+        found, match = self.ngram.lookup(context, 1)
+        return self.ngram.source if found and match >= self.min_match else self.model_drafter.source
 
     def propose(self, context, k, *, n_vocab, settings, rng, keep_drafting=None) -> Drafts:
         # The same test as `next_source`, on the lookup the proposal needs anyway.
-        proposal = self.ngram.propose(context, k, n_vocab=n_vocab, settings=settings, rng=rng)
-        if proposal.tokens and self.ngram.last_match >= self.min_match:
-            return proposal
+        found, match = self.ngram.lookup(context, k)
+        if found and match >= self.min_match:
+            return self.ngram.drafts(found, n_vocab=n_vocab, settings=settings)
         return self.model_drafter.propose(context, k, n_vocab=n_vocab, settings=settings, rng=rng,
                                           keep_drafting=keep_drafting)
 

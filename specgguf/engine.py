@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .drafting import Drafter, Drafts, ModelDrafter, ingest
+from .drafting import Drafter, Drafts, NoDrafter, ingest
 from .errors import ContextFullError, PromptError
 from .sampling import SamplingSettings, accept_drafts, accept_greedy, process_logits
 
@@ -96,7 +96,6 @@ class StepEvent:
 def speculate(
     *,
     verifier: Model,
-    draft: Model | None = None,
     drafter: Drafter | None = None,
     prompt_tokens: Sequence[int],
     k: int | KPolicy,
@@ -106,9 +105,49 @@ def speculate(
 ) -> Iterator[StepEvent]:
     """Generate up to max_tokens with speculative decoding; k=0 (or no drafter) is plain decoding.
 
-    `draft` is a draft model (wrapped in a ModelDrafter); `drafter` any other
-    proposer. `k` is a fixed number of drafts or a policy that picks one per step.
+    `drafter` proposes the drafts (drafting.py: a draft model, prompt lookup, or both);
+    `k` is a fixed number of drafts or a policy that picks one per step.
     """
+    _check(verifier, prompt_tokens, max_tokens)
+    drafter = drafter or NoDrafter()
+    policy = FixedK(k) if isinstance(k, int) else k
+    start = time.perf_counter()
+    # Every cache holds all of the context but its newest token, which rides in
+    # the next batch: the verifier never spends a forward pass on it alone.
+    # What a cache already holds of the prompt (an earlier chat turn) is kept.
+    ingest(verifier, prompt_tokens)
+    drafter.prepare(prompt_tokens)
+    prefill_seconds = time.perf_counter() - start
+    context, n_emitted = list(prompt_tokens), 0
+    while len(context) <= verifier.n_ctx:
+        # The verifier's batch (the pending token plus the drafts) must fit, and the answer's length.
+        room = min(verifier.n_ctx - len(context), drafter.room(len(context)), max_tokens - n_emitted - 1)
+        k_step = max(0, min(policy.choose(drafter.next_source(context)), room))
+        t0 = time.perf_counter()
+        drafts = drafter.propose(context, k_step, n_vocab=verifier.n_vocab, settings=settings, rng=rng,
+                                 keep_drafting=policy.keep_drafting) if k_step else Drafts()
+        t1 = time.perf_counter()
+        # One batched pass: logits row i (i = 0..K) is the verifier's next-token score
+        # after the pending token + drafts[:i].
+        target_logits = verifier.eval(context[verifier.n_past:] + drafts.tokens, n_logits=len(drafts.tokens) + 1)
+        t2 = time.perf_counter()
+        n_accepted, next_token = _accept(target_logits, drafts, settings, rng)
+        emitted = drafts.tokens[:n_accepted] + [next_token]
+        context += emitted
+        # Roll both caches back to the accepted prefix (all but the newest token).
+        verifier.rewind(len(context) - 1)
+        drafter.sync(context)
+        event = _event(emitted, drafts, n_accepted, target_logits, verifier, n_emitted, max_tokens,
+                       seconds=(t1 - t0, t2 - t1, time.perf_counter() - t2, prefill_seconds))
+        prefill_seconds, n_emitted = 0.0, n_emitted + len(event.tokens)
+        policy.observe(event)
+        yield event
+        if event.stop:
+            return
+    yield _stop_event("context", prefill_seconds)
+
+
+def _check(verifier: Model, prompt_tokens: Sequence[int], max_tokens: int) -> None:
     if not prompt_tokens:
         raise PromptError("the prompt is empty")
     if max_tokens < 1:
@@ -118,76 +157,41 @@ def speculate(
             f"the prompt is {len(prompt_tokens)} tokens but the context holds {verifier.n_ctx};"
             " raise -c/--ctx-size or shorten the prompt"
         )
-    if drafter is None and draft is not None:
-        drafter = ModelDrafter(draft)
-    policy = FixedK(k) if isinstance(k, int) else k
-    start = time.perf_counter()
-    # Every cache holds all of the context but its newest token, which rides in
-    # the next batch: the verifier never spends a forward pass on it alone.
-    # What a cache already holds of the prompt (an earlier chat turn) is kept.
-    ingest(verifier, prompt_tokens)
-    if drafter is not None:
-        drafter.prepare(prompt_tokens)
-    prefill_seconds = time.perf_counter() - start
-    context = list(prompt_tokens)
-    n_emitted = 0
-    while True:
-        # The verifier must fit the pending token plus the drafts.
-        room = verifier.n_ctx - len(context)
-        if room < 0:
-            yield _stop_event("context", prefill_seconds)
-            return
-        if drafter is not None:
-            room = min(room, drafter.room(len(context)))
-        k_wanted = policy.choose(drafter.next_source(context)) if drafter is not None else 0
-        k_step = max(0, min(k_wanted, room, max_tokens - n_emitted - 1))
-        t0 = time.perf_counter()
-        drafts = drafter.propose(context, k_step, n_vocab=verifier.n_vocab, settings=settings, rng=rng,
-                                 keep_drafting=policy.keep_drafting) if k_step > 0 else Drafts()
-        t1 = time.perf_counter()
-        # One batched pass: the pending token plus every draft; logits rows i = 0..K
-        # are the verifier's next-token scores after pending + drafts[:i].
-        n_drafted = len(drafts.tokens)
-        target_logits = verifier.eval(context[verifier.n_past:] + drafts.tokens, n_logits=n_drafted + 1)
-        t2 = time.perf_counter()
-        if settings.greedy:
-            n_accepted, next_token = accept_greedy(target_logits=target_logits, draft_tokens=drafts.tokens)
-        else:
-            n_accepted, next_token = accept_drafts(
-                target_probs=process_logits(target_logits, settings),
-                draft_probs=np.array(drafts.probs).reshape(n_drafted, verifier.n_vocab),
-                draft_tokens=np.array(drafts.tokens, dtype=np.int64),
-                rng=rng,
-            )
-        emitted = drafts.tokens[:n_accepted] + [next_token]
-        context += emitted
-        # Roll both caches back to the accepted prefix (all but the newest token).
-        verifier.rewind(len(context) - 1)
-        if drafter is not None:
-            drafter.sync(context)
-        t3 = time.perf_counter()
-        event = StepEvent(
-            accepted=drafts.tokens[:n_accepted], rejected=drafts.tokens[n_accepted:],
-            verifier_token=next_token, n_drafted=n_drafted, n_accepted=n_accepted,
-            draft_seconds=t1 - t0, verify_seconds=t2 - t1, sample_seconds=t3 - t2,
-            prefill_seconds=prefill_seconds, draft_source=drafts.source if n_drafted else None,
-            draft_confidence=drafts.confidence, draft_catchup_seconds=drafts.catchup_seconds,
-            target_logits=target_logits[:len(emitted)],
-        )
-        prefill_seconds = 0.0
-        policy.observe(event)
-        eog_at = next((i for i, token in enumerate(emitted) if verifier.is_eog(token)), None)
-        if eog_at is not None:
-            event.accepted = emitted[:eog_at]
-            event.verifier_token = None
-            event.stop = "eos"
-            event.target_logits = target_logits[:eog_at]
-        n_emitted += len(event.tokens)
-        if event.stop is None and n_emitted >= max_tokens:
-            event.stop = "max_tokens"
-        yield event
-        if event.stop:
-            return
+
+
+def _accept(target_logits: np.ndarray, drafts: Drafts, settings: SamplingSettings,
+            rng: np.random.Generator) -> tuple[int, int]:
+    """(accepted drafts, the verifier's next token): greedy matching at temperature 0, else
+    the speculative sampling rule (sampling.accept_drafts) on the processed distributions."""
+    if settings.greedy:
+        return accept_greedy(target_logits=target_logits, draft_tokens=drafts.tokens)
+    n_drafted, n_vocab = len(drafts.tokens), target_logits.shape[-1]
+    return accept_drafts(
+        target_probs=process_logits(target_logits, settings),
+        draft_probs=np.array(drafts.probs).reshape(n_drafted, n_vocab),
+        draft_tokens=np.array(drafts.tokens, dtype=np.int64),
+        rng=rng,
+    )
+
+
+def _event(emitted: list[int], drafts: Drafts, n_accepted: int, target_logits: np.ndarray, verifier: Model,
+           n_emitted: int, max_tokens: int, *, seconds: tuple[float, float, float, float]) -> StepEvent:
+    """The step's event, complete: output up to an end-of-generation token, and why it stopped."""
+    eog_at = next((i for i, token in enumerate(emitted) if verifier.is_eog(token)), None)
+    kept = emitted if eog_at is None else emitted[:eog_at]
+    stop = "eos" if eog_at is not None else "max_tokens" if n_emitted + len(kept) >= max_tokens else None
+    draft_seconds, verify_seconds, sample_seconds, prefill_seconds = seconds
+    n_drafted = len(drafts.tokens)
+    return StepEvent(
+        # At an end-of-generation token everything kept counts as accepted: the verifier's own
+        # token, if it was not the end itself, never comes.
+        accepted=kept if eog_at is not None else kept[:n_accepted], rejected=drafts.tokens[n_accepted:],
+        verifier_token=None if eog_at is not None else kept[-1], n_drafted=n_drafted, n_accepted=n_accepted,
+        draft_seconds=draft_seconds, verify_seconds=verify_seconds, sample_seconds=sample_seconds,
+        prefill_seconds=prefill_seconds, draft_source=drafts.source if n_drafted else None,
+        draft_confidence=drafts.confidence, draft_catchup_seconds=drafts.catchup_seconds,
+        stop=stop, target_logits=target_logits[:len(kept)],
+    )
 
 
 def _stop_event(reason: str, prefill_seconds: float) -> StepEvent:

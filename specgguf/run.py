@@ -5,69 +5,19 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import TextIO
 
 import numpy as np
 from rich.console import Console
 from rich.text import Text
 
-from . import verify_costs
-from .drafting import build_drafter
 from .engine import speculate
-from .errors import PromptError
+from .prepare import MEASURING, DraftOptions, KSource, LoadOptions, prepare, prompt_tokens
 from .render import TokenStream, legend
 from .resolve import ResolvedPair
-from .rpc import DEFAULT_TIMEOUT, RpcWorker
 from .sampling import SamplingSettings
 from .stats import GenerationStats
-from .tuning import KChoice, make_policy
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    n_ctx: int = 4096
-    n_threads: int | None = None
-    n_gpu_layers: int = 0
-    n_gpu_layers_draft: int = 0
-    rpc: tuple[RpcWorker, ...] = ()  # the verifier's layers go to these workers
-    rpc_draft: bool = False  # ... and the draft's too
-    rpc_timeout: float = DEFAULT_TIMEOUT
-
-
-@dataclass(frozen=True)
-class DraftOptions:
-    k: KChoice = field(default_factory=lambda: KChoice("auto"))
-    drafter: str = "model"  # "model", "ngram" (prompt lookup, no draft model) or "hybrid"
-    p_min: float = 0.0  # early stop: the draft stops below this top probability
-    n_min: int = 0  # ... but only after this many drafts
-    force_spec: bool = False  # never fall back to plain decoding
-
-
-def load_models(resolved: ResolvedPair, options: LoadOptions, *, need_draft: bool):
-    """Load the verifier and (if drafting) the draft, refusing pairs llama.cpp would refuse."""
-    from .backend import LlamaModel  # llama.cpp loads only when a command needs it
-    from .compat import ensure_compatible
-
-    verifier = LlamaModel(resolved.verifier, n_ctx=options.n_ctx, n_threads=options.n_threads,
-                          n_gpu_layers=options.n_gpu_layers, rpc_workers=options.rpc, rpc_timeout=options.rpc_timeout)
-    if not need_draft or resolved.draft is None:
-        return verifier, None
-    draft = LlamaModel(resolved.draft, n_ctx=options.n_ctx, n_threads=options.n_threads,
-                       n_gpu_layers=options.n_gpu_layers_draft, rpc_workers=options.rpc if options.rpc_draft else (),
-                       rpc_timeout=options.rpc_timeout)
-    ensure_compatible(verifier.vocab_info(), draft.vocab_info())
-    return verifier, draft
-
-
-def prompt_tokens(verifier, prompt: str, *, raw: bool, system: str | None) -> list[int]:
-    """The verifier's chat template around the prompt (unless raw or the model has none)."""
-    if not prompt.strip():
-        raise PromptError("the prompt is empty")
-    if raw or verifier.chat_template() is None:
-        return verifier.tokenize(prompt, special=False)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return verifier.tokenize(verifier.apply_chat_template(messages), special=True)
 
 
 def run_prompt(*, prompt: str, resolved: ResolvedPair, drafting: DraftOptions, max_tokens: int,
@@ -76,14 +26,12 @@ def run_prompt(*, prompt: str, resolved: ResolvedPair, drafting: DraftOptions, m
                quiet: bool = False, out: TextIO, out_console: Console | None, err_console: Console) -> dict:
     """Generate one answer; stream it (or print one JSON object) and report stats on stderr."""
     seed = seed if seed is not None else secrets.randbelow(2**31)
-    wants_draft_model = drafting.drafter != "ngram" and not (drafting.k.mode == "fixed" and drafting.k.k == 0)
-    verifier, draft = load_models(resolved, load, need_draft=wants_draft_model)
+    prepared = prepare(resolved, load, drafting, on_measure=None if quiet or json_output else
+                       lambda: err_console.print(MEASURING, style="dim"))
+    verifier, draft = prepared.verifier, prepared.draft
     tokens = prompt_tokens(verifier, prompt, raw=raw, system=system)
-    policy, k_source = make_policy(drafting.k, verifier=resolved.verifier, draft=resolved.draft,
-                                   drafter=drafting.drafter, temperature=settings.temperature,
-                                   recommended_k=resolved.recommended_k, force_spec=drafting.force_spec,
-                                   verify_profile=verify_costs.stored(verifier))
-    drafter = build_drafter(drafting.drafter, draft, p_min=drafting.p_min, n_min=drafting.n_min)
+    policy, k_source = prepared.policy(temperature=settings.temperature)
+    drafter = prepared.drafter()
     if resolved.draft is None and drafting.drafter != "ngram" and not quiet and not json_output:
         err_console.print("no draft model given (-md): decoding with the verifier alone", style="yellow")
     stream = TokenStream(verifier.token_bytes, console=None if json_output else out_console,
@@ -102,7 +50,7 @@ def run_prompt(*, prompt: str, resolved: ResolvedPair, drafting: DraftOptions, m
         "text": stream.text,
         **stats.as_dict(),
         "prompt_tokens": len(tokens),
-        "k_source": k_source,
+        "k_source": str(k_source),
         "settings": {
             "model": str(resolved.verifier), "model_draft": str(resolved.draft) if draft else None,
             "pair": resolved.name, "drafter": drafting.drafter if drafter else None,
@@ -131,12 +79,12 @@ def where_line(verifier, draft) -> str:
     return " · ".join(entry["description"] for entry in placement(verifier, draft).values())
 
 
-def _report(stats: GenerationStats, k_source: str, load: LoadOptions, err_console: Console, *,
+def _report(stats: GenerationStats, k_source: KSource, load: LoadOptions, err_console: Console, *,
             where: str | None = None) -> None:
     if stats.stop == "context":
         err_console.print(f"stopped: the context ({load.n_ctx} tokens) is full; raise -c/--ctx-size",
                           style="yellow")
     err_console.print(Text(f"{stats.summary()} · {k_source}" + (f" · {where}" if where else ""), style="dim"))
-    if k_source.startswith("K adaptive") and stats.n_steps >= 8 and stats.n_plain_steps > stats.n_steps / 2:
+    if k_source.adaptive and not k_source.decided and stats.n_steps >= 8 and stats.n_plain_steps > stats.n_steps / 2:
         err_console.print("speculation was losing on this machine: most steps decoded plain"
                           " (see `specgguf bench`; --force-spec keeps drafting)", style="yellow")

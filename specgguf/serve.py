@@ -20,15 +20,14 @@ from rich.console import Console
 from rich.text import Text
 from starlette.exceptions import HTTPException
 
+from .prepare import MEASURING, DraftOptions, KChoice, LoadOptions, prepare
 from .resolve import ResolvedPair
-from .run import DraftOptions, LoadOptions, load_models
 from .sampling import SamplingSettings
 from .serve_engine import Delta, Failed, Finished, GenerationRequest, QueueFull, Worker
 from .serve_http import BodyLimit, CountRequests, Server, check_address, listen
 from .serve_metrics import CONTENT_TYPE, Metrics
 from .serve_models import ApiError, ChatRequest, CompletionRequest, parse_body
 from .serve_shapes import Shape
-from .tuning import KChoice
 
 
 @dataclass(frozen=True)
@@ -227,14 +226,14 @@ def run_server(*, resolved: ResolvedPair, drafting: DraftOptions, load: LoadOpti
     check_address(host, api_key=api_key, insecure=insecure)
     sock = listen(host, port)  # before loading: a taken port fails at once
     try:
-        verifier, draft = load_models(resolved, load, need_draft=drafting.drafter != "ngram")
-        if draft is None and drafting.drafter != "ngram":
+        prepared = prepare(resolved, load, drafting, keep_draft=True,  # a request may ask for drafting
+                           on_measure=lambda: err_console.print(MEASURING, style="dim"))
+        if prepared.draft is None and drafting.drafter != "ngram":
             err_console.print("no draft model given (-md): decoding with the verifier alone unless a request"
                               " asks for the n-gram drafter", style="yellow")
         worker: Worker | None = None
         metrics = Metrics(lambda: worker.n_waiting if worker else 0)
-        worker = Worker(verifier=verifier, draft=draft, resolved=resolved, drafting=drafting,
-                              queue_size=queue_size, metrics=metrics)
+        worker = Worker(prepared=prepared, queue_size=queue_size, metrics=metrics)
         name = resolved.name or resolved.verifier.stem
         serve(worker=worker, options=ServeOptions(model_name=name, max_tokens=max_tokens, settings=settings,
                                                         api_key=api_key or None, max_body_bytes=max_body_bytes),

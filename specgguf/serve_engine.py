@@ -26,17 +26,14 @@ from typing import cast
 
 import numpy as np
 
-from . import verify_costs
 from .chat import chatml
-from .drafting import build_drafter, common_prefix
+from .drafting import common_prefix
 from .engine import FixedK, KPolicy, StepEvent, speculate
 from .errors import ContextFullError, PromptError, SpecggufError, UsageError
-from .resolve import ResolvedPair
-from .run import DraftOptions
+from .prepare import DrafterKind, KChoice, Prepared
 from .sampling import SamplingSettings
 from .serve_text import AnswerText, TokenLogprob, token_logprobs
 from .stats import GenerationStats
-from .tuning import KChoice, make_policy
 
 
 class QueueFull(Exception):
@@ -54,7 +51,7 @@ class GenerationRequest:
     seed: int | None
     stops: list[str]
     k: KChoice | None = None  # None: the server's defaults
-    drafter: str | None = None
+    drafter: DrafterKind | None = None
     p_min: float | None = None
     n_top_logprobs: int | None = None  # None: no log-probabilities; else alternatives per token
 
@@ -126,14 +123,14 @@ class PromptCache:
 class Worker:
     """The loaded pair, the server's drafting defaults, and the worker thread."""
 
-    def __init__(self, *, verifier, draft, resolved: ResolvedPair, drafting: DraftOptions, queue_size: int,
-                 metrics=None):
-        self.verifier, self.draft, self.resolved, self.drafting = verifier, draft, resolved, drafting
+    def __init__(self, *, prepared: Prepared, queue_size: int, metrics=None):
+        self.prepared = prepared
+        self.verifier, self.draft, self.drafting = prepared.verifier, prepared.draft, prepared.options
         self.metrics = metrics
         self.prompts = PromptCache(verifier)
         self.has_template = verifier.chat_template() is not None
         self._render = verifier.apply_chat_template if self.has_template else chatml
-        self._policies: dict[tuple, tuple[KPolicy, str]] = {}  # adaptive policies keep learning
+        self._policies: dict[tuple, tuple[KPolicy, object]] = {}  # adaptive policies keep learning
         self._waiting: deque[Job] = deque()  # FIFO; a job whose client left is dropped from it
         self._running: Job | None = None
         self._queue_size = queue_size
@@ -286,13 +283,10 @@ class Worker:
                 raise UsageError(f"drafter {kind!r} needs a draft model, and this server has none loaded (start"
                                  " it with -md or --pair, or ask for \"drafter\": \"ngram\" or \"k\": 0)")
             choice = KChoice("fixed", 0)
-        drafter = build_drafter(kind, self.draft, p_min=p_min, n_min=self.drafting.n_min)
+        drafter = self.prepared.drafter(kind, p_min=p_min)
         if choice.mode == "fixed":
             return drafter, FixedK(choice.k or 0)
         key = (choice.mode, kind, request.settings.greedy)
         if key not in self._policies:
-            self._policies[key] = make_policy(
-                choice, verifier=self.resolved.verifier, draft=self.resolved.draft, drafter=kind,
-                temperature=request.settings.temperature, recommended_k=self.resolved.recommended_k,
-                force_spec=self.drafting.force_spec, verify_profile=verify_costs.stored(self.verifier))
+            self._policies[key] = self.prepared.policy(choice, temperature=request.settings.temperature, drafter=kind)
         return drafter, self._policies[key][0]

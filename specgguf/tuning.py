@@ -1,12 +1,12 @@
-"""Where K comes from: `-k N`, `-k adaptive`, or `-k auto` (the default).
+"""tuning.json: what this machine measured, kept per machine (`$XDG_CONFIG_HOME/specgguf/tuning.json`).
 
-`auto` uses the best K that `specgguf bench` measured for this pair on this
-machine (stored in `$XDG_CONFIG_HOME/specgguf/tuning.json`); if that measurement
-says speculation is slower than plain decoding here, it decodes plain and says so
-(`--force-spec` overrides). With no stored measurement it chooses K online
-(`kpolicy.adaptive_policy`), which also falls back to plain when speculation is losing.
-The stored K is the draft model's: the n-gram and hybrid drafters always choose K online.
-`bench` also stores each verifier's verify cost by batch size (verify_costs.py) for them.
+- The best fixed K `specgguf bench` measured for a pair (`stored_measurement`), which `-k auto`
+  uses (k_choice.py).
+- Measured costs per model file and settings (`stored_seconds`): the verifier's verify cost by
+  batch size and the draft's cost per token (costs.py), which adaptive K starts from.
+
+A damaged file is never fatal: each problem is one warning and the entry is ignored; a file
+that cannot be parsed is kept as tuning.json.damaged when it is next written.
 """
 
 from __future__ import annotations
@@ -17,34 +17,7 @@ import os
 import platform
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-
-from .engine import FixedK, KPolicy
-from .errors import UsageError
-from .kpolicy import adaptive_policy
-
-K_MAX = 16
-
-
-@dataclass(frozen=True)
-class KChoice:
-    mode: str  # "auto", "adaptive" or "fixed"
-    k: int | None = None
-
-
-def parse_k(text: str | None) -> KChoice:
-    if text is None or text == "auto":
-        return KChoice("auto")
-    if text == "adaptive":
-        return KChoice("adaptive")
-    try:
-        k = int(text)
-    except ValueError:
-        raise UsageError(f"-k/--draft-max takes a number, 'auto' or 'adaptive', not {text!r}") from None
-    if not 0 <= k <= 64:
-        raise UsageError(f"-k/--draft-max must be between 0 and 64, got {k}")
-    return KChoice("fixed", k)
 
 
 def machine_id() -> str:
@@ -140,28 +113,28 @@ def store_measurement(verifier: Path, draft: Path, temperature: float, measureme
     _update_tuning(update)
 
 
-def verify_costs_key(verifier: Path, *, n_threads: int, n_gpu_layers: int) -> str:
-    """A verify-cost profile holds for this file (name and size) run with these settings."""
+def model_key(kind: str, model: Path, *, n_threads: int, n_gpu_layers: int) -> str:
+    """Costs measured for this file (name and size) run with these settings (costs.py)."""
     try:
-        size = Path(verifier).stat().st_size
+        size = Path(model).stat().st_size
     except OSError:
         size = 0
-    return f"verify_costs|{Path(verifier).name}|{size}|threads={n_threads}|gpu_layers={n_gpu_layers}"
+    return f"{kind}|{Path(model).name}|{size}|threads={n_threads}|gpu_layers={n_gpu_layers}"
 
 
-def stored_verify_costs(key: str) -> list[float] | None:
-    """Seconds to verify a batch of 1, 2, … tokens, as `bench` measured them here (see verify_costs.py)."""
+def stored_seconds(key: str) -> list[float] | None:
+    """Measured seconds stored under `key` (a verify table, a draft token's cost), if valid."""
     costs = _machine_entries().get(key)
     if costs is None:
         return None
-    if isinstance(costs, list) and len(costs) >= 2 and all(
+    if isinstance(costs, list) and costs and all(
             type(c) in (int, float) and math.isfinite(c) and c > 0 for c in costs):
         return [float(c) for c in costs]
     _warn(f"{key}: expected a list of positive seconds")
     return None
 
 
-def store_verify_costs(key: str, costs: list[float]) -> None:
+def store_seconds(key: str, costs: list[float]) -> None:
     def update(data: dict) -> None:
         data.setdefault(machine_id(), {})[key] = [round(c, 6) for c in costs]
     _update_tuning(update)
@@ -182,30 +155,3 @@ def _update_tuning(update) -> None:
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
         json.dump(data, handle, indent=1)
     os.replace(handle.name, path)
-
-
-def make_policy(choice: KChoice, *, verifier: Path, draft: Path | None, drafter: str, temperature: float,
-                recommended_k: int | None, force_spec: bool,
-                verify_profile: list[float] | None = None) -> tuple[KPolicy, str]:
-    """The K policy for a run, and a few words on where K came from (for the stats line).
-    `verify_profile`: the verifier's verify cost by batch size, if `bench` measured it here."""
-    fallback_k = recommended_k or 8
-    if draft is None and drafter != "ngram":
-        return FixedK(0), "plain (no draft)"
-    if choice.mode == "fixed":
-        return FixedK(choice.k), f"K={choice.k} (-k)"
-    adaptive = adaptive_policy(drafter, k_max=K_MAX, k_min=1 if force_spec else 0, verify_profile=verify_profile)
-    costs = "verify costs from bench" if verify_profile else "no verify costs from bench yet"
-    if choice.mode == "adaptive" or drafter != "model":
-        # The stored best K is the draft model's alone: n-gram drafts (alone or in a hybrid) may
-        # win where it measured plain faster, so they always choose K online.
-        return adaptive, f"K adaptive ({costs})"
-    stored = stored_measurement(verifier, draft, temperature)
-    if stored is None:
-        return adaptive, f"K adaptive (no bench stored for this pair here; {costs})"
-    if stored["k"] == 0:
-        if force_spec:
-            return FixedK(fallback_k), f"K={fallback_k} (--force-spec; bench measured plain faster here)"
-        return FixedK(0), (f"plain: bench measured speculation at {stored['speedup']:.2f}× here"
-                           " (--force-spec to speculate)")
-    return FixedK(stored["k"]), f"K={stored['k']} (bench here: {stored['speedup']:.2f}×)"

@@ -9,10 +9,13 @@ import pytest
 from specgguf.engine import FixedK
 from specgguf.errors import UsageError
 from specgguf.kpolicy import AdaptiveK
-from specgguf.tuning import (KChoice, load_tuning, make_policy, parse_k, store_measurement, stored_measurement,
-                             tuning_path)
+from specgguf.costs import MachineCosts
+from specgguf.prepare import KChoice, make_policy, parse_k
+from specgguf.tuning import load_tuning, store_measurement, stored_measurement, tuning_path
 
 VERIFIER, DRAFT = Path("/models/big.gguf"), Path("/models/small.gguf")
+MEMORY_BOUND = MachineCosts((0.137, 0.141, 0.150, 0.189, 0.218), draft=0.030)  # F16 1.5B + Q4_K_M 0.5B here
+COMPUTE_BOUND = MachineCosts((0.063, 0.098, 0.131, 0.160, 0.171), draft=0.033)  # Q4_K_M 1.5B + 0.5B here
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +25,7 @@ def config(tmp_path, monkeypatch):
 
 def _policy(choice, **overrides):
     options = dict(verifier=VERIFIER, draft=DRAFT, drafter="model", temperature=0.0, recommended_k=6,
-                   force_spec=False) | overrides
+                   force_spec=False, costs=lambda: MEMORY_BOUND) | overrides
     return make_policy(choice, **options)
 
 
@@ -36,15 +39,33 @@ def test_parse_k():
 
 def test_auto_without_a_measurement_is_adaptive_and_may_fall_back():
     policy, source = _policy(KChoice("auto"))
-    assert isinstance(policy, AdaptiveK) and policy.k_min == 0 and "no bench stored" in source
+    assert isinstance(policy, AdaptiveK) and policy.config.k_min == 0 and source.adaptive and not source.decided
     policy, _ = _policy(KChoice("auto"), force_spec=True)
-    assert policy.k_min == 1
+    assert policy.config.k_min == 1
+
+
+def test_adaptive_says_before_the_first_step_when_the_draft_model_cannot_win_here():
+    policy, source = _policy(KChoice("auto"), costs=lambda: COMPUTE_BOUND)
+    assert isinstance(policy, AdaptiveK) and policy.choose() == 0 and source.decided
+    assert str(source).endswith("(a draft token costs 33 ms, a verifier token 63 ms): plain decoding")
+    _, hybrid = _policy(KChoice("adaptive"), costs=lambda: COMPUTE_BOUND, drafter="hybrid")
+    assert hybrid.decided and str(hybrid).endswith("n-gram drafts only")
+    _, forced = _policy(KChoice("auto"), costs=lambda: COMPUTE_BOUND, force_spec=True)
+    assert not forced.decided
+
+
+def test_costs_are_not_asked_for_when_k_does_not_need_them():
+    def no_costs():
+        raise AssertionError("measured costs for a fixed K")
+    store_measurement(VERIFIER, DRAFT, 0.0, {"k": 8, "speedup": 2.4, "acceptance_rate": 0.9})
+    for choice in (KChoice("fixed", 3), KChoice("auto")):
+        assert isinstance(_policy(choice, costs=no_costs)[0], FixedK)
 
 
 def test_auto_uses_the_stored_best_k():
     store_measurement(VERIFIER, DRAFT, 0.0, {"k": 8, "speedup": 2.4, "acceptance_rate": 0.9})
     policy, source = _policy(KChoice("auto"))
-    assert isinstance(policy, FixedK) and policy.k == 8 and "2.40×" in source
+    assert isinstance(policy, FixedK) and policy.k == 8 and "2.40×" in str(source)
     # Sampled decoding has no measurement yet: adaptive.
     assert isinstance(_policy(KChoice("auto"), temperature=0.8)[0], AdaptiveK)
 
@@ -52,7 +73,7 @@ def test_auto_uses_the_stored_best_k():
 def test_auto_falls_back_to_plain_where_bench_measured_it_faster_unless_forced():
     store_measurement(VERIFIER, DRAFT, 0.0, {"k": 0, "speedup": 0.85, "acceptance_rate": 0.7})
     policy, source = _policy(KChoice("auto"))
-    assert policy.k == 0 and "0.85×" in source and "--force-spec" in source
+    assert policy.k == 0 and "0.85×" in str(source) and "--force-spec" in str(source)
     policy, _ = _policy(KChoice("auto"), force_spec=True)
     assert policy.k == 6  # the pair's recommended K
 
@@ -68,8 +89,8 @@ def test_auto_with_ngram_drafts_chooses_k_online_whatever_the_draft_model_measur
     # Bench found the draft model slower than plain here; free n-gram drafts may still win.
     store_measurement(VERIFIER, DRAFT, 0.0, {"k": 0, "speedup": 0.85, "acceptance_rate": 0.7})
     for drafter in ("ngram", "hybrid"):
-        policy, source = _policy(KChoice("auto"), drafter=drafter, verify_profile=[0.03, 0.05])
-        assert not isinstance(policy, FixedK) and source == "K adaptive (verify costs from bench)"
+        policy, source = _policy(KChoice("auto"), drafter=drafter)
+        assert not isinstance(policy, FixedK) and str(source) == "K adaptive"
 
 
 def test_tuning_file_survives_a_corrupt_write_and_keeps_other_pairs():

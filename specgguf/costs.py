@@ -1,0 +1,117 @@
+"""What a step costs on this machine: the verifier's batch costs and the draft's token cost.
+
+Adaptive K weighs the tokens a draft may win against what drafting and verifying
+cost, so it needs those costs before the first step: learning them by drafting
+loses time exactly where speculation does not pay. `probe` measures them once
+per machine, model file and settings (about a second or two, announced) and keeps
+them in tuning.json; `bench` measures a longer, repeated table that replaces it.
+
+On a CPU the verify cost is not a straight line in the batch size: llama.cpp
+picks kernels by batch shape (one token goes through matrix-vector kernels, the
+repacked Q4_K matrix-matrix kernels take rows four at a time), so the table is
+kept as measured. docs/adaptive-k.md has tables measured on one machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .engine import Model
+from .tuning import model_key, store_seconds, stored_seconds
+
+PROBE_BATCH = 8  # the probe times batches of 1..8 tokens (K up to 7); the policy extends the table past that
+PROBE_CONTEXT = 32
+
+
+@dataclass(frozen=True)
+class MachineCosts:
+    verify: tuple[float, ...]  # seconds to verify a batch of 1, 2, … tokens
+    draft: float = 0.0  # seconds per token the draft model proposes (0.0: no draft model)
+
+    def __post_init__(self) -> None:
+        if len(self.verify) < 2:
+            raise ValueError("a verify-cost table needs at least two batch sizes")
+
+
+def measure(model: Model, *, max_batch: int, repeats: int = 3, context: int = 256) -> list[float]:
+    """Seconds to evaluate a batch of n = 1..max_batch tokens (index n − 1) with logits for
+    every row, as a verify step asks, after `context` tokens already in the cache.
+
+    The median over `repeats` rounds; each round runs every size once, so a change of
+    machine load hits all sizes alike. Token ids are arbitrary (the cost does not depend
+    on them). The KV cache is left empty.
+    """
+    context = max(1, min(context, model.n_ctx - max_batch))
+    filler = [(17 + 31 * i) % model.n_vocab for i in range(context + max_batch)]
+    model.rewind(0)
+    model.eval(filler[:context], n_logits=1)
+    batch = filler[context:]
+    model.eval(batch, n_logits=max_batch)  # warm-up: first-use allocations, caches
+    model.rewind(context)
+    timings: list[list[float]] = [[] for _ in range(max_batch)]
+    for _ in range(repeats):
+        for n in range(1, max_batch + 1):
+            started = time.perf_counter()
+            model.eval(batch[:n], n_logits=n)
+            timings[n - 1].append(time.perf_counter() - started)
+            model.rewind(context)
+    model.rewind(0)
+    return [statistics.median(t) for t in timings]
+
+
+def key_for(model, kind: str = "verify_costs") -> str:
+    key = model_key(kind, model.path, n_threads=model.n_threads, n_gpu_layers=model.n_gpu_layers)
+    workers = getattr(getattr(model, "placement", None), "workers", ())
+    return key + (f"|rpc={','.join(workers)}" if workers else "")  # costs over a network are their own
+
+
+def stored(model) -> list[float] | None:
+    """The verify table stored for this verifier file and settings on this machine, if any."""
+    return stored_seconds(key_for(model))
+
+
+def measure_and_store(model, *, max_batch: int, store: bool, **options) -> list[float]:
+    costs = measure(model, max_batch=max_batch, **options)
+    if store:
+        store_seconds(key_for(model), costs)
+    return costs
+
+
+def probe(verifier, draft=None, *, on_measure: Callable[[], None] | None = None) -> MachineCosts:
+    """This machine's costs for the pair: stored ones, else measured now (calling `on_measure`
+    first, to say so) and stored. A config folder that cannot be written costs a warning."""
+    verify = stored(verifier)
+    draft_cost = stored_seconds(key_for(draft, "draft_costs")) if draft is not None else [0.0]
+    if verify is None or draft_cost is None:
+        if on_measure is not None:
+            on_measure()
+        if verify is None:
+            verify = _keep(key_for(verifier), measure(verifier, max_batch=PROBE_BATCH, repeats=1,
+                                                      context=PROBE_CONTEXT))
+        if draft_cost is None:
+            draft_cost = [measure_draft(draft, store=True)]
+    return MachineCosts(tuple(verify), draft_cost[0])
+
+
+def measure_draft(draft, *, store: bool) -> float:
+    """Seconds for the draft model to propose one token (a batch of one, its logits read)."""
+    (seconds,) = measure(draft, max_batch=1, repeats=3, context=PROBE_CONTEXT)
+    return _keep(key_for(draft, "draft_costs"), [seconds])[0] if store else seconds
+
+
+def _keep(key: str, seconds: list[float]) -> list[float]:
+    seconds = [round(c, 6) for c in seconds]  # as tuning.json keeps them: the same costs next time
+    try:
+        store_seconds(key, seconds)
+    except OSError as error:
+        sys.stderr.write(f"specgguf: warning: could not keep the measured costs ({error}); measuring again next time\n")
+    return seconds
+
+
+def describe(costs: list[float]) -> str:
+    """One line for people: 'verify ms by batch size: 1: 37 · 2: 61 · …'."""
+    return "verify ms by batch size: " + " · ".join(f"{n}: {c * 1000:.0f}" for n, c in enumerate(costs, 1))

@@ -1,0 +1,189 @@
+"""The one set-up path every command shares: load the pair, know its costs, build drafter and K policy.
+
+`prepare` loads the verifier and draft (refusing pairs llama.cpp would refuse) and
+gets this machine's costs for them (costs.probe: stored, or measured once now).
+`Prepared.drafting` then gives the drafter and K policy for an answer; `run`,
+`chat` (whose /k changes K between turns), `bench` and `serve` (per request) ask it.
+
+Where K comes from: `-k N`, `-k adaptive`, or `-k auto` (the default). `auto` uses
+the best K `bench` stored for this pair here (tuning.py); if that says speculation
+is slower than plain decoding here, it decodes plain (`--force-spec` overrides).
+With nothing stored it chooses K each step (kpolicy.py). The stored K is the draft
+model's: the n-gram and hybrid drafters always choose K online.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from .costs import MachineCosts, probe
+from .drafting import Drafter, build_drafter
+from .engine import FixedK, KPolicy
+from .errors import PromptError, UsageError
+from .kpolicy import K_MAX, PerSource, PolicyConfig, adaptive_policy
+from .resolve import ResolvedPair
+from .rpc import DEFAULT_TIMEOUT, RpcWorker
+from .tuning import stored_measurement
+
+MEASURING = "measuring this machine's costs for the pair (once; kept in tuning.json)"
+DrafterKind = Literal["model", "ngram", "hybrid"]  # as the command line names them
+
+
+@dataclass(frozen=True)
+class KChoice:
+    mode: Literal["auto", "adaptive", "fixed"]
+    k: int | None = None
+
+
+def parse_k(text: str | None) -> KChoice:
+    if text is None or text == "auto":
+        return KChoice("auto")
+    if text == "adaptive":
+        return KChoice("adaptive")
+    try:
+        k = int(text)
+    except ValueError:
+        raise UsageError(f"-k/--draft-max takes a number, 'auto' or 'adaptive', not {text!r}") from None
+    if not 0 <= k <= 64:
+        raise UsageError(f"-k/--draft-max must be between 0 and 64, got {k}")
+    return KChoice("fixed", k)
+
+
+@dataclass(frozen=True)
+class KSource:
+    """Where a run's K came from, for the stats line."""
+
+    adaptive: bool
+    text: str
+    decided: bool = False  # adaptive K knew before the first step that drafting cannot win here
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    n_gpu_layers: int = 0
+    n_gpu_layers_draft: int = 0
+    rpc: tuple[RpcWorker, ...] = ()  # the verifier's layers go to these workers
+    rpc_draft: bool = False  # ... and the draft's too
+    rpc_timeout: float = DEFAULT_TIMEOUT
+
+
+@dataclass(frozen=True)
+class DraftOptions:
+    k: KChoice = field(default_factory=lambda: KChoice("auto"))
+    drafter: DrafterKind = "model"  # "ngram": prompt lookup, no draft model; "hybrid": both
+    p_min: float = 0.0  # early stop: the draft stops below this top probability
+    n_min: int = 0  # ... but only after this many drafts
+    force_spec: bool = False  # never fall back to plain decoding
+
+    @property
+    def plain(self) -> bool:
+        return self.k.mode == "fixed" and self.k.k == 0
+
+
+def make_policy(choice: KChoice, *, costs: Callable[[], MachineCosts], verifier: Path, draft: Path | None, drafter: DrafterKind,
+                temperature: float, recommended_k: int | None, force_spec: bool,
+                config: PolicyConfig | None = None) -> tuple[KPolicy, KSource]:
+    """The K policy for a run, and where K came from. `costs` is asked only for adaptive K."""
+    if draft is None and drafter != "ngram":
+        return FixedK(0), KSource(False, "plain (no draft)")
+    if choice.mode == "fixed":
+        return FixedK(choice.k or 0), KSource(False, f"K={choice.k} (-k)")
+    stored = stored_measurement(verifier, draft, temperature) if draft is not None else None
+    if choice.mode == "adaptive" or drafter != "model" or stored is None:
+        # The stored best K is the draft model's alone: n-gram drafts (alone or in a hybrid) may
+        # win where it measured plain faster, so they always choose K online.
+        config = config or PolicyConfig(k_max=K_MAX, k_min=1 if force_spec else 0)
+        policy = adaptive_policy(drafter, costs(), config)
+        model_side = policy.policies["draft"] if isinstance(policy, PerSource) else policy
+        if model_side.source == "draft" and not force_spec and not model_side.could_win():
+            machine = costs()
+            text = (f"K adaptive: the draft model cannot win here (a draft token costs {machine.draft * 1000:.0f} ms,"
+                    f" a verifier token {machine.verify[0] * 1000:.0f} ms)"
+                    + ("; n-gram drafts only" if drafter == "hybrid" else ": plain decoding"))
+            return policy, KSource(True, text, decided=True)
+        return policy, KSource(True, "K adaptive")
+    if stored["k"] == 0:
+        if force_spec:
+            fallback = recommended_k or 8
+            return FixedK(fallback), KSource(False, f"K={fallback} (--force-spec; bench measured plain faster here)")
+        return FixedK(0), KSource(False, f"plain: bench measured speculation at {stored['speedup']:.2f}× here"
+                                         " (--force-spec to speculate)")
+    return FixedK(stored["k"]), KSource(False, f"K={stored['k']} (bench here: {stored['speedup']:.2f}×)")
+
+
+@dataclass
+class Prepared:
+    """A loaded pair and this machine's costs for it: what every command generates with."""
+
+    resolved: ResolvedPair
+    verifier: Any  # backend.LlamaModel (engine.Model)
+    draft: Any | None
+    options: DraftOptions
+    on_measure: Callable[[], None] | None = None  # called before costs are measured (to say so)
+    _costs: MachineCosts | None = None
+
+    @property
+    def costs(self) -> MachineCosts:
+        """This machine's costs for the pair (costs.probe): stored, or measured on first need."""
+        if self._costs is None:
+            self._costs = probe(self.verifier, self.draft, on_measure=self.on_measure)
+        return self._costs
+
+    def drafter(self, kind: DrafterKind | None = None, *, p_min: float | None = None) -> Drafter | None:
+        """The proposer for an answer (None: nothing to draft with)."""
+        return build_drafter(kind or self.options.drafter, self.draft,
+                             p_min=self.options.p_min if p_min is None else p_min, n_min=self.options.n_min)
+
+    def policy(self, choice: KChoice | None = None, *, temperature: float, drafter: DrafterKind | None = None,
+               config: PolicyConfig | None = None) -> tuple[KPolicy, KSource]:
+        """The K policy for an answer: the command's -k unless `choice` (chat's /k, a request) says otherwise."""
+        kind = drafter or self.options.drafter
+        return make_policy(choice or self.options.k, costs=lambda: self.costs, verifier=self.resolved.verifier,
+                           draft=self.resolved.draft if self.draft is not None else None, drafter=kind,
+                           temperature=temperature, recommended_k=self.resolved.recommended_k,
+                           force_spec=self.options.force_spec, config=config)
+
+
+def load_models(resolved: ResolvedPair, options: LoadOptions, *, need_draft: bool):
+    """Load the verifier and (if drafting) the draft, refusing pairs llama.cpp would refuse."""
+    from .backend import LlamaModel  # llama.cpp loads only when a command needs it
+    from .compat import ensure_compatible
+
+    verifier = LlamaModel(resolved.verifier, n_ctx=options.n_ctx, n_threads=options.n_threads,
+                          n_gpu_layers=options.n_gpu_layers, rpc_workers=options.rpc, rpc_timeout=options.rpc_timeout)
+    if not need_draft or resolved.draft is None:
+        return verifier, None
+    draft = LlamaModel(resolved.draft, n_ctx=options.n_ctx, n_threads=options.n_threads,
+                       n_gpu_layers=options.n_gpu_layers_draft, rpc_workers=options.rpc if options.rpc_draft else (),
+                       rpc_timeout=options.rpc_timeout)
+    ensure_compatible(verifier.vocab_info(), draft.vocab_info())
+    return verifier, draft
+
+
+def prepare(resolved: ResolvedPair, load: LoadOptions, drafting: DraftOptions, *, keep_draft: bool = False,
+            on_measure: Callable[[], None] | None = None) -> Prepared:
+    """Load the pair and learn its costs here. The draft model loads unless nothing will draft with
+    it (`--drafter ngram`, or `-k 0` unless `keep_draft`: chat's /k can turn drafting on later)."""
+    need_draft = drafting.drafter != "ngram" and (keep_draft or not drafting.plain)
+    verifier, draft = load_models(resolved, load, need_draft=need_draft)
+    prepared = Prepared(resolved=resolved, verifier=verifier, draft=draft, options=drafting, on_measure=on_measure)
+    if not drafting.plain:
+        prepared.costs  # measured now, before the first answer, if this machine has not yet
+    return prepared
+
+
+def prompt_tokens(verifier, prompt: str, *, raw: bool, system: str | None) -> list[int]:
+    """The verifier's chat template around the prompt (unless raw or the model has none)."""
+    if not prompt.strip():
+        raise PromptError("the prompt is empty")
+    if raw or verifier.chat_template() is None:
+        return verifier.tokenize(prompt, special=False)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return verifier.tokenize(verifier.apply_chat_template(messages), special=True)

@@ -1,0 +1,192 @@
+"""The adaptive K policy (kpolicy.py) on costs measured on this project's 2-core machine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specgguf.costs import MachineCosts
+from specgguf.engine import StepEvent
+from specgguf.kpolicy import AdaptiveK, PolicyConfig, adaptive_policy
+
+# Seconds to verify 1, 2, … tokens with Qwen2.5-Coder 1.5B, and one 0.5B Q4_K_M draft token
+# (costs.probe's table). The Q4_K_M verifier is compute-bound: a draft token costs half a
+# verifier token, so drafting cannot win even at 90% acceptance. F16 is memory-bound.
+Q4 = MachineCosts((0.063, 0.098, 0.131, 0.160, 0.171, 0.263, 0.234, 0.376), draft=0.033)
+F16 = MachineCosts((0.137, 0.141, 0.150, 0.189, 0.218, 0.205, 0.219, 0.236, 0.271), draft=0.030)
+FREE_DRAFTS_CHEAP_VERIFY = MachineCosts((0.030, 0.040, 0.045, 0.050), draft=0.001)  # wins from 37% acceptance
+COMPUTE_BOUND = MachineCosts((0.030, 0.050, 0.065, 0.080), draft=0.002)  # wins only from 73% acceptance
+
+
+def _step(k, n_accepted, *, verify=0.2, draft=0.03, confidences=(), source="draft"):
+    return StepEvent(accepted=[1] * n_accepted, rejected=[2] * (k - n_accepted), verifier_token=3, n_drafted=k,
+                     n_accepted=n_accepted, draft_seconds=draft * k, verify_seconds=verify, sample_seconds=0.0,
+                     draft_source=source if k else None, draft_confidence=list(confidences))
+
+
+def _verify(costs: MachineCosts, k: int) -> float:
+    return costs.verify[min(k, len(costs.verify) - 1)]
+
+
+def _run(policy: AdaptiveK, costs: MachineCosts, accepted_pattern):
+    """Feed a policy the steps it asks for, each accepting the given number of drafts."""
+    choices = []
+    for n_accepted in accepted_pattern:
+        k = policy.choose()
+        choices.append(k)
+        policy.observe(_step(k, min(n_accepted, k), verify=_verify(costs, k), draft=costs.draft))
+    return choices
+
+
+def test_a_pair_that_cannot_win_here_never_drafts_not_even_once():
+    policy = AdaptiveK(Q4, PolicyConfig(k_max=16))
+    assert not policy.could_win()
+    assert [policy.choose() for _ in range(300)] == [0] * 300  # no warm-up draft, no probes
+
+
+def test_a_memory_bound_verifier_drafts_from_the_first_step_and_goes_deep():
+    policy = AdaptiveK(F16, PolicyConfig(k_max=12))
+    assert policy.could_win() and policy.choose() >= 1  # no plain warm-up step: costs are known
+    _run(policy, F16, [8, 8, 7, 8, 8, 6, 8, 8] * 3)
+    assert policy.choose() >= 6
+
+
+def test_a_compute_bound_verifier_with_a_poor_draft_falls_back_to_plain():
+    policy = AdaptiveK(COMPUTE_BOUND, PolicyConfig(k_max=8))
+    assert policy.choose() >= 1  # drafts that are often right would win here: try them
+    _run(policy, COMPUTE_BOUND, [0, 0, 1, 0] * 10)
+    assert policy.choose() == 0
+
+
+def test_plain_only_once_the_evidence_is_in():
+    # One first draft in four accepted: the point estimate says plain, but after four drafts
+    # two standard errors of doubt still favour speculating; one in ten after forty does not.
+    def policy_with_first_accepted(times, of):
+        policy = AdaptiveK(FREE_DRAFTS_CHEAP_VERIFY, PolicyConfig(k_max=8, decay=1.0))
+        for i in range(of):
+            policy.observe(_step(2, 1 if i < times else 0, verify=0.045, draft=0.001))
+        return policy
+    few, many = policy_with_first_accepted(1, 4), policy_with_first_accepted(4, 40)
+    for policy in (few, many):
+        assert np.argmax(policy.rates()) == 0
+    assert few.best_k() >= 1 and many.best_k() == 0
+
+
+def _confident_policy(costs: MachineCosts) -> AdaptiveK:
+    """A policy that has learnt: drafts of top probability >= 0.9 are accepted, those under 0.5 not."""
+    policy = AdaptiveK(costs, PolicyConfig(k_max=16, decay=1.0, calibration_decay=1.0))
+    for k, confidences in [(4, [0.99, 0.95, 0.3, 0.97]), (6, [0.99] * 5 + [0.2]), (3, [0.92, 0.4, 0.9])]:
+        n_accepted = next((i for i, c in enumerate(confidences) if c < 0.5), k)
+        policy.observe(_step(k, n_accepted, verify=_verify(costs, k), draft=costs.draft, confidences=confidences))
+    return policy
+
+
+def test_calibration_counts_only_the_drafts_the_rule_tested():
+    acceptance = _confident_policy(F16).acceptance
+    # (4 drafts, 2 accepted) tests 3; (6, 5) tests 6; (3, 1) tests 2: 11 tested, 8 accepted.
+    assert acceptance.tried_by_confidence.sum() == 11 and acceptance.accepted_by_confidence.sum() == 8
+    assert acceptance.calibrated(0.99) > 0.9 and acceptance.calibrated(0.3) < 0.2
+
+
+def test_keep_drafting_follows_confidence_and_costs():
+    memory_bound = _confident_policy(F16)
+    costly_verify = _confident_policy(MachineCosts((0.035, 0.07, 0.105, 0.14, 0.175), draft=0.004))
+    assert memory_bound.choose() == 16  # K is a cap; the draft's confidence ends the draft
+    for policy in (memory_bound, costly_verify):
+        assert not policy.keep_drafting([0.99, 0.3])  # an unsure draft ends it
+    assert memory_bound.keep_drafting([0.99] * 8)  # another draft is nearly free to verify
+    # Verifying one more token costs as much as a plain step: stop sooner.
+    assert not costly_verify.keep_drafting([0.99] * 2 + [0.9] * 2)
+    assert memory_bound.keep_drafting([0.99] * 2 + [0.9] * 2)
+
+
+def test_keep_drafting_looks_past_the_tables_next_step():
+    # A batch of 6 tokens costs more than one of 7 here: a fifth draft alone does not pay for
+    # its batch, but with a sixth (nearly free to verify) a confident run is worth going on with.
+    policy = _confident_policy(MachineCosts((0.05, 0.06, 0.07, 0.08, 0.09, 0.20, 0.10, 0.30), draft=0.001))
+    assert policy.keep_drafting([0.99] * 4)
+    assert not policy.keep_drafting([0.99] * 3 + [0.3])
+
+
+def test_a_policy_that_never_saw_confidence_keeps_the_chosen_length():
+    policy = AdaptiveK(F16, PolicyConfig(k_max=12))
+    _run(policy, F16, [8, 8, 7, 8] * 3)
+    assert not policy.confidence_seen and 6 <= policy.choose() < 12  # K* itself, not a cap
+
+
+def test_force_spec_never_chooses_plain():
+    policy = AdaptiveK(Q4, PolicyConfig(k_max=12, k_min=1))
+    assert min(_run(policy, Q4, [0, 1, 0, 0] * 6)) >= 1
+
+
+def test_plain_fallback_probes_again_less_often_while_probes_lose():
+    policy = AdaptiveK(COMPUTE_BOUND, PolicyConfig(k_max=8))
+    choices = _run(policy, COMPUTE_BOUND, [0] * (20 + 16 + 32 + 64 + 128 + 10))
+    drafted_at = [i for i, k in enumerate(choices) if k]
+    first_plain = choices.index(0)
+    probes = [i for i in drafted_at if i > first_plain]
+    assert np.diff(probes).tolist()[-3:] == [32, 64, 128]  # each lost probe doubles the wait
+
+
+def test_a_winning_probe_resets_the_wait():
+    policy = AdaptiveK(F16, PolicyConfig(k_max=12))
+    _run(policy, F16, [0] * 40)
+    assert policy.choose() == 0
+    policy.probe_interval = 64  # after a few lost probes
+    choices = _run(policy, F16, [12] * 200)  # the text became easy: every draft is accepted
+    assert choices[-1] > 0 and policy.probe_interval == policy.config.probe_every
+    assert choices.count(0) < 64 + 32  # won back after a probe or two
+
+
+def test_costs_follow_the_machine_and_a_cold_first_step_does_not_dominate():
+    policy = AdaptiveK(Q4, PolicyConfig(k_max=16, decay=1.0))
+    for k in (0, 2, 4, 2, 4):  # the machine runs 20% slower than when the table was measured
+        policy.observe(_step(k, k, verify=1.2 * _verify(Q4, k), draft=0.033))
+    # The table counts as `cost_trust` (3) steps at scale 1: five slow steps move it part way.
+    scale = (3 * 1.0 + 5 * 1.2) / 8
+    assert policy.costs.scale == pytest.approx(scale)
+    np.testing.assert_allclose(policy.costs.verify(np.array([0, 7])), [scale * 0.063, scale * 0.376])
+    # Past the table's end: the slope of its last half, (0.376 - 0.160) / 4 per token.
+    np.testing.assert_allclose(policy.costs.verify(np.array([9])) / scale, 0.376 + 2 * 0.054)
+
+
+def test_per_position_acceptance_counts_only_positions_the_rule_tested():
+    config = PolicyConfig(k_max=4, decay=1.0)
+    policy = AdaptiveK(F16, config)
+    for n_accepted in (4, 4, 1, 0):
+        policy.observe(_step(4, n_accepted))
+    acceptance = policy.acceptance
+    # Tested: all 4 positions twice, positions 1-2 once, position 1 once.
+    np.testing.assert_array_equal(acceptance.drafted, [4, 3, 2, 2])
+    np.testing.assert_array_equal(acceptance.accepted, [3, 2, 2, 2])
+    # Each position shrunk towards the one before it, the first towards the overall rate
+    # (with the prior: 0.5 worth 4 drafts).
+    overall = (9 + 4 * 0.5) / (11 + 4)
+    c1 = (3 + 2 * overall) / (4 + 2)
+    c2 = (2 + 2 * c1) / (3 + 2)
+    c3 = (2 + 2 * c2) / (2 + 2)
+    c4 = (2 + 2 * c3) / (2 + 2)
+    np.testing.assert_allclose(acceptance.expected(), [1, *(1 + np.cumsum(np.cumprod([c1, c2, c3, c4])))])
+
+
+def test_bursty_acceptance_makes_deep_drafts_pay():
+    # Either the first draft is wrong, or all eight are right: once position 1 is accepted every
+    # later one is, so deep drafts pay off on a memory-bound verifier.
+    policy = AdaptiveK(F16, PolicyConfig(k_max=8, decay=1.0))
+    for n_accepted in [0, 8] * 10:
+        policy.observe(_step(8, n_accepted, verify=0.27))
+    assert policy.best_k() >= 7
+
+
+def test_hybrid_policy_learns_each_drafters_k_apart():
+    policy = adaptive_policy("hybrid", FREE_DRAFTS_CHEAP_VERIFY, PolicyConfig(k_max=8))
+    model_policy, ngram_policy = policy.policies["draft"], policy.policies["ngram"]
+    assert ngram_policy.costs.draft_seconds == 0.0 and model_policy.costs.draft_seconds == 0.001
+    for _ in range(30):  # the draft model is wrong at once ...
+        policy.observe(_step(2, 0, verify=0.045, draft=0.001, confidences=[0.9, 0.9]))
+    for _ in range(30):  # ... while n-gram drafts are right
+        policy.observe(_step(4, 4, verify=0.05, draft=0.00001, source="ngram"))
+    assert model_policy.acceptance.accepted.sum() == 0
+    assert ngram_policy.acceptance.accepted[0] == ngram_policy.acceptance.drafted[0] > 10
+    assert policy.choose("draft") == 0 and policy.choose("ngram") >= 3
+    assert policy.keep_drafting([0.99]) == model_policy.keep_drafting([0.99])
