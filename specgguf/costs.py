@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .engine import Model
-from .tuning import model_key, store_seconds, stored_seconds
+from .tuning import load_tuning, model_key, store_seconds, stored_seconds
 
 PROBE_BATCH = 8  # the probe times batches of 1..8 tokens (K up to 7); the policy extends the table past that
 PROBE_CONTEXT = 32
@@ -105,6 +105,9 @@ def measure_draft(draft, *, store: bool) -> float:
 
 def _keep(key: str, seconds: list[float]) -> list[float]:
     seconds = [round(c, 6) for c in seconds]  # as tuning.json keeps them: the same costs next time
+    if load_tuning() is None:  # damaged: only `bench` replaces it (keeping it as tuning.json.damaged)
+        sys.stderr.write("specgguf: warning: not keeping the measured costs in a damaged tuning.json\n")
+        return seconds
     try:
         store_seconds(key, seconds)
     except OSError as error:

@@ -127,9 +127,9 @@ class Worker:
         self.prepared = prepared
         self.verifier, self.draft, self.drafting = prepared.verifier, prepared.draft, prepared.options
         self.metrics = metrics
-        self.prompts = PromptCache(verifier)
-        self.has_template = verifier.chat_template() is not None
-        self._render = verifier.apply_chat_template if self.has_template else chatml
+        self.prompts = PromptCache(self.verifier)
+        self.has_template = self.verifier.chat_template() is not None
+        self._render = self.verifier.apply_chat_template if self.has_template else chatml
         self._policies: dict[tuple, tuple[KPolicy, object]] = {}  # adaptive policies keep learning
         self._waiting: deque[Job] = deque()  # FIFO; a job whose client left is dropped from it
         self._running: Job | None = None

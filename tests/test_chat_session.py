@@ -162,7 +162,7 @@ def test_a_second_ctrl_c_inside_a_model_call_keeps_the_chat_going(tiny_verifier,
     from rich.console import Console
 
     from specgguf.chat_repl import ChatRepl
-    from specgguf.tuning import KChoice
+    from specgguf.prepare import KChoice
 
     session = make_session(tiny_verifier, tiny_draft)
     session.verifier = InterruptedOnce(session.verifier.model)
