@@ -108,11 +108,11 @@ class Acceptance:
 
 
 class StepCosts:
-    """T(k): the verify table measured before generation, scaled by what the steps measure."""
+    """T(k): the costs measured before generation, scaled by what the steps measure."""
 
     def __init__(self, costs: MachineCosts, config: PolicyConfig, *, draft_seconds: float):
         self.table = np.asarray(costs.verify, dtype=float)
-        self.draft_seconds = draft_seconds  # per draft token
+        self.draft_seconds = draft_seconds  # per draft token, at scale 1
         self.scale = 1.0
         self.overhead = 0.0  # seconds per step outside drafting and verifying (sampling, rollback)
         self.decay = config.decay
@@ -125,7 +125,9 @@ class StepCosts:
         return self.scale * np.where(ks <= last, table[np.minimum(ks, last)], table[last] + slope * (ks - last))
 
     def step(self, ks: np.ndarray) -> np.ndarray:
-        return ks * self.draft_seconds + self.verify(ks) + self.overhead
+        # One scale for both models: context length and machine load slow both alike, so a
+        # slower verifier alone never makes drafting look cheaper than it is.
+        return self.scale * ks * self.draft_seconds + self.verify(ks) + self.overhead
 
     def _average(self, key: str, old: float, new: float) -> float:
         """Decayed mean; the first samples count equally (a cold first step must not dominate)."""
@@ -140,7 +142,7 @@ class StepCosts:
         self.scale = self._average("scale", self.scale, event.verify_seconds / tabled)
         if k:
             per_token = (event.draft_seconds - event.draft_catchup_seconds) / k
-            self.draft_seconds = self._average("draft", self.draft_seconds, per_token)
+            self.draft_seconds = self._average("draft", self.draft_seconds, per_token / self.scale)
 
 
 class AdaptiveK:

@@ -44,6 +44,16 @@ def test_a_pair_that_cannot_win_here_never_drafts_not_even_once():
     assert [policy.choose() for _ in range(300)] == [0] * 300  # no warm-up draft, no probes
 
 
+def test_a_slower_machine_later_does_not_make_drafting_look_cheaper():
+    # Plain steps measure 50% over the table (a longer context, a busy machine): the draft
+    # model slows alike, so the decision not to draft stands.
+    policy = AdaptiveK(Q4, PolicyConfig(k_max=16))
+    for _ in range(100):
+        assert policy.choose() == 0
+        policy.observe(_step(0, 0, verify=1.5 * Q4.verify[0]))
+    assert policy.costs.scale > 1.4 and not policy.could_win()
+
+
 def test_a_memory_bound_verifier_drafts_from_the_first_step_and_goes_deep():
     policy = AdaptiveK(F16, PolicyConfig(k_max=12))
     assert policy.could_win() and policy.choose() >= 1  # no plain warm-up step: costs are known
