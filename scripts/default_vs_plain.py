@@ -65,12 +65,14 @@ def main() -> None:
                           f"  steps {report['n_steps']}, drafted {report['n_drafted']}, {report['k_source']}",
                           file=sys.stderr)
     print(f"\nmedian tok/s, {args.repeats} interleaved repeats, -n {args.n}, default side: run {args.extra}")
-    print("| prompt | T | plain | default | default / plain |")
-    print("|---|---|---|---|---|")
+    print("| prompt | T | plain | default | default / plain | median of paired ratios |")
+    print("|---|---|---|---|---|---|")
     for kind in kinds:
         for temp in temps:
             plain, default = (statistics.median(speeds[(kind, temp, side)]) for side in ("plain", "default"))
-            print(f"| {kind} | {temp:g} | {plain:.2f} | {default:.2f} | {default / plain:.2f}× |")
+            paired = statistics.median(d / p for p, d in zip(speeds[(kind, temp, "plain")],
+                                                              speeds[(kind, temp, "default")]))
+            print(f"| {kind} | {temp:g} | {plain:.2f} | {default:.2f} | {default / plain:.2f}× | {paired:.2f}× |")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Adaptive K weighs the tokens a draft may win against what drafting and verifying
 cost, so it needs those costs before the first step: learning them by drafting
 loses time exactly where speculation does not pay. `probe` measures them once
-per machine, model file and settings (about a second or two, announced) and keeps
+per machine, model file and settings (a few seconds, announced) and keeps
 them in tuning.json; `bench` measures a longer, repeated table that replaces it.
 
 On a CPU the verify cost is not a straight line in the batch size: llama.cpp
@@ -37,12 +37,13 @@ class MachineCosts:
             raise ValueError("a verify-cost table needs at least two batch sizes")
 
 
-def measure(model: Model, *, max_batch: int, repeats: int = 3, context: int = 256) -> list[float]:
+def measure(model: Model, *, max_batch: int, repeats: int = 3, context: int = 256,
+            statistic: Callable[[list[float]], float] = statistics.median) -> list[float]:
     """Seconds to evaluate a batch of n = 1..max_batch tokens (index n − 1) with logits for
     every row, as a verify step asks, after `context` tokens already in the cache.
 
-    The median over `repeats` rounds; each round runs every size once, so a change of
-    machine load hits all sizes alike. Token ids are arbitrary (the cost does not depend
+    The median (or `statistic`) over `repeats` rounds; each round runs every size once, so a
+    change of machine load hits all sizes alike. Token ids are arbitrary (the cost does not depend
     on them). The KV cache is left empty.
     """
     context = max(1, min(context, model.n_ctx - max_batch))
@@ -60,7 +61,7 @@ def measure(model: Model, *, max_batch: int, repeats: int = 3, context: int = 25
             timings[n - 1].append(time.perf_counter() - started)
             model.rewind(context)
     model.rewind(0)
-    return [statistics.median(t) for t in timings]
+    return [statistic(t) for t in timings]
 
 
 def key_for(model, kind: str = "verify_costs") -> str:
@@ -90,8 +91,9 @@ def probe(verifier, draft=None, *, on_measure: Callable[[], None] | None = None)
         if on_measure is not None:
             on_measure()
         if verify is None:
-            verify = _keep(key_for(verifier), measure(verifier, max_batch=PROBE_BATCH, repeats=1,
-                                                      context=PROBE_CONTEXT))
+            # The fastest of a few rounds: a short probe is easily disturbed, never sped up.
+            verify = _keep(key_for(verifier), measure(verifier, max_batch=PROBE_BATCH, repeats=3,
+                                                      context=PROBE_CONTEXT, statistic=min))
         if draft_cost is None:
             draft_cost = [measure_draft(draft, store=True)]
     return MachineCosts(tuple(verify), draft_cost[0])
@@ -99,7 +101,7 @@ def probe(verifier, draft=None, *, on_measure: Callable[[], None] | None = None)
 
 def measure_draft(draft, *, store: bool) -> float:
     """Seconds for the draft model to propose one token (a batch of one, its logits read)."""
-    (seconds,) = measure(draft, max_batch=1, repeats=3, context=PROBE_CONTEXT)
+    (seconds,) = measure(draft, max_batch=1, repeats=5, context=PROBE_CONTEXT, statistic=min)
     return _keep(key_for(draft, "draft_costs"), [seconds])[0] if store else seconds
 
 

@@ -155,6 +155,9 @@ class AdaptiveK:
         self.confidence_seen = False  # the drafter reports confidence: `keep_drafting` sets the length
         self.steps = self.plain_steps = 0
         self.probe_interval = config.probe_every
+        # Decided once, from the costs measured before generation: whether drafting is worth
+        # trying at all here (not re-decided on each step's noise).
+        self.worth_drafting = config.k_min > 0 or self.could_win()
 
     def rates(self, optimism: float = 0.0) -> np.ndarray:
         """Expected tokens per second E(k) / T(k) for k = 0..k_max."""
@@ -179,7 +182,7 @@ class AdaptiveK:
 
     def choose(self, source: str = "draft") -> int:
         self.steps += 1
-        if self.config.k_min == 0 and not self.could_win():
+        if not self.worth_drafting:
             return 0
         k = self.best_k()
         if k == 0:

@@ -102,7 +102,7 @@ def make_policy(choice: KChoice, *, costs: Callable[[], MachineCosts], verifier:
         config = config or PolicyConfig(k_max=K_MAX, k_min=1 if force_spec else 0)
         policy = adaptive_policy(drafter, costs(), config)
         model_side = policy.policies["draft"] if isinstance(policy, PerSource) else policy
-        if model_side.source == "draft" and not force_spec and not model_side.could_win():
+        if model_side.source == "draft" and not model_side.worth_drafting:
             machine = costs()
             text = (f"K adaptive: the draft model cannot win here (a draft token costs {machine.draft * 1000:.0f} ms,"
                     f" a verifier token {machine.verify[0] * 1000:.0f} ms)"

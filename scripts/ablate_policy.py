@@ -1,0 +1,127 @@
+"""Ablation of the adaptive K policy: the full policy against versions with one part taken out.
+
+Each variant runs through the same engine on the same prompts, interleaved round by round
+(repeats), with one pair loaded once; prints median tokens/s and each variant's median ratio
+to the full policy on the same prompt and round. Quiet machine only (docs/adaptive-k.md):
+
+    .venv/bin/python scripts/ablate_policy.py --repeats 3 -n 128 --temps 0,0.8 \\
+        -m ~/.cache/specgguf/qwen2.5-coder-1.5b-instruct-f16.gguf \\
+        -md ~/.cache/specgguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+
+Variants:
+- full: the policy as shipped.
+- no-calibration: the draft's top probability taken as its acceptance chance, not calibrated.
+- no-look-ahead: `keep_drafting` asks only whether the next draft pays, not any later one.
+- line-costs: the measured verify table replaced by a straight line fitted through it.
+- plain: K = 0, for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specgguf.costs import MachineCosts  # noqa: E402
+from specgguf.engine import FixedK, speculate  # noqa: E402
+from specgguf.kpolicy import Acceptance, AdaptiveK, PolicyConfig  # noqa: E402
+from specgguf.prepare import DraftOptions, LoadOptions, prepare, prompt_tokens  # noqa: E402
+from specgguf.resolve import ResolvedPair  # noqa: E402
+from specgguf.sampling import SamplingSettings  # noqa: E402
+
+PROMPTS = {
+    "code": "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
+    "prose": "Explain why the sky is blue.",
+}
+
+
+class RawConfidence(Acceptance):
+    def calibrated(self, confidence: float) -> float:
+        return confidence
+
+
+class NoLookAhead(AdaptiveK):
+    def keep_drafting(self, confidences: list[float]) -> bool:
+        n = len(confidences)
+        if n >= self.config.k_max:
+            return False
+        acceptance = np.array([self.acceptance.calibrated(c) for c in confidences])
+        all_accepted = np.cumprod(acceptance)
+        expected_now = 1.0 + all_accepted.sum()
+        expected_next = expected_now + all_accepted[-1] * acceptance[-1]
+        now, after = self.costs.step(np.array([n, n + 1]))
+        return bool(expected_next / after > expected_now / now)
+
+
+def line_costs(costs: MachineCosts) -> MachineCosts:
+    """The table's batches of 2+ tokens replaced by their least-squares line (one token kept)."""
+    sizes = np.arange(2, len(costs.verify) + 1)
+    slope, intercept = np.polyfit(sizes, costs.verify[1:], 1)
+    return MachineCosts((costs.verify[0], *(float(c) for c in intercept + slope * sizes)), draft=costs.draft)
+
+
+def policy_for(variant: str, costs: MachineCosts):
+    config = PolicyConfig()
+    if variant == "plain":
+        return FixedK(0)
+    if variant == "line-costs":
+        return AdaptiveK(line_costs(costs), config)
+    policy = (NoLookAhead if variant == "no-look-ahead" else AdaptiveK)(costs, config)
+    if variant == "no-calibration":
+        policy.acceptance = RawConfidence(config)
+    return policy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-m", required=True, type=Path)
+    parser.add_argument("-md", required=True, type=Path)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("-n", type=int, default=128)
+    parser.add_argument("--temps", default="0,0.8")
+    parser.add_argument("--variants", default="full,no-calibration,no-look-ahead,line-costs,plain")
+    args = parser.parse_args()
+    variants, temps = args.variants.split(","), [float(t) for t in args.temps.split(",")]
+    prepared = prepare(ResolvedPair(verifier=args.m, draft=args.md, name=None, recommended_k=None),
+                       LoadOptions(n_ctx=2048), DraftOptions())
+    print(f"costs: verify {[round(c * 1000) for c in prepared.costs.verify]} ms, draft "
+          f"{prepared.costs.draft * 1000:.0f} ms/token", file=sys.stderr)
+    tokens = {kind: prompt_tokens(prepared.verifier, text, raw=False, system=None) for kind, text in PROMPTS.items()}
+    speeds: dict[tuple, list[float]] = {}
+    for repeat in range(args.repeats):
+        for kind in PROMPTS:
+            for temp in temps:
+                for variant in variants:
+                    n_tokens, start, prefill = 0, time.perf_counter(), 0.0
+                    for event in speculate(verifier=prepared.verifier, drafter=prepared.drafter(),
+                                           prompt_tokens=tokens[kind], k=policy_for(variant, prepared.costs),
+                                           max_tokens=args.n, settings=SamplingSettings(temperature=temp),
+                                           rng=np.random.default_rng(repeat)):
+                        n_tokens += len(event.tokens)
+                        prefill += event.prefill_seconds
+                    speed = n_tokens / (time.perf_counter() - start - prefill)
+                    speeds.setdefault((kind, temp, variant), []).append(speed)
+                    print(f"round {repeat + 1} {kind:<6} T={temp:g} {variant:<15} {speed:6.2f} tok/s", file=sys.stderr)
+    print(f"\n{args.m.name} + {args.md.name}: median tok/s over {args.repeats} interleaved rounds, -n {args.n};"
+          " in brackets the median ratio to `full` on the same prompt and round")
+    print("| prompt | T | " + " | ".join(variants) + " |")
+    print("|---|---|" + "---|" * len(variants))
+    for kind in PROMPTS:
+        for temp in temps:
+            full = speeds[(kind, temp, "full")]
+            cells = []
+            for variant in variants:
+                runs = speeds[(kind, temp, variant)]
+                ratio = statistics.median(v / f for v, f in zip(runs, full))
+                cells.append(f"{statistics.median(runs):.2f}" + ("" if variant == "full" else f" ({ratio:.2f}×)"))
+            print(f"| {kind} | {temp:g} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
