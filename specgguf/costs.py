@@ -107,8 +107,8 @@ def measure_draft(draft, *, store: bool) -> float:
 
 def _keep(key: str, seconds: list[float]) -> list[float]:
     seconds = [round(c, 6) for c in seconds]  # as tuning.json keeps them: the same costs next time
-    if load_tuning() is None:  # damaged: only `bench` replaces it (keeping it as tuning.json.damaged)
-        sys.stderr.write("specgguf: warning: not keeping the measured costs in a damaged tuning.json\n")
+    if load_tuning() is None:  # damaged or unreadable: only `bench` replaces it (keeping a .damaged copy)
+        sys.stderr.write("specgguf: warning: not keeping the measured costs: tuning.json is unusable (see above)\n")
         return seconds
     try:
         store_seconds(key, seconds)

@@ -89,4 +89,4 @@ def test_probe_in_a_config_folder_that_cannot_be_written_warns_and_goes_on(tmp_p
     (tmp_path / "v.gguf").write_bytes(b"v")
     measured = costs.probe(FileModel(tmp_path / "v.gguf", {}))
     assert len(measured.verify) == costs.PROBE_BATCH
-    assert "could not keep the measured costs" in capsys.readouterr().err
+    assert "not keeping the measured costs" in capsys.readouterr().err
