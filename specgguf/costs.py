@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from .engine import Model
 from .tuning import load_tuning, model_key, store_seconds, stored_seconds
 
-PROBE_BATCH = 8  # the probe times batches of 1..8 tokens (K up to 7); the policy extends the table past that
+PROBE_BATCH = 6  # the probe times batches of 1..6 tokens (K up to 5); the policy extends the table past that
 PROBE_CONTEXT = 32
 
 
@@ -92,7 +92,7 @@ def probe(verifier, draft=None, *, on_measure: Callable[[], None] | None = None)
             on_measure()
         if verify is None:
             # The fastest of a few rounds: a short probe is easily disturbed, never sped up.
-            verify = _keep(key_for(verifier), measure(verifier, max_batch=PROBE_BATCH, repeats=3,
+            verify = _keep(key_for(verifier), measure(verifier, max_batch=PROBE_BATCH, repeats=2,
                                                       context=PROBE_CONTEXT, statistic=min))
         if draft_cost is None:
             draft_cost = [measure_draft(draft, store=True)]
