@@ -114,15 +114,21 @@ class StepCosts:
         self.table = np.asarray(costs.verify, dtype=float)
         self.draft_seconds = draft_seconds  # per draft token, at scale 1
         self.scale = 1.0
+        self.beyond: dict[int, float] = {}  # k past the table -> measured seconds at scale 1 (decayed)
         self.overhead = 0.0  # seconds per step outside drafting and verifying (sampling, rollback)
         self.decay = config.decay
         self.seen = {"scale": config.cost_trust}
 
     def verify(self, ks: np.ndarray) -> np.ndarray:
-        """Seconds to verify k drafts (a batch of k + 1); past the table, its last half's slope."""
-        table, last = self.table, len(self.table) - 1
-        slope = (table[last] - table[last // 2]) / max(1, last - last // 2)
-        return self.scale * np.where(ks <= last, table[np.minimum(ks, last)], table[last] + slope * (ks - last))
+        """Seconds to verify k drafts (a batch of k + 1): the table, then the batch sizes past it
+        that steps measured (interpolated), then the slope of the known costs' last half."""
+        sizes = np.concatenate([np.arange(len(self.table)), sorted(self.beyond)])
+        costs = np.concatenate([self.table, [self.beyond[k] for k in sorted(self.beyond)]])
+        half = int(np.searchsorted(sizes, sizes[-1] / 2))
+        slope = max(0.0, (costs[-1] - costs[half]) / max(1.0, sizes[-1] - sizes[half]))
+        ks = np.asarray(ks, dtype=float)
+        inside = np.interp(ks, sizes, costs)
+        return self.scale * np.where(ks <= sizes[-1], inside, costs[-1] + slope * (ks - sizes[-1]))
 
     def step(self, ks: np.ndarray) -> np.ndarray:
         # One scale for both models: context length and machine load slow both alike, so a
@@ -138,8 +144,11 @@ class StepCosts:
     def observe(self, event: StepEvent) -> None:
         k = event.n_drafted
         self.overhead = self._average("overhead", self.overhead, event.sample_seconds)
-        tabled = float(self.verify(np.array(k))) / self.scale
-        self.scale = self._average("scale", self.scale, event.verify_seconds / tabled)
+        if k < len(self.table):  # the scale compares like with like: measured sizes only
+            self.scale = self._average("scale", self.scale, event.verify_seconds / self.table[k])
+        else:  # a batch the probe did not time: learn its own cost
+            self.beyond[k] = self._average(f"verify {k}", float(self.verify(np.array([k]))[0]) / self.scale,
+                                           event.verify_seconds / self.scale)
         if k:
             per_token = (event.draft_seconds - event.draft_catchup_seconds) / k
             self.draft_seconds = self._average("draft", self.draft_seconds, per_token / self.scale)

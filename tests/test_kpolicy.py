@@ -25,7 +25,9 @@ def _step(k, n_accepted, *, verify=0.2, draft=0.03, confidences=(), source="draf
 
 
 def _verify(costs: MachineCosts, k: int) -> float:
-    return costs.verify[min(k, len(costs.verify) - 1)]
+    """The table's cost, and past its end its last step's slope."""
+    last = len(costs.verify) - 1
+    return costs.verify[min(k, last)] + max(0, k - last) * (costs.verify[last] - costs.verify[last - 1])
 
 
 def _run(policy: AdaptiveK, costs: MachineCosts, accepted_pattern):
@@ -156,8 +158,13 @@ def test_costs_follow_the_machine_and_a_cold_first_step_does_not_dominate():
     scale = (3 * 1.0 + 5 * 1.2) / 8
     assert policy.costs.scale == pytest.approx(scale)
     np.testing.assert_allclose(policy.costs.verify(np.array([0, 7])), [scale * 0.063, scale * 0.376])
-    # Past the table's end: the slope of its last half, (0.376 - 0.160) / 4 per token.
-    np.testing.assert_allclose(policy.costs.verify(np.array([9])) / scale, 0.376 + 2 * 0.054)
+    # Past the table's end: the slope of its last half, (0.376 - 0.171) / 3 per token ...
+    np.testing.assert_allclose(policy.costs.verify(np.array([9])) / scale, 0.376 + 2 * 0.205 / 3)
+    # ... until steps measure those batches: then their own costs, interpolated between.
+    policy.observe(_step(10, 10, verify=scale * 0.400))
+    np.testing.assert_allclose(policy.costs.verify(np.array([10, 9, 12])) / scale,
+                               [0.400, 0.376 + 0.024 * 2 / 3, 0.400 + 2 * (0.400 - 0.263) / 5])
+    assert policy.costs.scale == pytest.approx(scale)  # the table's scale learns from table sizes only
 
 
 def test_per_position_acceptance_counts_only_positions_the_rule_tested():
