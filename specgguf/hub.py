@@ -24,8 +24,14 @@ from urllib.parse import urlparse
 
 import httpx2
 from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
-from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, HFValidationError,
-                                    RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    HFValidationError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import WeakFileLock, build_hf_headers
 

@@ -44,7 +44,7 @@ class GenerationStats:
             for position in range(n):
                 counts[position] += 1
 
-    def merge(self, other: "GenerationStats") -> None:
+    def merge(self, other: GenerationStats) -> None:
         """Add another run's totals to these (bench sums its runs per setting)."""
         for name in ("n_tokens", "n_steps", "n_drafted", "n_accepted", "n_plain_steps", "draft_seconds",
                      "verify_seconds", "sample_seconds", "prefill_seconds", "wall_seconds"):

@@ -160,7 +160,7 @@ def test_tiny_verifier_on_two_workers_is_greedy_per_step(two_workers, tiny_verif
     workers = [w.address for w in two_workers]
     events, output = _check_greedy_per_step(tiny_verifier, tiny_draft, "the cat was there", k=4, max_tokens=40,
                                             verifier_options={"rpc_workers": workers})
-    assert len(output) == 40 and 0 < sum(e.n_accepted for e in events)
+    assert len(output) == 40 and sum(e.n_accepted for e in events) > 0
 
 
 @pytest.mark.qwen
