@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import time
 
 
@@ -62,7 +63,7 @@ async def main() -> None:
     servers = []
     for route in args.routes:
         listen, _, target = route.partition("=")
-        handler = lambda r, w, target=_address(target): _relay(target, args.delay_ms / 1000, r, w)  # noqa: E731, B008 - one route each, its target bound now
+        handler = functools.partial(_relay, _address(target), args.delay_ms / 1000)  # called with (reader, writer)
         servers.append(await asyncio.start_server(handler, *_address(listen)))
     print(f"relaying {', '.join(args.routes)} with {args.delay_ms:g} ms each way", flush=True)
     await asyncio.gather(*(server.serve_forever() for server in servers))

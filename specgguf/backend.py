@@ -18,10 +18,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+from llama_cpp.llama_types import ChatCompletionRequestMessage
 
 from .compat import VocabInfo
 from .cores import ThreadGovernor
@@ -219,7 +221,7 @@ class LlamaModel:
         context_params.n_batch = context_params.n_ubatch = n_batch
         # No -t: the thread count follows the machine's load (cores.py), checked as we decode.
         self._governor = _shared_governor() if n_threads is None else None
-        threads = n_threads or self._governor.threads
+        threads = n_threads if n_threads is not None else _shared_governor().threads
         context_params.n_threads = context_params.n_threads_batch = threads
         self.n_threads, self.n_gpu_layers = threads, n_gpu_layers  # what its speed depends on
         with self._guard(f"while creating {self.path.name}'s context"), _interruptible():
@@ -259,7 +261,7 @@ class LlamaModel:
         if n_logits > min(len(tokens), self.n_batch):
             raise ValueError(f"asked for {n_logits} logits rows from {len(tokens)} tokens")
         if self._governor is not None:
-            self._follow_load()
+            self._follow_load(self._governor)
         started = time.perf_counter()
         batch = self._batch
         for start in range(0, len(tokens), self.n_batch):
@@ -286,13 +288,13 @@ class LlamaModel:
         self.busy_seconds += time.perf_counter() - started
         return logits
 
-    def _follow_load(self) -> None:
-        self._governor.check()
-        if self._governor.threads != self.n_threads:
+    def _follow_load(self, governor: ThreadGovernor) -> None:
+        governor.check()
+        if governor.threads != self.n_threads:
             if _echo_log:
-                os.write(2, f"specgguf: {self.path.name}: {self.n_threads} -> {self._governor.threads} threads"
+                os.write(2, f"specgguf: {self.path.name}: {self.n_threads} -> {governor.threads} threads"
                             " (the machine's load changed)\n".encode())
-            self.n_threads = self._governor.threads
+            self.n_threads = governor.threads
             llama_cpp.llama_set_n_threads(self._ctx, self.n_threads, self.n_threads)
 
     def rewind(self, n_past: int) -> None:
@@ -347,7 +349,8 @@ class LlamaModel:
         def render() -> str:
             formatter = Jinja2ChatFormatter(template=template, eos_token=self._piece_text("eos"),
                                             bos_token=self._piece_text("bos"))
-            return formatter(messages=messages).prompt
+            # llama-cpp-python types each role's message apart; these are plain role/content dicts.
+            return formatter(messages=cast("list[ChatCompletionRequestMessage]", messages)).prompt
         # The template is code from the file: it may fail, or loop for ever. Neither may escape as
         # a traceback or a hang.
         try:

@@ -154,11 +154,11 @@ def _load_options(*, ctx_size: int, threads: int | None, rpc: str | None, rpc_dr
 
 def _progress_bar(err_console: Console):
     """A Rich progress callback for assembling model files."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+    from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TransferSpeedColumn
 
     progress = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                         TransferSpeedColumn(), console=err_console, transient=True)
-    tasks: dict[int, int] = {}
+    tasks: dict[int, TaskID] = {}
 
     def on_progress(done: int, total: int) -> None:
         if total not in tasks:

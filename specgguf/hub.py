@@ -165,7 +165,8 @@ def download(file: HubFile, *, progress: Progress | None = None) -> Path:
     endpoint = hub_endpoint()
     meta = _metadata(file, endpoint)
     etag_sha256 = meta.etag if _SHA256.fullmatch(meta.etag) else None
-    if file.sha256 is None and etag_sha256 is None:
+    expected = file.sha256 or etag_sha256
+    if expected is None:
         raise AssetError(f"{file.ref}: the hub gives no SHA-256 for this file (ETag {meta.etag}), so it"
                          " cannot be verified; add its sha256 to models.yaml to pull it; nothing was downloaded")
     if file.sha256 and etag_sha256 and etag_sha256 != file.sha256:
@@ -187,12 +188,11 @@ def download(file: HubFile, *, progress: Progress | None = None) -> Path:
     lock.parent.mkdir(parents=True, exist_ok=True)
     with WeakFileLock(lock):
         if blob.is_file():
-            verify_cached(blob, file.sha256 or etag_sha256, progress)  # removes it if it is not the file
+            verify_cached(blob, expected, progress)  # removes it if it is not the file
         if not blob.is_file():
             headers = build_hf_headers()
             if urlparse(meta.location).netloc != urlparse(endpoint).netloc:
                 headers.pop("authorization", None)  # a CDN link is already signed
-            expected = file.sha256 or etag_sha256  # one of them is known (checked above)
             fetch(meta.location, blob, name=file.ref, size=meta.size, sha256=expected, headers=headers,
                   progress=progress)
             _stamp(blob, expected)

@@ -284,6 +284,7 @@ def test_a_worker_that_never_answers_times_out(tiny_args):
 def _chat_until_first_answer(tiny_args, worker: Worker, *extra: str) -> subprocess.Popen:
     chat = subprocess.Popen([*SPECGGUF, "chat", *map(str, tiny_args), "--rpc", str(worker.address), *extra],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert chat.stdin is not None and chat.stdout is not None  # both piped
     chat.stdin.write("the cat\n")
     chat.stdin.flush()
     assert chat.stdout.readline()  # the first answer came through the worker
