@@ -16,9 +16,10 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import cast
+from types import FrameType
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import llama_cpp
 import numpy as np
@@ -30,6 +31,9 @@ from .cores import ThreadGovernor
 from .errors import ContextFullError, ModelLoadError, PromptError
 from .ggml_devices import Ggml
 from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker, Watchdog, probe
+
+if TYPE_CHECKING:
+    from _typeshed import TraceFunction
 
 # --- logging: llama.cpp's messages go to a ring buffer, shown on failure or on request ---
 _LOG_ERROR = 3
@@ -55,7 +59,7 @@ _interrupted = threading.Event()
 
 
 @contextlib.contextmanager
-def _interruptible():
+def _interruptible() -> Iterator[None]:
     """Ctrl-C during the block stops it and raises KeyboardInterrupt afterwards, never lost."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -70,7 +74,8 @@ def _interruptible():
         raise KeyboardInterrupt
 
 
-def _load_model(path: Path, params, *, on_progress: Callable[[], None] | None = None) -> ctypes.c_void_p | None:
+def _load_model(path: Path, params: llama_cpp.llama_model_params, *,
+                on_progress: Callable[[], None] | None = None) -> ctypes.c_void_p | None:
     """llama.cpp's load, abandoned at once on Ctrl-C; `on_progress` is called as it goes."""
     def progress(_progress: float, _user_data: ctypes.c_void_p) -> bool:
         if on_progress is not None:
@@ -372,16 +377,17 @@ class LlamaModel:
         return _vocab_info(self._vocab, self.path.name)
 
 
+T = TypeVar("T")
 TEMPLATE_SECONDS = 5.0  # a real chat template renders in milliseconds
 
 
-def within_time(work, *, seconds: float):
+def within_time(work: Callable[[], T], *, seconds: float) -> T:
     """work(), stopped with TimeoutError if it runs past `seconds` (Python code only: a line tracer
     in this thread checks the clock, so it stops loops in a Jinja template, which compiles to Python)."""
     deadline, ticks = time.monotonic() + seconds, 0
     previous = sys.gettrace()
 
-    def tracer(frame, event, arg):
+    def tracer(frame: FrameType, event: str, arg: object) -> TraceFunction:
         nonlocal ticks
         ticks += 1
         if ticks % 256 == 0 and time.monotonic() > deadline:
@@ -395,7 +401,7 @@ def within_time(work, *, seconds: float):
         sys.settrace(previous)
 
 
-def _vocab_info(vocab, name: str) -> VocabInfo:
+def _vocab_info(vocab: llama_cpp.llama_vocab_p, name: str) -> VocabInfo:
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
     return VocabInfo(
         name=name,
