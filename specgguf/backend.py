@@ -16,18 +16,24 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+from llama_cpp.llama_types import ChatCompletionRequestMessage
 
 from .compat import VocabInfo
 from .cores import ThreadGovernor
 from .errors import ContextFullError, ModelLoadError, PromptError
 from .ggml_devices import Ggml
 from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker, Watchdog, probe
+
+if TYPE_CHECKING:
+    from _typeshed import TraceFunction
 
 # --- logging: llama.cpp's messages go to a ring buffer, shown on failure or on request ---
 _LOG_ERROR = 3
@@ -53,7 +59,7 @@ _interrupted = threading.Event()
 
 
 @contextlib.contextmanager
-def _interruptible():
+def _interruptible() -> Iterator[None]:
     """Ctrl-C during the block stops it and raises KeyboardInterrupt afterwards, never lost."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -68,7 +74,8 @@ def _interruptible():
         raise KeyboardInterrupt
 
 
-def _load_model(path: Path, params, *, on_progress: Callable[[], None] | None = None) -> ctypes.c_void_p | None:
+def _load_model(path: Path, params: llama_cpp.llama_model_params, *,
+                on_progress: Callable[[], None] | None = None) -> ctypes.c_void_p | None:
     """llama.cpp's load, abandoned at once on Ctrl-C; `on_progress` is called as it goes."""
     def progress(_progress: float, _user_data: ctypes.c_void_p) -> bool:
         if on_progress is not None:
@@ -219,7 +226,7 @@ class LlamaModel:
         context_params.n_batch = context_params.n_ubatch = n_batch
         # No -t: the thread count follows the machine's load (cores.py), checked as we decode.
         self._governor = _shared_governor() if n_threads is None else None
-        threads = n_threads or self._governor.threads
+        threads = n_threads if n_threads is not None else _shared_governor().threads
         context_params.n_threads = context_params.n_threads_batch = threads
         self.n_threads, self.n_gpu_layers = threads, n_gpu_layers  # what its speed depends on
         with self._guard(f"while creating {self.path.name}'s context"), _interruptible():
@@ -259,7 +266,7 @@ class LlamaModel:
         if n_logits > min(len(tokens), self.n_batch):
             raise ValueError(f"asked for {n_logits} logits rows from {len(tokens)} tokens")
         if self._governor is not None:
-            self._follow_load()
+            self._follow_load(self._governor)
         started = time.perf_counter()
         batch = self._batch
         for start in range(0, len(tokens), self.n_batch):
@@ -286,13 +293,13 @@ class LlamaModel:
         self.busy_seconds += time.perf_counter() - started
         return logits
 
-    def _follow_load(self) -> None:
-        self._governor.check()
-        if self._governor.threads != self.n_threads:
+    def _follow_load(self, governor: ThreadGovernor) -> None:
+        governor.check()
+        if governor.threads != self.n_threads:
             if _echo_log:
-                os.write(2, f"specgguf: {self.path.name}: {self.n_threads} -> {self._governor.threads} threads"
+                os.write(2, f"specgguf: {self.path.name}: {self.n_threads} -> {governor.threads} threads"
                             " (the machine's load changed)\n".encode())
-            self.n_threads = self._governor.threads
+            self.n_threads = governor.threads
             llama_cpp.llama_set_n_threads(self._ctx, self.n_threads, self.n_threads)
 
     def rewind(self, n_past: int) -> None:
@@ -347,7 +354,8 @@ class LlamaModel:
         def render() -> str:
             formatter = Jinja2ChatFormatter(template=template, eos_token=self._piece_text("eos"),
                                             bos_token=self._piece_text("bos"))
-            return formatter(messages=messages).prompt
+            # llama-cpp-python types each role's message apart; these are plain role/content dicts.
+            return formatter(messages=cast("list[ChatCompletionRequestMessage]", messages)).prompt
         # The template is code from the file: it may fail, or loop for ever. Neither may escape as
         # a traceback or a hang.
         try:
@@ -369,16 +377,17 @@ class LlamaModel:
         return _vocab_info(self._vocab, self.path.name)
 
 
+T = TypeVar("T")
 TEMPLATE_SECONDS = 5.0  # a real chat template renders in milliseconds
 
 
-def within_time(work, *, seconds: float):
+def within_time(work: Callable[[], T], *, seconds: float) -> T:
     """work(), stopped with TimeoutError if it runs past `seconds` (Python code only: a line tracer
     in this thread checks the clock, so it stops loops in a Jinja template, which compiles to Python)."""
     deadline, ticks = time.monotonic() + seconds, 0
     previous = sys.gettrace()
 
-    def tracer(frame, event, arg):
+    def tracer(frame: FrameType, event: str, arg: object) -> TraceFunction:
         nonlocal ticks
         ticks += 1
         if ticks % 256 == 0 and time.monotonic() > deadline:
@@ -392,7 +401,7 @@ def within_time(work, *, seconds: float):
         sys.settrace(previous)
 
 
-def _vocab_info(vocab, name: str) -> VocabInfo:
+def _vocab_info(vocab: llama_cpp.llama_vocab_p, name: str) -> VocabInfo:
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
     return VocabInfo(
         name=name,

@@ -85,6 +85,7 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
                       on_run=lambda: progress.advance(task))
             best = {t: best_fixed_k(settings, t) for t in plan.temperatures}
             if store:
+                assert target.pair.draft is not None  # load_models(need_draft=True) loaded it
                 for temperature, measurement in best.items():
                     store_measurement(target.pair.verifier, target.pair.draft, temperature, measurement)
             results.append({"pair": target.label, "verifier": str(target.pair.verifier),

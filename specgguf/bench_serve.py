@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -60,7 +61,9 @@ def wait_for_health(base_url: str, process: subprocess.Popen) -> None:
 
     for _ in range(600):
         if process.poll() is not None:
-            raise SystemExit(f"{process.args[0]} exited: {process.stderr.read() if process.stderr else ''}")
+            args = process.args
+            program = os.fsdecode(args if isinstance(args, (str, bytes, os.PathLike)) else args[0])
+            raise SystemExit(f"{program} exited: {process.stderr.read() if process.stderr else ''}")
         try:
             if httpx.get(base_url + "/health", timeout=2).status_code == 200:
                 return

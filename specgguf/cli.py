@@ -9,7 +9,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -28,11 +28,11 @@ def _root() -> None:
 
 
 # --- options shared between commands (defined once) -------------------------------------
-Model = Annotated[Optional[Path], typer.Option("-m", "--model", help="Verifier GGUF file.", show_default=False)]
-ModelDraft = Annotated[Optional[Path], typer.Option("-md", "--model-draft", help="Draft GGUF file.",
-                                                    show_default=False)]
-PairName = Annotated[Optional[str], typer.Option("--pair", help="A pair from models.yaml (see `pull`).")]
-DraftMax = Annotated[Optional[str], typer.Option(
+Model = Annotated[Path | None, typer.Option("-m", "--model", help="Verifier GGUF file.", show_default=False)]
+ModelDraft = Annotated[Path | None, typer.Option("-md", "--model-draft", help="Draft GGUF file.",
+                                                 show_default=False)]
+PairName = Annotated[str | None, typer.Option("--pair", help="A pair from models.yaml (see `pull`).")]
+DraftMax = Annotated[str | None, typer.Option(
     "-k", "--draft-max", help="Draft tokens per step: a number (0 = verifier alone), 'adaptive' (chosen each "
     "step from measured costs) or 'auto' (default: the K `bench` stored for this pair here, else adaptive).")]
 Drafter = Annotated[str, typer.Option("--drafter", help="model (draft model), ngram (prompt lookup, no draft "
@@ -46,14 +46,14 @@ Temperature = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature
 TopK = Annotated[int, typer.Option("--top-k", min=0, help="Top-k (0 = off).")]
 TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p (1 = off).")]
 MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Min-p (0 = off).")]
-Seed = Annotated[Optional[int], typer.Option("--seed", help="RNG seed (default or -1: random, reported in"
-                                             " --json).")]
+Seed = Annotated[int | None, typer.Option("--seed", help="RNG seed (default or -1: random, reported in"
+                                          " --json).")]
 CtxSize = Annotated[int, typer.Option("-c", "--ctx-size", min=16, help="Context size in tokens.")]
-Threads = Annotated[Optional[int], typer.Option("-t", "--threads", min=1, help="CPU threads (default: all).")]
+Threads = Annotated[int | None, typer.Option("-t", "--threads", min=1, help="CPU threads (default: all).")]
 GpuLayers = Annotated[int, typer.Option("-ngl", "--n-gpu-layers", min=0, help="Verifier layers on the GPU.")]
 GpuLayersDraft = Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", min=0,
                                              help="Draft layers on the GPU.")]
-Rpc = Annotated[Optional[str], typer.Option(
+Rpc = Annotated[str | None, typer.Option(
     "--rpc", help="Put the verifier's layers on these `specgguf worker`s (or llama.cpp rpc-servers): "
     "HOST:PORT[,HOST:PORT...]; -ngl N sends only the last N (the output layer counts as one, as in "
     "llama.cpp).", show_default=False)]
@@ -153,11 +153,11 @@ def _load_options(*, ctx_size: int, threads: int | None, rpc: str | None, rpc_dr
 
 def _progress_bar(err_console: Console):
     """A Rich progress callback for assembling model files."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+    from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TransferSpeedColumn
 
     progress = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                         TransferSpeedColumn(), console=err_console, transient=True)
-    tasks: dict[int, int] = {}
+    tasks: dict[int, TaskID] = {}
 
     def on_progress(done: int, total: int) -> None:
         if total not in tasks:
@@ -171,7 +171,7 @@ def _progress_bar(err_console: Console):
 
 @app.command()
 def run(
-    prompt: Annotated[Optional[str], typer.Argument(help="The prompt; '-' or nothing reads standard input.")] = None,
+    prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' or nothing reads standard input.")] = None,
     model: Model = None,
     model_draft: ModelDraft = None,
     pair: PairName = None,
@@ -193,7 +193,7 @@ def run(
     rpc: Rpc = None,
     rpc_draft: RpcDraft = False,
     rpc_timeout: RpcTimeout = 60.0,
-    system: Annotated[Optional[str], typer.Option("--system", help="System prompt for the chat template.")] = None,
+    system: Annotated[str | None, typer.Option("--system", help="System prompt for the chat template.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
     show_rejected: Annotated[bool, typer.Option("--show-rejected", help="Show rejected drafts, struck out.")] = False,
@@ -228,18 +228,18 @@ def bench(
     f16: Annotated[bool, typer.Option("--f16", help="Also measure the pair with its verifier converted to F16 "
                                       "(memory-bound on a CPU; converted once into the cache).")] = False,
     only_f16: Annotated[bool, typer.Option("--only-f16", help="Measure only the F16-verifier variant.")] = False,
-    draft_max: Annotated[Optional[str], typer.Option("-k", "--draft-max", help="Fixed K values to sweep, "
-                                                     "e.g. 2,4,8.")] = None,
+    draft_max: Annotated[str | None, typer.Option("-k", "--draft-max", help="Fixed K values to sweep, "
+                                                  "e.g. 2,4,8.")] = None,
     adaptive: Annotated[bool, typer.Option("--adaptive/--no-adaptive", help="Also measure adaptive K.")] = True,
     drafters: Annotated[str, typer.Option("--drafters", help="Drafters to measure: model,ngram,hybrid.")] = "model",
     temps: Annotated[str, typer.Option("--temps", help="Temperatures, e.g. 0,0.8.")] = "0,0.8",
-    prompts: Annotated[Optional[str], typer.Option("--prompts", help="Prompts to run, from: code, edit, chat, "
-                                                   "summary, repeat (default: all; --quick: code,edit).")] = None,
-    repeats: Annotated[Optional[int], typer.Option("--repeats", min=1, help="Repeats of the prompt set.")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option("-n", "--max-tokens", min=1, help="Tokens per run.")] = None,
+    prompts: Annotated[str | None, typer.Option("--prompts", help="Prompts to run, from: code, edit, chat, "
+                                                "summary, repeat (default: all; --quick: code,edit).")] = None,
+    repeats: Annotated[int | None, typer.Option("--repeats", min=1, help="Repeats of the prompt set.")] = None,
+    max_tokens: Annotated[int | None, typer.Option("-n", "--max-tokens", min=1, help="Tokens per run.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Two prompts, K 4 and 8, greedy, one repeat, "
                                         "48 tokens.")] = False,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Save speedup vs K as a PNG.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Save speedup vs K as a PNG.")] = None,
     store: Annotated[bool, typer.Option("--store/--no-store", help="Store the best K for `-k auto`.")] = True,
     ctx_size: CtxSize = 2048,
     threads: Threads = None,
@@ -281,12 +281,12 @@ def bench(
 
 @app.command()
 def pull(
-    pair: Annotated[Optional[str], typer.Argument(help="A pair from `specgguf pairs` (default: the default pair).",
-                                                  show_default=False)] = None,
-    verifier: Annotated[Optional[str], typer.Option("--verifier", help="Ad-hoc pair: the verifier, "
-                                                    "OWNER/REPO/FILE.gguf on Hugging Face.")] = None,
-    draft: Annotated[Optional[str], typer.Option("--draft",
-                                                 help="Ad-hoc pair: the draft, OWNER/REPO/FILE.gguf.")] = None,
+    pair: Annotated[str | None, typer.Argument(help="A pair from `specgguf pairs` (default: the default pair).",
+                                               show_default=False)] = None,
+    verifier: Annotated[str | None, typer.Option("--verifier", help="Ad-hoc pair: the verifier, "
+                                                 "OWNER/REPO/FILE.gguf on Hugging Face.")] = None,
+    draft: Annotated[str | None, typer.Option("--draft",
+                                              help="Ad-hoc pair: the draft, OWNER/REPO/FILE.gguf.")] = None,
 ) -> None:
     """Download a matched pair into the Hugging Face cache (resumable, SHA-256 verified), then check it pairs.
 
@@ -301,7 +301,7 @@ def pull(
 
 @app.command()
 def pairs(
-    name: Annotated[Optional[str], typer.Argument(help="Show this pair in full.", show_default=False)] = None,
+    name: Annotated[str | None, typer.Argument(help="Show this pair in full.", show_default=False)] = None,
 ) -> None:
     """The registry's pairs: sizes, whether they are here, recommended K, and what was measured here."""
     from .pairs import show_pairs
@@ -357,7 +357,7 @@ def chat(
     rpc: Rpc = None,
     rpc_draft: RpcDraft = False,
     rpc_timeout: RpcTimeout = 60.0,
-    system: Annotated[Optional[str], typer.Option("--system", help="System prompt for the chat template.")] = None,
+    system: Annotated[str | None, typer.Option("--system", help="System prompt for the chat template.")] = None,
     show_rejected: Annotated[bool, typer.Option("--show-rejected", help="Show rejected drafts, struck out.")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No stats line after each answer.")] = False,
 ) -> None:
@@ -406,8 +406,8 @@ def serve(
     rpc_timeout: RpcTimeout = 60.0,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8080,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECGGUF_API_KEY", show_envvar=True,
-                                                   help="Require 'Authorization: Bearer KEY'.")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="SPECGGUF_API_KEY", show_envvar=True,
+                                                help="Require 'Authorization: Bearer KEY'.")] = None,
     insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback --host without an "
                                            "API key.")] = False,
     queue_size: Annotated[int, typer.Option("--queue-size", min=1, help="Requests that may wait for the "
@@ -441,11 +441,11 @@ def worker(
     host: Annotated[str, typer.Option("--host", help="IPv4 address to listen on; anything but loopback is "
                                       "reachable by others (no authentication).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 50052,
-    threads: Annotated[Optional[int], typer.Option("-t", "--threads", min=1,
-                                                   help="CPU threads (default: half the cores).")] = None,
-    cache: Annotated[Optional[Path], typer.Option("--cache", help="Keep received weights in this folder, so a "
-                                                  "client loading the same model again sends only hashes.",
-                                                  show_default=False)] = None,
+    threads: Annotated[int | None, typer.Option("-t", "--threads", min=1,
+                                                help="CPU threads (default: half the cores).")] = None,
+    cache: Annotated[Path | None, typer.Option("--cache", help="Keep received weights in this folder, so a "
+                                               "client loading the same model again sends only hashes.",
+                                               show_default=False)] = None,
 ) -> None:
     """Serve this machine's CPU (or GPUs) to `--rpc` clients: llama.cpp's RPC server, as its `rpc-server` runs it.
 

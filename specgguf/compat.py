@@ -57,7 +57,8 @@ def compare_vocabularies(verifier: VocabInfo, draft: VocabInfo, *, max_examples:
         f"verifier {verifier.n_vocab}, draft {draft.n_vocab} (differ by {size_gap};"
         f" at most {MAX_VOCAB_SIZE_DIFFERENCE} allowed)",
     ))
-    examples, n_differing = [], 0
+    examples: list[str] = []
+    n_differing = 0
     if findings[0].ok:
         for token in range(CHECK_START_TOKEN_ID, min(verifier.n_vocab, draft.n_vocab)):
             ours, theirs = verifier.token_texts[token], draft.token_texts[token]

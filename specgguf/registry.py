@@ -57,7 +57,8 @@ class ModelFile:
     @property
     def total_size(self) -> int | None:
         sizes = [part.size for part in self.files()]
-        return None if None in sizes else sum(sizes)
+        known = [size for size in sizes if size is not None]
+        return sum(known) if len(known) == len(sizes) else None
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def _unsafe(text: str) -> bool:
 def _build(cls: type, data: Any, where: str, source: str, **extra: Any) -> Any:
     """Build dataclass `cls` from a YAML mapping, checking keys, types and values."""
     line = getattr(data, "line", "?")
-    if not isinstance(data, dict):
+    if not isinstance(data, _Mapping):  # every YAML mapping _LineLoader builds
         raise RegistryError(f"{source}:{line}: {where}: expected a mapping, got {type(data).__name__}")
     names = {f.name: f for f in fields(cls) if f.name not in extra}
     for key in data:
@@ -193,7 +194,7 @@ def parse_registry(text: str, source: str) -> tuple[dict[str, Pair], str | None]
         raise RegistryError(f"{source}: not valid YAML: {str(error).splitlines()[0]}") from None
     if data is None:
         return {}, None
-    if not isinstance(data, dict) or set(data) - {"default", "pairs"}:
+    if not isinstance(data, _Mapping) or set(data) - {"default", "pairs"}:
         raise RegistryError(f"{source}: the top level must be a mapping with 'pairs' and optionally 'default'")
     pairs_data = data.get("pairs") or {}
     if not isinstance(pairs_data, dict):

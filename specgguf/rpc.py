@@ -113,7 +113,7 @@ def probe(worker: RpcWorker, *, timeout: float) -> tuple[int, int, int]:
     except ConnectionRefusedError:
         raise RpcWorkerError(f"RPC worker {worker}: connection refused (is `specgguf worker` running there,"
                              " on that port?)") from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise RpcWorkerError(f"RPC worker {worker}: no connection within {timeout:g} s (host down or"
                              " firewalled?)") from None
     except OSError as error:
@@ -124,7 +124,7 @@ def probe(worker: RpcWorker, *, timeout: float) -> tuple[int, int, int]:
             header = _receive(connection, 8)
             size = struct.unpack("<Q", header)[0] if len(header) == 8 else None
             answer = _receive(connection, _HELLO_ANSWER_SIZE) if size == _HELLO_ANSWER_SIZE else b""
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise RpcWorkerError(f"RPC worker {worker}: no answer to the handshake within {timeout:g} s (a"
                                  " worker serves one client at a time: is another one using it?)") from None
         except OSError as error:

@@ -12,6 +12,7 @@ greedy decoding: the argmax of the raw logits.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,7 +140,7 @@ def accept_drafts(
     return n_accepted, sample_token(residual, rng)
 
 
-def accept_greedy(*, target_logits: np.ndarray, draft_tokens: np.ndarray) -> tuple[int, int]:
+def accept_greedy(*, target_logits: np.ndarray, draft_tokens: Sequence[int] | np.ndarray) -> tuple[int, int]:
     """Temperature 0: accept while each draft token is the verifier's argmax.
 
     target_logits: (K+1, n_vocab). Returns (n_accepted, next_token), where

@@ -9,7 +9,7 @@ get a 400 naming them, never a silent ignore.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -41,7 +41,7 @@ class _Strict(BaseModel):
 class Speculative(_Strict):
     """Per-request drafting: {"k": 8 | "auto" | "adaptive", "drafter": ..., "p_min": ...}."""
 
-    k: Union[Annotated[int, Field(ge=0, le=64)], Literal["auto", "adaptive"], None] = None
+    k: Annotated[int, Field(ge=0, le=64)] | Literal["auto", "adaptive"] | None = None
     drafter: Literal["model", "ngram", "hybrid"] | None = None
     p_min: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
 
@@ -65,7 +65,7 @@ class _Common(_Strict):
     top_k: Annotated[int, Field(ge=0)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     seed: int | None = None  # negative: a random seed (llama.cpp's -1)
-    stop: Union[_StopString, Annotated[list[_StopString], Field(max_length=16)], None] = None
+    stop: _StopString | Annotated[list[_StopString], Field(max_length=16)] | None = None
     speculative: Speculative | None = None
     user: str | None = None  # an end-user id; nothing to do with generation
     # Declared only to be refused by name (see `refuse_unsupported`).
@@ -107,7 +107,7 @@ class _Common(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: Union[str, list[dict[str, Any]], None] = None
+    content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: Any = None
     tool_call_id: Any = None
@@ -171,7 +171,7 @@ class ChatRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: Union[str, Annotated[list[str], Field(min_length=1, max_length=1)]]
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # the legacy API: how many alternatives
     echo: bool = False
     suffix: str | None = None

@@ -29,7 +29,7 @@ class GenerationStats:
         stepped = bool(event.n_drafted or event.tokens)
         self.n_steps += stepped
         self.n_plain_steps += stepped and not event.n_drafted
-        if event.n_accepted:
+        if event.n_accepted and event.draft_source is not None:  # a step that accepted drafts names their source
             self.accepted_by_source[event.draft_source] = \
                 self.accepted_by_source.get(event.draft_source, 0) + event.n_accepted
         self.n_drafted += event.n_drafted
@@ -44,7 +44,7 @@ class GenerationStats:
             for position in range(n):
                 counts[position] += 1
 
-    def merge(self, other: "GenerationStats") -> None:
+    def merge(self, other: GenerationStats) -> None:
         """Add another run's totals to these (bench sums its runs per setting)."""
         for name in ("n_tokens", "n_steps", "n_drafted", "n_accepted", "n_plain_steps", "draft_seconds",
                      "verify_seconds", "sample_seconds", "prefill_seconds", "wall_seconds"):

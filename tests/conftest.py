@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -13,7 +14,7 @@ from tiny_gguf import write_tiny_llama
 IN_CI = os.environ.get("CI") == "true"
 
 
-def _missing(reason: str):
+def _missing(reason: str) -> NoReturn:
     """Real-model tests skip on a developer machine without the packages, but fail in CI."""
     if IN_CI:
         pytest.fail(f"{reason} (CI must install it: see the Makefile's install target)")

@@ -20,29 +20,29 @@ class FakeModel:
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
         self.eog = set(eog)
-        self.cache: list[int] = []
+        self.cached: list[int] = []  # a plain attribute, as the protocol declares it
         self.eval_calls: list[list[int]] = []
 
     @property
-    def cached(self) -> list[int]:
-        return self.cache
+    def cache(self) -> list[int]:  # the name test_engine.py reads
+        return self.cached
 
     @property
     def n_past(self) -> int:
-        return len(self.cache)
+        return len(self.cached)
 
     def eval(self, tokens: Sequence[int], *, n_logits: int) -> np.ndarray:
         tokens = [int(t) for t in tokens]
         self.eval_calls.append(tokens)
-        self.cache += tokens
-        if len(self.cache) > self.n_ctx:
-            raise AssertionError(f"context overflow: {len(self.cache)} > {self.n_ctx}")
-        ends = range(len(self.cache) - n_logits + 1, len(self.cache) + 1)
-        return np.array([self.next_logits(self.cache[:end]) for end in ends]).reshape(n_logits, self.n_vocab)
+        self.cached += tokens
+        if len(self.cached) > self.n_ctx:
+            raise AssertionError(f"context overflow: {len(self.cached)} > {self.n_ctx}")
+        ends = range(len(self.cached) - n_logits + 1, len(self.cached) + 1)
+        return np.array([self.next_logits(self.cached[:end]) for end in ends]).reshape(n_logits, self.n_vocab)
 
     def rewind(self, n_past: int) -> None:
-        assert 0 <= n_past <= len(self.cache)
-        del self.cache[n_past:]
+        assert 0 <= n_past <= len(self.cached)
+        del self.cached[n_past:]
 
     def is_eog(self, token: int) -> bool:
         return token in self.eog

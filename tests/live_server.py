@@ -68,7 +68,8 @@ def live_server(*args, api_key: str | None = None, startup_timeout: float = 60):
         deadline = time.monotonic() + startup_timeout
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"the server exited ({process.returncode}): {process.stderr.read()}")
+                stderr = process.stderr.read() if process.stderr else ""
+                raise RuntimeError(f"the server exited ({process.returncode}): {stderr}")
             try:
                 if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
                     break

@@ -120,7 +120,7 @@ def _llama_cpp_chain_probs(logits: np.ndarray, settings: SamplingSettings) -> np
         *[llama_cpp.llama_token_data(i, float(v), 0.0) for i, v in enumerate(logits)])
     array = llama_cpp.llama_token_data_array(data, len(logits), -1, False)
     llama_cpp.llama_sampler_apply(chain, ctypes.pointer(array))
-    kept = {data[i].id: data[i].logit for i in range(array.size)}
+    kept = {int(data[i].id): data[i].logit for i in range(array.size)}
     llama_cpp.llama_sampler_free(chain)
     ids = np.array(sorted(kept))
     values = np.array([kept[i] for i in ids], dtype=np.float64)

@@ -14,11 +14,12 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from huggingface_hub import try_to_load_from_cache
 
-from hub_server import Fault, FakeHub
+from hub_server import FakeHub, Fault
 from tiny_gguf import write_tiny_llama
 
 SPECGGUF = [sys.executable, "-m", "specgguf"]
@@ -98,8 +99,8 @@ def test_pull_downloads_verifies_checks_and_says_ready(hub, home, tiny_files):
     result = specgguf("pull", "tiny", env=home)
     assert result.returncode == 0, result.stderr
     verifier_path, draft_path = result.stdout.splitlines()
-    assert open(verifier_path, "rb").read() == tiny_files["verifier"]
-    assert open(draft_path, "rb").read() == tiny_files["draft"]
+    assert Path(verifier_path).read_bytes() == tiny_files["verifier"]
+    assert Path(draft_path).read_bytes() == tiny_files["draft"]
     # In huggingface_hub's own layout: a snapshot link to a blob named by the SHA-256.
     assert verifier_path == cached(home, VERIFIER) and os.path.islink(verifier_path)
     assert os.path.basename(os.path.realpath(verifier_path)) == hashlib.sha256(tiny_files["verifier"]).hexdigest()
@@ -141,7 +142,7 @@ def test_a_connection_dropped_mid_file_is_resumed_with_a_range_request(hub, home
     assert result.returncode == 0, result.stderr
     gets = [r for r in hub.downloads() if sha256 in r.path]
     assert [r.range for r in gets] == [None, "bytes=300000-"]
-    assert open(result.stdout.splitlines()[0], "rb").read() == tiny_files["verifier"]
+    assert Path(result.stdout.splitlines()[0]).read_bytes() == tiny_files["verifier"]
 
 
 def test_an_interrupted_pull_resumes_where_it_stopped(hub, home, tiny_files):
@@ -167,7 +168,7 @@ def test_an_interrupted_pull_resumes_where_it_stopped(hub, home, tiny_files):
     result = specgguf("pull", "tiny", env=home)
     assert result.returncode == 0, result.stderr
     assert [r.range for r in hub.downloads() if sha256 in r.path] == ["bytes=250000-"]
-    assert open(result.stdout.splitlines()[0], "rb").read() == tiny_files["verifier"]
+    assert Path(result.stdout.splitlines()[0]).read_bytes() == tiny_files["verifier"]
     assert not os.path.exists(partial)
 
 

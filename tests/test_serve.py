@@ -242,7 +242,8 @@ def test_metrics_count_tokens_drafts_and_requests(server, client):
     timings = response.model_extra["timings"]
     assert server.metric("specgguf_tokens_generated_total") - before["specgguf_tokens_generated_total"] == \
         timings["predicted_n"]
-    assert server.metric("specgguf_tokens_drafted_total") - before["specgguf_tokens_drafted_total"] == timings["draft_n"]
+    assert server.metric("specgguf_tokens_drafted_total") - before["specgguf_tokens_drafted_total"] == \
+        timings["draft_n"]
     assert server.metric("specgguf_tokens_accepted_total") - before["specgguf_tokens_accepted_total"] == \
         timings["draft_n_accepted"]
     assert server.metric('specgguf_drafts_by_position_total{position="0"}') >= \

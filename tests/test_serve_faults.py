@@ -57,7 +57,8 @@ BAD_CHAT = [
 ]
 BAD_COMPLETION = [
     ({}, 400, "prompt"), ({"prompt": [1, 2, 3]}, 400, "prompt"), ({"prompt": ["a", "b"]}, 400, "prompt"),
-    ({"prompt": "hi", "echo": True}, 400, "echo"), ({"prompt": "hi", "logprobs": -1}, 400, "logprobs"), ({"prompt": "hi", "best_of": 3}, 400, "best_of"),
+    ({"prompt": "hi", "echo": True}, 400, "echo"), ({"prompt": "hi", "logprobs": -1}, 400, "logprobs"),
+    ({"prompt": "hi", "best_of": 3}, 400, "best_of"),
     ({"prompt": ""}, 400, None),
 ]
 
@@ -199,9 +200,9 @@ def test_a_client_that_leaves_the_queue_is_never_served(slow):
         with http.stream("POST", "/v1/completions", json=LONG) as running:
             stream = events(running)
             first_text(stream)
-            with httpx.Client(base_url=slow.base_url, timeout=httpx.Timeout(30, read=1)) as impatient:
-                with pytest.raises(httpx.ReadTimeout):  # queued behind the running one: gives up, hangs up
-                    impatient.post("/v1/completions", json=LONG)
+            with (httpx.Client(base_url=slow.base_url, timeout=httpx.Timeout(30, read=1)) as impatient,
+                  pytest.raises(httpx.ReadTimeout)):  # queued behind the running one: gives up, hangs up
+                impatient.post("/v1/completions", json=LONG)
             wait_for(lambda: http.get("/health").json()["queue_length"] == 0)  # it gave its place up
         assert greedy_text(http)  # runs next: the abandoned request was skipped, not generated
         assert slow.metric("specgguf_tokens_generated_total") - generated_before < LONG["max_tokens"]

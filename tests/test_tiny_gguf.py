@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import pathlib
-import sys
 import warnings
+from typing import Any
 
+import llama_cpp
 import numpy as np
 import pytest
+from llama_cpp import Llama
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import llama_cpp  # noqa: E402
-from llama_cpp import Llama  # noqa: E402
-from tiny_gguf import DEFAULT_TEMPLATE, tiny_vocab, write_tiny_llama  # noqa: E402
+from tiny_gguf import DEFAULT_TEMPLATE, tiny_vocab, write_tiny_llama
 
 TEXT = b"hello world the cat"
 
 
-def load(path: pathlib.Path, **kw: object) -> Llama:
+def load(path: pathlib.Path, **kw: Any) -> Llama:
     return Llama(model_path=str(path), n_ctx=256, verbose=False, **kw)
 
 
@@ -94,6 +93,7 @@ def test_special_ids_and_chat_template(tmp_path: pathlib.Path) -> None:
     llm = load(write_tiny_llama(tmp_path / "b.gguf"))
     assert llm.metadata["tokenizer.chat_template"] == DEFAULT_TEMPLATE
     reply = llm.create_chat_completion([{"role": "user", "content": "hi"}], max_tokens=4, temperature=0)
+    assert isinstance(reply, dict)  # not streamed
     assert reply["choices"][0]["finish_reason"] in ("length", "stop")
 
 

@@ -1,0 +1,43 @@
+"""Read by mypy only (`make lint`), never run: each function below type-checks only if its
+argument satisfies the engine's protocol, so a fake or a real implementation drifting
+from `engine.Model`, `drafting.Drafter` or `engine.KPolicy` fails the lint, not a user."""
+
+from __future__ import annotations
+
+from fakes import FakeModel
+from specgguf.backend import LlamaModel
+from specgguf.drafting import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
+from specgguf.engine import FixedK, KPolicy, Model
+from specgguf.kpolicy import AdaptiveK, PerSource
+
+
+def fake_model_is_a_model(model: FakeModel) -> Model:
+    return model
+
+
+def llama_model_is_a_model(model: LlamaModel) -> Model:
+    return model
+
+
+def model_drafter_is_a_drafter(drafter: ModelDrafter) -> Drafter:
+    return drafter
+
+
+def ngram_drafter_is_a_drafter(drafter: NgramDrafter) -> Drafter:
+    return drafter
+
+
+def hybrid_drafter_is_a_drafter(drafter: HybridDrafter) -> Drafter:
+    return drafter
+
+
+def fixed_k_is_a_policy(policy: FixedK) -> KPolicy:
+    return policy
+
+
+def adaptive_k_is_a_policy(policy: AdaptiveK) -> KPolicy:
+    return policy
+
+
+def per_source_is_a_policy(policy: PerSource) -> KPolicy:
+    return policy
