@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .drafting import build_drafter
-from .engine import FixedK, speculate
 from .costs import MachineCosts
+from .drafting import DrafterKind, build_drafter
+from .engine import FixedK, speculate
 from .kpolicy import K_MAX, PolicyConfig, adaptive_policy
 from .sampling import SamplingSettings
 from .stats import GenerationStats
@@ -53,7 +53,7 @@ QUICK_PROMPTS = ("code", "edit")
 class Setting:
     """One measured configuration: a drafter with a fixed K (0 = plain) or adaptive K, at one temperature."""
 
-    drafter: str  # "model", "ngram" or "hybrid"
+    drafter: DrafterKind
     k: int | None  # None: adaptive
     temperature: float
     runs: list[GenerationStats] = field(default_factory=list)
@@ -116,7 +116,8 @@ def _generate(verifier, drafter, tokens: list[int], *, policy, max_tokens: int, 
     return stats
 
 
-def make_settings(*, ks: list[int], adaptive: bool, drafters: list[str], temperatures: list[float]) -> list[Setting]:
+def make_settings(*, ks: list[int], adaptive: bool, drafters: list[DrafterKind],
+                  temperatures: list[float]) -> list[Setting]:
     """Plain first, then every drafter with each fixed K and adaptive K (the n-gram and hybrid
     drafters always with adaptive K: their point is to be compared with the model's)."""
     settings = []

@@ -14,11 +14,12 @@ from rich.table import Table
 
 from . import costs
 from .bench import PROMPTS, best_fixed_k, make_settings, run_bench
+from .drafting import DrafterKind
 from .errors import SpecggufError, UsageError
-from .resolve import ResolvedPair
-from .prepare import LoadOptions, load_models, prompt_tokens
-from .run import placement, where_line
 from .kpolicy import K_MAX
+from .prepare import LoadOptions, load_models, prompt_tokens
+from .resolve import ResolvedPair
+from .run import placement, where_line
 from .tuning import machine_id, store_measurement
 
 
@@ -32,7 +33,7 @@ class BenchTarget:
 class BenchPlan:
     ks: list[int]
     temperatures: list[float]
-    drafters: list[str]
+    drafters: list[DrafterKind]
     adaptive: bool
     repeats: int
     max_tokens: int

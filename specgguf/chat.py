@@ -15,7 +15,7 @@ The terminal side (reading lines, slash commands, Ctrl-C) is in `chat_repl`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -118,7 +118,7 @@ class ChatSession:
         raise ContextFullError(f"this message takes {len(tokens)} tokens with the chat template, but the"
                                f" context holds {self.n_ctx}; shorten it or raise -c/--ctx-size")
 
-    def ask(self, question: str) -> "Reply":
+    def ask(self, question: str) -> Reply:
         start = time.perf_counter()
         if not question.strip():
             raise PromptError("the message is empty")
@@ -156,7 +156,7 @@ class Reply:
     def __iter__(self) -> Iterator[StepEvent]:
         return self._events
 
-    def _generate(self) -> Iterator[StepEvent]:
+    def _generate(self) -> Generator[StepEvent, None, None]:
         session, turn, prompt = self.session, self.turn, self.prompt_tokens
         drafter = session.drafter if session.drafting else None
         for name, model in (("verifier", session.verifier), ("draft", session.draft if drafter else None)):

@@ -9,6 +9,7 @@ blank line. Answers go to stdout; everything else to stderr.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import secrets
 import signal
@@ -23,9 +24,9 @@ from rich.text import Text
 from .chat import ChatSession
 from .chat_report import save_transcript, stats_report, turn_line
 from .errors import SpecggufError
+from .prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
 from .render import TokenStream, legend
 from .resolve import ResolvedPair
-from .prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
 from .run import where_line
 
 PROMPT = ">>> "
@@ -98,8 +99,9 @@ def _trim(path: Path) -> None:
 class PipedInput:
     def __init__(self, stream: TextIO):
         self.stream = stream
-        with contextlib.suppress(AttributeError, ValueError):
-            stream.reconfigure(errors="replace")  # a stray byte is not worth a traceback
+        if isinstance(stream, io.TextIOWrapper):
+            with contextlib.suppress(ValueError):
+                stream.reconfigure(errors="replace")  # a stray byte is not worth a traceback
 
     def read(self) -> str | None:
         line = self.stream.readline()
@@ -285,11 +287,12 @@ def run_chat(*, resolved: ResolvedPair, drafting: DraftOptions, max_tokens: int,
 
     policy, k_source = choose_k(drafting.k, settings.temperature)
     session = ChatSession(verifier=verifier, draft=draft, policy=policy, k_source=k_source,
-                          drafter=prepared.drafter(), system=system, max_tokens=max_tokens, settings=settings, seed=seed)
+                          drafter=prepared.drafter(), system=system, max_tokens=max_tokens, settings=settings,
+                          seed=seed)
     interactive = stdin.isatty()
-    models = {"verifier": resolved.verifier.name, "draft": resolved.draft.name if draft else None}
+    models = {"verifier": resolved.verifier.name, "draft": draft.path.name if draft is not None else None}
     if interactive:
-        reader = TerminalInput(history_path())
+        reader: TerminalInput | PipedInput = TerminalInput(history_path())
         if not quiet:
             names = " + ".join(name for name in models.values() if name)
             err_console.print(Text(f"specgguf chat · {names} · {k_source} · /help for commands, Ctrl-D to leave",

@@ -18,8 +18,8 @@ from .chat import ChatSession, Turn
 from .drafting import ModelDrafter
 from .engine import FixedK
 from .errors import SpecggufError
-from .resolve import resolve_pair
 from .prepare import LoadOptions, load_models
+from .resolve import resolve_pair
 from .sampling import SamplingSettings
 
 QUESTIONS = [

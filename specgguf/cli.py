@@ -128,15 +128,13 @@ def _sampling_settings(temp: float, top_k: int, top_p: float, min_p: float) -> S
 
 def _draft_options(draft_max: str | None, drafter: str, p_min: float, n_min: int, force_spec: bool,
                    on_workers: bool = False):
-    from .drafting import DRAFTERS
-    from .prepare import DraftOptions, KChoice, parse_k
+    from .prepare import DraftOptions, KChoice, parse_drafter, parse_k
 
-    if drafter not in DRAFTERS:
-        raise UsageError(f"--drafter must be one of {', '.join(DRAFTERS)}, not {drafter!r}")
+    kind = parse_drafter(drafter)
     k = parse_k(draft_max)
     if on_workers and k.mode == "auto":
         k = KChoice("adaptive")  # the K `bench` stored was measured with the verifier here, not on workers
-    return DraftOptions(k=k, drafter=drafter, p_min=p_min, n_min=n_min, force_spec=force_spec)
+    return DraftOptions(k=k, drafter=kind, p_min=p_min, n_min=n_min, force_spec=force_spec)
 
 
 def _load_options(*, ctx_size: int, threads: int | None, rpc: str | None, rpc_draft: bool, rpc_timeout: float,
@@ -251,7 +249,7 @@ def bench(
     """Measure plain vs speculative decoding side by side and print the ratios."""
     from .bench import PROMPTS, QUICK_PROMPTS
     from .bench_report import BenchPlan, BenchTarget, bench as run_benchmark, f16_variant, parse_list
-    from .drafting import DRAFTERS
+    from .prepare import parse_drafter
     from .resolve import resolve_pair
 
     _, err_console = _consoles(json_output)
@@ -260,13 +258,12 @@ def bench(
     plan = BenchPlan(
         ks=parse_list(draft_max, int, "-k") if draft_max else ([4, 8] if quick else [2, 4, 8, 12]),
         temperatures=parse_list(temps, float, "--temps") if not quick or temps != "0,0.8" else [0.0],
-        drafters=parse_list(drafters, str, "--drafters"), adaptive=adaptive,
+        drafters=[parse_drafter(kind, "--drafters") for kind in parse_list(drafters, str, "--drafters")],
+        adaptive=adaptive,
         repeats=repeats or (1 if quick else 2), max_tokens=max_tokens or (48 if quick else 128), quick=quick,
         prompts=parse_list(prompts, str, "--prompts") if prompts else list(QUICK_PROMPTS if quick else PROMPTS))
     if any(k < 0 for k in plan.ks) or any(t < 0 for t in plan.temperatures):
         raise UsageError("K values and temperatures must be >= 0")
-    if set(plan.drafters) - set(DRAFTERS):
-        raise UsageError(f"--drafters takes {', '.join(DRAFTERS)}, got {drafters!r}")
     if not plan.prompts or set(plan.prompts) - set(PROMPTS):
         raise UsageError(f"--prompts takes {', '.join(PROMPTS)}, got {prompts!r}")
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,

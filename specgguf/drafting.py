@@ -18,12 +18,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .sampling import SamplingSettings, sample_token, sparse_distribution
+
+if TYPE_CHECKING:
+    from .engine import Model
+
+KeepDrafting = Callable[[list[float]], bool]  # asked after each draft token: go on?
 
 
 @dataclass
@@ -48,7 +53,7 @@ class Drafter(Protocol):
         """Who would propose after `context`: "draft" (a model) or "ngram"."""
 
     def propose(self, context: list[int], k: int, *, n_vocab: int, settings: SamplingSettings,
-                rng: np.random.Generator, keep_drafting: Callable[[list[float]], bool] | None = None) -> Drafts:
+                rng: np.random.Generator, keep_drafting: KeepDrafting | None = None) -> Drafts:
         """Up to k tokens that continue `context`. A drafter that knows its confidence asks
         `keep_drafting(confidences so far)` after each token and stops when it says no."""
 
@@ -74,7 +79,7 @@ def common_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
     return n
 
 
-def ingest(model, prompt_tokens: Sequence[int]) -> None:
+def ingest(model: Model, prompt_tokens: Sequence[int]) -> None:
     """Bring a model's cache to prompt[:-1], keeping whatever prefix it already holds."""
     n_reused = common_prefix(model.cached, prompt_tokens[:-1])
     model.rewind(n_reused)
@@ -95,7 +100,8 @@ class NoDrafter:
     def next_source(self, context: list[int]) -> str:
         return self.source
 
-    def propose(self, context, k, *, n_vocab, settings, rng, keep_drafting=None) -> Drafts:
+    def propose(self, context: list[int], k: int, *, n_vocab: int, settings: SamplingSettings,
+                rng: np.random.Generator, keep_drafting: KeepDrafting | None = None) -> Drafts:
         return Drafts()
 
     def sync(self, context: list[int]) -> None:
@@ -105,7 +111,7 @@ class NoDrafter:
 class ModelDrafter:
     source = "draft"
 
-    def __init__(self, model, *, p_min: float = 0.0, n_min: int = 0):
+    def __init__(self, model: Model, *, p_min: float = 0.0, n_min: int = 0):
         self.model = model
         self.p_min = p_min
         self.n_min = n_min
@@ -120,7 +126,8 @@ class ModelDrafter:
     def next_source(self, context: list[int]) -> str:
         return self.source
 
-    def propose(self, context, k, *, n_vocab, settings, rng, keep_drafting=None) -> Drafts:
+    def propose(self, context: list[int], k: int, *, n_vocab: int, settings: SamplingSettings,
+                rng: np.random.Generator, keep_drafting: KeepDrafting | None = None) -> Drafts:
         drafts = Drafts(source=self.source)
         feed = context[self.model.n_past:]
         if len(feed) > 2:  # after plain steps (or another drafter's): not a cost of drafting itself
@@ -189,7 +196,8 @@ class NgramDrafter:
                 return history[start:start + k].tolist(), n
         return [], 0
 
-    def propose(self, context, k, *, n_vocab, settings, rng, keep_drafting=None) -> Drafts:
+    def propose(self, context: list[int], k: int, *, n_vocab: int, settings: SamplingSettings,
+                rng: np.random.Generator, keep_drafting: KeepDrafting | None = None) -> Drafts:
         return self.drafts(self.lookup(context, k)[0] if k > 0 else [], n_vocab=n_vocab, settings=settings)
 
     def drafts(self, tokens: list[int], *, n_vocab: int, settings: SamplingSettings) -> Drafts:
@@ -215,17 +223,18 @@ class HybridDrafter:
     def __init__(self, model_drafter: ModelDrafter, ngram: NgramDrafter, *, min_match: int = 3):
         self.model_drafter, self.ngram, self.min_match = model_drafter, ngram, min_match
 
-    def prepare(self, prompt_tokens):
+    def prepare(self, prompt_tokens: Sequence[int]) -> None:
         self.model_drafter.prepare(prompt_tokens)
 
-    def room(self, context_length):
+    def room(self, context_length: int) -> int:
         return self.model_drafter.room(context_length)
 
     def next_source(self, context: list[int]) -> str:
         found, match = self.ngram.lookup(context, 1)
         return self.ngram.source if found and match >= self.min_match else self.model_drafter.source
 
-    def propose(self, context, k, *, n_vocab, settings, rng, keep_drafting=None) -> Drafts:
+    def propose(self, context: list[int], k: int, *, n_vocab: int, settings: SamplingSettings,
+                rng: np.random.Generator, keep_drafting: KeepDrafting | None = None) -> Drafts:
         # The same test as `next_source`, on the lookup the proposal needs anyway.
         found, match = self.ngram.lookup(context, k)
         if found and match >= self.min_match:
@@ -233,14 +242,16 @@ class HybridDrafter:
         return self.model_drafter.propose(context, k, n_vocab=n_vocab, settings=settings, rng=rng,
                                           keep_drafting=keep_drafting)
 
-    def sync(self, context):
+    def sync(self, context: list[int]) -> None:
         self.model_drafter.sync(context)
 
 
-DRAFTERS = ("model", "ngram", "hybrid")
+DrafterKind = Literal["model", "ngram", "hybrid"]  # as the command line names them
+DRAFTERS: tuple[DrafterKind, ...] = get_args(DrafterKind)
 
 
-def build_drafter(kind: str, draft_model, *, p_min: float = 0.0, n_min: int = 0) -> Drafter | None:
+def build_drafter(kind: DrafterKind, draft_model: Model | None, *, p_min: float = 0.0,
+                  n_min: int = 0) -> Drafter | None:
     """`kind` as the CLI names it; None when there is nothing to draft with."""
     if kind == "ngram":
         return NgramDrafter()

@@ -29,7 +29,7 @@ class KPolicy(Protocol):
     def keep_drafting(self, confidences: list[float]) -> bool:
         """Asked after each draft token (its top probabilities so far): go on drafting?"""
 
-    def observe(self, event: "StepEvent") -> None: ...
+    def observe(self, event: StepEvent) -> None: ...
 
 
 class FixedK:
@@ -42,7 +42,7 @@ class FixedK:
     def keep_drafting(self, confidences: list[float]) -> bool:
         return True
 
-    def observe(self, event: "StepEvent") -> None:
+    def observe(self, event: StepEvent) -> None:
         pass
 
 

@@ -14,12 +14,13 @@ model's: the n-gram and hybrid drafters always choose K online.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from .costs import MachineCosts, probe
-from .drafting import Drafter, build_drafter
+from .drafting import DRAFTERS, Drafter, DrafterKind, build_drafter
 from .engine import FixedK, KPolicy
 from .errors import PromptError, UsageError
 from .kpolicy import K_MAX, PerSource, PolicyConfig, adaptive_policy
@@ -28,7 +29,6 @@ from .rpc import DEFAULT_TIMEOUT, RpcWorker
 from .tuning import stored_measurement
 
 MEASURING = "measuring this machine's costs for the pair (once; kept in tuning.json)"
-DrafterKind = Literal["model", "ngram", "hybrid"]  # as the command line names them
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,13 @@ def parse_k(text: str | None) -> KChoice:
     if not 0 <= k <= 64:
         raise UsageError(f"-k/--draft-max must be between 0 and 64, got {k}")
     return KChoice("fixed", k)
+
+
+def parse_drafter(text: str, option: str = "--drafter") -> DrafterKind:
+    for kind in DRAFTERS:
+        if kind == text:
+            return kind
+    raise UsageError(f"{option} must be one of {', '.join(DRAFTERS)}, not {text!r}")
 
 
 @dataclass(frozen=True)
@@ -87,8 +94,8 @@ class DraftOptions:
         return self.k.mode == "fixed" and self.k.k == 0
 
 
-def make_policy(choice: KChoice, *, costs: Callable[[], MachineCosts], verifier: Path, draft: Path | None, drafter: DrafterKind,
-                temperature: float, recommended_k: int | None, force_spec: bool,
+def make_policy(choice: KChoice, *, costs: Callable[[], MachineCosts], verifier: Path, draft: Path | None,
+                drafter: DrafterKind, temperature: float, recommended_k: int | None, force_spec: bool,
                 config: PolicyConfig | None = None) -> tuple[KPolicy, KSource]:
     """The K policy for a run, and where K came from. `costs` is asked only for adaptive K."""
     if draft is None and drafter != "ngram":
@@ -175,7 +182,7 @@ def prepare(resolved: ResolvedPair, load: LoadOptions, drafting: DraftOptions, *
     verifier, draft = load_models(resolved, load, need_draft=need_draft)
     prepared = Prepared(resolved=resolved, verifier=verifier, draft=draft, options=drafting, on_measure=on_measure)
     if not drafting.plain:
-        prepared.costs  # measured now, before the first answer, if this machine has not yet
+        _ = prepared.costs  # measured now, before the first answer, if this machine has not yet
     return prepared
 
 

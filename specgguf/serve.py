@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.text import Text
 from starlette.exceptions import HTTPException
 
-from .prepare import MEASURING, DraftOptions, KChoice, LoadOptions, prepare
+from .prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
 from .resolve import ResolvedPair
 from .sampling import SamplingSettings
 from .serve_engine import Delta, Failed, Finished, GenerationRequest, QueueFull, Worker
@@ -193,7 +193,7 @@ def _generation_request(body, messages, text: str, options: ServeOptions) -> Gen
     speculative = body.speculative
     k = None
     if speculative is not None and speculative.k is not None:
-        k = KChoice(speculative.k) if isinstance(speculative.k, str) else KChoice("fixed", speculative.k)
+        k = parse_k(speculative.k) if isinstance(speculative.k, str) else KChoice("fixed", speculative.k)
     return GenerationRequest(
         messages=messages, text=text, max_tokens=body.token_limit or options.max_tokens,
         settings=body.sampling(options.settings), seed=body.seed, stops=body.stop_strings, k=k,

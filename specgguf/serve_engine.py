@@ -16,6 +16,7 @@ does that, as `chat.ChatSession` does for one user.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import threading
 import time
@@ -94,10 +95,8 @@ class Job:
 
     def send(self, message) -> None:
         """From the worker thread to the request's coroutine."""
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening any more
             self.loop.call_soon_threadsafe(self.messages.put_nowait, message)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
 
 
 class PromptCache:

@@ -77,9 +77,10 @@ def _valid_measurement(value: object) -> str | None:
     if not isinstance(value, dict):
         return f"expected an object, got {type(value).__name__}"
     k, speedup = value.get("k"), value.get("speedup")
-    if type(k) is not int or not 0 <= k <= 64:
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 64:
         return f"'k' must be a whole number from 0 to 64, got {k!r}"
-    if type(speedup) not in (int, float) or not math.isfinite(speedup) or speedup <= 0:
+    if isinstance(speedup, bool) or not isinstance(speedup, (int, float)) or not math.isfinite(speedup) \
+            or speedup <= 0:
         return f"'speedup' must be a positive number, got {speedup!r}"
     acceptance = value.get("acceptance_rate")
     if acceptance is not None and (type(acceptance) not in (int, float) or not 0 <= acceptance <= 1):

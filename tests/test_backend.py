@@ -53,7 +53,7 @@ def _check_greedy_per_step(verifier_path, draft_path, prompt, *, k, max_tokens, 
     verifier = RecordingModel(LlamaModel(verifier_path, n_ctx=n_ctx, **(verifier_options or {})))
     draft = LlamaModel(draft_path, n_ctx=n_ctx, **(draft_options or {}))
     tokens = verifier.tokenize(prompt, special=False)
-    events = list(speculate(verifier=verifier, drafter=ModelDrafter(draft) if draft is not None else None, prompt_tokens=tokens, k=k,
+    events = list(speculate(verifier=verifier, drafter=ModelDrafter(draft), prompt_tokens=tokens, k=k,
                             max_tokens=max_tokens, settings=GREEDY, rng=np.random.default_rng(0)))
     output = [t for event in events for t in event.tokens]
     scored = {tuple(context): row for context, row in verifier.rows}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from fakes import FakeModel, one_hot_logits
 from specgguf.drafting import HybridDrafter, ModelDrafter, NgramDrafter, build_drafter

@@ -7,10 +7,10 @@ import pytest
 from scipy.stats import chisquare
 
 from fakes import FakeModel, one_hot_logits
+from specgguf.costs import MachineCosts
 from specgguf.drafting import HybridDrafter, ModelDrafter, NgramDrafter
 from specgguf.engine import FixedK, speculate
 from specgguf.errors import ContextFullError, PromptError
-from specgguf.costs import MachineCosts
 from specgguf.kpolicy import PolicyConfig, adaptive_policy
 from specgguf.sampling import SamplingSettings
 
@@ -36,7 +36,8 @@ def _models(verifier_choice=counting, draft_choice=counting, *, n_ctx=256):
 
 
 def _run(verifier, draft, *, k, max_tokens=20, prompt=(1,), settings=GREEDY, seed=0):
-    events = list(speculate(verifier=verifier, drafter=ModelDrafter(draft) if draft is not None else None, prompt_tokens=list(prompt), k=k,
+    drafter = ModelDrafter(draft) if draft is not None else None
+    events = list(speculate(verifier=verifier, drafter=drafter, prompt_tokens=list(prompt), k=k,
                             max_tokens=max_tokens, settings=settings, rng=np.random.default_rng(seed)))
     return events, [token for event in events for token in event.tokens]
 
@@ -174,10 +175,13 @@ class ConfidenceStop:
         pass
 
 
+CHEAP_DRAFTS = MachineCosts((0.03, 0.04, 0.05, 0.06), draft=0.001)
+FORCED_K3 = PolicyConfig(k_max=3, k_min=1)
+
+
 @pytest.mark.parametrize("kind, policy", [("model", FixedK(3)), ("ngram", FixedK(3)), ("hybrid", FixedK(3)),
                                           ("model", ConfidenceStop()), ("hybrid", ConfidenceStop()),
-                                          ("hybrid", adaptive_policy("hybrid", MachineCosts((0.03, 0.04, 0.05, 0.06), draft=0.001),
-                                                                    PolicyConfig(k_max=3, k_min=1)))],
+                                          ("hybrid", adaptive_policy("hybrid", CHEAP_DRAFTS, FORCED_K3))],
                          ids=["model", "ngram", "hybrid", "model-confidence-stop", "hybrid-confidence-stop",
                               "hybrid-adaptive"])
 def test_sampled_sequences_follow_the_verifiers_joint_distribution(kind, policy):

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from specgguf.costs import MachineCosts
 from specgguf.engine import FixedK
 from specgguf.errors import UsageError
 from specgguf.kpolicy import AdaptiveK
-from specgguf.costs import MachineCosts
 from specgguf.prepare import KChoice, make_policy, parse_k
 from specgguf.tuning import load_tuning, store_measurement, stored_measurement, tuning_path
 
