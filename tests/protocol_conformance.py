@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fakes import FakeModel
 from specgguf.backend import LlamaModel
-from specgguf.drafting import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
+from specgguf.drafting import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, NoDrafter
 from specgguf.engine import FixedK, KPolicy, Model
 from specgguf.kpolicy import AdaptiveK, PerSource
 
@@ -24,6 +24,10 @@ def model_drafter_is_a_drafter(drafter: ModelDrafter) -> Drafter:
 
 
 def ngram_drafter_is_a_drafter(drafter: NgramDrafter) -> Drafter:
+    return drafter
+
+
+def no_drafter_is_a_drafter(drafter: NoDrafter) -> Drafter:
     return drafter
 
 
