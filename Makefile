@@ -43,7 +43,7 @@ bench: install
 
 # Time to first token per chat turn, caches reused vs history re-evaluated (one thread: see README).
 chat-ttft: install
-	$(PY) -m specgguf.chat_ttft -n 48 -t 1
+	$(PY) scripts/chat_ttft.py -n 48 -t 1
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

