@@ -125,8 +125,9 @@ class Cli:
     `.process(...)` starts the real command, for what needs one (pipes, signals, terminals, closed streams)."""
 
     command = [sys.executable, "-m", "specgguf"]
+    Result = CliResult  # for a process the test drives itself (Popen): cli.Result(returncode, stdout, stderr)
 
-    def __call__(self, *args, stdin: str | bytes | None = None, env: dict[str, str] | None = None) -> CliResult:
+    def __call__(self, *args, stdin: str | bytes | None = None, env: dict[str, str | None] | None = None) -> CliResult:
         from specgguf import cli
 
         # stdout and stderr as Python sees them (click's isolation), and file descriptor 2 as
