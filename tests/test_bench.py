@@ -13,8 +13,8 @@ import pytest
 def report(cli, tiny_verifier, tiny_draft, tmp_path_factory):
     config = tmp_path_factory.mktemp("config")
     result = cli("bench", "-m", tiny_verifier, "-md", tiny_draft, "--quick", "--json",
-                      "--drafters", "model,ngram,hybrid", "--plot", config / "speedup.png",
-                      env={"XDG_CONFIG_HOME": str(config)})
+                 "--drafters", "model,ngram,hybrid", "--plot", config / "speedup.png",
+                 env={"XDG_CONFIG_HOME": str(config)})
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout), config
 
@@ -65,7 +65,7 @@ def test_best_k_is_stored_for_auto_and_the_plot_is_written(cli, report, tiny_ver
     assert (config / "speedup.png").read_bytes()[:4] == b"\x89PNG"
     # `run -k auto` now takes K from the stored measurement and says so.
     run = cli("run", "-m", tiny_verifier, "-md", tiny_draft, "--temp", "0", "-n", "8", "--json", "the",
-                   env={"XDG_CONFIG_HOME": str(config)})
+              env={"XDG_CONFIG_HOME": str(config)})
     source = json.loads(run.stdout)["k_source"]
     assert ("bench here" in source) if best["k"] else source.startswith("plain: bench measured")
 
@@ -80,13 +80,13 @@ def test_verify_costs_are_measured_stored_and_used_by_adaptive_k(cli, report, ti
     # Stored in seconds to 6 decimals, reported in ms to 2: equal to within the two roundings.
     assert [s * 1000 for s in per_machine[key]] == pytest.approx(measured, abs=0.006)
     with_costs = cli("run", "-m", tiny_verifier, "--drafter", "ngram", "--temp", "0", "-n", "8", "--json",
-                          "the", env={"XDG_CONFIG_HOME": str(config)})
+                     "the", env={"XDG_CONFIG_HOME": str(config)})
     assert json.loads(with_costs.stdout)["k_source"] == "K adaptive (verify costs from bench)"
     # The table holds for the thread count it was measured with (all free cores when bench started).
     measured_threads = int(key.split("threads=")[1].split("|")[0])
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one usable core: no other thread count to run with")
     other_threads = cli("run", "-m", tiny_verifier, "--drafter", "ngram", "--temp", "0", "-n", "8",
-                             "--json", "-t", "1" if measured_threads > 1 else "2", "the",
-                             env={"XDG_CONFIG_HOME": str(config)})
+                        "--json", "-t", "1" if measured_threads > 1 else "2", "the",
+                        env={"XDG_CONFIG_HOME": str(config)})
     assert "no verify costs from bench" in json.loads(other_threads.stdout)["k_source"]

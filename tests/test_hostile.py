@@ -53,7 +53,7 @@ def sandbox(tmp_path, hub):
 
 def pull_pair(cli, env: dict):
     return cli("pull", "--verifier", f"{VERIFIER_REPO}/verifier.gguf",
-                    "--draft", "test/tiny-draft-GGUF/draft.gguf", env=env)
+               "--draft", "test/tiny-draft-GGUF/draft.gguf", env=env)
 
 
 @pytest.mark.parametrize("header, value", [
@@ -89,7 +89,7 @@ def test_a_redirect_loop_is_one_clear_line(cli, hub, sandbox):
     _, env = sandbox
     hub.redirect_loop.add(VERIFIER_REPO)
     line = cli("pull", "--verifier", f"{VERIFIER_REPO}/verifier.gguf",
-                                   "--draft", "test/tiny-draft-GGUF/draft.gguf", env=env).error_line()
+               "--draft", "test/tiny-draft-GGUF/draft.gguf", env=env).error_line()
     assert "redirect" in line
 
 
@@ -115,7 +115,7 @@ def test_paths_in_a_users_models_yaml_are_refused_with_file_and_line(cli, sandbo
 def test_an_ad_hoc_reference_with_dot_dot_is_a_clean_error(cli, sandbox, ref):
     tmp_path, env = sandbox
     line = cli("pull", "--verifier", ref, "--draft", "test/tiny-draft-GGUF/draft.gguf",
-                                   env=env).error_line()
+               env=env).error_line()
     assert "OWNER/REPO/FILE.gguf" in line
     assert files_under(tmp_path / "outside") == set()
 
@@ -167,7 +167,7 @@ def test_check_escapes_metadata_from_the_file(cli, hostile_dir, tiny_verifier):
     ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "did not finish"),
 ])
 def test_a_failing_or_looping_chat_template_is_one_line(cli, hostile_dir, tiny_draft, template, expected,
-                                                       monkeypatch):
+                                                        monkeypatch):
     from specgguf import backend
 
     monkeypatch.setattr(backend, "TEMPLATE_SECONDS", 1.0)  # the loop is stopped all the same, sooner
@@ -195,7 +195,7 @@ def test_seed_minus_one_is_random_and_other_negatives_are_refused(cli, tiny):
     assert first["settings"]["seed"] >= 0
     for command in ("run", "chat"):
         line = cli(command, *tiny, "--seed", "-5", "hi" if command == "run" else "-q",
-                                       stdin="hi\n").error_line()
+                   stdin="hi\n").error_line()
         assert "--seed" in line
     chat = cli("chat", *tiny, "--seed", "-1", "-q", stdin="hello\n")
     assert chat.returncode == 0, chat.stderr
@@ -290,7 +290,7 @@ def test_storing_into_a_damaged_tuning_file_keeps_what_was_there(config_home):
 def test_bench_checks_the_plot_path_before_measuring(cli, tiny_verifier, tiny_draft):
     started = time.monotonic()
     line = cli("bench", "-m", tiny_verifier, "-md", tiny_draft, "--quick",
-                                   "--plot", "/proc/nope.png", "--no-store").error_line()
+               "--plot", "/proc/nope.png", "--no-store").error_line()
     assert "--plot /proc/nope.png" in line and time.monotonic() - started < 20
 
 

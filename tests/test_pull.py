@@ -167,7 +167,7 @@ def test_bytes_that_fail_their_checksum_are_rejected_and_nothing_complete_is_lef
     assert cache_files(home) == []  # no blob, no .incomplete, no snapshot link
     run = cli("run", "--pair", "tiny", "hi", env=home)
     assert run.error_line() == ("specgguf: error: test/tiny-verifier-GGUF/verifier.gguf is not downloaded:"
-                                   " run `specgguf pull tiny`")
+                                " run `specgguf pull tiny`")
 
 
 def test_a_registry_checksum_the_hub_does_not_have_downloads_nothing(cli, hub, home, tmp_path):
@@ -225,14 +225,14 @@ def test_an_ad_hoc_pair_is_pulled_then_run_by_its_references(cli, hub, home):
     assert result.returncode == 0, result.stderr
     assert result.stderr.rstrip().endswith(f"ready: specgguf run -m {VERIFIER} -md {DRAFT}")
     run = cli("run", "-m", VERIFIER, "-md", DRAFT, "--temp", "0", "-n", "6", "--json", "-c", "256",
-                   "the dog", env=home)
+              "the dog", env=home)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["settings"]["model"] == cached(home, VERIFIER)
     # A reference that was never pulled says how to pull it.
     other = cli("run", "-m", "test/other-GGUF/other.gguf", "hi", env=home)
     assert other.error_line() == ("specgguf: error: test/other-GGUF/other.gguf: no such file, and not in the"
-                                     " Hugging Face cache; download it with `specgguf pull --verifier"
-                                     " test/other-GGUF/other.gguf --draft ...`")
+                                  " Hugging Face cache; download it with `specgguf pull --verifier"
+                                  " test/other-GGUF/other.gguf --draft ...`")
 
 
 def test_a_pair_that_does_not_match_is_downloaded_but_not_called_ready(cli, hub, home):

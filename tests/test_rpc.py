@@ -89,7 +89,7 @@ def test_worker_addresses_parse_or_name_the_bad_one():
 def test_bad_rpc_address_is_a_usage_error_before_anything_loads(cli, tiny_verifier, tiny_draft):
     result = cli("run", "-m", tiny_verifier, "-md", tiny_draft, "--rpc", "127.0.0.1:1,nowhere", "hi")
     assert result.error_line() == ("specgguf: error: --rpc: 'nowhere' is not HOST:PORT"
-                                      " (e.g. 192.168.1.20:50052)") and result.returncode == 2
+                                   " (e.g. 192.168.1.20:50052)") and result.returncode == 2
     result = cli("run", "-m", tiny_verifier, "--rpc-draft", "hi")
     assert "--rpc-draft needs --rpc" in result.error_line()
 
@@ -222,7 +222,7 @@ def test_no_worker_listening(cli, tiny_args):
     port = free_port()
     result = cli.process("run", *tiny_args, "--rpc", f"127.0.0.1:{port}", "hi", timeout=60)
     assert result.error_line() == (f"specgguf: error: RPC worker 127.0.0.1:{port}: connection refused"
-                                      " (is `specgguf worker` running there, on that port?)")
+                                   " (is `specgguf worker` running there, on that port?)")
 
 
 @contextlib.contextmanager
@@ -254,8 +254,8 @@ def test_another_protocol_on_the_port(cli, tiny_args):
     with tcp_server(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n") as address:
         result = cli.process("run", *tiny_args, "--rpc", address, "hi", timeout=60)
     assert result.error_line() == (f"specgguf: error: RPC worker {address}: answered b'HTTP/1.1' instead of a"
-                                      " llama.cpp RPC v7 handshake (another program, or another llama.cpp version,"
-                                      " on that port?)")
+                                   " llama.cpp RPC v7 handshake (another program, or another llama.cpp version,"
+                                   " on that port?)")
 
 
 def test_a_worker_that_never_answers_times_out(cli, tiny_args):
@@ -292,7 +292,7 @@ def test_a_worker_that_stops_answering_in_mid_conversation(cli, tiny_args, one_w
     _, stderr = chat.communicate("and the dog\n", timeout=60)
     result = cli.Result(chat.returncode, "", stderr)
     assert result.error_line().startswith(f"specgguf: error: RPC worker {one_worker.address}: no answer within"
-                                             " 3 s (--rpc-timeout) while")
+                                          " 3 s (--rpc-timeout) while")
     assert time.monotonic() - started < 30
 
 
