@@ -93,6 +93,7 @@ def test_terminal_output_is_coloured_unless_no_color(tiny):
     assert "\x1b[32m" not in plain and "tok/s" in plain
 
 
+@pytest.mark.slow
 @pytest.mark.qwen
 def test_default_pair_needs_no_model_options(cli, qwen_pair):
     result = cli("run", "--temp", "0", "-n", "16", "--json", "Write hello world in Python.")
@@ -153,6 +154,6 @@ def test_bad_bench_options_are_one_line_errors(cli, args, expected):
     assert lines[0].startswith(f"specgguf: error: {expected}") and result.stdout == ""
 
 
-def test_no_prompt_at_all_is_an_error(cli):
-    result = cli("run", stdin="")  # an empty stdin that is not a terminal (/dev/null): the prompt is empty
+def test_no_prompt_at_all_is_an_error(cli, tiny):
+    result = cli("run", *tiny, stdin="")  # an empty stdin that is not a terminal (/dev/null): the prompt is empty
     assert result.returncode != 0 and result.stderr.startswith("specgguf: error: ")
