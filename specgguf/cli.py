@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from typer.exceptions import TyperException
 
-from .errors import PromptError, SpecggufError, UsageError
+from .errors import PromptError, SpecggufError, UsageError, debug_enabled
 from .prepare import LoadOptions
 from .sampling import SamplingSettings
 
@@ -464,7 +464,7 @@ def _fail(message: str, code: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every failure is one line on stderr and a non-zero exit code."""
-    debug = os.environ.get("SPECGGUF_DEBUG") not in (None, "", "0")
+    debug = debug_enabled()
     if sys.stdout is None:  # started with stdout closed (`>&-`)
         return _fail("standard output is closed; redirect it instead (e.g. >/dev/null)", 2)
     try:

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+
+def debug_enabled() -> bool:
+    """SPECGGUF_DEBUG set (and not 0): tracebacks instead of one line, and llama.cpp's own log."""
+    return os.environ.get("SPECGGUF_DEBUG") not in (None, "", "0")
+
 
 class SpecggufError(Exception):
     """Base class: its message is what the user sees, so it must say what to do."""

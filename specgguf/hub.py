@@ -14,8 +14,6 @@ its size and SHA-256 match: a file that looks complete is always a verified one.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -37,12 +35,12 @@ from huggingface_hub.utils import WeakFileLock, build_hf_headers
 
 from .assets import cache_dir
 from .errors import AssetError, HubUnreachableError
+from .files import is_stamped, sha256_hex, write_stamp
 from .paths import UnsafePathError, inside
 from .transfer import Progress, fetch
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _GIT_SHA1 = re.compile(r"[0-9a-f]{40}")  # a commit, or the ETag of a file kept in git rather than LFS
-_BLOCK = 4 * 1024 * 1024
 _TIMEOUT = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or 10)
 
 
@@ -104,31 +102,6 @@ def _stamp_path(sha256: str) -> Path:
     return cache_dir() / "verified" / sha256
 
 
-def _is_stamped(path: Path, sha256: str) -> bool:
-    try:
-        stamp, stat = json.loads(_stamp_path(sha256).read_text()), path.stat()
-    except (OSError, ValueError):
-        return False
-    return stamp == {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-
-
-def _stamp(path: Path, sha256: str) -> None:
-    stat = path.stat()
-    _stamp_path(sha256).parent.mkdir(parents=True, exist_ok=True)
-    _stamp_path(sha256).write_text(json.dumps({"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}))
-
-
-def _hash(path: Path, progress: Progress | None, what: str) -> str:
-    digest, done, total = hashlib.sha256(), 0, path.stat().st_size
-    with path.open("rb") as handle:
-        while block := handle.read(_BLOCK):
-            digest.update(block)
-            done += len(block)
-            if progress:
-                progress(what, done, total)
-    return digest.hexdigest()
-
-
 def verify_cached(path: Path, sha256: str | None, progress: Progress | None = None) -> bool:
     """True if the cached file is `sha256` (else the LFS SHA-256 its blob is named by), checked once.
 
@@ -143,10 +116,12 @@ def verify_cached(path: Path, sha256: str | None, progress: Progress | None = No
     expected = sha256 or named
     if expected is None:  # nothing to check it against: never passes as verified
         return False
-    if _is_stamped(blob, expected):
+    if is_stamped(blob, expected, stamp=_stamp_path(expected)):
         return True
-    if _hash(blob, progress, "verifying") == expected:
-        _stamp(blob, expected)
+    total = blob.stat().st_size
+    on_block = (lambda done: progress("verifying", done, total)) if progress else None
+    if sha256_hex(blob, on_block) == expected:
+        write_stamp(blob, expected, stamp=_stamp_path(expected))
         return True
     path.unlink(missing_ok=True)
     blob.unlink(missing_ok=True)
@@ -195,7 +170,7 @@ def download(file: HubFile, *, progress: Progress | None = None) -> Path:
                 headers.pop("authorization", None)  # a CDN link is already signed
             fetch(meta.location, blob, name=file.ref, size=meta.size, sha256=expected, headers=headers,
                   progress=progress)
-            _stamp(blob, expected)
+            write_stamp(blob, expected, stamp=_stamp_path(expected))
         _link(blob, pointer)
         if (file.revision or "main") != meta.commit_hash:
             _write_ref(ref, meta.commit_hash)

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .errors import AssetError
+from .files import size_text
 from .registry import ModelFile, Pair, Registry, load_registry
 from .render import terminal_safe
 from .resolve import find_local
@@ -32,13 +32,7 @@ def is_local(model: ModelFile) -> bool:
     """On disk, or installed as PyPI chunk packages (assembled on first use, no pull needed)."""
     if find_local(model) is not None:
         return True
-    if model.pypi is None:
-        return False
-    try:
-        model.pypi.chunk_paths()
-    except AssetError:
-        return False
-    return True
+    return model.pypi is not None and model.pypi.installed()
 
 
 def _bytes(model: ModelFile) -> int | None:
@@ -46,11 +40,6 @@ def _bytes(model: ModelFile) -> int | None:
         return model.total_size
     local = find_local(model)
     return local.stat().st_size if local is not None and not model.shards else None
-
-
-def _size(model: ModelFile) -> str:
-    size = _bytes(model)
-    return "size unknown" if size is None else f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.0f} MB"
 
 
 def _sizes(pair: Pair) -> str:
@@ -116,7 +105,7 @@ def pair_details(pair: Pair, registry: Registry) -> Table:
     for role, model in (("verifier", pair.verifier), ("draft", pair.draft)):
         local = find_local(model)
         lines = [model.ref + ("" if model.confirmed else "  (not confirmed against a source)"),
-                 f"revision {model.revision or 'main'}, {_size(model)}"
+                 f"revision {model.revision or 'main'}, {size_text(_bytes(model))}"
                  + (f", {len(model.shards) + 1} parts" if model.shards else "")
                  + (f", sha256 {model.sha256}" if model.sha256 else ""),
                  f"here: {local}" if local else ("here: PyPI packages installed" if is_local(model)

@@ -7,10 +7,17 @@ so that neither a hostile hub nor a mistyped registry entry can write or link ou
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path, PurePosixPath
 
 from .errors import SpecggufError
+
+
+def config_dir() -> Path:
+    """specgguf's configuration folder: $XDG_CONFIG_HOME/specgguf, else ~/.config/specgguf (read now)."""
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "specgguf"
+
 
 _PART = re.compile(r"[\w.+=@ ()\[\]-]+")  # one path component: no separators, no control characters
 

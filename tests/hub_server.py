@@ -72,7 +72,7 @@ class FakeHub:
         self.url = f"http://127.0.0.1:{self._hub.server_port}"
         for server in (self._cdn, self._hub):
             server.daemon_threads = True
-            threading.Thread(target=server.serve_forever, daemon=True).start()
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self.url
 
     def stop(self) -> None:

@@ -81,6 +81,7 @@ def test_smollm2_with_itself_accepts_everything_greedily(smollm2):
     assert sum(e.n_accepted for e in events) >= 0.9 * sum(e.n_drafted for e in events)
 
 
+@pytest.mark.slow
 @pytest.mark.qwen
 def test_default_qwen_pair_end_to_end(qwen_pair):
     verifier, draft = qwen_pair

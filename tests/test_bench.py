@@ -8,15 +8,13 @@ import statistics
 
 import pytest
 
-from test_cli import specgguf
-
 
 @pytest.fixture(scope="module")
-def report(tiny_verifier, tiny_draft, tmp_path_factory):
+def report(cli, tiny_verifier, tiny_draft, tmp_path_factory):
     config = tmp_path_factory.mktemp("config")
-    result = specgguf("bench", "-m", tiny_verifier, "-md", tiny_draft, "--quick", "--json",
-                      "--drafters", "model,ngram,hybrid", "--plot", config / "speedup.png",
-                      env={"XDG_CONFIG_HOME": str(config)})
+    result = cli("bench", "-m", tiny_verifier, "-md", tiny_draft, "--quick", "--json",
+                 "--drafters", "model,ngram,hybrid", "--plot", config / "speedup.png",
+                 env={"XDG_CONFIG_HOME": str(config)})
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout), config
 
@@ -55,7 +53,7 @@ def test_ratios_are_consistent_with_the_reports_own_timings(report):
         assert row["speedup_max"] == pytest.approx(max(ratios.values()), abs=2e-3)
 
 
-def test_best_k_is_stored_for_auto_and_the_plot_is_written(report, tiny_verifier, tiny_draft):
+def test_best_k_is_stored_for_auto_and_the_plot_is_written(cli, report, tiny_verifier, tiny_draft):
     data, config = report
     best = data["results"][0]["best_k"]["0.0"]
     fixed = [row for row in data["results"][0]["settings"] if row["drafter"] == "model" and row["k"] in (4, 8)]
@@ -66,13 +64,13 @@ def test_best_k_is_stored_for_auto_and_the_plot_is_written(report, tiny_verifier
     assert per_pair[f"{tiny_verifier.name}|{tiny_draft.name}"]["greedy"]["k"] == best["k"]
     assert (config / "speedup.png").read_bytes()[:4] == b"\x89PNG"
     # `run -k auto` now takes K from the stored measurement and says so.
-    run = specgguf("run", "-m", tiny_verifier, "-md", tiny_draft, "--temp", "0", "-n", "8", "--json", "the",
-                   env={"XDG_CONFIG_HOME": str(config)})
+    run = cli("run", "-m", tiny_verifier, "-md", tiny_draft, "--temp", "0", "-n", "8", "--json", "the",
+              env={"XDG_CONFIG_HOME": str(config)})
     source = json.loads(run.stdout)["k_source"]
     assert ("bench here" in source) if best["k"] else source.startswith("plain: bench measured")
 
 
-def test_verify_costs_are_measured_stored_and_used_by_adaptive_k(report, tiny_verifier, tiny_draft):
+def test_verify_costs_are_measured_stored_and_used_by_adaptive_k(cli, report, tiny_verifier, tiny_draft):
     data, config = report
     measured = data["results"][0]["verify_ms_by_batch"]
     assert len(measured) == 17 and all(ms > 0 for ms in measured)  # batches of 1..K_MAX + 1 tokens
@@ -83,16 +81,16 @@ def test_verify_costs_are_measured_stored_and_used_by_adaptive_k(report, tiny_ve
     assert [s * 1000 for s in per_machine[key]] == pytest.approx(measured, abs=0.006)
     tuning = config / "specgguf" / "tuning.json"
     before = tuning.read_text()
-    with_costs = specgguf("run", "-m", tiny_verifier, "--drafter", "ngram", "--temp", "0", "-n", "8",
-                          "the", env={"XDG_CONFIG_HOME": str(config)})
+    with_costs = cli("run", "-m", tiny_verifier, "--drafter", "ngram", "--temp", "0", "-n", "8",
+                     "the", env={"XDG_CONFIG_HOME": str(config)})
     assert "K adaptive" in with_costs.stderr and "measuring" not in with_costs.stderr
     assert tuning.read_text() == before  # bench's table was used: nothing measured, nothing stored
     # The table holds for the thread count it was measured with (all free cores when bench started).
     measured_threads = int(key.split("threads=")[1].split("|")[0])
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one usable core: no other thread count to run with")
-    other_threads = specgguf("run", "-m", tiny_verifier, "--drafter", "ngram", "--temp", "0", "-n", "8",
-                             "-t", "1" if measured_threads > 1 else "2", "the", env={"XDG_CONFIG_HOME": str(config)})
+    other_threads = cli("run", "-m", tiny_verifier, "--drafter", "ngram", "--temp", "0", "-n", "8",
+                        "-t", "1" if measured_threads > 1 else "2", "the", env={"XDG_CONFIG_HOME": str(config)})
     assert "measuring this machine's costs" in other_threads.stderr
     (per_machine,) = json.loads(tuning.read_text()).values()
     assert len([key for key in per_machine if key.startswith("verify_costs|")]) == 2

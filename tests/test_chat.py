@@ -4,7 +4,6 @@ terminal under tmux (Ctrl-C mid-answer, history across sessions)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -19,9 +18,10 @@ import pytest
 SPECGGUF = [sys.executable, "-m", "specgguf"]
 
 
-def chat(*args, stdin: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*SPECGGUF, "chat", *map(str, args)], input=stdin, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})})
+@pytest.fixture
+def chat(cli):
+    """`specgguf chat ARGS...` with piped questions, in-process."""
+    return lambda *args, stdin="": cli("chat", *args, stdin=stdin)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def stats_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "tok/s" in line and "first token" in line]
 
 
-def test_piped_questions_get_one_plain_answer_each(tiny, tmp_path):
+def test_piped_questions_get_one_plain_answer_each(cli, chat, tiny, tmp_path):
     transcript = tmp_path / "chat.json"
     result = chat(*tiny, "--system", "be brief", stdin=f"hello the cat\n\nand the dog\n/save {transcript}\n")
     assert result.returncode == 0, result.stderr
@@ -43,12 +43,11 @@ def test_piped_questions_get_one_plain_answer_each(tiny, tmp_path):
     assert "\x1b" not in result.stdout + result.stderr and ">>>" not in result.stdout
     assert len(stats_lines(result.stderr)) == 2
     # The first turn is exactly what `run` answers to the same prompt.
-    single = subprocess.run([*SPECGGUF, "run", *map(str, tiny), "--system", "be brief", "hello the cat"],
-                            capture_output=True, text=True, timeout=300)
+    single = cli("run", *tiny, "--system", "be brief", "hello the cat")
     assert single.stdout == answers[0] + "\n"
 
 
-def test_the_second_turn_reuses_the_first_from_the_cache(tiny):
+def test_the_second_turn_reuses_the_first_from_the_cache(chat, tiny):
     result = chat(*tiny, stdin="hello the cat\nand the dog\n")
     first, second = (re.search(r"prompt (\d+) tokens, (\d+) cached", line).groups()
                      for line in stats_lines(result.stderr))
@@ -57,7 +56,7 @@ def test_the_second_turn_reuses_the_first_from_the_cache(tiny):
     assert n_cached > int(first[0]) and n_prompt - n_cached < n_cached  # most of turn 2 came from the cache
 
 
-def test_slash_commands(tiny, tmp_path):
+def test_slash_commands(chat, tiny, tmp_path):
     script = ["/help", "/k 2", "/k many", "/temp 0.5", "/temp hot", "/n 10", "/n 0", "hello the cat", "/temp 0",
               "and the dog", "//k is not a command", "/stats", f"/save {tmp_path / 'chat.md'}",
               f"/save {tmp_path / 'chat.json'}", f"/save {tmp_path / 'no' / 'such' / 'dir.md'}", "/nonsense",
@@ -87,7 +86,7 @@ def test_slash_commands(tiny, tmp_path):
     assert result.stdout.count("\n\n") >= 2 and "never answered" not in err
 
 
-def test_a_full_context_drops_old_turns_and_goes_on(tiny_verifier, tiny_draft):
+def test_a_full_context_drops_old_turns_and_goes_on(chat, tiny_verifier, tiny_draft):
     questions = ["hello the cat", "and the dog", "what is the time", "the end", "the " * 300, "why"]
     result = chat("-m", tiny_verifier, "-md", tiny_draft, "-c", "160", "--temp", "0", "-n", "30", "-k", "3",
                   "--system", "be brief", stdin="\n".join(questions) + "\n")
@@ -108,7 +107,7 @@ def test_a_full_context_drops_old_turns_and_goes_on(tiny_verifier, tiny_draft):
     (["-m", "/nonexistent/model.gguf"], "no such file"),
     (["--pair", "nonesuch"], "no pair named"),
 ])
-def test_bad_options_are_one_line_and_a_nonzero_exit(args, expected):
+def test_bad_options_are_one_line_and_a_nonzero_exit(chat, args, expected):
     result = chat(*args, stdin="hello\n")
     lines = result.stderr.strip().splitlines()
     assert result.returncode != 0 and len(lines) == 1 and lines[0].startswith("specgguf: error: "), result.stderr

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from specgguf.check import check_pair
 from tiny_gguf import tiny_vocab, write_tiny_llama
 
-SPECGGUF = [sys.executable, "-m", "specgguf"]
 N_SPM = len(tiny_vocab("spm"))
 
 
-def check(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([*SPECGGUF, "check", *map(str, args)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "NO_COLOR": "1"})
+@pytest.fixture
+def check(cli):
+    """`specgguf check ARGS...`, in-process."""
+    return lambda *args: cli("check", *args)
 
 
 def rows(stdout: str) -> dict[str, str]:
@@ -33,7 +29,7 @@ def rows(stdout: str) -> dict[str, str]:
 
 
 @pytest.mark.qwen
-def test_the_default_pair_is_compatible_by_path_and_by_name(qwen_pair):
+def test_the_default_pair_is_compatible_by_path_and_by_name(check, qwen_pair):
     verifier, draft = qwen_pair
     by_path = check(draft, verifier)
     assert by_path.returncode == 0, by_path.stderr
@@ -49,7 +45,7 @@ def test_the_default_pair_is_compatible_by_path_and_by_name(qwen_pair):
 
 
 @pytest.mark.qwen
-def test_smollm2_cannot_draft_for_qwen_and_the_registry_draft_is_suggested(qwen_pair, smollm2):
+def test_smollm2_cannot_draft_for_qwen_and_the_registry_draft_is_suggested(check, qwen_pair, smollm2):
     verifier, _ = qwen_pair
     result = check(smollm2, verifier)
     assert result.returncode == 1 and result.stderr == ""
@@ -65,7 +61,7 @@ def test_smollm2_cannot_draft_for_qwen_and_the_registry_draft_is_suggested(qwen_
 
 
 @pytest.mark.qwen
-def test_gemma_and_qwen_differ_in_tokenizer_type(qwen_pair, gemma270m):
+def test_gemma_and_qwen_differ_in_tokenizer_type(check, qwen_pair, gemma270m):
     verifier, _ = qwen_pair
     result = check(gemma270m, verifier)
     assert result.returncode == 1
@@ -115,7 +111,7 @@ TINY_CASES = {  # draft -> (exit status, the report line that explains it)
 
 
 @pytest.mark.parametrize("case", TINY_CASES)
-def test_each_rule_on_tiny_files(case, tiny):
+def test_each_rule_on_tiny_files(check, case, tiny):
     status, item, expected = TINY_CASES[case]
     result = check(tiny[case], tiny["verifier"])
     assert result.returncode == status, result.stdout + result.stderr
@@ -140,7 +136,7 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", BAD)
-def test_bad_input_is_one_line(case, tiny_verifier, tmp_path):
+def test_bad_input_is_one_line(check, case, tiny_verifier, tmp_path):
     notes = tmp_path / "notes.gguf"
     notes.write_text("not a model")
     args, expected = BAD[case]

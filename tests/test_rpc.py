@@ -76,20 +76,6 @@ def one_worker():
     worker.kill()
 
 
-def specgguf(*args, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*SPECGGUF, *map(str, args)], input=stdin, capture_output=True, text=True, timeout=timeout)
-
-
-def one_error_line(result: subprocess.CompletedProcess) -> str:
-    """The failure is one line on stderr, with no traceback and no llama.cpp abort text."""
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr and "GGML_ASSERT" not in result.stderr
-    assert lines and lines[-1].startswith("specgguf: error: "), result.stderr
-    assert sum(line.startswith("specgguf: error: ") for line in lines) == 1
-    return lines[-1]
-
-
 # --- addresses and the handshake ---------------------------------------------------------
 def test_worker_addresses_parse_or_name_the_bad_one():
     assert parse_workers("10.0.0.2:50052, gpu-box:7000") == (RpcWorker("10.0.0.2", 50052), RpcWorker("gpu-box", 7000))
@@ -100,12 +86,12 @@ def test_worker_addresses_parse_or_name_the_bad_one():
         assert bad in str(error.value)
 
 
-def test_bad_rpc_address_is_a_usage_error_before_anything_loads(tiny_verifier, tiny_draft):
-    result = specgguf("run", "-m", tiny_verifier, "-md", tiny_draft, "--rpc", "127.0.0.1:1,nowhere", "hi")
-    assert one_error_line(result) == ("specgguf: error: --rpc: 'nowhere' is not HOST:PORT"
-                                      " (e.g. 192.168.1.20:50052)") and result.returncode == 2
-    result = specgguf("run", "-m", tiny_verifier, "--rpc-draft", "hi")
-    assert "--rpc-draft needs --rpc" in one_error_line(result)
+def test_bad_rpc_address_is_a_usage_error_before_anything_loads(cli, tiny_verifier, tiny_draft):
+    result = cli("run", "-m", tiny_verifier, "-md", tiny_draft, "--rpc", "127.0.0.1:1,nowhere", "hi")
+    assert result.error_line() == ("specgguf: error: --rpc: 'nowhere' is not HOST:PORT"
+                                   " (e.g. 192.168.1.20:50052)") and result.returncode == 2
+    result = cli("run", "-m", tiny_verifier, "--rpc-draft", "hi")
+    assert "--rpc-draft needs --rpc" in result.error_line()
 
 
 def test_placement_in_words():
@@ -123,14 +109,14 @@ def test_a_worker_answers_the_handshake_and_stops_quietly(tmp_path):
     assert (tmp_path / "cache").is_dir()
 
 
-def test_a_worker_on_a_taken_port_says_so():
+def test_a_worker_on_a_taken_port_says_so(cli):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = specgguf("worker", "--port", port, timeout=30)
-    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in one_error_line(result)
-    assert "--host must be an IPv4 address" in one_error_line(specgguf("worker", "--host", "localhost", timeout=30))
+        result = cli.process("worker", "--port", port, timeout=30)
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in result.error_line()
+    assert "--host must be an IPv4 address" in cli.process("worker", "--host", "localhost", timeout=30).error_line()
 
 
 def test_a_worker_on_another_address_warns_that_anyone_there_can_use_it(monkeypatch):
@@ -173,26 +159,26 @@ def test_default_pair_verifier_on_two_workers_is_greedy_per_step(two_workers, qw
     assert len(output) == 24 and sum(e.n_accepted for e in events) > 0
 
 
-def test_run_reports_where_the_verifier_runs(two_workers, tiny_verifier, tiny_draft):
+def test_run_reports_where_the_verifier_runs(cli, two_workers, tiny_verifier, tiny_draft):
     rpc = ",".join(str(w.address) for w in two_workers)
     common = ["-m", tiny_verifier, "-md", tiny_draft, "-c", "256", "--temp", "0", "-n", "20", "-k", "3",
               "-t", "1", "--rpc", rpc]
-    result = specgguf("run", *common, "--json", "the dog")
+    result = cli.process("run", *common, "--json", "the dog")
     assert result.returncode == 0, result.stderr
     settings = json.loads(result.stdout)["settings"]
     assert settings["rpc"] == rpc.split(",")
     assert settings["placement"]["verifier"]["workers"] == rpc.split(",")
     assert settings["placement"]["verifier"]["description"] == "verifier on 2 RPC workers"
     assert settings["placement"]["draft"]["description"] == "draft local"
-    local = specgguf("run", *common[:-2], "the dog")
-    streamed = specgguf("run", *common, "the dog")
+    local = cli.process("run", *common[:-2], "the dog")
+    streamed = cli.process("run", *common, "the dog")
     assert streamed.returncode == 0, streamed.stderr
     assert "K=3 (-k) · verifier on 2 RPC workers · draft local" in " ".join(streamed.stderr.split())
     assert streamed.stdout == local.stdout  # the same greedy text as all-local (tiny model: exact)
-    both = specgguf("run", *common, "--rpc-draft", "--json", "the dog")
+    both = cli.process("run", *common, "--rpc-draft", "--json", "the dog")
     assert json.loads(both.stdout)["settings"]["placement"]["draft"]["description"] == "draft on 2 RPC workers"
     # -ngl counts as in llama.cpp: the output layer, then repeating layers from the last one down.
-    report = json.loads(specgguf("run", *common, "-ngl", "2", "-k", "auto", "--json", "the dog").stdout)
+    report = json.loads(cli.process("run", *common, "-ngl", "2", "-k", "auto", "--json", "the dog").stdout)
     assert report["k_source"].startswith("K adaptive")  # a K stored by a local bench does not apply
     split = report["settings"]["placement"]
     n_layers = split["verifier"]["n_layers"]
@@ -232,11 +218,11 @@ def tiny_args(tiny_verifier, tiny_draft):
     return ["-m", tiny_verifier, "-md", tiny_draft, "-c", "256", "--temp", "0", "-n", "8", "-t", "1"]
 
 
-def test_no_worker_listening(tiny_args):
+def test_no_worker_listening(cli, tiny_args):
     port = free_port()
-    result = specgguf("run", *tiny_args, "--rpc", f"127.0.0.1:{port}", "hi", timeout=60)
-    assert one_error_line(result) == (f"specgguf: error: RPC worker 127.0.0.1:{port}: connection refused"
-                                      " (is `specgguf worker` running there, on that port?)")
+    result = cli.process("run", *tiny_args, "--rpc", f"127.0.0.1:{port}", "hi", timeout=60)
+    assert result.error_line() == (f"specgguf: error: RPC worker 127.0.0.1:{port}: connection refused"
+                                   " (is `specgguf worker` running there, on that port?)")
 
 
 @contextlib.contextmanager
@@ -264,20 +250,20 @@ def tcp_server(answer: bytes | None):
             connection.close()
 
 
-def test_another_protocol_on_the_port(tiny_args):
+def test_another_protocol_on_the_port(cli, tiny_args):
     with tcp_server(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n") as address:
-        result = specgguf("run", *tiny_args, "--rpc", address, "hi", timeout=60)
-    assert one_error_line(result) == (f"specgguf: error: RPC worker {address}: answered b'HTTP/1.1' instead of a"
-                                      " llama.cpp RPC v7 handshake (another program, or another llama.cpp version,"
-                                      " on that port?)")
+        result = cli.process("run", *tiny_args, "--rpc", address, "hi", timeout=60)
+    assert result.error_line() == (f"specgguf: error: RPC worker {address}: answered b'HTTP/1.1' instead of a"
+                                   " llama.cpp RPC v7 handshake (another program, or another llama.cpp version,"
+                                   " on that port?)")
 
 
-def test_a_worker_that_never_answers_times_out(tiny_args):
+def test_a_worker_that_never_answers_times_out(cli, tiny_args):
     with tcp_server(None) as address:
         started = time.monotonic()
-        result = specgguf("run", *tiny_args, "--rpc", address, "--rpc-timeout", "2", "hi", timeout=60)
+        result = cli.process("run", *tiny_args, "--rpc", address, "--rpc-timeout", "2", "hi", timeout=60)
         elapsed = time.monotonic() - started
-    assert f"RPC worker {address}: no answer to the handshake within 2 s" in one_error_line(result)
+    assert f"RPC worker {address}: no answer to the handshake within 2 s" in result.error_line()
     assert elapsed < 30
 
 
@@ -291,23 +277,23 @@ def _chat_until_first_answer(tiny_args, worker: Worker, *extra: str) -> subproce
     return chat
 
 
-def test_a_worker_killed_in_mid_conversation(tiny_args, one_worker):
+def test_a_worker_killed_in_mid_conversation(cli, tiny_args, one_worker):
     chat = _chat_until_first_answer(tiny_args, one_worker)
     one_worker.kill()
     _, stderr = chat.communicate("and the dog\n", timeout=60)
-    result = subprocess.CompletedProcess(chat.args, chat.returncode, "", stderr)
-    assert one_error_line(result).startswith(f"specgguf: error: RPC worker {one_worker.address} went away while")
-    assert "connection refused now" in one_error_line(result)
+    result = cli.Result(chat.returncode, "", stderr)
+    assert result.error_line().startswith(f"specgguf: error: RPC worker {one_worker.address} went away while")
+    assert "connection refused now" in result.error_line()
 
 
-def test_a_worker_that_stops_answering_in_mid_conversation(tiny_args, one_worker):
+def test_a_worker_that_stops_answering_in_mid_conversation(cli, tiny_args, one_worker):
     chat = _chat_until_first_answer(tiny_args, one_worker, "--rpc-timeout", "3")
     os.kill(one_worker.process.pid, signal.SIGSTOP)
     started = time.monotonic()
     _, stderr = chat.communicate("and the dog\n", timeout=60)
-    result = subprocess.CompletedProcess(chat.args, chat.returncode, "", stderr)
-    assert one_error_line(result).startswith(f"specgguf: error: RPC worker {one_worker.address}: no answer within"
-                                             " 3 s (--rpc-timeout) while")
+    result = cli.Result(chat.returncode, "", stderr)
+    assert result.error_line().startswith(f"specgguf: error: RPC worker {one_worker.address}: no answer within"
+                                          " 3 s (--rpc-timeout) while")
     assert time.monotonic() - started < 30
 
 

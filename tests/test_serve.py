@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -108,19 +105,14 @@ def test_speculative_overrides_per_request(client):
         chat(client, "the end", extra_body={"speculative": {"k": -1}})
 
 
-def _run_text(tiny_verifier, tiny_draft, prompt: str, k: int) -> str:
-    result = subprocess.run([sys.executable, "-m", "specgguf", "run", "-m", tiny_verifier, "-md", tiny_draft,
-                             "-c", "512", "-t", "1", "--temp", "0", "-k", str(k), "-n", "24", "--json", prompt],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)["text"]
-
-
 @pytest.mark.parametrize("k", [0, 3])
-def test_greedy_answers_match_specgguf_run(client, tiny_verifier, tiny_draft, k):
+def test_greedy_answers_match_specgguf_run(cli, client, tiny_verifier, tiny_draft, k):
     prompt = f"why the sea is water {k}"
     served = chat(client, prompt, temperature=0, extra_body={"speculative": {"k": k}})
-    assert served.choices[0].message.content == _run_text(tiny_verifier, tiny_draft, prompt, k)
+    run = cli("run", "-m", tiny_verifier, "-md", tiny_draft, "-c", "512", "-t", "1", "--temp", "0", "-k", k,
+              "-n", "24", "--json", prompt)
+    assert run.returncode == 0, run.stderr
+    assert served.choices[0].message.content == json.loads(run.stdout)["text"]
 
 
 def stop_inside_a_burst(chunks: list[str]) -> tuple[str, int]:
@@ -267,20 +259,17 @@ def test_api_key_is_required_when_set(tiny_verifier):
             assert http.get("/metrics", headers={"Authorization": "Basic s3cret"}).status_code == 401
 
 
-def test_a_public_address_needs_an_api_key(tiny_verifier):
-    env = {name: value for name, value in os.environ.items() if name != "SPECGGUF_API_KEY"}
-    result = subprocess.run([sys.executable, "-m", "specgguf", "serve", "-m", tiny_verifier, "--host", "0.0.0.0"],
-                            capture_output=True, text=True, timeout=60, env=env)
+def test_a_public_address_needs_an_api_key(cli, tiny_verifier):
+    result = cli("serve", "-m", tiny_verifier, "--host", "0.0.0.0", env={"SPECGGUF_API_KEY": None})
     assert result.returncode == 2
     assert result.stderr.startswith("specgguf: error: refusing to serve on 0.0.0.0")
     assert result.stderr.count("\n") == 1
 
 
-def test_a_taken_port_is_a_one_line_error(tiny_verifier):
-    with socket.socket() as taken:
+def test_a_taken_port_is_a_one_line_error(cli, tiny_verifier):
+    with socket.socket() as taken:  # a new process: if the port were ever served, the timeout ends it
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        result = subprocess.run([sys.executable, "-m", "specgguf", "serve", "-m", tiny_verifier,
-                                 "--port", str(taken.getsockname()[1])], capture_output=True, text=True, timeout=60)
+        result = cli.process("serve", "-m", tiny_verifier, "--port", taken.getsockname()[1], timeout=60)
     assert result.returncode == 2
     assert result.stderr.startswith("specgguf: error: cannot listen on 127.0.0.1:") and result.stderr.count("\n") == 1

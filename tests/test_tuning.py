@@ -18,9 +18,7 @@ MEMORY_BOUND = MachineCosts((0.137, 0.141, 0.150, 0.189, 0.218), draft=0.030)  #
 COMPUTE_BOUND = MachineCosts((0.063, 0.098, 0.131, 0.160, 0.171), draft=0.033)  # Q4_K_M 1.5B + 0.5B here
 
 
-@pytest.fixture(autouse=True)
-def config(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+pytestmark = pytest.mark.usefixtures("config_home")
 
 
 def _policy(choice, **overrides):

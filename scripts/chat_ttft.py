@@ -1,4 +1,4 @@
-"""Time to first token across chat turns, with and without KV reuse: `python -m specgguf.chat_ttft`.
+"""Time to first token across chat turns, with and without KV reuse: `python scripts/chat_ttft.py`.
 
 Plays a five-turn conversation with the pair (greedy), timing from each question
 to its first answer token. Then replays the same conversation with both models'
@@ -14,13 +14,13 @@ import json
 import sys
 from pathlib import Path
 
-from .chat import ChatSession, Turn
-from .drafting import ModelDrafter
-from .engine import FixedK
-from .errors import SpecggufError
-from .prepare import LoadOptions, load_models
-from .resolve import resolve_pair
-from .sampling import SamplingSettings
+from specgguf.chat import ChatSession, Turn
+from specgguf.drafting import ModelDrafter
+from specgguf.engine import FixedK
+from specgguf.errors import SpecggufError
+from specgguf.prepare import LoadOptions, load_models
+from specgguf.resolve import resolve_pair
+from specgguf.sampling import SamplingSettings
 
 QUESTIONS = [
     "Write a Python function that checks whether a number is prime.",
@@ -58,7 +58,7 @@ def measure(session: ChatSession, questions: list[str]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specgguf.chat_ttft", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="scripts/chat_ttft.py", description=__doc__.splitlines()[0])
     parser.add_argument("--pair")
     parser.add_argument("-m", "--model", type=Path)
     parser.add_argument("-md", "--model-draft", type=Path)

@@ -1,4 +1,4 @@
-"""What HTTP costs: `python -m specgguf.bench_serve [--pair NAME | -m V -md D] -k 4 -t 2`.
+"""What HTTP costs: `python scripts/bench_serve.py [--pair NAME | -m V -md D] -k 4 -t 2`.
 
 For each repeat and prompt, interleaved so machine noise hits both sides alike:
 `specgguf run --json` (a fresh process; its tokens/s leave out loading and the
@@ -24,7 +24,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .bench import PROMPTS
+from specgguf.bench import PROMPTS
 
 SPECGGUF = [sys.executable, "-m", "specgguf"]
 

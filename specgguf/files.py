@@ -1,0 +1,58 @@
+"""Facts about files on disk, written once: a SHA-256, a "verified" stamp, a size as people read it.
+
+A stamp records that a file had a given SHA-256 at a given size and mtime: while both are
+unchanged the file is not hashed again (a multi-GB model is read once, not at every start).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+_BLOCK = 4 * 1024 * 1024
+
+
+def sha256_digest(path: Path, on_progress: Callable[[int], None] | None = None) -> hashlib._Hash:
+    """The file's running SHA-256 (more bytes can still be added), read in 4 MiB blocks.
+
+    `on_progress(bytes done)` is called after each block.
+    """
+    digest, done = hashlib.sha256(), 0
+    with path.open("rb") as handle:
+        while block := handle.read(_BLOCK):
+            digest.update(block)
+            done += len(block)
+            if on_progress:
+                on_progress(done)
+    return digest
+
+
+def sha256_hex(path: Path, on_progress: Callable[[int], None] | None = None) -> str:
+    return sha256_digest(path, on_progress).hexdigest()
+
+
+def is_stamped(path: Path, sha256: str, *, stamp: Path) -> bool:
+    """True if `stamp` says `path` had this SHA-256 and the file has not changed since (size, mtime)."""
+    try:
+        recorded, stat = json.loads(stamp.read_text()), path.stat()
+    except (OSError, ValueError):
+        return False
+    return recorded == {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def write_stamp(path: Path, sha256: str, *, stamp: Path) -> None:
+    stat = path.stat()
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps({"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}))
+
+
+def size_text(size: int | None) -> str:
+    """Bytes in decimal units, one decimal: '1.1 GB', '494.0 MB', '512 B'; 'size unknown' for None."""
+    if size is None:
+        return "size unknown"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
