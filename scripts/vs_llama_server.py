@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 
-from specgguf.bench import PROMPTS
+from specgguf.bench_measure import PROMPTS
 from specgguf.bench_serve import wait_for_health
 
 

@@ -23,7 +23,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .bench import PROMPTS
+from .bench_measure import PROMPTS
 
 SPECGGUF = [sys.executable, "-m", "specgguf"]
 
