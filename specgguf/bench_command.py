@@ -53,6 +53,7 @@ def make_plan(*, ks: str | None, temps: str | None, drafters: str, prompts: str 
               max_tokens: int | None, quick: bool, adaptive: bool, vs_llama_cpp: bool = False) -> BenchPlan:
     """The command's options as a plan. Left out, they take bench's defaults (--quick: a short
     greedy run; --vs-llama-cpp: issue 12's prompt kinds and K 4, 8)."""
+    default_prompts: tuple[str, ...]
     if quick:
         default_prompts, default_ks = QUICK_PROMPTS, [4, 8]
     elif vs_llama_cpp:

@@ -152,8 +152,9 @@ def compare(*, targets: list[BenchTarget], tools: LlamaTools, plan: VsPlan, load
                 cells = _measure(prepared, tools, plan, order, tokens, n_threads=n_threads, n_ctx=load.n_ctx,
                                  on_run=lambda: progress.advance(task))
             finally:
-                prepared.verifier.close()
-                prepared.draft.close()
+                for model in (prepared.verifier, prepared.draft):
+                    if model is not None:
+                        model.close()
             results.append({"pair": target.label, "verifier": str(target.pair.verifier),
                             "draft": str(target.pair.draft), "prompt_tokens": {k: len(t) for k, t in tokens.items()},
                             "cells": [c.report(plan.ks) for c in cells]})

@@ -146,7 +146,7 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(case, bad_files, tiny_verifier
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--prompts", "edit,essays"], "--prompts takes code, edit, chat, summary, repeat, got 'edit,essays'"),
+    (["--prompts", "edit,essays"], "--prompts takes code, prose, edit, chat, summary, repeat, got 'edit,essays'"),
     (["--prompts", ","], "--prompts takes"),
     (["--drafters", "model,oracle"], "--drafters takes"),
 ])
