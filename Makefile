@@ -56,5 +56,27 @@ bench: install
 chat-ttft: install
 	$(PY) scripts/chat_ttft.py -n 48 -t 1
 
+# llama.cpp's own programs (llama-completion, llama-speculative-simple, llama-server), built from the
+# source llama-cpp-python vendors, as docs/llama-cpp.md says: for `specgguf bench --vs-llama-cpp build/llama.cpp/bin`
+# and the test that runs it. About 15-25 minutes on 2 cores; the same AMX flags as llama-cpp-python's build above.
+LLAMA_CPP_PYTHON := 0.3.36
+LLAMA_TOOLS_DIR := build/llama.cpp
+LLAMA_TOOLS_CMAKE_ARGS ?= -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_RPC=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF
+ifeq ($(shell uname -m),x86_64)
+LLAMA_TOOLS_CMAKE_ARGS += -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'
+endif
+
+.PHONY: llama-tools
+llama-tools: $(LLAMA_TOOLS_DIR)/bin/.built
+
+$(LLAMA_TOOLS_DIR)/bin/.built:
+	rm -rf $(LLAMA_TOOLS_DIR)/sdist
+	$(PYTHON) -m pip download -q --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_TOOLS_DIR)/sdist
+	tar -xzf $(LLAMA_TOOLS_DIR)/sdist/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_TOOLS_DIR)/sdist
+	cmake -S $(LLAMA_TOOLS_DIR)/sdist/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp -B $(LLAMA_TOOLS_DIR) \
+		$(LLAMA_TOOLS_CMAKE_ARGS)
+	cmake --build $(LLAMA_TOOLS_DIR) -j"$$(nproc)" --target llama-server llama-completion llama-speculative-simple
+	touch $@
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -230,15 +230,21 @@ def bench(
                                                   "e.g. 2,4,8.")] = None,
     adaptive: Annotated[bool, typer.Option("--adaptive/--no-adaptive", help="Also measure adaptive K.")] = True,
     drafters: Annotated[str, typer.Option("--drafters", help="Drafters to measure: model,ngram,hybrid.")] = "model",
-    temps: Annotated[str, typer.Option("--temps", help="Temperatures, e.g. 0,0.8.")] = "0,0.8",
-    prompts: Annotated[str | None, typer.Option("--prompts", help="Prompts to run, from: code, edit, chat, "
-                                                "summary, repeat (default: all; --quick: code,edit).")] = None,
+    temps: Annotated[str | None, typer.Option("--temps", help="Temperatures, e.g. 0,0.8 (default: 0,0.8; "
+                                                 "--quick: 0).", show_default=False)] = None,
+    prompts: Annotated[str | None, typer.Option("--prompts", help="Prompts to run, from: code, prose, edit, "
+                                                   "chat, summary, repeat (default: all but prose; --quick: code,edit;"
+                                                   " --vs-llama-cpp: code,prose,edit,chat).")] = None,
     repeats: Annotated[int | None, typer.Option("--repeats", min=1, help="Repeats of the prompt set.")] = None,
     max_tokens: Annotated[int | None, typer.Option("-n", "--max-tokens", min=1, help="Tokens per run.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Two prompts, K 4 and 8, greedy, one repeat, "
                                         "48 tokens.")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Save speedup vs K as a PNG.")] = None,
     store: Annotated[bool, typer.Option("--store/--no-store", help="Store the best K for `-k auto`.")] = True,
+    vs_llama_cpp: Annotated[Path | None, typer.Option(
+        "--vs-llama-cpp", help="Compare with llama.cpp's own llama-completion and llama-speculative-simple in this"
+        " directory (docs/llama-cpp.md): same prompts, threads, -n, temperatures, interleaved; ratios of tok/s."
+        " Stores no K.", show_default=False)] = None,
     ctx_size: CtxSize = 2048,
     threads: Threads = None,
     rpc: Rpc = None,
@@ -247,31 +253,33 @@ def bench(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON report.")] = False,
 ) -> None:
     """Measure plain vs speculative decoding side by side and print the ratios."""
-    from .bench import PROMPTS, QUICK_PROMPTS
-    from .bench_report import BenchPlan, BenchTarget, bench as run_benchmark, f16_variant, parse_list
-    from .prepare import parse_drafter
+    from .bench_command import BenchTarget, bench as run_benchmark, f16_variant, make_plan
     from .resolve import resolve_pair
 
     _, err_console = _consoles(json_output)
+    tools = None
+    if vs_llama_cpp is not None:
+        from .bench_vs_llama import compare, vs_plan
+        from .llama_tools import LlamaTools
+
+        if plot is not None or rpc:
+            raise UsageError("--vs-llama-cpp runs both sides on this machine and draws no plot: drop --plot/--rpc")
+        tools = LlamaTools.find(vs_llama_cpp)  # before minutes of loading, not after
     load = _load_options(ctx_size=ctx_size, threads=threads, rpc=rpc, rpc_draft=rpc_draft, rpc_timeout=rpc_timeout,
                          err_console=err_console)
-    plan = BenchPlan(
-        ks=parse_list(draft_max, int, "-k") if draft_max else ([4, 8] if quick else [2, 4, 8, 12]),
-        temperatures=parse_list(temps, float, "--temps") if not quick or temps != "0,0.8" else [0.0],
-        drafters=[parse_drafter(kind, "--drafters") for kind in parse_list(drafters, str, "--drafters")],
-        adaptive=adaptive,
-        repeats=repeats or (1 if quick else 2), max_tokens=max_tokens or (48 if quick else 128), quick=quick,
-        prompts=parse_list(prompts, str, "--prompts") if prompts else list(QUICK_PROMPTS if quick else PROMPTS))
-    if any(k < 0 for k in plan.ks) or any(t < 0 for t in plan.temperatures):
-        raise UsageError("K values and temperatures must be >= 0")
-    if not plan.prompts or set(plan.prompts) - set(PROMPTS):
-        raise UsageError(f"--prompts takes {', '.join(PROMPTS)}, got {prompts!r}")
+    plan = make_plan(ks=draft_max, temps=temps, drafters=drafters, prompts=prompts, repeats=repeats,
+                     max_tokens=max_tokens, quick=quick, adaptive=adaptive, vs_llama_cpp=tools is not None)
+    comparison = vs_plan(plan) if tools is not None else None
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
                             on_progress=_progress_bar(err_console))
     if resolved.draft is None:
         raise UsageError("bench needs a draft model: give -md DRAFT or a --pair")
     target = BenchTarget(label=resolved.name or resolved.verifier.name, pair=resolved)
     targets = [f16_variant(target)] if only_f16 else [target] + ([f16_variant(target)] if f16 else [])
+    if tools is not None and comparison is not None:
+        compare(targets=targets, tools=tools, plan=comparison, load=load, json_output=json_output,
+                out=sys.stdout, err_console=err_console)
+        return
     run_benchmark(targets=targets, plan=plan, load=load, json_output=json_output, plot=plot,
                   store=store, out=sys.stdout, err_console=err_console)
 

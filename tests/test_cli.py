@@ -21,8 +21,8 @@ def tiny(tiny_verifier, tiny_draft):
 
 
 def test_prompt_from_argument_and_from_stdin_give_the_same_greedy_answer(cli, tiny):
-    by_argument = cli("run", *tiny, "--temp", "0", "-n", "30", "the cat was")
-    by_stdin = cli("run", *tiny, "--temp", "0", "-n", "30", stdin="the cat was")
+    by_argument = cli("run", *tiny, "--temp", "0", "-n", "30", "-k", "3", "the cat was")
+    by_stdin = cli("run", *tiny, "--temp", "0", "-n", "30", "-k", "3", stdin="the cat was")
     assert by_argument.returncode == 0, by_argument.stderr
     assert by_argument.stdout.strip() and by_argument.stdout == by_stdin.stdout
     assert "\x1b" not in by_argument.stdout  # piped: plain text only
@@ -143,7 +143,7 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(cli, case, bad_files, tiny_ver
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--prompts", "edit,essays"], "--prompts takes code, edit, chat, summary, repeat, got 'edit,essays'"),
+    (["--prompts", "edit,essays"], "--prompts takes code, prose, edit, chat, summary, repeat, got 'edit,essays'"),
     (["--prompts", ","], "--prompts takes"),
     (["--drafters", "model,oracle"], "--drafters must be one of"),
 ])

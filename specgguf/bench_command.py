@@ -1,4 +1,4 @@
-"""Running `specgguf bench` for one or more pairs, storing the best K, and showing the results."""
+"""The `specgguf bench` command: measure one or more pairs (bench_measure.py), store the best K, show the results."""
 
 from __future__ import annotations
 
@@ -13,11 +13,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table
 
 from . import costs
-from .bench import PROMPTS, best_fixed_k, make_settings, run_bench
+from .bench_measure import (
+    DEFAULT_PROMPTS,
+    PROMPTS,
+    QUICK_PROMPTS,
+    VS_LLAMA_CPP_PROMPTS,
+    best_fixed_k,
+    make_settings,
+    run_bench,
+)
 from .drafting import DrafterKind
 from .errors import SpecggufError, UsageError
 from .kpolicy import K_MAX
-from .prepare import LoadOptions, load_models, prompt_tokens
+from .prepare import LoadOptions, load_models, parse_drafter, prompt_tokens
 from .resolve import ResolvedPair
 from .run import placement, where_line
 from .tuning import machine_id, store_measurement
@@ -38,7 +46,34 @@ class BenchPlan:
     repeats: int
     max_tokens: int
     quick: bool
-    prompts: list[str]  # keys of bench.PROMPTS
+    prompts: list[str]  # keys of bench_measure.PROMPTS
+
+
+def make_plan(*, ks: str | None, temps: str | None, drafters: str, prompts: str | None, repeats: int | None,
+              max_tokens: int | None, quick: bool, adaptive: bool, vs_llama_cpp: bool = False) -> BenchPlan:
+    """The command's options as a plan. Left out, they take bench's defaults (--quick: a short
+    greedy run; --vs-llama-cpp: issue 12's prompt kinds and K 4, 8)."""
+    default_prompts: tuple[str, ...]
+    if quick:
+        default_prompts, default_ks = QUICK_PROMPTS, [4, 8]
+    elif vs_llama_cpp:
+        default_prompts, default_ks = VS_LLAMA_CPP_PROMPTS, [4, 8]
+    else:
+        default_prompts, default_ks = DEFAULT_PROMPTS, [2, 4, 8, 12]
+    plan = BenchPlan(
+        ks=parse_list(ks, int, "-k") if ks else default_ks,
+        temperatures=parse_list(temps, float, "--temps") if temps is not None else [0.0] if quick else [0.0, 0.8],
+        drafters=[parse_drafter(kind, "--drafters") for kind in parse_list(drafters, str, "--drafters")],
+        adaptive=adaptive,
+        repeats=repeats or (1 if quick else 2), max_tokens=max_tokens or (48 if quick else 128), quick=quick,
+        prompts=parse_list(prompts, str, "--prompts") if prompts else list(default_prompts))
+    if not plan.temperatures:
+        raise UsageError(f"--temps takes a comma-separated list of temperatures, got {temps!r}")
+    if any(k < 0 for k in plan.ks) or any(t < 0 for t in plan.temperatures):
+        raise UsageError("K values and temperatures must be >= 0")
+    if not plan.prompts or set(plan.prompts) - set(PROMPTS):
+        raise UsageError(f"--prompts takes {', '.join(PROMPTS)}, got {prompts!r}")
+    return plan
 
 
 def f16_variant(target: BenchTarget) -> BenchTarget:
@@ -67,7 +102,8 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
     settings_per_target = [make_settings(ks=plan.ks, adaptive=plan.adaptive, drafters=plan.drafters,
                                          temperatures=plan.temperatures) for _ in targets]
     total_runs = sum(len(s) for s in settings_per_target) * len(kinds) * plan.repeats
-    results = []
+    results: list[dict] = []
+    machines: list[costs.MachineCosts] = []  # seconds, as measured; the JSON report shows them in ms
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True) as progress:
         task = progress.add_task("benchmarking", total=total_runs)
@@ -80,6 +116,7 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
             profile = costs.measure_and_store(verifier, max_batch=K_MAX + 1, store=store,
                                               repeats=1 if plan.quick else 3)
             machine = costs.MachineCosts(tuple(profile), costs.measure_draft(draft, store=store))
+            machines.append(machine)
             progress.update(task, description=target.label)
             run_bench(verifier=verifier, draft=draft, prompt_tokens=tokens, settings=settings,
                       repeats=plan.repeats, max_tokens=plan.max_tokens, machine_costs=machine,
@@ -93,7 +130,7 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
                             "placement": placement(verifier, draft), "where": where_line(verifier, draft),
                             "draft": str(target.pair.draft), "settings": [s.report() for s in settings],
                             "best_k": {str(t): b for t, b in best.items()},
-                            "verify_ms_by_batch": [round(c * 1000, 2) for c in profile]})
+                            "verify_ms_by_batch": [round(seconds * 1000, 2) for seconds in machine.verify]})
             verifier.close()
             draft.close()
     report = {"machine": {"id": machine_id(), "platform": platform.platform(), "threads": load.n_threads},
@@ -102,13 +139,13 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
         out.write(json.dumps(report) + "\n")
     else:
         console = Console(file=out, highlight=False, width=None if out.isatty() else 150)
-        for result in results:
+        for result, machine in zip(results, machines):
             if load.rpc:
                 console.print(result["where"])
             console.print(_table(result))
             if len(kinds) > 1:
                 console.print(_prompt_table(result, kinds))
-            console.print(costs.describe([ms / 1000 for ms in result["verify_ms_by_batch"]]))
+            console.print(costs.describe(list(machine.verify)))
         if store:
             err_console.print("stored the best K per pair for `run`/`chat -k auto` on this machine,"
                               " and each verifier's verify costs for adaptive K")

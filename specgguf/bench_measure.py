@@ -1,4 +1,4 @@
-"""`specgguf bench`: plain vs speculative decoding, side by side, in one process.
+"""Measurement for `specgguf bench`: plain vs speculative decoding, side by side, in one process.
 
 Runs are interleaved (for each repeat, for each prompt: plain, then every K) so
 that machine noise hits both sides alike. Speedup is the ratio of tokens per
@@ -41,12 +41,15 @@ _TEXT = ("The city council met on Tuesday to discuss the new bicycle lanes plann
 
 PROMPTS: dict[str, str] = {
     "code": "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
+    "prose": "Explain why the sky is blue.",
     "edit": f"Add type hints to this function and return the code only:\n\n{_CODE}",
     "chat": "What are three good habits for staying focused while working from home?",
     "summary": f"Summarise this text in two sentences:\n\n{_TEXT}",
     "repeat": "Count from 1 to 40, writing each number in words on its own line.",
 }
+DEFAULT_PROMPTS = ("code", "edit", "chat", "summary", "repeat")  # `bench` without --prompts
 QUICK_PROMPTS = ("code", "edit")
+VS_LLAMA_CPP_PROMPTS = ("code", "prose", "edit", "chat")  # issue 12's kinds: where drafting wins and where not
 
 
 @dataclass
@@ -104,8 +107,9 @@ class Setting:
         }
 
 
-def _generate(verifier, drafter, tokens: list[int], *, policy, max_tokens: int, temperature: float,
-              seed: int) -> GenerationStats:
+def generate(verifier, drafter, tokens: list[int], *, policy, max_tokens: int, temperature: float,
+             seed: int) -> GenerationStats:
+    """One timed answer; `wall_seconds` leaves the prompt's ingestion out."""
     stats = GenerationStats()
     settings = SamplingSettings(temperature=temperature)
     start = time.perf_counter()
@@ -142,7 +146,7 @@ def run_bench(*, verifier, draft, prompt_tokens: dict[str, list[int]], settings:
             for setting in settings:
                 # Prompt ingestion is excluded from timings, so a warm prompt cache is fair to all.
                 busy_before = sum(m.busy_seconds for m in models)
-                stats = _generate(verifier, build_drafter(setting.drafter, draft), tokens,
+                stats = generate(verifier, build_drafter(setting.drafter, draft), tokens,
                                   policy=setting.policy(machine_costs), max_tokens=max_tokens,
                                   temperature=setting.temperature, seed=1000 * repeat + 7)
                 setting.llama_seconds += sum(m.busy_seconds for m in models) - busy_before - stats.prefill_seconds
