@@ -88,10 +88,16 @@ def main() -> None:
     parser.add_argument("--variants", default="full,no-calibration,no-look-ahead,line-costs,plain")
     args = parser.parse_args()
     variants, temps = args.variants.split(","), [float(t) for t in args.temps.split(",")]
-    prepared = prepare(ResolvedPair(verifier=args.m, draft=args.md, name=None, recommended_k=None),
-                       LoadOptions(n_ctx=2048), DraftOptions())
-    print(f"costs: verify {[round(c * 1000) for c in prepared.costs.verify]} ms, draft "
-          f"{prepared.costs.draft * 1000:.0f} ms/token", file=sys.stderr)
+    prepared = prepare(
+        ResolvedPair(verifier=args.m, draft=args.md, name=None, recommended_k=None),
+        LoadOptions(n_ctx=2048),
+        DraftOptions(),
+    )
+    print(
+        f"costs: verify {[round(c * 1000) for c in prepared.costs.verify]} ms, draft "
+        f"{prepared.costs.draft * 1000:.0f} ms/token",
+        file=sys.stderr,
+    )
     tokens = {kind: prompt_tokens(prepared.verifier, text, raw=False, system=None) for kind, text in PROMPTS.items()}
     speeds: dict[tuple, list[float]] = {}
     for repeat in range(args.repeats):
@@ -99,17 +105,24 @@ def main() -> None:
             for temp in temps:
                 for variant in variants:
                     n_tokens, start, prefill = 0, time.perf_counter(), 0.0
-                    for event in speculate(verifier=prepared.verifier, drafter=prepared.drafter(),
-                                           prompt_tokens=tokens[kind], k=policy_for(variant, prepared.costs),
-                                           max_tokens=args.n, settings=SamplingSettings(temperature=temp),
-                                           rng=np.random.default_rng(repeat)):
+                    for event in speculate(
+                        verifier=prepared.verifier,
+                        drafter=prepared.drafter(),
+                        prompt_tokens=tokens[kind],
+                        k=policy_for(variant, prepared.costs),
+                        max_tokens=args.n,
+                        settings=SamplingSettings(temperature=temp),
+                        rng=np.random.default_rng(repeat),
+                    ):
                         n_tokens += len(event.tokens)
                         prefill += event.prefill_seconds
                     speed = n_tokens / (time.perf_counter() - start - prefill)
                     speeds.setdefault((kind, temp, variant), []).append(speed)
                     print(f"round {repeat + 1} {kind:<6} T={temp:g} {variant:<15} {speed:6.2f} tok/s", file=sys.stderr)
-    print(f"\n{args.m.name} + {args.md.name}: median tok/s over {args.repeats} interleaved rounds, -n {args.n};"
-          " in brackets the median ratio to `full` on the same prompt and round")
+    print(
+        f"\n{args.m.name} + {args.md.name}: median tok/s over {args.repeats} interleaved rounds, -n {args.n};"
+        " in brackets the median ratio to `full` on the same prompt and round"
+    )
     print("| prompt | T | " + " | ".join(variants) + " |")
     print("|---|---|" + "---|" * len(variants))
     for kind in PROMPTS:

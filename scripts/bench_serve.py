@@ -30,8 +30,9 @@ SPECGGUF = [sys.executable, "-m", "specgguf"]
 
 
 def _run_once(model_args: list[str], prompt: str, options: list[str]) -> dict:
-    result = subprocess.run([*SPECGGUF, "run", *model_args, *options, "--json", prompt],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [*SPECGGUF, "run", *model_args, *options, "--json", prompt], capture_output=True, text=True, check=True
+    )
     return json.loads(result.stdout)
 
 
@@ -39,8 +40,13 @@ def _serve_once(client, model: str, prompt: str, *, k: int, max_tokens: int) -> 
     start = time.perf_counter()
     first, text, last = None, [], None
     for chunk in client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
-            stream=True, extra_body={"speculative": {"k": k}}):
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        extra_body={"speculative": {"k": k}},
+    ):
         if chunk.choices and chunk.choices[0].delta.content:
             first = first or time.perf_counter()
             text.append(chunk.choices[0].delta.content)
@@ -51,8 +57,14 @@ def _serve_once(client, model: str, prompt: str, *, k: int, max_tokens: int) -> 
         raise SystemExit("the stream ended without a finish reason")
     timings = last.model_extra["timings"]
     generation = end - start - timings["prompt_ms"] / 1000
-    return {"text": "".join(text), "tokens": timings["predicted_n"], "client_tps": timings["predicted_n"] / generation,
-            "server_tps": timings["predicted_per_second"], "ttft": (first or end) - start, "wall": end - start}
+    return {
+        "text": "".join(text),
+        "tokens": timings["predicted_n"],
+        "client_tps": timings["predicted_n"] / generation,
+        "server_tps": timings["predicted_per_second"],
+        "ttft": (first or end) - start,
+        "wall": end - start,
+    }
 
 
 def wait_for_health(base_url: str, process: subprocess.Popen) -> None:
@@ -93,8 +105,12 @@ def main(argv: list[str] | None = None) -> None:
     common = ["-t", str(args.threads), "-c", "2048"]
     run_options = [*common, "--temp", "0", "-k", str(args.k), "-n", str(args.max_tokens), "-q"]
     prompts = [PROMPTS[name] for name in args.prompts.split(",")]
-    server = subprocess.Popen([*SPECGGUF, "serve", *model_args, *common, "--port", str(args.port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [*SPECGGUF, "serve", *model_args, *common, "--port", str(args.port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     base_url = f"http://127.0.0.1:{args.port}"
     try:
         wait_for_health(base_url, server)
@@ -109,26 +125,38 @@ def main(argv: list[str] | None = None) -> None:
                 same = "same text" if served["text"] == ran["text"] else "TEXT DIFFERS"
                 ratios.append(served["client_tps"] / ran["tokens_per_second"])
                 overheads.append(1 - served["client_tps"] / served["server_tps"])
-                rows.append(f"{repeat + 1:>6} {name:>8} {ran['n_tokens']:>6} {ran['tokens_per_second']:>9.2f}"
-                            f" {served['client_tps']:>11.2f} {served['server_tps']:>11.2f} {ratios[-1]:>7.3f}"
-                            f" {overheads[-1]:>8.1%} {served['ttft']:>7.2f}  {same}")
+                rows.append(
+                    f"{repeat + 1:>6} {name:>8} {ran['n_tokens']:>6} {ran['tokens_per_second']:>9.2f}"
+                    f" {served['client_tps']:>11.2f} {served['server_tps']:>11.2f} {ratios[-1]:>7.3f}"
+                    f" {overheads[-1]:>8.1%} {served['ttft']:>7.2f}  {same}"
+                )
         print(f"K={args.k}, greedy, {args.max_tokens} tokens, -t {args.threads}; tok/s of generation (prompt left out)")
-        print(f"{'repeat':>6} {'prompt':>8} {'tokens':>6} {'run':>9} {'HTTP(cli)':>11} {'server':>11} {'ratio':>7}"
-              f" {'overhead':>8} {'TTFT s':>7}")
+        print(
+            f"{'repeat':>6} {'prompt':>8} {'tokens':>6} {'run':>9} {'HTTP(cli)':>11} {'server':>11} {'ratio':>7}"
+            f" {'overhead':>8} {'TTFT s':>7}"
+        )
         print("\n".join(rows))
-        print(f"HTTP/run tokens/s: median {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f});"
-              f" HTTP overhead (client-timed vs the server's own timing of the same request): median"
-              f" {statistics.median(overheads):.1%} (range {min(overheads):.1%} to {max(overheads):.1%})")
+        print(
+            f"HTTP/run tokens/s: median {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f});"
+            f" HTTP overhead (client-timed vs the server's own timing of the same request): median"
+            f" {statistics.median(overheads):.1%} (range {min(overheads):.1%} to {max(overheads):.1%})"
+        )
         with ThreadPoolExecutor(4) as pool:
             start = time.perf_counter()
-            results = list(pool.map(lambda prompt: _serve_once(client, model, prompt, k=args.k,
-                                                               max_tokens=args.max_tokens), [prompts[0]] * 4))
+            results = list(
+                pool.map(
+                    lambda prompt: _serve_once(client, model, prompt, k=args.k, max_tokens=args.max_tokens),
+                    [prompts[0]] * 4,
+                )
+            )
             wall = time.perf_counter() - start
         total_tps = sum(result["tokens"] for result in results) / wall
         mean_ttft = statistics.mean(result["ttft"] for result in results)
         same = "all the same text" if len({result["text"] for result in results}) == 1 else "TEXTS DIFFER"
-        print(f"4 clients at once ({args.prompts.split(',')[0]} prompt): {total_tps:.2f} tok/s in total"
-              f" (prompts included), mean time to first token {mean_ttft:.2f} s, {same}")
+        print(
+            f"4 clients at once ({args.prompts.split(',')[0]} prompt): {total_tps:.2f} tok/s in total"
+            f" (prompts included), mean time to first token {mean_ttft:.2f} s, {same}"
+        )
     finally:
         server.terminate()
         server.wait(timeout=60)

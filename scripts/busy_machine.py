@@ -20,8 +20,11 @@ PROMPT = "Explain in two sentences why the sky is blue."
 
 
 def settings(cores: int) -> dict[str, list[str]]:
-    return {"default (threads follow the load)": [], f"-t {cores} (all cores, the old default)": ["-t", str(cores)],
-            "-t 1": ["-t", "1"]}
+    return {
+        "default (threads follow the load)": [],
+        f"-t {cores} (all cores, the old default)": ["-t", str(cores)],
+        "-t 1": ["-t", "1"],
+    }
 
 
 def tokens_per_second(extra: list[str], n: int, k: str, env: dict) -> float:

@@ -45,9 +45,16 @@ def measure(session: ChatSession, questions: list[str]) -> list[dict]:
     session.reset()
     session.forget_caches()
     turns = [_first_token(session, question, to_the_end=True) for question in questions]
-    rows = [{"turn": n, "prompt_tokens": turn.n_prompt, "evaluated": turn.n_evaluated["verifier"],
-             "ttft_reuse": turn.first_token_seconds, "answer_tokens": len(turn.answer_tokens)}
-            for n, turn in enumerate(turns, start=1)]
+    rows = [
+        {
+            "turn": n,
+            "prompt_tokens": turn.n_prompt,
+            "evaluated": turn.n_evaluated["verifier"],
+            "ttft_reuse": turn.first_token_seconds,
+            "answer_tokens": len(turn.answer_tokens),
+        }
+        for n, turn in enumerate(turns, start=1)
+    ]
     for row, n in zip(rows, range(len(turns))):
         session.reset()
         session.transcript = list(turns[:n])  # the same history, re-evaluated from scratch
@@ -70,12 +77,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         resolved = resolve_pair(model=args.model, model_draft=args.model_draft, pair=args.pair)
-        verifier, draft = load_models(resolved, LoadOptions(n_ctx=args.ctx_size, n_threads=args.threads),
-                                      need_draft=True)
+        verifier, draft = load_models(
+            resolved, LoadOptions(n_ctx=args.ctx_size, n_threads=args.threads), need_draft=True
+        )
         k = args.draft_max if args.draft_max is not None else (resolved.recommended_k or 8)
-        session = ChatSession(verifier=verifier, draft=draft, drafter=ModelDrafter(draft) if draft else None,
-                              policy=FixedK(k), k_source=f"K={k}", max_tokens=args.max_tokens,
-                              settings=SamplingSettings(temperature=0), seed=0)
+        session = ChatSession(
+            verifier=verifier,
+            draft=draft,
+            drafter=ModelDrafter(draft) if draft else None,
+            policy=FixedK(k),
+            k_source=f"K={k}",
+            max_tokens=args.max_tokens,
+            settings=SamplingSettings(temperature=0),
+            seed=0,
+        )
         rows = measure(session, QUESTIONS)
     except SpecggufError as error:
         print(f"specgguf: error: {error}", file=sys.stderr)
@@ -86,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{resolved.name or resolved.verifier.name} · K={k} · greedy · {args.max_tokens} tokens per answer")
     print(f"{'turn':>4}  {'prompt':>6}  {'evaluated':>9}  {'TTFT reused':>11}  {'TTFT from scratch':>17}")
     for row in rows:
-        print(f"{row['turn']:>4}  {row['prompt_tokens']:>6}  {row['evaluated']:>9}  {row['ttft_reuse']:>9.3f} s"
-              f"  {row['ttft_no_reuse']:>15.3f} s")
+        print(
+            f"{row['turn']:>4}  {row['prompt_tokens']:>6}  {row['evaluated']:>9}  {row['ttft_reuse']:>9.3f} s"
+            f"  {row['ttft_no_reuse']:>15.3f} s"
+        )
     return 0
 
 

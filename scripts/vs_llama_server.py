@@ -53,17 +53,32 @@ def main() -> None:
     common = ["-m", args.m, "-t", str(args.t), "-c", "2048"]
     servers = {
         "llama plain": [args.llama_server, *common, "-np", "1", "--no-webui"],
-        f"llama K={args.k}": [args.llama_server, *common, "-np", "1", "--no-webui", "-md", args.md,
-                              "--spec-type", "draft-simple", "--spec-draft-n-max", str(args.k),
-                              "--spec-draft-n-min", "0", "-td", str(args.t)],
+        f"llama K={args.k}": [
+            args.llama_server,
+            *common,
+            "-np",
+            "1",
+            "--no-webui",
+            "-md",
+            args.md,
+            "--spec-type",
+            "draft-simple",
+            "--spec-draft-n-max",
+            str(args.k),
+            "--spec-draft-n-min",
+            "0",
+            "-td",
+            str(args.t),
+        ],
         "specgguf": [sys.executable, "-m", "specgguf", "serve", *common, "-md", args.md],
     }
     urls, processes = {}, []
     try:
         for name, command in servers.items():
             port = free_port()
-            process = subprocess.Popen([*command, "--port", str(port)], stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL)
+            process = subprocess.Popen(
+                [*command, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             processes.append(process)
             urls[name] = f"http://127.0.0.1:{port}"
             wait_for_health(urls[name], process)
@@ -86,18 +101,25 @@ def main() -> None:
                     speeds.setdefault((name, kind), []).append(speed)
                     texts.setdefault(kind, set()).add(text)
                     print(f"repeat {repeat + 1} {kind:<6} {name:<26} {speed:6.2f} tok/s ({n} tokens)", file=sys.stderr)
-        print(f"\ngreedy, {args.n} tokens, -t {args.t}; median tok/s of {args.repeats} interleaved repeats"
-              " (each server's own timings, prompt left out)")
+        print(
+            f"\ngreedy, {args.n} tokens, -t {args.t}; median tok/s of {args.repeats} interleaved repeats"
+            " (each server's own timings, prompt left out)"
+        )
         print("| prompt | " + " | ".join(settings) + " | specgguf default / best llama-server |")
         print("|---|" + "---|" * (len(settings) + 1))
         for kind in kinds:
             medians = {name: statistics.median(speeds[(name, kind)]) for name in settings}
             best_llama = max(medians["llama-server plain"], medians[f"llama-server -md K={args.k}"])
-            print(f"| {kind} | " + " | ".join(f"{value:.2f}" for value in medians.values())
-                  + f" | {medians['specgguf serve default'] / best_llama:.2f}× |")
+            print(
+                f"| {kind} | "
+                + " | ".join(f"{value:.2f}" for value in medians.values())
+                + f" | {medians['specgguf serve default'] / best_llama:.2f}× |"
+            )
         for kind, variants in texts.items():
-            print(f"{kind}: {len(variants)} distinct text(s) across the settings (greedy; batch sizes can"
-                  " shift llama.cpp's logits slightly)")
+            print(
+                f"{kind}: {len(variants)} distinct text(s) across the settings (greedy; batch sizes can"
+                " shift llama.cpp's logits slightly)"
+            )
     finally:
         for process in processes:
             process.terminate()

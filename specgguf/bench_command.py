@@ -49,8 +49,18 @@ class BenchPlan:
     prompts: list[str]  # keys of bench_measure.PROMPTS
 
 
-def make_plan(*, ks: str | None, temps: str | None, drafters: str, prompts: str | None, repeats: int | None,
-              max_tokens: int | None, quick: bool, adaptive: bool, vs_llama_cpp: bool = False) -> BenchPlan:
+def make_plan(
+    *,
+    ks: str | None,
+    temps: str | None,
+    drafters: str,
+    prompts: str | None,
+    repeats: int | None,
+    max_tokens: int | None,
+    quick: bool,
+    adaptive: bool,
+    vs_llama_cpp: bool = False,
+) -> BenchPlan:
     """The command's options as a plan. Left out, they take bench's defaults (--quick: a short
     greedy run; --vs-llama-cpp: issue 12's prompt kinds and K 4, 8)."""
     default_prompts: tuple[str, ...]
@@ -65,8 +75,11 @@ def make_plan(*, ks: str | None, temps: str | None, drafters: str, prompts: str 
         temperatures=parse_list(temps, float, "--temps") if temps is not None else [0.0] if quick else [0.0, 0.8],
         drafters=[parse_drafter(kind, "--drafters") for kind in parse_list(drafters, str, "--drafters")],
         adaptive=adaptive,
-        repeats=repeats or (1 if quick else 2), max_tokens=max_tokens or (48 if quick else 128), quick=quick,
-        prompts=parse_list(prompts, str, "--prompts") if prompts else list(default_prompts))
+        repeats=repeats or (1 if quick else 2),
+        max_tokens=max_tokens or (48 if quick else 128),
+        quick=quick,
+        prompts=parse_list(prompts, str, "--prompts") if prompts else list(default_prompts),
+    )
     if not plan.temperatures:
         raise UsageError(f"--temps takes a comma-separated list of temperatures, got {temps!r}")
     if any(k < 0 for k in plan.ks) or any(t < 0 for t in plan.temperatures):
@@ -84,28 +97,47 @@ def f16_variant(target: BenchTarget) -> BenchTarget:
     destination = source.with_name(source.stem.rsplit("-", 1)[0] + "-f16.gguf")
     if not destination.is_file():
         convert_to_f16(source, destination)
-    pair = ResolvedPair(verifier=destination, draft=target.pair.draft, name=target.pair.name,
-                        recommended_k=target.pair.recommended_k)
+    pair = ResolvedPair(
+        verifier=destination, draft=target.pair.draft, name=target.pair.name, recommended_k=target.pair.recommended_k
+    )
     return BenchTarget(label=f"{target.label} (F16 verifier)", pair=pair)
 
 
-def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, json_output: bool,
-          plot: Path | None, store: bool, out: TextIO, err_console: Console) -> dict:
+def bench(
+    *,
+    targets: list[BenchTarget],
+    plan: BenchPlan,
+    load: LoadOptions,
+    json_output: bool,
+    plot: Path | None,
+    store: bool,
+    out: TextIO,
+    err_console: Console,
+) -> dict:
     if plot is not None:
         check_plot_path(plot)  # before minutes of measuring, not after
     kinds = plan.prompts
     if load.rpc and store:
         # K and verify costs over the network are not this machine's: keep them out of tuning.json.
         store = False
-        err_console.print("with --rpc, bench stores nothing for `-k auto` (those figures are this machine's)",
-                          style="dim")
-    settings_per_target = [make_settings(ks=plan.ks, adaptive=plan.adaptive, drafters=plan.drafters,
-                                         temperatures=plan.temperatures) for _ in targets]
+        err_console.print(
+            "with --rpc, bench stores nothing for `-k auto` (those figures are this machine's)", style="dim"
+        )
+    settings_per_target = [
+        make_settings(ks=plan.ks, adaptive=plan.adaptive, drafters=plan.drafters, temperatures=plan.temperatures)
+        for _ in targets
+    ]
     total_runs = sum(len(s) for s in settings_per_target) * len(kinds) * plan.repeats
     results: list[dict] = []
     machines: list[costs.MachineCosts] = []  # seconds, as measured; the JSON report shows them in ms
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, transient=True) as progress:
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    ) as progress:
         task = progress.add_task("benchmarking", total=total_runs)
         for target, settings in zip(targets, settings_per_target):
             progress.update(task, description=f"loading {target.label}")
@@ -113,28 +145,48 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
             tokens = {kind: prompt_tokens(verifier, PROMPTS[kind], raw=False, system=None) for kind in kinds}
             progress.update(task, description=f"{target.label}: verify cost by batch size")
             # Adaptive K reads this table; measured before the runs, as `run` would find it stored.
-            profile = costs.measure_and_store(verifier, max_batch=K_MAX + 1, store=store,
-                                              repeats=1 if plan.quick else 3)
+            profile = costs.measure_and_store(
+                verifier, max_batch=K_MAX + 1, store=store, repeats=1 if plan.quick else 3
+            )
             machine = costs.MachineCosts(tuple(profile), costs.measure_draft(draft, store=store))
             machines.append(machine)
             progress.update(task, description=target.label)
-            run_bench(verifier=verifier, draft=draft, prompt_tokens=tokens, settings=settings,
-                      repeats=plan.repeats, max_tokens=plan.max_tokens, machine_costs=machine,
-                      on_run=lambda: progress.advance(task))
+            run_bench(
+                verifier=verifier,
+                draft=draft,
+                prompt_tokens=tokens,
+                settings=settings,
+                repeats=plan.repeats,
+                max_tokens=plan.max_tokens,
+                machine_costs=machine,
+                on_run=lambda: progress.advance(task),
+            )
             best = {t: best_fixed_k(settings, t) for t in plan.temperatures}
             if store:
                 assert target.pair.draft is not None  # load_models(need_draft=True) loaded it
                 for temperature, measurement in best.items():
                     store_measurement(target.pair.verifier, target.pair.draft, temperature, measurement)
-            results.append({"pair": target.label, "verifier": str(target.pair.verifier),
-                            "placement": placement(verifier, draft), "where": where_line(verifier, draft),
-                            "draft": str(target.pair.draft), "settings": [s.report() for s in settings],
-                            "best_k": {str(t): b for t, b in best.items()},
-                            "verify_ms_by_batch": [round(seconds * 1000, 2) for seconds in machine.verify]})
+            results.append(
+                {
+                    "pair": target.label,
+                    "verifier": str(target.pair.verifier),
+                    "placement": placement(verifier, draft),
+                    "where": where_line(verifier, draft),
+                    "draft": str(target.pair.draft),
+                    "settings": [s.report() for s in settings],
+                    "best_k": {str(t): b for t, b in best.items()},
+                    "verify_ms_by_batch": [round(seconds * 1000, 2) for seconds in machine.verify],
+                }
+            )
             verifier.close()
             draft.close()
-    report = {"machine": {"id": machine_id(), "platform": platform.platform(), "threads": load.n_threads},
-              "prompts": kinds, "repeats": plan.repeats, "max_tokens": plan.max_tokens, "results": results}
+    report = {
+        "machine": {"id": machine_id(), "platform": platform.platform(), "threads": load.n_threads},
+        "prompts": kinds,
+        "repeats": plan.repeats,
+        "max_tokens": plan.max_tokens,
+        "results": results,
+    }
     if json_output:
         out.write(json.dumps(report) + "\n")
     else:
@@ -147,14 +199,17 @@ def bench(*, targets: list[BenchTarget], plan: BenchPlan, load: LoadOptions, jso
                 console.print(_prompt_table(result, kinds))
             console.print(costs.describe(list(machine.verify)))
         if store:
-            err_console.print("stored the best K per pair for `run`/`chat -k auto` on this machine,"
-                              " and each verifier's verify costs for adaptive K")
+            err_console.print(
+                "stored the best K per pair for `run`/`chat -k auto` on this machine,"
+                " and each verifier's verify costs for adaptive K"
+            )
     if plot is not None:  # last: a plot that fails loses no result
         try:
             save_plot(report, plot)
         except OSError as error:
-            raise SpecggufError(f"could not write the plot {plot} ({error.strerror or error});"
-                                " the results above are complete") from None
+            raise SpecggufError(
+                f"could not write the plot {plot} ({error.strerror or error}); the results above are complete"
+            ) from None
     return report
 
 
@@ -176,20 +231,40 @@ def check_plot_path(path: Path) -> None:
 
 def _table(result: dict) -> Table:
     table = Table(title=result["pair"], title_justify="left")
-    for column in ("temp", "setting", "tok/s", "speedup (min–max)", "accept", "tok/step", "accept by position",
-                   "draft/verify/other", "overhead"):
+    for column in (
+        "temp",
+        "setting",
+        "tok/s",
+        "speedup (min–max)",
+        "accept",
+        "tok/step",
+        "accept by position",
+        "draft/verify/other",
+        "overhead",
+    ):
         table.add_column(column, justify="left" if column in ("setting", "accept by position") else "right")
     for row in result["settings"]:
-        speedup = "1.00" if row["k"] == 0 else \
-            f"{row['speedup']:.2f} ({row['speedup_min']:.2f}–{row['speedup_max']:.2f})"
+        speedup = (
+            "1.00" if row["k"] == 0 else f"{row['speedup']:.2f} ({row['speedup_min']:.2f}–{row['speedup_max']:.2f})"
+        )
         accept = "—" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.0%}"
         positions = " ".join(f"{a:.0%}" for a in row["acceptance_by_position"][:8])
         split = row["time_split"]
-        table.add_row(f"{row['temperature']:g}", row["label"], f"{row['tokens_per_second']:.1f}", speedup,
-                      accept, f"{row['tokens_per_step']:.2f}", positions,
-                      f"{split['draft']:.0%}/{split['verify']:.0%}/{split['other']:.0%}", f"{row['overhead']:.1%}")
-    best = "; ".join(f"T={t}: " + (f"K={b['k']} ({b['speedup']:.2f}×)" if b["k"] else
-                                   f"plain (best K only {b['speedup']:.2f}×)") for t, b in result["best_k"].items())
+        table.add_row(
+            f"{row['temperature']:g}",
+            row["label"],
+            f"{row['tokens_per_second']:.1f}",
+            speedup,
+            accept,
+            f"{row['tokens_per_step']:.2f}",
+            positions,
+            f"{split['draft']:.0%}/{split['verify']:.0%}/{split['other']:.0%}",
+            f"{row['overhead']:.1%}",
+        )
+    best = "; ".join(
+        f"T={t}: " + (f"K={b['k']} ({b['speedup']:.2f}×)" if b["k"] else f"plain (best K only {b['speedup']:.2f}×)")
+        for t, b in result["best_k"].items()
+    )
     table.caption = f"best fixed K — {best}"
     return table
 
@@ -203,8 +278,9 @@ def _prompt_table(result: dict, kinds: list[str]) -> Table:
         table.add_column(kind, justify="right")
     for row in result["settings"]:
         if row["k"] != 0:
-            cells = [f"{row['speedup_by_prompt'][kind]:.2f}" if kind in row["speedup_by_prompt"] else "—"
-                     for kind in kinds]
+            cells = [
+                f"{row['speedup_by_prompt'][kind]:.2f}" if kind in row["speedup_by_prompt"] else "—" for kind in kinds
+            ]
             table.add_row(f"{row['temperature']:g}", row["label"], *cells)
     return table
 

@@ -22,7 +22,7 @@ from .kpolicy import K_MAX, PolicyConfig, adaptive_policy
 from .sampling import SamplingSettings
 from .stats import GenerationStats
 
-_CODE = '''def parse_config(path):
+_CODE = """def parse_config(path):
     config = {}
     with open(path) as handle:
         for line in handle:
@@ -32,12 +32,14 @@ _CODE = '''def parse_config(path):
             key, value = line.split("=", 1)
             config[key.strip()] = value.strip()
     return config
-'''
-_TEXT = ("The city council met on Tuesday to discuss the new bicycle lanes planned for the river "
-         "district. Supporters said the lanes would cut traffic and make the streets safer for "
-         "children walking to school. Shop owners worried that losing parking spaces would keep "
-         "customers away. After three hours of debate, the council voted to build the lanes on two "
-         "streets first and to review the effect on local business after six months.")
+"""
+_TEXT = (
+    "The city council met on Tuesday to discuss the new bicycle lanes planned for the river "
+    "district. Supporters said the lanes would cut traffic and make the streets safer for "
+    "children walking to school. Shop owners worried that losing parking spaces would keep "
+    "customers away. After three hours of debate, the council voted to build the lanes on two "
+    "streets first and to review the effect on local business after six months."
+)
 
 PROMPTS: dict[str, str] = {
     "code": "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
@@ -86,7 +88,9 @@ class Setting:
         total = self.total()
         split = max(total.wall_seconds, 1e-9)
         return {
-            "label": self.label, "drafter": self.drafter, "k": "adaptive" if self.k is None else self.k,
+            "label": self.label,
+            "drafter": self.drafter,
+            "k": "adaptive" if self.k is None else self.k,
             "temperature": self.temperature,
             "tokens_per_second": round(total.tokens_per_second, 3),
             "speedup": round(statistics.median(self.ratios), 3) if self.ratios else None,
@@ -96,32 +100,46 @@ class Setting:
             "acceptance_rate": None if total.acceptance_rate is None else round(total.acceptance_rate, 4),
             "tokens_per_step": round(total.tokens_per_step, 3),
             "acceptance_by_position": total.as_dict()["acceptance_by_position"],
-            "time_split": {"draft": round(total.draft_seconds / split, 4),
-                           "verify": round(total.verify_seconds / split, 4),
-                           "other": round(total.other_seconds / split, 4)},
-            "n_tokens": total.n_tokens, "seconds": round(total.wall_seconds, 3),
+            "time_split": {
+                "draft": round(total.draft_seconds / split, 4),
+                "verify": round(total.verify_seconds / split, 4),
+                "other": round(total.other_seconds / split, 4),
+            },
+            "n_tokens": total.n_tokens,
+            "seconds": round(total.wall_seconds, 3),
             # The engine's own overhead: wall time not spent inside llama.cpp.
             "overhead": round(max(0.0, 1 - self.llama_seconds / split), 4),
-            "runs": [{"prompt": kind, "n_tokens": run.n_tokens, "seconds": round(run.wall_seconds, 6)}
-                     for kind, run in zip(self.run_prompts, self.runs)],
+            "runs": [
+                {"prompt": kind, "n_tokens": run.n_tokens, "seconds": round(run.wall_seconds, 6)}
+                for kind, run in zip(self.run_prompts, self.runs)
+            ],
         }
 
 
-def generate(verifier, drafter, tokens: list[int], *, policy, max_tokens: int, temperature: float,
-             seed: int) -> GenerationStats:
+def generate(
+    verifier, drafter, tokens: list[int], *, policy, max_tokens: int, temperature: float, seed: int
+) -> GenerationStats:
     """One timed answer; `wall_seconds` leaves the prompt's ingestion out."""
     stats = GenerationStats()
     settings = SamplingSettings(temperature=temperature)
     start = time.perf_counter()
-    for event in speculate(verifier=verifier, drafter=drafter, prompt_tokens=tokens, k=policy,
-                           max_tokens=max_tokens, settings=settings, rng=np.random.default_rng(seed)):
+    for event in speculate(
+        verifier=verifier,
+        drafter=drafter,
+        prompt_tokens=tokens,
+        k=policy,
+        max_tokens=max_tokens,
+        settings=settings,
+        rng=np.random.default_rng(seed),
+    ):
         stats.add(event)
     stats.wall_seconds = time.perf_counter() - start - stats.prefill_seconds
     return stats
 
 
-def make_settings(*, ks: list[int], adaptive: bool, drafters: list[DrafterKind],
-                  temperatures: list[float]) -> list[Setting]:
+def make_settings(
+    *, ks: list[int], adaptive: bool, drafters: list[DrafterKind], temperatures: list[float]
+) -> list[Setting]:
     """Plain first, then every drafter with each fixed K and adaptive K (the n-gram and hybrid
     drafters always with adaptive K: their point is to be compared with the model's)."""
     settings = []
@@ -134,9 +152,17 @@ def make_settings(*, ks: list[int], adaptive: bool, drafters: list[DrafterKind],
     return settings
 
 
-def run_bench(*, verifier, draft, prompt_tokens: dict[str, list[int]], settings: list[Setting],
-              repeats: int, max_tokens: int, machine_costs: MachineCosts,
-              on_run: Callable[[], None] | None = None) -> list[Setting]:
+def run_bench(
+    *,
+    verifier,
+    draft,
+    prompt_tokens: dict[str, list[int]],
+    settings: list[Setting],
+    repeats: int,
+    max_tokens: int,
+    machine_costs: MachineCosts,
+    on_run: Callable[[], None] | None = None,
+) -> list[Setting]:
     """Measure every setting, interleaved: for each repeat and prompt, plain then the rest.
     Adaptive settings start from `machine_costs` (costs.py), as `run` would from the store."""
     models = [m for m in (verifier, draft) if m is not None]
@@ -146,9 +172,15 @@ def run_bench(*, verifier, draft, prompt_tokens: dict[str, list[int]], settings:
             for setting in settings:
                 # Prompt ingestion is excluded from timings, so a warm prompt cache is fair to all.
                 busy_before = sum(m.busy_seconds for m in models)
-                stats = generate(verifier, build_drafter(setting.drafter, draft), tokens,
-                                  policy=setting.policy(machine_costs), max_tokens=max_tokens,
-                                  temperature=setting.temperature, seed=1000 * repeat + 7)
+                stats = generate(
+                    verifier,
+                    build_drafter(setting.drafter, draft),
+                    tokens,
+                    policy=setting.policy(machine_costs),
+                    max_tokens=max_tokens,
+                    temperature=setting.temperature,
+                    seed=1000 * repeat + 7,
+                )
                 setting.llama_seconds += sum(m.busy_seconds for m in models) - busy_before - stats.prefill_seconds
                 setting.runs.append(stats)
                 setting.run_prompts.append(kind)
@@ -165,8 +197,7 @@ def run_bench(*, verifier, draft, prompt_tokens: dict[str, list[int]], settings:
 
 def best_fixed_k(settings: list[Setting], temperature: float) -> dict:
     """The draft model's best fixed K at this temperature; K=0 when nothing beats plain."""
-    candidates = [s for s in settings if s.temperature == temperature and s.drafter == "model"
-                  and s.k and s.ratios]
+    candidates = [s for s in settings if s.temperature == temperature and s.drafter == "model" and s.k and s.ratios]
     if not candidates:
         return {"k": 0, "speedup": 1.0, "acceptance_rate": None}
     best = max(candidates, key=lambda s: statistics.median(s.ratios))

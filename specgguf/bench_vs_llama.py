@@ -38,11 +38,13 @@ from .prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, pr
 from .sampling import SamplingSettings
 
 Side = Literal["llama.cpp", "specgguf"]
-MEANING = ("tok/s: generation only (prompt left out), median over repeats. specgguf: generated tokens / (wall − "
-           "prompt ingestion), as `bench` measures. llama.cpp plain: llama-completion's decode calls after the "
-           "prompt / (their time + sampling time), from its llama_perf lines. llama.cpp K: "
-           "llama-speculative-simple's 'decoded N tokens in X s'. specgguf default: adaptive K, what `run` does "
-           "with no K stored by `bench`.")
+MEANING = (
+    "tok/s: generation only (prompt left out), median over repeats. specgguf: generated tokens / (wall − "
+    "prompt ingestion), as `bench` measures. llama.cpp plain: llama-completion's decode calls after the "
+    "prompt / (their time + sampling time), from its llama_perf lines. llama.cpp K: "
+    "llama-speculative-simple's 'decoded N tokens in X s'. specgguf default: adaptive K, what `run` does "
+    "with no K stored by `bench`."
+)
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,13 @@ def run_order(ks: list[int]) -> list[Column]:
 
 def display_order(ks: list[int]) -> list[Column]:
     """The order of the table: llama.cpp's, then ours (as in issue 12)."""
-    return [Column("llama.cpp", 0), *(Column("llama.cpp", k) for k in ks), Column("specgguf", 0),
-            Column("specgguf", None), *(Column("specgguf", k) for k in ks)]
+    return [
+        Column("llama.cpp", 0),
+        *(Column("llama.cpp", k) for k in ks),
+        Column("specgguf", 0),
+        Column("specgguf", None),
+        *(Column("specgguf", k) for k in ks),
+    ]
 
 
 @dataclass
@@ -81,8 +88,13 @@ class Cell:
 
     def add(self, column: Column, *, n_tokens: int, seconds: float, **details) -> None:
         self.runs.setdefault(column, []).append(
-            {"n_tokens": n_tokens, "seconds": round(seconds, 6),
-             "tokens_per_second": n_tokens / seconds if seconds > 0 else 0.0, **details})
+            {
+                "n_tokens": n_tokens,
+                "seconds": round(seconds, 6),
+                "tokens_per_second": n_tokens / seconds if seconds > 0 else 0.0,
+                **details,
+            }
+        )
 
     def speed(self, column: Column) -> float:
         return statistics.median(run["tokens_per_second"] for run in self.runs[column])
@@ -103,11 +115,14 @@ class Cell:
         return ratios
 
     def report(self, ks: list[int]) -> dict:
-        return {"prompt": self.kind, "temperature": self.temperature,
-                "tokens_per_second": {c.label: round(self.speed(c), 3) for c in display_order(ks)},
-                "llama_cpp_best_k": self.best_k(ks),
-                "ratios": {name: round(value, 3) for name, value in self.ratios(ks).items()},
-                "runs": {c.label: self.runs[c] for c in display_order(ks)}}
+        return {
+            "prompt": self.kind,
+            "temperature": self.temperature,
+            "tokens_per_second": {c.label: round(self.speed(c), 3) for c in display_order(ks)},
+            "llama_cpp_best_k": self.best_k(ks),
+            "ratios": {name: round(value, 3) for name, value in self.ratios(ks).items()},
+            "runs": {c.label: self.runs[c] for c in display_order(ks)},
+        }
 
 
 @dataclass(frozen=True)
@@ -123,14 +138,29 @@ def vs_plan(plan: BenchPlan) -> VsPlan:
     """bench's plan for this comparison: the draft model's drafting (llama.cpp's draft-simple) and
     our default, at each fixed K but 0 (plain decoding is always measured)."""
     if plan.drafters != ["model"] or not plan.adaptive:
-        raise UsageError("--vs-llama-cpp compares the draft model's drafting (llama.cpp's draft-simple) and"
-                         " specgguf's default: --drafters and --no-adaptive do not apply")
-    return VsPlan(ks=sorted({k for k in plan.ks if k > 0}), temperatures=plan.temperatures, prompts=plan.prompts,
-                  repeats=plan.repeats, max_tokens=plan.max_tokens)
+        raise UsageError(
+            "--vs-llama-cpp compares the draft model's drafting (llama.cpp's draft-simple) and"
+            " specgguf's default: --drafters and --no-adaptive do not apply"
+        )
+    return VsPlan(
+        ks=sorted({k for k in plan.ks if k > 0}),
+        temperatures=plan.temperatures,
+        prompts=plan.prompts,
+        repeats=plan.repeats,
+        max_tokens=plan.max_tokens,
+    )
 
 
-def compare(*, targets: list[BenchTarget], tools: LlamaTools, plan: VsPlan, load: LoadOptions, json_output: bool,
-            out: TextIO, err_console: Console) -> dict:
+def compare(
+    *,
+    targets: list[BenchTarget],
+    tools: LlamaTools,
+    plan: VsPlan,
+    load: LoadOptions,
+    json_output: bool,
+    out: TextIO,
+    err_console: Console,
+) -> dict:
     """Measure every target pair against llama.cpp's programs; print or return the tables."""
     # One fixed count, given to both sides (ours would otherwise follow the machine's load: cores.py).
     n_threads = load.n_threads or usable_cores()
@@ -138,29 +168,60 @@ def compare(*, targets: list[BenchTarget], tools: LlamaTools, plan: VsPlan, load
     order = run_order(plan.ks)
     total = len(targets) * plan.repeats * len(plan.prompts) * len(plan.temperatures) * len(order)
     results = []
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, transient=True) as progress:
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    ) as progress:
         task = progress.add_task("comparing with llama.cpp", total=total)
         for target in targets:
             progress.update(task, description=f"loading {target.label}")
-            prepared = prepare(target.pair, load, DraftOptions(),
-                               on_measure=lambda: progress.update(task, description=MEASURING))
+            prepared = prepare(
+                target.pair, load, DraftOptions(), on_measure=lambda: progress.update(task, description=MEASURING)
+            )
             try:
                 progress.update(task, description=target.label)
-                tokens = {kind: prompt_tokens(prepared.verifier, PROMPTS[kind], raw=False, system=None)
-                          for kind in plan.prompts}
-                cells = _measure(prepared, tools, plan, order, tokens, n_threads=n_threads, n_ctx=load.n_ctx,
-                                 on_run=lambda: progress.advance(task))
+                tokens = {
+                    kind: prompt_tokens(prepared.verifier, PROMPTS[kind], raw=False, system=None)
+                    for kind in plan.prompts
+                }
+                cells = _measure(
+                    prepared,
+                    tools,
+                    plan,
+                    order,
+                    tokens,
+                    n_threads=n_threads,
+                    n_ctx=load.n_ctx,
+                    on_run=lambda: progress.advance(task),
+                )
             finally:
                 for model in (prepared.verifier, prepared.draft):
                     if model is not None:
                         model.close()
-            results.append({"pair": target.label, "verifier": str(target.pair.verifier),
-                            "draft": str(target.pair.draft), "prompt_tokens": {k: len(t) for k, t in tokens.items()},
-                            "cells": [c.report(plan.ks) for c in cells]})
-    report = {"llama_cpp": str(tools.directory), "threads": n_threads, "max_tokens": plan.max_tokens,
-              "repeats": plan.repeats, "ks": plan.ks, "temperatures": plan.temperatures, "prompts": plan.prompts,
-              "meaning": MEANING, "results": results}
+            results.append(
+                {
+                    "pair": target.label,
+                    "verifier": str(target.pair.verifier),
+                    "draft": str(target.pair.draft),
+                    "prompt_tokens": {k: len(t) for k, t in tokens.items()},
+                    "cells": [c.report(plan.ks) for c in cells],
+                }
+            )
+    report = {
+        "llama_cpp": str(tools.directory),
+        "threads": n_threads,
+        "max_tokens": plan.max_tokens,
+        "repeats": plan.repeats,
+        "ks": plan.ks,
+        "temperatures": plan.temperatures,
+        "prompts": plan.prompts,
+        "meaning": MEANING,
+        "results": results,
+    }
     if json_output:
         out.write(json.dumps(report) + "\n")
     else:
@@ -172,8 +233,17 @@ def compare(*, targets: list[BenchTarget], tools: LlamaTools, plan: VsPlan, load
     return report
 
 
-def _measure(prepared: Prepared, tools: LlamaTools, plan: VsPlan, order: list[Column], tokens: dict[str, list[int]],
-             *, n_threads: int, n_ctx: int, on_run: Callable[[], None]) -> list[Cell]:
+def _measure(
+    prepared: Prepared,
+    tools: LlamaTools,
+    plan: VsPlan,
+    order: list[Column],
+    tokens: dict[str, list[int]],
+    *,
+    n_threads: int,
+    n_ctx: int,
+    on_run: Callable[[], None],
+) -> list[Cell]:
     texts = {kind: _prompt_text(prepared.verifier, PROMPTS[kind]) for kind in plan.prompts}
     cells = {(kind, t): Cell(kind, t) for kind in plan.prompts for t in plan.temperatures}
     for repeat in range(plan.repeats):
@@ -181,21 +251,45 @@ def _measure(prepared: Prepared, tools: LlamaTools, plan: VsPlan, order: list[Co
         for kind in plan.prompts:
             for temperature in plan.temperatures:
                 cell = cells[(kind, temperature)]
-                settings = ToolSettings(n_threads=n_threads, n_ctx=n_ctx, max_tokens=plan.max_tokens,
-                                        sampling=SamplingSettings(temperature=temperature), seed=seed)
+                settings = ToolSettings(
+                    n_threads=n_threads,
+                    n_ctx=n_ctx,
+                    max_tokens=plan.max_tokens,
+                    sampling=SamplingSettings(temperature=temperature),
+                    seed=seed,
+                )
                 for column in order:
                     if column.side == "llama.cpp":
                         run = _llama_run(prepared, tools, column, texts[kind], settings)
                         if run.n_prompt != len(tokens[kind]):
-                            raise SpecggufError(f"llama.cpp read the {kind} prompt as {run.n_prompt} tokens and"
-                                                f" specgguf as {len(tokens[kind])}: not a like-for-like comparison")
-                        cell.add(column, n_tokens=run.n_tokens, seconds=run.seconds, n_prompt=run.n_prompt,
-                                 n_drafted=run.n_drafted, n_accepted=run.n_accepted)
+                            raise SpecggufError(
+                                f"llama.cpp read the {kind} prompt as {run.n_prompt} tokens and"
+                                f" specgguf as {len(tokens[kind])}: not a like-for-like comparison"
+                            )
+                        cell.add(
+                            column,
+                            n_tokens=run.n_tokens,
+                            seconds=run.seconds,
+                            n_prompt=run.n_prompt,
+                            n_drafted=run.n_drafted,
+                            n_accepted=run.n_accepted,
+                        )
                     else:
-                        stats = _our_run(prepared, column, tokens[kind], temperature=temperature,
-                                         max_tokens=plan.max_tokens, seed=seed)
-                        cell.add(column, n_tokens=stats.n_tokens, seconds=stats.wall_seconds,
-                                 n_drafted=stats.n_drafted, n_accepted=stats.n_accepted)
+                        stats = _our_run(
+                            prepared,
+                            column,
+                            tokens[kind],
+                            temperature=temperature,
+                            max_tokens=plan.max_tokens,
+                            seed=seed,
+                        )
+                        cell.add(
+                            column,
+                            n_tokens=stats.n_tokens,
+                            seconds=stats.wall_seconds,
+                            n_drafted=stats.n_drafted,
+                            n_accepted=stats.n_accepted,
+                        )
                     on_run()
     return list(cells.values())
 
@@ -215,28 +309,32 @@ def _llama_run(prepared: Prepared, tools: LlamaTools, column: Column, text: str,
     return run_speculative(tools, model=pair.verifier, draft=pair.draft, k=column.k, prompt=text, settings=settings)
 
 
-def _our_run(prepared: Prepared, column: Column, tokens: list[int], *, temperature: float, max_tokens: int,
-             seed: int):
+def _our_run(prepared: Prepared, column: Column, tokens: list[int], *, temperature: float, max_tokens: int, seed: int):
     if column.k is None:
         policy, _ = prepared.policy(KChoice("adaptive"), temperature=temperature, drafter="model")
         drafter = prepared.drafter("model")
     else:
         policy, drafter = FixedK(column.k), prepared.drafter("model") if column.k else None
-    return generate(prepared.verifier, drafter, tokens, policy=policy, max_tokens=max_tokens,
-                    temperature=temperature, seed=seed)
+    return generate(
+        prepared.verifier, drafter, tokens, policy=policy, max_tokens=max_tokens, temperature=temperature, seed=seed
+    )
 
 
 def _speed_table(result: dict, report: dict) -> Table:
-    table = Table(title=f"{result['pair']}: tok/s, -n {report['max_tokens']}, -t {report['threads']}, "
-                        f"median of {report['repeats']}", title_justify="left")
+    table = Table(
+        title=f"{result['pair']}: tok/s, -n {report['max_tokens']}, -t {report['threads']}, "
+        f"median of {report['repeats']}",
+        title_justify="left",
+    )
     table.add_column("prompt")
     table.add_column("temp", justify="right")
     labels = list(result["cells"][0]["tokens_per_second"]) if result["cells"] else []
     for label in labels:
         table.add_column(label, justify="right")
     for cell in result["cells"]:
-        table.add_row(cell["prompt"], f"{cell['temperature']:g}",
-                      *(f"{cell['tokens_per_second'][label]:.2f}" for label in labels))
+        table.add_row(
+            cell["prompt"], f"{cell['temperature']:g}", *(f"{cell['tokens_per_second'][label]:.2f}" for label in labels)
+        )
     return table
 
 
@@ -249,7 +347,12 @@ def _ratio_table(result: dict, ks: list[int]) -> Table:
         table.add_column(name, justify="right")
     for cell in result["cells"]:
         ratios = cell["ratios"]
-        table.add_row(cell["prompt"], f"{cell['temperature']:g}",
-                      *(f"{ratios[name]:.2f}×" + (f" (K={cell['llama_cpp_best_k']})" if "best K" in name else "")
-                        for name in names))
+        table.add_row(
+            cell["prompt"],
+            f"{cell['temperature']:g}",
+            *(
+                f"{ratios[name]:.2f}×" + (f" (K={cell['llama_cpp_best_k']})" if "best K" in name else "")
+                for name in names
+            ),
+        )
     return table

@@ -41,16 +41,25 @@ class Turn:
 
 def chatml(messages: list[dict[str, str]]) -> str:
     """The fallback template for a model whose GGUF carries none (llama.cpp's choice too)."""
-    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) \
-        + "<|im_start|>assistant\n"
+    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) + "<|im_start|>assistant\n"
 
 
 class ChatSession:
     """The conversation and both models' caches; `ask` starts an answer, `Reply.finish` records it."""
 
-    def __init__(self, *, verifier, draft=None, drafter: Drafter | None = None, policy: KPolicy,
-                 k_source: str = "", system: str | None = None, max_tokens: int, settings: SamplingSettings,
-                 seed: int):
+    def __init__(
+        self,
+        *,
+        verifier,
+        draft=None,
+        drafter: Drafter | None = None,
+        policy: KPolicy,
+        k_source: str = "",
+        system: str | None = None,
+        max_tokens: int,
+        settings: SamplingSettings,
+        seed: int,
+    ):
         self.verifier = verifier
         self.draft = draft  # the draft model, if `drafter` uses one: for its cache accounting
         self.drafter, self.policy, self.k_source = drafter, policy, k_source
@@ -76,7 +85,7 @@ class ChatSession:
 
     @property
     def in_context(self) -> list[Turn]:
-        return self.transcript[self.first_in_context:]
+        return self.transcript[self.first_in_context :]
 
     @property
     def n_ctx(self) -> int:
@@ -86,7 +95,7 @@ class ChatSession:
     def _tokenize_piece(self, text: str) -> list[int]:
         """Tokens for text that continues a prompt: no BOS in front."""
         tokens = self.verifier.tokenize(text, special=True)
-        return tokens[len(self._bos):] if self._bos and tokens[:len(self._bos)] == self._bos else tokens
+        return tokens[len(self._bos) :] if self._bos and tokens[: len(self._bos)] == self._bos else tokens
 
     def conversation_tokens(self, turns: list[Turn], question: str) -> list[int]:
         """The prompt for `question` after `turns`: earlier answers as the very tokens generated."""
@@ -97,7 +106,7 @@ class ChatSession:
             messages.append({"role": "user", "content": turn.question})
             text = self._render(messages)  # a failing or looping template: PromptError (backend)
             if covered and text.startswith(covered):
-                tokens += self._tokenize_piece(text[len(covered):])
+                tokens += self._tokenize_piece(text[len(covered) :])
             else:  # the first turn, or a template that rewrote the history
                 tokens = self.verifier.tokenize(text, special=True)
             tokens += turn.answer_tokens
@@ -115,8 +124,10 @@ class ChatSession:
                 return tokens, n_dropped
         if len(tokens) < self.n_ctx:  # no room for a whole answer, but it can start
             return tokens, len(turns)
-        raise ContextFullError(f"this message takes {len(tokens)} tokens with the chat template, but the"
-                               f" context holds {self.n_ctx}; shorten it or raise -c/--ctx-size")
+        raise ContextFullError(
+            f"this message takes {len(tokens)} tokens with the chat template, but the"
+            f" context holds {self.n_ctx}; shorten it or raise -c/--ctx-size"
+        )
 
     def ask(self, question: str) -> Reply:
         start = time.perf_counter()
@@ -145,8 +156,7 @@ class ChatSession:
 class Reply:
     """One answer in progress: iterate it for the engine's step events, then call `finish`."""
 
-    def __init__(self, session: ChatSession, turn: Turn, prompt_tokens: list[int], *, n_dropped: int,
-                 start: float):
+    def __init__(self, session: ChatSession, turn: Turn, prompt_tokens: list[int], *, n_dropped: int, start: float):
         self.session, self.turn, self.prompt_tokens = session, turn, prompt_tokens
         self.n_dropped = n_dropped
         self._start = start
@@ -163,8 +173,15 @@ class Reply:
             if model is not None:  # what the engine's ingest keeps; the rest, the last token too, is new
                 turn.n_evaluated[name] = len(prompt) - common_prefix(model.cached, prompt[:-1])
         self._generation_start = time.perf_counter()
-        events = speculate(verifier=session.verifier, drafter=drafter, prompt_tokens=prompt, k=session.policy,
-                           max_tokens=session.max_tokens, settings=session.settings, rng=session.rng)
+        events = speculate(
+            verifier=session.verifier,
+            drafter=drafter,
+            prompt_tokens=prompt,
+            k=session.policy,
+            max_tokens=session.max_tokens,
+            settings=session.settings,
+            rng=session.rng,
+        )
         for event in events:
             if event.tokens and turn.first_token_seconds is None:
                 turn.first_token_seconds = time.perf_counter() - self._start

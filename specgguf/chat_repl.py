@@ -129,9 +129,21 @@ def ctrl_c_sets(flag: threading.Event):
 
 
 class ChatRepl:
-    def __init__(self, session: ChatSession, *, reader, interactive: bool, out: TextIO,
-                 out_console: Console | None, err_console: Console, quiet: bool, show_rejected: bool,
-                 models: dict[str, str | None], k_choice: KChoice, choose_k):
+    def __init__(
+        self,
+        session: ChatSession,
+        *,
+        reader,
+        interactive: bool,
+        out: TextIO,
+        out_console: Console | None,
+        err_console: Console,
+        quiet: bool,
+        show_rejected: bool,
+        models: dict[str, str | None],
+        k_choice: KChoice,
+        choose_k,
+    ):
         self.session, self.reader, self.interactive = session, reader, interactive
         self.k_choice, self.choose_k = k_choice, choose_k  # choose_k(choice, temperature) -> (policy, source)
         self.out, self.out_console, self.err = out, out_console, err_console
@@ -188,8 +200,7 @@ class ChatRepl:
                 self.note(f"at most {session.max_tokens} tokens per answer", style="dim")
         elif name == "/reset":
             session.reset()
-            self.note("conversation forgotten" + (" (the system prompt stays)" if session.system else ""),
-                      style="dim")
+            self.note("conversation forgotten" + (" (the system prompt stays)" if session.system else ""), style="dim")
         elif name == "/save":
             self.save(argument)
         else:
@@ -235,13 +246,19 @@ class ChatRepl:
                 return
             if reply.n_dropped:
                 kept = ", kept the system prompt" if self.session.system else ""
-                self.note(f"the context ({self.session.n_ctx} tokens) is full: dropped the {reply.n_dropped}"
-                          f" oldest turn{'s' if reply.n_dropped > 1 else ''}{kept}")
+                self.note(
+                    f"the context ({self.session.n_ctx} tokens) is full: dropped the {reply.n_dropped}"
+                    f" oldest turn{'s' if reply.n_dropped > 1 else ''}{kept}"
+                )
             if not self.interactive and self.n_answers:
                 self.out.write("\n")  # piped: a blank line between answers
             self.n_answers += 1
-            stream = TokenStream(self.session.verifier.token_bytes, console=self.out_console, out=self.out,
-                                 show_rejected=self.show_rejected)
+            stream = TokenStream(
+                self.session.verifier.token_bytes,
+                console=self.out_console,
+                out=self.out,
+                show_rejected=self.show_rejected,
+            )
             interrupted, failure = False, ""
             try:
                 for event in reply:
@@ -263,20 +280,40 @@ class ChatRepl:
         elif interrupted:
             self.note("(interrupted)", style="dim")
         elif turn.stop == "context":
-            self.note(f"the context ({self.session.n_ctx} tokens) is full: the answer was cut; the oldest turns"
-                      " will make room for the next question")
+            self.note(
+                f"the context ({self.session.n_ctx} tokens) is full: the answer was cut; the oldest turns"
+                " will make room for the next question"
+            )
         if not self.quiet:
             self.note(turn_line(turn), style="dim")
 
 
-def run_chat(*, resolved: ResolvedPair, drafting: DraftOptions, max_tokens: int, settings, seed: int | None,
-             load: LoadOptions, system: str | None, show_rejected: bool, quiet: bool, stdin: TextIO,
-             out: TextIO, out_console: Console | None, err_console: Console) -> None:
+def run_chat(
+    *,
+    resolved: ResolvedPair,
+    drafting: DraftOptions,
+    max_tokens: int,
+    settings,
+    seed: int | None,
+    load: LoadOptions,
+    system: str | None,
+    show_rejected: bool,
+    quiet: bool,
+    stdin: TextIO,
+    out: TextIO,
+    out_console: Console | None,
+    err_console: Console,
+) -> None:
     """Load the pair and talk until end of input, /exit, Ctrl-D or Ctrl-C at the prompt."""
     seed = seed if seed is not None else secrets.randbelow(2**31)
     # The draft model loads even at -k 0, so that /k can turn drafting on.
-    prepared = prepare(resolved, load, drafting, keep_draft=True,
-                       on_measure=None if quiet else lambda: err_console.print(MEASURING, style="dim"))
+    prepared = prepare(
+        resolved,
+        load,
+        drafting,
+        keep_draft=True,
+        on_measure=None if quiet else lambda: err_console.print(MEASURING, style="dim"),
+    )
     verifier, draft = prepared.verifier, prepared.draft
     if load.rpc and not quiet:
         err_console.print(Text(where_line(verifier, draft), style="dim"))
@@ -286,17 +323,26 @@ def run_chat(*, resolved: ResolvedPair, drafting: DraftOptions, max_tokens: int,
         return policy, str(source)
 
     policy, k_source = choose_k(drafting.k, settings.temperature)
-    session = ChatSession(verifier=verifier, draft=draft, policy=policy, k_source=k_source,
-                          drafter=prepared.drafter(), system=system, max_tokens=max_tokens, settings=settings,
-                          seed=seed)
+    session = ChatSession(
+        verifier=verifier,
+        draft=draft,
+        policy=policy,
+        k_source=k_source,
+        drafter=prepared.drafter(),
+        system=system,
+        max_tokens=max_tokens,
+        settings=settings,
+        seed=seed,
+    )
     interactive = stdin.isatty()
     models = {"verifier": resolved.verifier.name, "draft": draft.path.name if draft is not None else None}
     if interactive:
         reader: TerminalInput | PipedInput = TerminalInput(history_path())
         if not quiet:
             names = " + ".join(name for name in models.values() if name)
-            err_console.print(Text(f"specgguf chat · {names} · {k_source} · /help for commands, Ctrl-D to leave",
-                                   style="dim"))
+            err_console.print(
+                Text(f"specgguf chat · {names} · {k_source} · /help for commands, Ctrl-D to leave", style="dim")
+            )
             if session.drafter is None:
                 err_console.print("no draft model given (-md): decoding with the verifier alone", style="yellow")
             if not session.has_template:
@@ -305,10 +351,22 @@ def run_chat(*, resolved: ResolvedPair, drafting: DraftOptions, max_tokens: int,
                 err_console.print(legend())
     else:
         reader, out_console = PipedInput(stdin), None
-    repl = ChatRepl(session, reader=reader, interactive=interactive, out=out, out_console=out_console,
-                    err_console=err_console, quiet=quiet, show_rejected=show_rejected, models=models,
-                    k_choice=drafting.k, choose_k=choose_k)
+    repl = ChatRepl(
+        session,
+        reader=reader,
+        interactive=interactive,
+        out=out,
+        out_console=out_console,
+        err_console=err_console,
+        quiet=quiet,
+        show_rejected=show_rejected,
+        models=models,
+        k_choice=drafting.k,
+        choose_k=choose_k,
+    )
     repl.loop()
     if repl.n_failed and not interactive:  # a script must see that some answers are missing
-        raise SpecggufError(f"{repl.n_failed} question{'s' if repl.n_failed > 1 else ''} got no complete"
-                            " answer (see the messages above)")
+        raise SpecggufError(
+            f"{repl.n_failed} question{'s' if repl.n_failed > 1 else ''} got no complete"
+            " answer (see the messages above)"
+        )

@@ -19,8 +19,13 @@ from .registry import ModelFile, Pair, Registry, load_registry
 from .render import terminal_safe
 from .resolve import Role, find_local, resolve_model
 
-META_KEYS = ("general.name", "general.basename", "general.size_label", "general.architecture",
-             "tokenizer.chat_template")
+META_KEYS = (
+    "general.name",
+    "general.basename",
+    "general.size_label",
+    "general.architecture",
+    "tokenizer.chat_template",
+)
 
 
 @dataclass(frozen=True)
@@ -67,25 +72,36 @@ def read_side(given: str | Path, role: Role) -> Side:
 def check_pair(*, draft: str | Path, verifier: str | Path, max_examples: int = 5) -> Report:
     draft_side, verifier_side = read_side(draft, "draft"), read_side(verifier, "verifier")
     findings = compare_vocabularies(verifier_side.vocab, draft_side.vocab, max_examples=max_examples)
-    report = Report(draft=draft_side, verifier=verifier_side, findings=findings,
-                    notes=_notes(draft_side, verifier_side))
+    report = Report(
+        draft=draft_side, verifier=verifier_side, findings=findings, notes=_notes(draft_side, verifier_side)
+    )
     report.suggestions.extend(_suggestions(report, load_registry()))
     return report
 
 
 def _notes(draft: Side, verifier: Side) -> list[Finding]:
-    notes = [Finding("BOS / EOS texts", True,
-                     f"verifier BOS {verifier.special(verifier.vocab.bos)}, EOS {verifier.special(verifier.vocab.eos)};"
-                     f" draft BOS {draft.special(draft.vocab.bos)}, EOS {draft.special(draft.vocab.eos)}")]
+    notes = [
+        Finding(
+            "BOS / EOS texts",
+            True,
+            f"verifier BOS {verifier.special(verifier.vocab.bos)}, EOS {verifier.special(verifier.vocab.eos)};"
+            f" draft BOS {draft.special(draft.vocab.bos)}, EOS {draft.special(draft.vocab.eos)}",
+        )
+    ]
     if draft.vocab.vocab_type != verifier.vocab.vocab_type:
         notes.append(Finding("token texts", False, "not compared: the tokenizers are of different types"))
     gap = verifier.vocab.n_vocab - draft.vocab.n_vocab
     if gap and abs(gap) <= MAX_VOCAB_SIZE_DIFFERENCE:
         larger, smaller = ("verifier", draft.vocab.n_vocab) if gap > 0 else ("draft", verifier.vocab.n_vocab)
-        notes.append(Finding("extra ids", True,
-                             f"ids {smaller}..{smaller + abs(gap) - 1} exist only in the {larger} (usually"
-                             " padding, e.g. Qwen2.5's 151936 vs 152064); llama.cpp allows up to"
-                             f" {MAX_VOCAB_SIZE_DIFFERENCE} and compares token texts from id {CHECK_START_TOKEN_ID}"))
+        notes.append(
+            Finding(
+                "extra ids",
+                True,
+                f"ids {smaller}..{smaller + abs(gap) - 1} exist only in the {larger} (usually"
+                " padding, e.g. Qwen2.5's 151936 vs 152064); llama.cpp allows up to"
+                f" {MAX_VOCAB_SIZE_DIFFERENCE} and compares token texts from id {CHECK_START_TOKEN_ID}",
+            )
+        )
     notes.append(_template_note(draft.chat_template, verifier.chat_template))
     return notes
 
@@ -98,9 +114,12 @@ def _template_note(draft: str | None, verifier: str | None) -> Finding:
     if draft == verifier:
         return Finding("chat template", True, "identical")
     which = "the draft has none" if draft is None else f"they differ ({_first_difference(verifier, draft)})"
-    return Finding("chat template", True,
-                   f"{which}: prompts are formatted with the verifier's template for both models, so this does"
-                   " not block pairing; a draft tuned for another format is accepted less often")
+    return Finding(
+        "chat template",
+        True,
+        f"{which}: prompts are formatted with the verifier's template for both models, so this does"
+        " not block pairing; a draft tuned for another format is accepted less often",
+    )
 
 
 def _first_difference(verifier: str, draft: str) -> str:
@@ -124,15 +143,21 @@ def _family_pairs(verifier: Side, registry: Registry) -> list[Pair]:
     size = verifier.meta.get("general.size_label", "").lower()
     if not basename or not size:
         return []
-    return [pair for pair in registry.pairs.values()
-            if f"-{size}-" in "-" + pair.verifier.repo.split("/")[-1].lower() + "-"
-            and basename in pair.verifier.repo.lower()]
+    return [
+        pair
+        for pair in registry.pairs.values()
+        if f"-{size}-" in "-" + pair.verifier.repo.split("/")[-1].lower() + "-"
+        and basename in pair.verifier.repo.lower()
+    ]
 
 
 def _suggestions(report: Report, registry: Registry) -> list[str]:
     verifier, draft = report.verifier, report.draft
-    pairs = ([verifier.pair] if verifier.pair else
-             [pair for pair in registry.pairs.values() if _same_file(verifier.path, pair.verifier)])
+    pairs = (
+        [verifier.pair]
+        if verifier.pair
+        else [pair for pair in registry.pairs.values() if _same_file(verifier.path, pair.verifier)]
+    )
     matched_by = "pairs this verifier with"
     if not pairs:
         pairs, matched_by = _family_pairs(verifier, registry), "pairs a verifier like this one with"
@@ -142,11 +167,12 @@ def _suggestions(report: Report, registry: Registry) -> list[str]:
             continue
         here = find_local(pair.draft) is not None and find_local(pair.verifier) is not None
         how = f"specgguf run --pair {pair.name}" if here else f"specgguf pull {pair.name}"
-        lines.append(f"the registry's pair {pair.name!r} {matched_by} {pair.draft.ref}"
-                     f" (K={pair.recommended_k}): {how}")
+        lines.append(f"the registry's pair {pair.name!r} {matched_by} {pair.draft.ref} (K={pair.recommended_k}): {how}")
     if not lines and not report.compatible and not pairs:
-        lines.append("no registry pair has this verifier: a draft must come from the same model family"
-                     " (usually its smallest sibling, from the same GGUF producer); see `specgguf pairs`")
+        lines.append(
+            "no registry pair has this verifier: a draft must come from the same model family"
+            " (usually its smallest sibling, from the same GGUF producer); see `specgguf pairs`"
+        )
     return lines
 
 
@@ -155,8 +181,11 @@ def _describe(side: Side) -> Text:
     arch = side.meta.get("general.architecture")
     details = ", ".join(part for part in (name, arch) if part)
     # Metadata and names come from the file: escaped, so that they cannot drive the terminal.
-    return Text.assemble(terminal_safe(side.path.name), (terminal_safe(f"  ({details})") if details else "", "dim"),
-                         (terminal_safe(f"  [pair {side.pair.name}]") if side.pair else "", "dim"))
+    return Text.assemble(
+        terminal_safe(side.path.name),
+        (terminal_safe(f"  ({details})") if details else "", "dim"),
+        (terminal_safe(f"  [pair {side.pair.name}]") if side.pair else "", "dim"),
+    )
 
 
 def render_report(report: Report, console: Console) -> None:
@@ -174,10 +203,14 @@ def render_report(report: Report, console: Console) -> None:
     console.print()
     failed = [finding.item for finding in report.findings if not finding.ok]
     if report.compatible:
-        console.print(Text("✓ these can be paired: ", style="green bold")
-                      + Text("llama.cpp's rules hold, so `specgguf run` accepts this draft"))
+        console.print(
+            Text("✓ these can be paired: ", style="green bold")
+            + Text("llama.cpp's rules hold, so `specgguf run` accepts this draft")
+        )
     else:
-        console.print(Text("✗ these cannot be paired: ", style="red bold")
-                      + Text(f"{len(failed)} of {len(report.findings)} rules fail ({', '.join(failed)})"))
+        console.print(
+            Text("✗ these cannot be paired: ", style="red bold")
+            + Text(f"{len(failed)} of {len(report.findings)} rules fail ({', '.join(failed)})")
+        )
     for line in report.suggestions:
         console.print(Text("→ " + terminal_safe(line)))

@@ -19,8 +19,13 @@ from .errors import PromptError, SpecggufError, UsageError, debug_enabled
 from .prepare import LoadOptions
 from .sampling import SamplingSettings
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Speculative decoding for llama.cpp GGUF models: the big model's answers, sooner.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Speculative decoding for llama.cpp GGUF models: the big model's answers, sooner.",
+)
+
 
 @app.callback()
 def _root() -> None:
@@ -29,38 +34,62 @@ def _root() -> None:
 
 # --- options shared between commands (defined once) -------------------------------------
 Model = Annotated[Path | None, typer.Option("-m", "--model", help="Verifier GGUF file.", show_default=False)]
-ModelDraft = Annotated[Path | None, typer.Option("-md", "--model-draft", help="Draft GGUF file.",
-                                                 show_default=False)]
+ModelDraft = Annotated[Path | None, typer.Option("-md", "--model-draft", help="Draft GGUF file.", show_default=False)]
 PairName = Annotated[str | None, typer.Option("--pair", help="A pair from models.yaml (see `pull`).")]
-DraftMax = Annotated[str | None, typer.Option(
-    "-k", "--draft-max", help="Draft tokens per step: a number (0 = verifier alone), 'adaptive' (chosen each "
-    "step from measured costs) or 'auto' (default: the K `bench` stored for this pair here, else adaptive).")]
-Drafter = Annotated[str, typer.Option("--drafter", help="model (draft model), ngram (prompt lookup, no draft "
-                                      "model) or hybrid (n-gram on long matches, else the model).")]
-DraftPMin = Annotated[float, typer.Option("--draft-p-min", min=0.0, max=1.0,
-                                          help="Stop drafting when the draft's top probability is below this.")]
-DraftMin = Annotated[int, typer.Option("--draft-min", min=0, help="Draft at least this many tokens "
-                                       "before --draft-p-min can stop it.")]
+DraftMax = Annotated[
+    str | None,
+    typer.Option(
+        "-k",
+        "--draft-max",
+        help="Draft tokens per step: a number (0 = verifier alone), 'adaptive' (chosen each "
+        "step from measured costs) or 'auto' (default: the K `bench` stored for this pair here, else adaptive).",
+    ),
+]
+Drafter = Annotated[
+    str,
+    typer.Option(
+        "--drafter",
+        help="model (draft model), ngram (prompt lookup, no draft "
+        "model) or hybrid (n-gram on long matches, else the model).",
+    ),
+]
+DraftPMin = Annotated[
+    float,
+    typer.Option(
+        "--draft-p-min", min=0.0, max=1.0, help="Stop drafting when the draft's top probability is below this."
+    ),
+]
+DraftMin = Annotated[
+    int, typer.Option("--draft-min", min=0, help="Draft at least this many tokens before --draft-p-min can stop it.")
+]
 ForceSpec = Annotated[bool, typer.Option("--force-spec", help="Keep speculating even where it measured slower.")]
 Temperature = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature; 0 = greedy.")]
 TopK = Annotated[int, typer.Option("--top-k", min=0, help="Top-k (0 = off).")]
 TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p (1 = off).")]
 MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Min-p (0 = off).")]
-Seed = Annotated[int | None, typer.Option("--seed", help="RNG seed (default or -1: random, reported in"
-                                          " --json).")]
+Seed = Annotated[int | None, typer.Option("--seed", help="RNG seed (default or -1: random, reported in --json).")]
 CtxSize = Annotated[int, typer.Option("-c", "--ctx-size", min=16, help="Context size in tokens.")]
 Threads = Annotated[int | None, typer.Option("-t", "--threads", min=1, help="CPU threads (default: all).")]
 GpuLayers = Annotated[int, typer.Option("-ngl", "--n-gpu-layers", min=0, help="Verifier layers on the GPU.")]
-GpuLayersDraft = Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", min=0,
-                                             help="Draft layers on the GPU.")]
-Rpc = Annotated[str | None, typer.Option(
-    "--rpc", help="Put the verifier's layers on these `specgguf worker`s (or llama.cpp rpc-servers): "
-    "HOST:PORT[,HOST:PORT...]; -ngl N sends only the last N (the output layer counts as one, as in "
-    "llama.cpp).", show_default=False)]
-RpcDraft = Annotated[bool, typer.Option("--rpc-draft", help="Put the draft on the --rpc workers too "
-                                        "(default: it stays on this machine).")]
-RpcTimeout = Annotated[float, typer.Option("--rpc-timeout", min=0.1, help="Seconds an RPC worker may stay "
-                                           "silent before the command gives up.")]
+GpuLayersDraft = Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", min=0, help="Draft layers on the GPU.")]
+Rpc = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc",
+        help="Put the verifier's layers on these `specgguf worker`s (or llama.cpp rpc-servers): "
+        "HOST:PORT[,HOST:PORT...]; -ngl N sends only the last N (the output layer counts as one, as in "
+        "llama.cpp).",
+        show_default=False,
+    ),
+]
+RpcDraft = Annotated[
+    bool,
+    typer.Option("--rpc-draft", help="Put the draft on the --rpc workers too (default: it stays on this machine)."),
+]
+RpcTimeout = Annotated[
+    float,
+    typer.Option("--rpc-timeout", min=0.1, help="Seconds an RPC worker may stay silent before the command gives up."),
+]
 
 
 def _consoles(json_output: bool) -> tuple[Console | None, Console]:
@@ -92,8 +121,10 @@ def _read_prompt(prompt: str | None) -> str:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as error:
-            raise PromptError(f"standard input is not UTF-8 text (byte {data[error.start]:#04x} at offset"
-                              f" {error.start}); convert it first, e.g. with iconv -t UTF-8") from None
+            raise PromptError(
+                f"standard input is not UTF-8 text (byte {data[error.start]:#04x} at offset"
+                f" {error.start}); convert it first, e.g. with iconv -t UTF-8"
+            ) from None
     try:
         text.encode("utf-8")  # an argument with undecodable bytes arrives with surrogate escapes
     except UnicodeEncodeError:
@@ -126,8 +157,9 @@ def _sampling_settings(temp: float, top_k: int, top_p: float, min_p: float) -> S
         raise UsageError(str(error)) from None
 
 
-def _draft_options(draft_max: str | None, drafter: str, p_min: float, n_min: int, force_spec: bool,
-                   on_workers: bool = False):
+def _draft_options(
+    draft_max: str | None, drafter: str, p_min: float, n_min: int, force_spec: bool, on_workers: bool = False
+):
     from .prepare import DraftOptions, KChoice, parse_drafter, parse_k
 
     kind = parse_drafter(drafter)
@@ -137,24 +169,45 @@ def _draft_options(draft_max: str | None, drafter: str, p_min: float, n_min: int
     return DraftOptions(k=k, drafter=kind, p_min=p_min, n_min=n_min, force_spec=force_spec)
 
 
-def _load_options(*, ctx_size: int, threads: int | None, rpc: str | None, rpc_draft: bool, rpc_timeout: float,
-                  err_console: Console, n_gpu_layers: int = 0, n_gpu_layers_draft: int = 0) -> LoadOptions:
+def _load_options(
+    *,
+    ctx_size: int,
+    threads: int | None,
+    rpc: str | None,
+    rpc_draft: bool,
+    rpc_timeout: float,
+    err_console: Console,
+    n_gpu_layers: int = 0,
+    n_gpu_layers_draft: int = 0,
+) -> LoadOptions:
     from .rpc import parse_workers
 
     workers = parse_workers(rpc) if rpc is not None else ()
     if rpc_draft and not workers:
         raise UsageError("--rpc-draft needs --rpc HOST:PORT")
-    return LoadOptions(n_ctx=ctx_size, n_threads=_threads(threads, err_console), n_gpu_layers=n_gpu_layers,
-                       n_gpu_layers_draft=n_gpu_layers_draft, rpc=workers, rpc_draft=rpc_draft,
-                       rpc_timeout=rpc_timeout)
+    return LoadOptions(
+        n_ctx=ctx_size,
+        n_threads=_threads(threads, err_console),
+        n_gpu_layers=n_gpu_layers,
+        n_gpu_layers_draft=n_gpu_layers_draft,
+        rpc=workers,
+        rpc_draft=rpc_draft,
+        rpc_timeout=rpc_timeout,
+    )
 
 
 def _progress_bar(err_console: Console):
     """A Rich progress callback for assembling model files."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TransferSpeedColumn
 
-    progress = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                        TransferSpeedColumn(), console=err_console, transient=True)
+    progress = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err_console,
+        transient=True,
+    )
     tasks: dict[int, TaskID] = {}
 
     def on_progress(done: int, total: int) -> None:
@@ -164,6 +217,7 @@ def _progress_bar(err_console: Console):
         progress.update(tasks[total], completed=done)
         if done >= total:
             progress.stop()
+
     return on_progress
 
 
@@ -205,17 +259,35 @@ def run(
     out_console, err_console = _consoles(json_output)
     settings = _sampling_settings(temp, top_k, top_p, min_p)
     seed = _seed(seed)  # checked before the models load
-    load = _load_options(ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers,
-                         n_gpu_layers_draft=n_gpu_layers_draft, rpc=rpc, rpc_draft=rpc_draft, rpc_timeout=rpc_timeout,
-                         err_console=err_console)
-    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
-                            on_progress=_progress_bar(err_console))
+    load = _load_options(
+        ctx_size=ctx_size,
+        threads=threads,
+        n_gpu_layers=n_gpu_layers,
+        n_gpu_layers_draft=n_gpu_layers_draft,
+        rpc=rpc,
+        rpc_draft=rpc_draft,
+        rpc_timeout=rpc_timeout,
+        err_console=err_console,
+    )
+    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=_progress_bar(err_console))
     with _reader_may_leave():
-        run_prompt(prompt=text, resolved=resolved, max_tokens=max_tokens, settings=settings,
-                   drafting=_draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc)),
-                   seed=seed, load=load,
-                   raw=raw, system=system, json_output=json_output, show_rejected=show_rejected, quiet=quiet,
-                   out=sys.stdout, out_console=out_console, err_console=err_console)
+        run_prompt(
+            prompt=text,
+            resolved=resolved,
+            max_tokens=max_tokens,
+            settings=settings,
+            drafting=_draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc)),
+            seed=seed,
+            load=load,
+            raw=raw,
+            system=system,
+            json_output=json_output,
+            show_rejected=show_rejected,
+            quiet=quiet,
+            out=sys.stdout,
+            out_console=out_console,
+            err_console=err_console,
+        )
 
 
 @app.command()
@@ -223,28 +295,50 @@ def bench(
     model: Model = None,
     model_draft: ModelDraft = None,
     pair: PairName = None,
-    f16: Annotated[bool, typer.Option("--f16", help="Also measure the pair with its verifier converted to F16 "
-                                      "(memory-bound on a CPU; converted once into the cache).")] = False,
+    f16: Annotated[
+        bool,
+        typer.Option(
+            "--f16",
+            help="Also measure the pair with its verifier converted to F16 "
+            "(memory-bound on a CPU; converted once into the cache).",
+        ),
+    ] = False,
     only_f16: Annotated[bool, typer.Option("--only-f16", help="Measure only the F16-verifier variant.")] = False,
-    draft_max: Annotated[str | None, typer.Option("-k", "--draft-max", help="Fixed K values to sweep, "
-                                                  "e.g. 2,4,8.")] = None,
+    draft_max: Annotated[
+        str | None, typer.Option("-k", "--draft-max", help="Fixed K values to sweep, e.g. 2,4,8.")
+    ] = None,
     adaptive: Annotated[bool, typer.Option("--adaptive/--no-adaptive", help="Also measure adaptive K.")] = True,
     drafters: Annotated[str, typer.Option("--drafters", help="Drafters to measure: model,ngram,hybrid.")] = "model",
-    temps: Annotated[str | None, typer.Option("--temps", help="Temperatures, e.g. 0,0.8 (default: 0,0.8; "
-                                                 "--quick: 0).", show_default=False)] = None,
-    prompts: Annotated[str | None, typer.Option("--prompts", help="Prompts to run, from: code, prose, edit, "
-                                                   "chat, summary, repeat (default: all but prose; --quick: code,edit;"
-                                                   " --vs-llama-cpp: code,prose,edit,chat).")] = None,
+    temps: Annotated[
+        str | None,
+        typer.Option("--temps", help="Temperatures, e.g. 0,0.8 (default: 0,0.8; --quick: 0).", show_default=False),
+    ] = None,
+    prompts: Annotated[
+        str | None,
+        typer.Option(
+            "--prompts",
+            help="Prompts to run, from: code, prose, edit, "
+            "chat, summary, repeat (default: all but prose; --quick: code,edit;"
+            " --vs-llama-cpp: code,prose,edit,chat).",
+        ),
+    ] = None,
     repeats: Annotated[int | None, typer.Option("--repeats", min=1, help="Repeats of the prompt set.")] = None,
     max_tokens: Annotated[int | None, typer.Option("-n", "--max-tokens", min=1, help="Tokens per run.")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Two prompts, K 4 and 8, greedy, one repeat, "
-                                        "48 tokens.")] = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Two prompts, K 4 and 8, greedy, one repeat, 48 tokens.")
+    ] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Save speedup vs K as a PNG.")] = None,
     store: Annotated[bool, typer.Option("--store/--no-store", help="Store the best K for `-k auto`.")] = True,
-    vs_llama_cpp: Annotated[Path | None, typer.Option(
-        "--vs-llama-cpp", help="Compare with llama.cpp's own llama-completion and llama-speculative-simple in this"
-        " directory (docs/llama-cpp.md): same prompts, threads, -n, temperatures, interleaved; ratios of tok/s."
-        " Stores no K.", show_default=False)] = None,
+    vs_llama_cpp: Annotated[
+        Path | None,
+        typer.Option(
+            "--vs-llama-cpp",
+            help="Compare with llama.cpp's own llama-completion and llama-speculative-simple in this"
+            " directory (docs/llama-cpp.md): same prompts, threads, -n, temperatures, interleaved; ratios of tok/s."
+            " Stores no K.",
+            show_default=False,
+        ),
+    ] = None,
     ctx_size: CtxSize = 2048,
     threads: Threads = None,
     rpc: Rpc = None,
@@ -265,33 +359,63 @@ def bench(
         if plot is not None or rpc:
             raise UsageError("--vs-llama-cpp runs both sides on this machine and draws no plot: drop --plot/--rpc")
         tools = LlamaTools.find(vs_llama_cpp)  # before minutes of loading, not after
-    load = _load_options(ctx_size=ctx_size, threads=threads, rpc=rpc, rpc_draft=rpc_draft, rpc_timeout=rpc_timeout,
-                         err_console=err_console)
-    plan = make_plan(ks=draft_max, temps=temps, drafters=drafters, prompts=prompts, repeats=repeats,
-                     max_tokens=max_tokens, quick=quick, adaptive=adaptive, vs_llama_cpp=tools is not None)
+    load = _load_options(
+        ctx_size=ctx_size,
+        threads=threads,
+        rpc=rpc,
+        rpc_draft=rpc_draft,
+        rpc_timeout=rpc_timeout,
+        err_console=err_console,
+    )
+    plan = make_plan(
+        ks=draft_max,
+        temps=temps,
+        drafters=drafters,
+        prompts=prompts,
+        repeats=repeats,
+        max_tokens=max_tokens,
+        quick=quick,
+        adaptive=adaptive,
+        vs_llama_cpp=tools is not None,
+    )
     comparison = vs_plan(plan) if tools is not None else None
-    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
-                            on_progress=_progress_bar(err_console))
+    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=_progress_bar(err_console))
     if resolved.draft is None:
         raise UsageError("bench needs a draft model: give -md DRAFT or a --pair")
     target = BenchTarget(label=resolved.name or resolved.verifier.name, pair=resolved)
     targets = [f16_variant(target)] if only_f16 else [target] + ([f16_variant(target)] if f16 else [])
     if tools is not None and comparison is not None:
-        compare(targets=targets, tools=tools, plan=comparison, load=load, json_output=json_output,
-                out=sys.stdout, err_console=err_console)
+        compare(
+            targets=targets,
+            tools=tools,
+            plan=comparison,
+            load=load,
+            json_output=json_output,
+            out=sys.stdout,
+            err_console=err_console,
+        )
         return
-    run_benchmark(targets=targets, plan=plan, load=load, json_output=json_output, plot=plot,
-                  store=store, out=sys.stdout, err_console=err_console)
+    run_benchmark(
+        targets=targets,
+        plan=plan,
+        load=load,
+        json_output=json_output,
+        plot=plot,
+        store=store,
+        out=sys.stdout,
+        err_console=err_console,
+    )
 
 
 @app.command()
 def pull(
-    pair: Annotated[str | None, typer.Argument(help="A pair from `specgguf pairs` (default: the default pair).",
-                                               show_default=False)] = None,
-    verifier: Annotated[str | None, typer.Option("--verifier", help="Ad-hoc pair: the verifier, "
-                                                 "OWNER/REPO/FILE.gguf on Hugging Face.")] = None,
-    draft: Annotated[str | None, typer.Option("--draft",
-                                              help="Ad-hoc pair: the draft, OWNER/REPO/FILE.gguf.")] = None,
+    pair: Annotated[
+        str | None, typer.Argument(help="A pair from `specgguf pairs` (default: the default pair).", show_default=False)
+    ] = None,
+    verifier: Annotated[
+        str | None, typer.Option("--verifier", help="Ad-hoc pair: the verifier, OWNER/REPO/FILE.gguf on Hugging Face.")
+    ] = None,
+    draft: Annotated[str | None, typer.Option("--draft", help="Ad-hoc pair: the draft, OWNER/REPO/FILE.gguf.")] = None,
 ) -> None:
     """Download a matched pair into the Hugging Face cache (resumable, SHA-256 verified), then check it pairs.
 
@@ -300,8 +424,13 @@ def pull(
     """
     from .pull import pull as pull_pair
 
-    pull_pair(pair_name=pair, verifier=verifier, draft=draft,
-              err_console=Console(stderr=True, highlight=False, soft_wrap=True), out=sys.stdout)
+    pull_pair(
+        pair_name=pair,
+        verifier=verifier,
+        draft=draft,
+        err_console=Console(stderr=True, highlight=False, soft_wrap=True),
+        out=sys.stdout,
+    )
 
 
 @app.command()
@@ -317,10 +446,19 @@ def pairs(
 
 @app.command()
 def check(
-    draft: Annotated[str, typer.Argument(help="The draft: a GGUF path, a pair name (its draft) "
-                                              "or a pulled OWNER/REPO/FILE.gguf.", show_default=False)],
-    verifier: Annotated[str, typer.Argument(help="The verifier: a GGUF path, a pair name (its verifier) "
-                                                 "or a pulled OWNER/REPO/FILE.gguf.", show_default=False)],
+    draft: Annotated[
+        str,
+        typer.Argument(
+            help="The draft: a GGUF path, a pair name (its draft) or a pulled OWNER/REPO/FILE.gguf.", show_default=False
+        ),
+    ],
+    verifier: Annotated[
+        str,
+        typer.Argument(
+            help="The verifier: a GGUF path, a pair name (its verifier) or a pulled OWNER/REPO/FILE.gguf.",
+            show_default=False,
+        ),
+    ],
 ) -> None:
     """Explain, item by item, whether DRAFT can draft for VERIFIER.
 
@@ -373,17 +511,34 @@ def chat(
     out_console, err_console = _consoles(False)
     settings = _sampling_settings(temp, top_k, top_p, min_p)
     seed = _seed(seed)
-    load = _load_options(ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers,
-                         n_gpu_layers_draft=n_gpu_layers_draft, rpc=rpc, rpc_draft=rpc_draft, rpc_timeout=rpc_timeout,
-                         err_console=err_console)
+    load = _load_options(
+        ctx_size=ctx_size,
+        threads=threads,
+        n_gpu_layers=n_gpu_layers,
+        n_gpu_layers_draft=n_gpu_layers_draft,
+        rpc=rpc,
+        rpc_draft=rpc_draft,
+        rpc_timeout=rpc_timeout,
+        err_console=err_console,
+    )
     drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc))
-    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
-                            on_progress=_progress_bar(err_console))
+    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=_progress_bar(err_console))
     with _reader_may_leave():
-        run_chat(resolved=resolved, drafting=drafting, max_tokens=max_tokens, settings=settings, seed=seed,
-                 load=load,
-                 system=system, show_rejected=show_rejected, quiet=quiet, stdin=sys.stdin, out=sys.stdout,
-                 out_console=out_console, err_console=err_console)
+        run_chat(
+            resolved=resolved,
+            drafting=drafting,
+            max_tokens=max_tokens,
+            settings=settings,
+            seed=seed,
+            load=load,
+            system=system,
+            show_rejected=show_rejected,
+            quiet=quiet,
+            stdin=sys.stdin,
+            out=sys.stdout,
+            out_console=out_console,
+            err_console=err_console,
+        )
 
 
 @app.command()
@@ -396,8 +551,10 @@ def serve(
     draft_p_min: DraftPMin = 0.0,
     draft_min: DraftMin = 0,
     force_spec: ForceSpec = False,
-    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1,
-                                            help="Most tokens per answer when a request gives no max_tokens.")] = 512,
+    max_tokens: Annotated[
+        int,
+        typer.Option("-n", "--max-tokens", min=1, help="Most tokens per answer when a request gives no max_tokens."),
+    ] = 512,
     temp: Temperature = 0.8,
     top_k: TopK = 40,
     top_p: TopP = 0.95,
@@ -411,14 +568,21 @@ def serve(
     rpc_timeout: RpcTimeout = 60.0,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8080,
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="SPECGGUF_API_KEY", show_envvar=True,
-                                                help="Require 'Authorization: Bearer KEY'.")] = None,
-    insecure: Annotated[bool, typer.Option("--insecure", help="Allow a non-loopback --host without an "
-                                           "API key.")] = False,
-    queue_size: Annotated[int, typer.Option("--queue-size", min=1, help="Requests that may wait for the "
-                                            "generator; more get 503.")] = 16,
-    max_body: Annotated[int, typer.Option("--max-body", min=1024, help="Largest request body in bytes; "
-                                          "larger gets 413.")] = 1 << 20,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key", envvar="SPECGGUF_API_KEY", show_envvar=True, help="Require 'Authorization: Bearer KEY'."
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Allow a non-loopback --host without an API key.")
+    ] = False,
+    queue_size: Annotated[
+        int, typer.Option("--queue-size", min=1, help="Requests that may wait for the generator; more get 503.")
+    ] = 16,
+    max_body: Annotated[
+        int, typer.Option("--max-body", min=1024, help="Largest request body in bytes; larger gets 413.")
+    ] = 1 << 20,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...).
 
@@ -430,27 +594,55 @@ def serve(
     check_address(host, api_key=api_key, insecure=insecure)  # before a pair is fetched or loaded
     _, err_console = _consoles(False)
     settings = _sampling_settings(temp, top_k, top_p, min_p)
-    load = _load_options(ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers,
-                         n_gpu_layers_draft=n_gpu_layers_draft, rpc=rpc, rpc_draft=rpc_draft, rpc_timeout=rpc_timeout,
-                         err_console=err_console)
+    load = _load_options(
+        ctx_size=ctx_size,
+        threads=threads,
+        n_gpu_layers=n_gpu_layers,
+        n_gpu_layers_draft=n_gpu_layers_draft,
+        rpc=rpc,
+        rpc_draft=rpc_draft,
+        rpc_timeout=rpc_timeout,
+        err_console=err_console,
+    )
     drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc))
-    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair,
-                            on_progress=_progress_bar(err_console))
-    run_server(resolved=resolved, drafting=drafting, settings=settings, max_tokens=max_tokens, load=load,
-               host=host, port=port, api_key=api_key, insecure=insecure, queue_size=queue_size,
-               max_body_bytes=max_body, err_console=err_console)
+    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=_progress_bar(err_console))
+    run_server(
+        resolved=resolved,
+        drafting=drafting,
+        settings=settings,
+        max_tokens=max_tokens,
+        load=load,
+        host=host,
+        port=port,
+        api_key=api_key,
+        insecure=insecure,
+        queue_size=queue_size,
+        max_body_bytes=max_body,
+        err_console=err_console,
+    )
 
 
 @app.command()
 def worker(
-    host: Annotated[str, typer.Option("--host", help="IPv4 address to listen on; anything but loopback is "
-                                      "reachable by others (no authentication).")] = "127.0.0.1",
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="IPv4 address to listen on; anything but loopback is reachable by others (no authentication).",
+        ),
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 50052,
-    threads: Annotated[int | None, typer.Option("-t", "--threads", min=1,
-                                                help="CPU threads (default: half the cores).")] = None,
-    cache: Annotated[Path | None, typer.Option("--cache", help="Keep received weights in this folder, so a "
-                                               "client loading the same model again sends only hashes.",
-                                               show_default=False)] = None,
+    threads: Annotated[
+        int | None, typer.Option("-t", "--threads", min=1, help="CPU threads (default: half the cores).")
+    ] = None,
+    cache: Annotated[
+        Path | None,
+        typer.Option(
+            "--cache",
+            help="Keep received weights in this folder, so a client loading the same model again sends only hashes.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve this machine's CPU (or GPUs) to `--rpc` clients: llama.cpp's RPC server, as its `rpc-server` runs it.
 
@@ -458,8 +650,15 @@ def worker(
     """
     from .worker import exit_now, serve
 
-    exit_now(serve(host=host, port=port, n_threads=threads, cache_dir=cache,
-                   err_console=Console(stderr=True, highlight=False, soft_wrap=True)))
+    exit_now(
+        serve(
+            host=host,
+            port=port,
+            n_threads=threads,
+            cache_dir=cache,
+            err_console=Console(stderr=True, highlight=False, soft_wrap=True),
+        )
+    )
 
 
 def _fail(message: str, code: int) -> int:

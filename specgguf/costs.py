@@ -37,8 +37,14 @@ class MachineCosts:
             raise ValueError("a verify-cost table needs at least two batch sizes")
 
 
-def measure(model: Model, *, max_batch: int, repeats: int = 3, context: int = 256,
-            statistic: Callable[[list[float]], float] = statistics.median) -> list[float]:
+def measure(
+    model: Model,
+    *,
+    max_batch: int,
+    repeats: int = 3,
+    context: int = 256,
+    statistic: Callable[[list[float]], float] = statistics.median,
+) -> list[float]:
     """Seconds to evaluate a batch of n = 1..max_batch tokens (index n − 1) with logits for
     every row, as a verify step asks, after `context` tokens already in the cache.
 
@@ -92,8 +98,10 @@ def probe(verifier, draft=None, *, on_measure: Callable[[], None] | None = None)
             on_measure()
         if verify is None:
             # The fastest of a few rounds: a short probe is easily disturbed, never sped up.
-            verify = _keep(key_for(verifier), measure(verifier, max_batch=PROBE_BATCH, repeats=2,
-                                                      context=PROBE_CONTEXT, statistic=min))
+            verify = _keep(
+                key_for(verifier),
+                measure(verifier, max_batch=PROBE_BATCH, repeats=2, context=PROBE_CONTEXT, statistic=min),
+            )
         if draft_cost is None:
             draft_cost = [measure_draft(draft, store=True)]
     return MachineCosts(tuple(verify), draft_cost[0])

@@ -52,8 +52,16 @@ class Drafter(Protocol):
     def next_source(self, context: list[int]) -> str:
         """Who would propose after `context`: "draft" (a model) or "ngram"."""
 
-    def propose(self, context: list[int], k: int, *, n_vocab: int, settings: SamplingSettings,
-                rng: np.random.Generator, keep_drafting: KeepDrafting | None = None) -> Drafts:
+    def propose(
+        self,
+        context: list[int],
+        k: int,
+        *,
+        n_vocab: int,
+        settings: SamplingSettings,
+        rng: np.random.Generator,
+        keep_drafting: KeepDrafting | None = None,
+    ) -> Drafts:
         """Up to k tokens that continue `context`. A drafter that knows its confidence asks
         `keep_drafting(confidences so far)` after each token and stops when it says no."""
 
@@ -100,8 +108,16 @@ class NoDrafter:
     def next_source(self, context: list[int]) -> str:
         return self.source
 
-    def propose(self, context: list[int], k: int, *, n_vocab: int, settings: SamplingSettings,
-                rng: np.random.Generator, keep_drafting: KeepDrafting | None = None) -> Drafts:
+    def propose(
+        self,
+        context: list[int],
+        k: int,
+        *,
+        n_vocab: int,
+        settings: SamplingSettings,
+        rng: np.random.Generator,
+        keep_drafting: KeepDrafting | None = None,
+    ) -> Drafts:
         return Drafts()
 
     def sync(self, context: list[int]) -> None:
@@ -126,10 +142,18 @@ class ModelDrafter:
     def next_source(self, context: list[int]) -> str:
         return self.source
 
-    def propose(self, context: list[int], k: int, *, n_vocab: int, settings: SamplingSettings,
-                rng: np.random.Generator, keep_drafting: KeepDrafting | None = None) -> Drafts:
+    def propose(
+        self,
+        context: list[int],
+        k: int,
+        *,
+        n_vocab: int,
+        settings: SamplingSettings,
+        rng: np.random.Generator,
+        keep_drafting: KeepDrafting | None = None,
+    ) -> Drafts:
         drafts = Drafts(source=self.source)
-        feed = context[self.model.n_past:]
+        feed = context[self.model.n_past :]
         if len(feed) > 2:  # after plain steps (or another drafter's): not a cost of drafting itself
             start = time.perf_counter()
             self.model.eval(feed[:-1], n_logits=0)
@@ -184,7 +208,7 @@ class NgramDrafter:
     def lookup(self, context: list[int], k: int) -> tuple[list[int], int]:
         """Up to k tokens that followed the longest suffix n-gram's latest earlier occurrence,
         and that n-gram's length (0: no match)."""
-        history = np.asarray(context[-self.window:], dtype=np.int64)
+        history = np.asarray(context[-self.window :], dtype=np.int64)
         for n in range(min(self.max_ngram, len(history) - 1), self.min_ngram - 1, -1):
             pattern = history[-n:]
             # Windows that start early enough to have at least one token after them.
@@ -193,11 +217,19 @@ class NgramDrafter:
             hits = hits[hits + n < len(history)]
             if hits.size:
                 start = int(hits[-1]) + n  # the most recent occurrence
-                return history[start:start + k].tolist(), n
+                return history[start : start + k].tolist(), n
         return [], 0
 
-    def propose(self, context: list[int], k: int, *, n_vocab: int, settings: SamplingSettings,
-                rng: np.random.Generator, keep_drafting: KeepDrafting | None = None) -> Drafts:
+    def propose(
+        self,
+        context: list[int],
+        k: int,
+        *,
+        n_vocab: int,
+        settings: SamplingSettings,
+        rng: np.random.Generator,
+        keep_drafting: KeepDrafting | None = None,
+    ) -> Drafts:
         return self.drafts(self.lookup(context, k)[0] if k > 0 else [], n_vocab=n_vocab, settings=settings)
 
     def drafts(self, tokens: list[int], *, n_vocab: int, settings: SamplingSettings) -> Drafts:
@@ -233,14 +265,23 @@ class HybridDrafter:
         found, match = self.ngram.lookup(context, 1)
         return self.ngram.source if found and match >= self.min_match else self.model_drafter.source
 
-    def propose(self, context: list[int], k: int, *, n_vocab: int, settings: SamplingSettings,
-                rng: np.random.Generator, keep_drafting: KeepDrafting | None = None) -> Drafts:
+    def propose(
+        self,
+        context: list[int],
+        k: int,
+        *,
+        n_vocab: int,
+        settings: SamplingSettings,
+        rng: np.random.Generator,
+        keep_drafting: KeepDrafting | None = None,
+    ) -> Drafts:
         # The same test as `next_source`, on the lookup the proposal needs anyway.
         found, match = self.ngram.lookup(context, k)
         if found and match >= self.min_match:
             return self.ngram.drafts(found, n_vocab=n_vocab, settings=settings)
-        return self.model_drafter.propose(context, k, n_vocab=n_vocab, settings=settings, rng=rng,
-                                          keep_drafting=keep_drafting)
+        return self.model_drafter.propose(
+            context, k, n_vocab=n_vocab, settings=settings, rng=rng, keep_drafting=keep_drafting
+        )
 
     def sync(self, context: list[int]) -> None:
         self.model_drafter.sync(context)
@@ -250,8 +291,9 @@ DrafterKind = Literal["model", "ngram", "hybrid"]  # as the command line names t
 DRAFTERS: tuple[DrafterKind, ...] = get_args(DrafterKind)
 
 
-def build_drafter(kind: DrafterKind, draft_model: Model | None, *, p_min: float = 0.0,
-                  n_min: int = 0) -> Drafter | None:
+def build_drafter(
+    kind: DrafterKind, draft_model: Model | None, *, p_min: float = 0.0, n_min: int = 0
+) -> Drafter | None:
     """`kind` as the CLI names it; None when there is nothing to draft with."""
     if kind == "ngram":
         return NgramDrafter()

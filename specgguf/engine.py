@@ -124,12 +124,22 @@ def speculate(
         room = min(verifier.n_ctx - len(context), drafter.room(len(context)), max_tokens - n_emitted - 1)
         k_step = max(0, min(policy.choose(drafter.next_source(context)), room))
         t0 = time.perf_counter()
-        drafts = drafter.propose(context, k_step, n_vocab=verifier.n_vocab, settings=settings, rng=rng,
-                                 keep_drafting=policy.keep_drafting) if k_step else Drafts()
+        drafts = (
+            drafter.propose(
+                context,
+                k_step,
+                n_vocab=verifier.n_vocab,
+                settings=settings,
+                rng=rng,
+                keep_drafting=policy.keep_drafting,
+            )
+            if k_step
+            else Drafts()
+        )
         t1 = time.perf_counter()
         # One batched pass: logits row i (i = 0..K) is the verifier's next-token score
         # after the pending token + drafts[:i].
-        target_logits = verifier.eval(context[verifier.n_past:] + drafts.tokens, n_logits=len(drafts.tokens) + 1)
+        target_logits = verifier.eval(context[verifier.n_past :] + drafts.tokens, n_logits=len(drafts.tokens) + 1)
         t2 = time.perf_counter()
         n_accepted, next_token = _accept(target_logits, drafts, settings, rng)
         emitted = drafts.tokens[:n_accepted] + [next_token]
@@ -137,8 +147,16 @@ def speculate(
         # Roll both caches back to the accepted prefix (all but the newest token).
         verifier.rewind(len(context) - 1)
         drafter.sync(context)
-        event = _event(emitted, drafts, n_accepted, target_logits, verifier, n_emitted, max_tokens,
-                       seconds=(t1 - t0, t2 - t1, time.perf_counter() - t2, prefill_seconds))
+        event = _event(
+            emitted,
+            drafts,
+            n_accepted,
+            target_logits,
+            verifier,
+            n_emitted,
+            max_tokens,
+            seconds=(t1 - t0, t2 - t1, time.perf_counter() - t2, prefill_seconds),
+        )
         prefill_seconds, n_emitted = 0.0, n_emitted + len(event.tokens)
         policy.observe(event)
         yield event
@@ -159,8 +177,9 @@ def _check(verifier: Model, prompt_tokens: Sequence[int], max_tokens: int) -> No
         )
 
 
-def _accept(target_logits: np.ndarray, drafts: Drafts, settings: SamplingSettings,
-            rng: np.random.Generator) -> tuple[int, int]:
+def _accept(
+    target_logits: np.ndarray, drafts: Drafts, settings: SamplingSettings, rng: np.random.Generator
+) -> tuple[int, int]:
     """(accepted drafts, the verifier's next token): greedy matching at temperature 0, else
     the speculative sampling rule (sampling.accept_drafts) on the processed distributions."""
     if settings.greedy:
@@ -174,8 +193,17 @@ def _accept(target_logits: np.ndarray, drafts: Drafts, settings: SamplingSetting
     )
 
 
-def _event(emitted: list[int], drafts: Drafts, n_accepted: int, target_logits: np.ndarray, verifier: Model,
-           n_emitted: int, max_tokens: int, *, seconds: tuple[float, float, float, float]) -> StepEvent:
+def _event(
+    emitted: list[int],
+    drafts: Drafts,
+    n_accepted: int,
+    target_logits: np.ndarray,
+    verifier: Model,
+    n_emitted: int,
+    max_tokens: int,
+    *,
+    seconds: tuple[float, float, float, float],
+) -> StepEvent:
     """The step's event, complete: output up to an end-of-generation token, and why it stopped."""
     eog_at = next((i for i, token in enumerate(emitted) if verifier.is_eog(token)), None)
     kept = emitted if eog_at is None else emitted[:eog_at]
@@ -185,16 +213,33 @@ def _event(emitted: list[int], drafts: Drafts, n_accepted: int, target_logits: n
     return StepEvent(
         # At an end-of-generation token everything kept counts as accepted: the verifier's own
         # token, if it was not the end itself, never comes.
-        accepted=kept if eog_at is not None else kept[:n_accepted], rejected=drafts.tokens[n_accepted:],
-        verifier_token=None if eog_at is not None else kept[-1], n_drafted=n_drafted, n_accepted=n_accepted,
-        draft_seconds=draft_seconds, verify_seconds=verify_seconds, sample_seconds=sample_seconds,
-        prefill_seconds=prefill_seconds, draft_source=drafts.source if n_drafted else None,
-        draft_confidence=drafts.confidence, draft_catchup_seconds=drafts.catchup_seconds,
-        stop=stop, target_logits=target_logits[:len(kept)],
+        accepted=kept if eog_at is not None else kept[:n_accepted],
+        rejected=drafts.tokens[n_accepted:],
+        verifier_token=None if eog_at is not None else kept[-1],
+        n_drafted=n_drafted,
+        n_accepted=n_accepted,
+        draft_seconds=draft_seconds,
+        verify_seconds=verify_seconds,
+        sample_seconds=sample_seconds,
+        prefill_seconds=prefill_seconds,
+        draft_source=drafts.source if n_drafted else None,
+        draft_confidence=drafts.confidence,
+        draft_catchup_seconds=drafts.catchup_seconds,
+        stop=stop,
+        target_logits=target_logits[: len(kept)],
     )
 
 
 def _stop_event(reason: str, prefill_seconds: float) -> StepEvent:
-    return StepEvent(accepted=[], rejected=[], verifier_token=None, n_drafted=0, n_accepted=0,
-                     draft_seconds=0.0, verify_seconds=0.0, sample_seconds=0.0,
-                     prefill_seconds=prefill_seconds, stop=reason)
+    return StepEvent(
+        accepted=[],
+        rejected=[],
+        verifier_token=None,
+        n_drafted=0,
+        n_accepted=0,
+        draft_seconds=0.0,
+        verify_seconds=0.0,
+        sample_seconds=0.0,
+        prefill_seconds=prefill_seconds,
+        stop=reason,
+    )

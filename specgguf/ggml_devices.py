@@ -16,8 +16,9 @@ from pathlib import Path
 _DEVICE_CPU, _DEVICE_GPU, _DEVICE_IGPU, _DEVICE_ACCEL = 0, 1, 2, 3
 
 _AddServer = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
-_StartServer = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
-                                ctypes.POINTER(ctypes.c_void_p))
+_StartServer = ctypes.CFUNCTYPE(
+    None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)
+)
 AbortCallback = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
 
 
@@ -63,8 +64,10 @@ class Ggml:
         registry = add_server(endpoint.encode())
         if not registry:
             return []
-        return [self._lib.ggml_backend_reg_dev_get(registry, i)
-                for i in range(self._lib.ggml_backend_reg_dev_count(registry))]
+        return [
+            self._lib.ggml_backend_reg_dev_get(registry, i)
+            for i in range(self._lib.ggml_backend_reg_dev_count(registry))
+        ]
 
     def local_offload_devices(self) -> list[int]:
         """This machine's GPUs (none on a CPU build): llama.cpp's default list without RPC devices.
@@ -89,12 +92,14 @@ class Ggml:
             if self._lib.ggml_backend_dev_type(device) in (_DEVICE_GPU, _DEVICE_IGPU) and registry_name != b"RPC":
                 devices.append(device)
         if not devices:
-            devices = [self._lib.ggml_backend_dev_get(i) for i in range(self._lib.ggml_backend_dev_count())
-                       if self._lib.ggml_backend_dev_type(self._lib.ggml_backend_dev_get(i)) == _DEVICE_CPU][:1]
+            devices = [
+                self._lib.ggml_backend_dev_get(i)
+                for i in range(self._lib.ggml_backend_dev_count())
+                if self._lib.ggml_backend_dev_type(self._lib.ggml_backend_dev_get(i)) == _DEVICE_CPU
+            ][:1]
         return [(device, self._lib.ggml_backend_dev_name(device).decode("utf-8", "replace")) for device in devices]
 
-    def start_rpc_server(self, endpoint: str, *, cache_dir: str | None, n_threads: int,
-                         devices: list[int]) -> None:
+    def start_rpc_server(self, endpoint: str, *, cache_dir: str | None, n_threads: int, devices: list[int]) -> None:
         """Serve until the process ends (returns only if the server could not start)."""
         start_server = self._rpc_function("ggml_backend_rpc_start_server", _StartServer)
         array = (ctypes.c_void_p * len(devices))(*devices)
@@ -102,7 +107,9 @@ class Ggml:
 
     def on_abort(self, callback) -> None:
         """Call `callback(message)` when ggml is about to abort() the process (it cannot be stopped)."""
+
         def hook(message: bytes) -> None:
             callback(message.decode("utf-8", "replace"))
+
         self._abort_callback = AbortCallback(hook)
         self._lib.ggml_set_abort_callback(self._abort_callback)

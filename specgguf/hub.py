@@ -72,8 +72,10 @@ def hub_endpoint() -> str:
 
 
 def offline() -> bool:
-    return any(os.environ.get(name, "").upper() in {"1", "ON", "YES", "TRUE"}
-               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(name, "").upper() in {"1", "ON", "YES", "TRUE"}
+        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def cached(file: HubFile) -> Path | None:
@@ -135,21 +137,29 @@ def download(file: HubFile, *, progress: Progress | None = None) -> Path:
     if found is not None and verify_cached(found, file.sha256, progress):
         return found
     if offline():
-        raise HubUnreachableError(f"{file.ref} is not in the Hugging Face cache ({hub_cache()}) and"
-                                  " HF_HUB_OFFLINE is set: unset it to download")
+        raise HubUnreachableError(
+            f"{file.ref} is not in the Hugging Face cache ({hub_cache()}) and"
+            " HF_HUB_OFFLINE is set: unset it to download"
+        )
     endpoint = hub_endpoint()
     meta = _metadata(file, endpoint)
     etag_sha256 = meta.etag if _SHA256.fullmatch(meta.etag) else None
     expected = file.sha256 or etag_sha256
     if expected is None:
-        raise AssetError(f"{file.ref}: the hub gives no SHA-256 for this file (ETag {meta.etag}), so it"
-                         " cannot be verified; add its sha256 to models.yaml to pull it; nothing was downloaded")
+        raise AssetError(
+            f"{file.ref}: the hub gives no SHA-256 for this file (ETag {meta.etag}), so it"
+            " cannot be verified; add its sha256 to models.yaml to pull it; nothing was downloaded"
+        )
     if file.sha256 and etag_sha256 and etag_sha256 != file.sha256:
-        raise AssetError(f"{file.ref}: the hub's file has SHA-256 {etag_sha256}, the registry expects"
-                         f" {file.sha256}: it changed upstream or the entry is wrong; nothing was downloaded")
+        raise AssetError(
+            f"{file.ref}: the hub's file has SHA-256 {etag_sha256}, the registry expects"
+            f" {file.sha256}: it changed upstream or the entry is wrong; nothing was downloaded"
+        )
     if file.size and meta.size and meta.size != file.size:
-        raise AssetError(f"{file.ref}: the hub's file has {meta.size} bytes, the registry expects {file.size};"
-                         " nothing was downloaded")
+        raise AssetError(
+            f"{file.ref}: the hub's file has {meta.size} bytes, the registry expects {file.size};"
+            " nothing was downloaded"
+        )
     # Every name below comes from the registry or the hub's headers: each is checked to stay inside the cache.
     try:
         storage = inside(hub_cache(), repo_folder_name(repo_id=file.repo, repo_type="model"))
@@ -158,8 +168,9 @@ def download(file: HubFile, *, progress: Progress | None = None) -> Path:
         lock = inside(hub_cache(), ".locks", storage.name, f"{meta.etag}.lock")
         ref = inside(storage, "refs", file.revision or "main")
     except UnsafePathError as error:
-        raise AssetError(f"{file.ref}: refusing a path outside the Hugging Face cache ({error});"
-                         " nothing was written") from None
+        raise AssetError(
+            f"{file.ref}: refusing a path outside the Hugging Face cache ({error}); nothing was written"
+        ) from None
     lock.parent.mkdir(parents=True, exist_ok=True)
     with WeakFileLock(lock):
         if blob.is_file():
@@ -168,8 +179,9 @@ def download(file: HubFile, *, progress: Progress | None = None) -> Path:
             headers = build_hf_headers()
             if urlparse(meta.location).netloc != urlparse(endpoint).netloc:
                 headers.pop("authorization", None)  # a CDN link is already signed
-            fetch(meta.location, blob, name=file.ref, size=meta.size, sha256=expected, headers=headers,
-                  progress=progress)
+            fetch(
+                meta.location, blob, name=file.ref, size=meta.size, sha256=expected, headers=headers, progress=progress
+            )
             write_stamp(blob, expected, stamp=_stamp_path(expected))
         _link(blob, pointer)
         if (file.revision or "main") != meta.commit_hash:
@@ -182,37 +194,48 @@ def _metadata(file: HubFile, endpoint: str):
     try:
         meta = get_hf_file_metadata(url, endpoint=endpoint, timeout=_TIMEOUT)
     except GatedRepoError:
-        raise AssetError(f"{file.repo} is gated: accept its licence at {endpoint}/{file.repo},"
-                         " then log in with `hf auth login`") from None
+        raise AssetError(
+            f"{file.repo} is gated: accept its licence at {endpoint}/{file.repo}, then log in with `hf auth login`"
+        ) from None
     except RepositoryNotFoundError:
         raise AssetError(f"repository {file.repo} was not found on {endpoint} (or it is private)") from None
     except RevisionNotFoundError:
         raise AssetError(f"revision {file.revision} of {file.repo} was not found on {endpoint}") from None
     except RemoteEntryNotFoundError:
-        raise AssetError(f"{file.file} was not found in {file.repo}"
-                         f" ({file.revision or 'main'}) on {endpoint}") from None
+        raise AssetError(
+            f"{file.file} was not found in {file.repo} ({file.revision or 'main'}) on {endpoint}"
+        ) from None
     except HfHubHTTPError as error:
         status = error.response.status_code if error.response is not None else "?"
         if status == 404:
             raise AssetError(f"{file.ref} was not found on {endpoint} (HTTP 404)") from None
-        raise HubUnreachableError(f"the hub at {endpoint} answered HTTP {status} for {file.ref}:"
-                                  " try again later") from None
+        raise HubUnreachableError(
+            f"the hub at {endpoint} answered HTTP {status} for {file.ref}: try again later"
+        ) from None
     except httpx2.TooManyRedirects:
-        raise HubUnreachableError(f"the hub at {endpoint} redirects {file.ref} in a loop: check HF_ENDPOINT"
-                                  " or try again later") from None
+        raise HubUnreachableError(
+            f"the hub at {endpoint} redirects {file.ref} in a loop: check HF_ENDPOINT or try again later"
+        ) from None
     except httpx2.RequestError as error:
-        raise HubUnreachableError(f"cannot reach the Hugging Face hub at {endpoint} ({error or type(error).__name__}):"
-                                  " check the connection and HF_ENDPOINT; models already pulled still run") from None
+        raise HubUnreachableError(
+            f"cannot reach the Hugging Face hub at {endpoint} ({error or type(error).__name__}):"
+            " check the connection and HF_ENDPOINT; models already pulled still run"
+        ) from None
     if meta.commit_hash is None or meta.etag is None:
-        raise HubUnreachableError(f"{endpoint} does not answer like a Hugging Face hub (no commit or ETag"
-                                  f" for {file.ref}): check HF_ENDPOINT")
+        raise HubUnreachableError(
+            f"{endpoint} does not answer like a Hugging Face hub (no commit or ETag for {file.ref}): check HF_ENDPOINT"
+        )
     # Both become file names in the cache: only hex digests are accepted, never a path.
     if not _GIT_SHA1.fullmatch(meta.commit_hash):
-        raise AssetError(f"{endpoint} sent {_shown(meta.commit_hash)} as the commit of {file.ref}, not a"
-                         " 40-digit hex hash: refusing it; nothing was written")
+        raise AssetError(
+            f"{endpoint} sent {_shown(meta.commit_hash)} as the commit of {file.ref}, not a"
+            " 40-digit hex hash: refusing it; nothing was written"
+        )
     if not (_SHA256.fullmatch(meta.etag) or _GIT_SHA1.fullmatch(meta.etag)):
-        raise AssetError(f"{endpoint} sent {_shown(meta.etag)} as the ETag of {file.ref}, not a SHA-256"
-                         " (64 hex digits) or a git hash (40): refusing it; nothing was written")
+        raise AssetError(
+            f"{endpoint} sent {_shown(meta.etag)} as the ETag of {file.ref}, not a SHA-256"
+            " (64 hex digits) or a git hash (40): refusing it; nothing was written"
+        )
     if meta.size is not None and meta.size < 0:
         raise AssetError(f"{endpoint} sent a negative size for {file.ref}; nothing was written")
     return meta

@@ -97,12 +97,12 @@ class Acceptance:
         decay, n = self.config.decay, min(n_drafted, self.config.k_max)
         self.drafted *= decay
         self.accepted *= decay
-        self.drafted[:min(n_accepted + 1, n)] += 1  # position i is tested only if 1..i-1 were accepted
-        self.accepted[:min(n_accepted, n)] += 1
+        self.drafted[: min(n_accepted + 1, n)] += 1  # position i is tested only if 1..i-1 were accepted
+        self.accepted[: min(n_accepted, n)] += 1
         if confidences:
             self.tried_by_confidence *= self.config.calibration_decay
             self.accepted_by_confidence *= self.config.calibration_decay
-            bins = np.searchsorted(CONFIDENCE_EDGES, confidences[:n_accepted + 1], side="right")
+            bins = np.searchsorted(CONFIDENCE_EDGES, confidences[: n_accepted + 1], side="right")
             np.add.at(self.tried_by_confidence, bins, 1.0)
             np.add.at(self.accepted_by_confidence, bins[:n_accepted], 1.0)
 
@@ -147,8 +147,9 @@ class StepCosts:
         if k < len(self.table):  # the scale compares like with like: measured sizes only
             self.scale = self._average("scale", self.scale, event.verify_seconds / self.table[k])
         else:  # a batch the probe did not time: learn its own cost
-            self.beyond[k] = self._average(f"verify {k}", float(self.verify(np.array([k]))[0]) / self.scale,
-                                           event.verify_seconds / self.scale)
+            self.beyond[k] = self._average(
+                f"verify {k}", float(self.verify(np.array([k]))[0]) / self.scale, event.verify_seconds / self.scale
+            )
         if k:
             per_token = (event.draft_seconds - event.draft_catchup_seconds) / k
             self.draft_seconds = self._average("draft", self.draft_seconds, per_token / self.scale)

@@ -48,8 +48,10 @@ class LlamaTools:
     @classmethod
     def find(cls, directory: Path) -> LlamaTools:
         if not directory.is_dir():
-            raise UsageError(f"--vs-llama-cpp {directory}: not a directory (build llama.cpp's tools as"
-                             " docs/llama-cpp.md says, e.g. `make llama-tools`)")
+            raise UsageError(
+                f"--vs-llama-cpp {directory}: not a directory (build llama.cpp's tools as"
+                " docs/llama-cpp.md says, e.g. `make llama-tools`)"
+            )
         programs = []
         for name in (COMPLETION, SPECULATIVE):
             path = directory / name
@@ -74,12 +76,31 @@ class ToolSettings:
     def arguments(self) -> list[str]:
         threads = str(self.n_threads)
         sampling = self.sampling
-        return ["-t", threads, "-tb", threads, "-c", str(self.n_ctx), "-n", str(self.max_tokens),
-                "--temp", f"{sampling.temperature:g}", "--top-k", str(sampling.top_k),
-                "--top-p", f"{sampling.top_p:g}", "--min-p", f"{sampling.min_p:g}",
-                # Our sampler chain (sampling.py), and nothing else (no penalties, DRY, XTC...).
-                "--samplers", "top_k;top_p;min_p;temperature", "--seed", str(self.seed),
-                "--no-escape", "--perf"]
+        return [
+            "-t",
+            threads,
+            "-tb",
+            threads,
+            "-c",
+            str(self.n_ctx),
+            "-n",
+            str(self.max_tokens),
+            "--temp",
+            f"{sampling.temperature:g}",
+            "--top-k",
+            str(sampling.top_k),
+            "--top-p",
+            f"{sampling.top_p:g}",
+            "--min-p",
+            f"{sampling.min_p:g}",
+            # Our sampler chain (sampling.py), and nothing else (no penalties, DRY, XTC...).
+            "--samplers",
+            "top_k;top_p;min_p;temperature",
+            "--seed",
+            str(self.seed),
+            "--no-escape",
+            "--perf",
+        ]
 
 
 @dataclass(frozen=True)
@@ -99,18 +120,44 @@ class ToolRun:
 
 def run_plain(tools: LlamaTools, *, model: Path, prompt: str, settings: ToolSettings) -> ToolRun:
     """llama-completion on the prompt text as given (no chat template of its own: -no-cnv)."""
-    command = [str(tools.completion), "-m", str(model), "-p", prompt, "-no-cnv", "--no-display-prompt",
-               *settings.arguments()]
+    command = [
+        str(tools.completion),
+        "-m",
+        str(model),
+        "-p",
+        prompt,
+        "-no-cnv",
+        "--no-display-prompt",
+        *settings.arguments(),
+    ]
     return parse_completion(_run(command, tools.directory))
 
 
-def run_speculative(tools: LlamaTools, *, model: Path, draft: Path, k: int, prompt: str,
-                    settings: ToolSettings) -> ToolRun:
+def run_speculative(
+    tools: LlamaTools, *, model: Path, draft: Path, k: int, prompt: str, settings: ToolSettings
+) -> ToolRun:
     """llama-speculative-simple with a draft model drafting K tokens a step (draft p-min 0: always K)."""
     threads = str(settings.n_threads)
-    command = [str(tools.speculative), "-m", str(model), "-md", str(draft), "--spec-type", "draft-simple",
-               "--spec-draft-n-max", str(k), "--spec-draft-p-min", "0", "-td", threads, "-tbd", threads,
-               "-p", prompt, *settings.arguments()]
+    command = [
+        str(tools.speculative),
+        "-m",
+        str(model),
+        "-md",
+        str(draft),
+        "--spec-type",
+        "draft-simple",
+        "--spec-draft-n-max",
+        str(k),
+        "--spec-draft-p-min",
+        "0",
+        "-td",
+        threads,
+        "-tbd",
+        threads,
+        "-p",
+        prompt,
+        *settings.arguments(),
+    ]
     return parse_speculative(_run(command, tools.directory))
 
 
@@ -122,8 +169,7 @@ def parse_completion(log: str) -> ToolRun:
     eval_ms, sampling_ms = float(evals.group(1)), float(sampling.group(1))
     # The first token comes from the prompt's logits; each later one is one decode call (a "run").
     # Sampling time covers every token; our side's time includes sampling too.
-    return ToolRun(n_prompt=int(prompt.group(2)), n_tokens=int(evals.group(2)),
-                   seconds=(eval_ms + sampling_ms) / 1000)
+    return ToolRun(n_prompt=int(prompt.group(2)), n_tokens=int(evals.group(2)), seconds=(eval_ms + sampling_ms) / 1000)
 
 
 def parse_speculative(log: str) -> ToolRun:
@@ -132,9 +178,13 @@ def parse_speculative(log: str) -> ToolRun:
     if not (encoded and decoded):
         raise SpecggufError(f"{SPECULATIVE} printed no 'decoded N tokens' line; its log ends: {_tail(log)}")
     accept = _ACCEPT.search(log)
-    return ToolRun(n_prompt=int(encoded.group(1)), n_tokens=int(decoded.group(1)), seconds=float(decoded.group(2)),
-                   n_drafted=int(accept.group(1)) if accept else None,
-                   n_accepted=int(accept.group(2)) if accept else None)
+    return ToolRun(
+        n_prompt=int(encoded.group(1)),
+        n_tokens=int(decoded.group(1)),
+        seconds=float(decoded.group(2)),
+        n_drafted=int(accept.group(1)) if accept else None,
+        n_accepted=int(accept.group(2)) if accept else None,
+    )
 
 
 def _run(command: list[str], directory: Path) -> str:
@@ -144,8 +194,14 @@ def _run(command: list[str], directory: Path) -> str:
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(directory), env.get("LD_LIBRARY_PATH")]))
     # The answer goes to stdout (not needed); the timing lines go to stderr, which the answer
     # cannot reach, so no generated text can pass for a timing line.
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               env=env, start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
     try:
         _, output = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -156,8 +212,9 @@ def _run(command: list[str], directory: Path) -> str:
             process.wait()
     log = output.decode("utf-8", errors="replace")
     if process.returncode != 0:
-        raise SpecggufError(f"{Path(command[0]).name} failed (exit status {process.returncode}); its log ends: "
-                            f"{_tail(log)}")
+        raise SpecggufError(
+            f"{Path(command[0]).name} failed (exit status {process.returncode}); its log ends: {_tail(log)}"
+        )
     return log
 
 

@@ -45,8 +45,9 @@ def _bytes(model: ModelFile) -> int | None:
 def _sizes(pair: Pair) -> str:
     """Verifier + draft in GB, '?' where the registry does not know and the file is not here."""
     sizes = [_bytes(pair.verifier), _bytes(pair.draft)]
-    return "+".join("?" if size is None else f"{size / 1e9:.2f}" if size < 1e10 else f"{size / 1e9:.1f}"
-                    for size in sizes)
+    return "+".join(
+        "?" if size is None else f"{size / 1e9:.2f}" if size < 1e10 else f"{size / 1e9:.1f}" for size in sizes
+    )
 
 
 def _short(model: ModelFile) -> str:
@@ -86,10 +87,12 @@ def pairs_table(registry: Registry) -> Table:
     table.add_column("measured", overflow="fold")
     for pair in registry.pairs.values():
         unconfirmed = not (pair.verifier.confirmed and pair.draft.confirmed)
-        name = Text(terminal_safe(pair.name) + (" *" if pair.name == registry.default else "")
-                    + (" !" if unconfirmed else ""))
-        table.add_row(name, Text(_short(pair.draft)), _sizes(pair), str(pair.recommended_k), _here(pair),
-                      _measured(pair))
+        name = Text(
+            terminal_safe(pair.name) + (" *" if pair.name == registry.default else "") + (" !" if unconfirmed else "")
+        )
+        table.add_row(
+            name, Text(_short(pair.draft)), _sizes(pair), str(pair.recommended_k), _here(pair), _measured(pair)
+        )
     return table
 
 
@@ -104,12 +107,15 @@ def pair_details(pair: Pair, registry: Registry) -> Table:
     table.add_row(Text("K", style="bold"), Text(str(pair.recommended_k)))
     for role, model in (("verifier", pair.verifier), ("draft", pair.draft)):
         local = find_local(model)
-        lines = [model.ref + ("" if model.confirmed else "  (not confirmed against a source)"),
-                 f"revision {model.revision or 'main'}, {size_text(_bytes(model))}"
-                 + (f", {len(model.shards) + 1} parts" if model.shards else "")
-                 + (f", sha256 {model.sha256}" if model.sha256 else ""),
-                 f"here: {local}" if local else ("here: PyPI packages installed" if is_local(model)
-                                                  else f"not here: specgguf pull {pair.name}")]
+        lines = [
+            model.ref + ("" if model.confirmed else "  (not confirmed against a source)"),
+            f"revision {model.revision or 'main'}, {size_text(_bytes(model))}"
+            + (f", {len(model.shards) + 1} parts" if model.shards else "")
+            + (f", sha256 {model.sha256}" if model.sha256 else ""),
+            f"here: {local}"
+            if local
+            else ("here: PyPI packages installed" if is_local(model) else f"not here: specgguf pull {pair.name}"),
+        ]
         table.add_row(Text(role, style="bold"), Text("\n".join(lines)))
     table.add_row(Text("measured", style="bold"), Text(_measured(pair) + " (specgguf bench stores it)"))
     return table

@@ -94,9 +94,18 @@ class DraftOptions:
         return self.k.mode == "fixed" and self.k.k == 0
 
 
-def make_policy(choice: KChoice, *, costs: Callable[[], MachineCosts], verifier: Path, draft: Path | None,
-                drafter: DrafterKind, temperature: float, recommended_k: int | None, force_spec: bool,
-                config: PolicyConfig | None = None) -> tuple[KPolicy, KSource]:
+def make_policy(
+    choice: KChoice,
+    *,
+    costs: Callable[[], MachineCosts],
+    verifier: Path,
+    draft: Path | None,
+    drafter: DrafterKind,
+    temperature: float,
+    recommended_k: int | None,
+    force_spec: bool,
+    config: PolicyConfig | None = None,
+) -> tuple[KPolicy, KSource]:
     """The K policy for a run, and where K came from. `costs` is asked only for adaptive K."""
     if draft is None and drafter != "ngram":
         return FixedK(0), KSource(False, "plain (no draft)")
@@ -111,17 +120,20 @@ def make_policy(choice: KChoice, *, costs: Callable[[], MachineCosts], verifier:
         model_side = policy.policies["draft"] if isinstance(policy, PerSource) else policy
         if model_side.source == "draft" and not model_side.worth_drafting:
             machine = costs()
-            text = (f"K adaptive: the draft model cannot win here (a draft token costs {machine.draft * 1000:.0f} ms,"
-                    f" a verifier token {machine.verify[0] * 1000:.0f} ms)"
-                    + ("; n-gram drafts only" if drafter == "hybrid" else ": plain decoding"))
+            text = (
+                f"K adaptive: the draft model cannot win here (a draft token costs {machine.draft * 1000:.0f} ms,"
+                f" a verifier token {machine.verify[0] * 1000:.0f} ms)"
+                + ("; n-gram drafts only" if drafter == "hybrid" else ": plain decoding")
+            )
             return policy, KSource(True, text, decided=True)
         return policy, KSource(True, "K adaptive")
     if stored["k"] == 0:
         if force_spec:
             fallback = recommended_k or 8
             return FixedK(fallback), KSource(False, f"K={fallback} (--force-spec; bench measured plain faster here)")
-        return FixedK(0), KSource(False, f"plain: bench measured speculation at {stored['speedup']:.2f}× here"
-                                         " (--force-spec to speculate)")
+        return FixedK(0), KSource(
+            False, f"plain: bench measured speculation at {stored['speedup']:.2f}× here (--force-spec to speculate)"
+        )
     return FixedK(stored["k"]), KSource(False, f"K={stored['k']} (bench here: {stored['speedup']:.2f}×)")
 
 
@@ -145,17 +157,34 @@ class Prepared:
 
     def drafter(self, kind: DrafterKind | None = None, *, p_min: float | None = None) -> Drafter | None:
         """The proposer for an answer (None: nothing to draft with)."""
-        return build_drafter(kind or self.options.drafter, self.draft,
-                             p_min=self.options.p_min if p_min is None else p_min, n_min=self.options.n_min)
+        return build_drafter(
+            kind or self.options.drafter,
+            self.draft,
+            p_min=self.options.p_min if p_min is None else p_min,
+            n_min=self.options.n_min,
+        )
 
-    def policy(self, choice: KChoice | None = None, *, temperature: float, drafter: DrafterKind | None = None,
-               config: PolicyConfig | None = None) -> tuple[KPolicy, KSource]:
+    def policy(
+        self,
+        choice: KChoice | None = None,
+        *,
+        temperature: float,
+        drafter: DrafterKind | None = None,
+        config: PolicyConfig | None = None,
+    ) -> tuple[KPolicy, KSource]:
         """The K policy for an answer: the command's -k unless `choice` (chat's /k, a request) says otherwise."""
         kind = drafter or self.options.drafter
-        return make_policy(choice or self.options.k, costs=lambda: self.costs, verifier=self.resolved.verifier,
-                           draft=self.resolved.draft if self.draft is not None else None, drafter=kind,
-                           temperature=temperature, recommended_k=self.resolved.recommended_k,
-                           force_spec=self.options.force_spec, config=config)
+        return make_policy(
+            choice or self.options.k,
+            costs=lambda: self.costs,
+            verifier=self.resolved.verifier,
+            draft=self.resolved.draft if self.draft is not None else None,
+            drafter=kind,
+            temperature=temperature,
+            recommended_k=self.resolved.recommended_k,
+            force_spec=self.options.force_spec,
+            config=config,
+        )
 
 
 def load_models(resolved: ResolvedPair, options: LoadOptions, *, need_draft: bool):
@@ -163,19 +192,36 @@ def load_models(resolved: ResolvedPair, options: LoadOptions, *, need_draft: boo
     from .backend import LlamaModel  # llama.cpp loads only when a command needs it
     from .compat import ensure_compatible
 
-    verifier = LlamaModel(resolved.verifier, n_ctx=options.n_ctx, n_threads=options.n_threads,
-                          n_gpu_layers=options.n_gpu_layers, rpc_workers=options.rpc, rpc_timeout=options.rpc_timeout)
+    verifier = LlamaModel(
+        resolved.verifier,
+        n_ctx=options.n_ctx,
+        n_threads=options.n_threads,
+        n_gpu_layers=options.n_gpu_layers,
+        rpc_workers=options.rpc,
+        rpc_timeout=options.rpc_timeout,
+    )
     if not need_draft or resolved.draft is None:
         return verifier, None
-    draft = LlamaModel(resolved.draft, n_ctx=options.n_ctx, n_threads=options.n_threads,
-                       n_gpu_layers=options.n_gpu_layers_draft, rpc_workers=options.rpc if options.rpc_draft else (),
-                       rpc_timeout=options.rpc_timeout)
+    draft = LlamaModel(
+        resolved.draft,
+        n_ctx=options.n_ctx,
+        n_threads=options.n_threads,
+        n_gpu_layers=options.n_gpu_layers_draft,
+        rpc_workers=options.rpc if options.rpc_draft else (),
+        rpc_timeout=options.rpc_timeout,
+    )
     ensure_compatible(verifier.vocab_info(), draft.vocab_info())
     return verifier, draft
 
 
-def prepare(resolved: ResolvedPair, load: LoadOptions, drafting: DraftOptions, *, keep_draft: bool = False,
-            on_measure: Callable[[], None] | None = None) -> Prepared:
+def prepare(
+    resolved: ResolvedPair,
+    load: LoadOptions,
+    drafting: DraftOptions,
+    *,
+    keep_draft: bool = False,
+    on_measure: Callable[[], None] | None = None,
+) -> Prepared:
     """Load the pair and learn its costs here. The draft model loads unless nothing will draft with
     it (`--drafter ngram`, or `-k 0` unless `keep_draft`: chat's /k can turn drafting on later)."""
     need_draft = drafting.drafter != "ngram" and (keep_draft or not drafting.plain)

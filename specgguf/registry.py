@@ -86,10 +86,16 @@ def parse_model_ref(text: str) -> ModelFile:
     """`OWNER/REPO/FILE.gguf` (the file may sit in folders) -> an ad-hoc ModelFile."""
     parts = text.strip("/").split("/")
     repo, file = "/".join(parts[:2]), "/".join(parts[2:])
-    if (len(parts) < 3 or not parts[-1].lower().endswith(".gguf") or not all(parts)
-            or _check_value("repo", repo) or _check_value("file", file)):
-        raise RegistryError(f"{text!r} is not a Hugging Face file: write it as OWNER/REPO/FILE.gguf"
-                            " (no '..' or '.' parts)")
+    if (
+        len(parts) < 3
+        or not parts[-1].lower().endswith(".gguf")
+        or not all(parts)
+        or _check_value("repo", repo)
+        or _check_value("file", file)
+    ):
+        raise RegistryError(
+            f"{text!r} is not a Hugging Face file: write it as OWNER/REPO/FILE.gguf (no '..' or '.' parts)"
+        )
     return ModelFile(repo=repo, file=file)
 
 
@@ -157,8 +163,9 @@ def _build(cls: type, data: Any, where: str, source: str, **extra: Any) -> Any:
     names = {f.name: f for f in fields(cls) if f.name not in extra}
     for key in data:
         if key not in names:
-            raise RegistryError(f"{source}:{data.key_lines.get(key, line)}: {where}: unknown key {key!r}"
-                                f" (allowed: {', '.join(names)})")
+            raise RegistryError(
+                f"{source}:{data.key_lines.get(key, line)}: {where}: unknown key {key!r} (allowed: {', '.join(names)})"
+            )
     values = dict(extra)
     for name, spec in names.items():
         if name not in data:
@@ -171,8 +178,7 @@ def _build(cls: type, data: Any, where: str, source: str, **extra: Any) -> Any:
         elif name == "shards":
             if not isinstance(value, list) or not value:
                 raise RegistryError(f"{at}: expected a list of {{file, size, sha256}} mappings")
-            values[name] = tuple(_build(Shard, item, f"{where}.shards[{i}]", source)
-                                 for i, item in enumerate(value))
+            values[name] = tuple(_build(Shard, item, f"{where}.shards[{i}]", source) for i, item in enumerate(value))
         else:
             expected = str(spec.type).replace(" | None", "")
             if type(value) is not _SCALARS[expected]:  # bool is not an int here
@@ -198,8 +204,9 @@ def parse_registry(text: str, source: str) -> tuple[dict[str, Pair], str | None]
     pairs_data = data.get("pairs") or {}
     if not isinstance(pairs_data, dict):
         raise RegistryError(f"{source}:{data.key_lines.get('pairs', 1)}: 'pairs' must be a mapping of names")
-    pairs = {str(name): _build(Pair, entry, f"pair {name!r}", source, name=str(name))
-             for name, entry in pairs_data.items()}
+    pairs = {
+        str(name): _build(Pair, entry, f"pair {name!r}", source, name=str(name)) for name, entry in pairs_data.items()
+    }
     default = data.get("default")
     if default is not None and not isinstance(default, str):
         raise RegistryError(f"{source}:{data.key_lines.get('default', 1)}: 'default' must be a pair name")

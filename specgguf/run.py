@@ -20,28 +20,57 @@ from .sampling import SamplingSettings
 from .stats import GenerationStats
 
 
-def run_prompt(*, prompt: str, resolved: ResolvedPair, drafting: DraftOptions, max_tokens: int,
-               settings: SamplingSettings, seed: int | None, load: LoadOptions, raw: bool = False,
-               system: str | None = None, json_output: bool = False, show_rejected: bool = False,
-               quiet: bool = False, out: TextIO, out_console: Console | None, err_console: Console) -> dict:
+def run_prompt(
+    *,
+    prompt: str,
+    resolved: ResolvedPair,
+    drafting: DraftOptions,
+    max_tokens: int,
+    settings: SamplingSettings,
+    seed: int | None,
+    load: LoadOptions,
+    raw: bool = False,
+    system: str | None = None,
+    json_output: bool = False,
+    show_rejected: bool = False,
+    quiet: bool = False,
+    out: TextIO,
+    out_console: Console | None,
+    err_console: Console,
+) -> dict:
     """Generate one answer; stream it (or print one JSON object) and report stats on stderr."""
     seed = seed if seed is not None else secrets.randbelow(2**31)
-    prepared = prepare(resolved, load, drafting, on_measure=None if quiet or json_output else
-                       lambda: err_console.print(MEASURING, style="dim"))
+    prepared = prepare(
+        resolved,
+        load,
+        drafting,
+        on_measure=None if quiet or json_output else lambda: err_console.print(MEASURING, style="dim"),
+    )
     verifier, draft = prepared.verifier, prepared.draft
     tokens = prompt_tokens(verifier, prompt, raw=raw, system=system)
     policy, k_source = prepared.policy(temperature=settings.temperature)
     drafter = prepared.drafter()
     if resolved.draft is None and drafting.drafter != "ngram" and not quiet and not json_output:
         err_console.print("no draft model given (-md): decoding with the verifier alone", style="yellow")
-    stream = TokenStream(verifier.token_bytes, console=None if json_output else out_console,
-                         out=None if json_output else out, show_rejected=show_rejected)
+    stream = TokenStream(
+        verifier.token_bytes,
+        console=None if json_output else out_console,
+        out=None if json_output else out,
+        show_rejected=show_rejected,
+    )
     if show_rejected and out_console is not None and not json_output:
         err_console.print(legend())
     stats = GenerationStats()
     start = time.perf_counter()
-    for event in speculate(verifier=verifier, drafter=drafter, prompt_tokens=tokens, k=policy,
-                           max_tokens=max_tokens, settings=settings, rng=np.random.default_rng(seed)):
+    for event in speculate(
+        verifier=verifier,
+        drafter=drafter,
+        prompt_tokens=tokens,
+        k=policy,
+        max_tokens=max_tokens,
+        settings=settings,
+        rng=np.random.default_rng(seed),
+    ):
         stats.add(event)
         stream.write(event)
     stats.wall_seconds = time.perf_counter() - start - stats.prefill_seconds
@@ -52,12 +81,20 @@ def run_prompt(*, prompt: str, resolved: ResolvedPair, drafting: DraftOptions, m
         "prompt_tokens": len(tokens),
         "k_source": str(k_source),
         "settings": {
-            "model": str(resolved.verifier), "model_draft": str(resolved.draft) if draft else None,
-            "pair": resolved.name, "drafter": drafting.drafter if drafter else None,
+            "model": str(resolved.verifier),
+            "model_draft": str(resolved.draft) if draft else None,
+            "pair": resolved.name,
+            "drafter": drafting.drafter if drafter else None,
             "draft_max": drafting.k.k if drafting.k.mode == "fixed" else drafting.k.mode,
-            "draft_p_min": drafting.p_min, "draft_min": drafting.n_min, "max_tokens": max_tokens,
-            **asdict(settings), "seed": seed, **asdict(load), "raw": raw,
-            "rpc": [str(worker) for worker in load.rpc], "placement": placement(verifier, draft),
+            "draft_p_min": drafting.p_min,
+            "draft_min": drafting.n_min,
+            "max_tokens": max_tokens,
+            **asdict(settings),
+            "seed": seed,
+            **asdict(load),
+            "raw": raw,
+            "rpc": [str(worker) for worker in load.rpc],
+            "placement": placement(verifier, draft),
         },
     }
     if json_output:
@@ -70,8 +107,11 @@ def run_prompt(*, prompt: str, resolved: ResolvedPair, drafting: DraftOptions, m
 
 def placement(verifier, draft) -> dict:
     """Where each model's layers are (for --json): workers, layer counts, and in words."""
-    return {role: {**asdict(model.placement), "description": model.placement.describe(role)}
-            for role, model in (("verifier", verifier), ("draft", draft)) if hasattr(model, "placement")}
+    return {
+        role: {**asdict(model.placement), "description": model.placement.describe(role)}
+        for role, model in (("verifier", verifier), ("draft", draft))
+        if hasattr(model, "placement")
+    }
 
 
 def where_line(verifier, draft) -> str:
@@ -79,12 +119,15 @@ def where_line(verifier, draft) -> str:
     return " · ".join(entry["description"] for entry in placement(verifier, draft).values())
 
 
-def _report(stats: GenerationStats, k_source: KSource, load: LoadOptions, err_console: Console, *,
-            where: str | None = None) -> None:
+def _report(
+    stats: GenerationStats, k_source: KSource, load: LoadOptions, err_console: Console, *, where: str | None = None
+) -> None:
     if stats.stop == "context":
-        err_console.print(f"stopped: the context ({load.n_ctx} tokens) is full; raise -c/--ctx-size",
-                          style="yellow")
+        err_console.print(f"stopped: the context ({load.n_ctx} tokens) is full; raise -c/--ctx-size", style="yellow")
     err_console.print(Text(f"{stats.summary()} · {k_source}" + (f" · {where}" if where else ""), style="dim"))
     if k_source.adaptive and not k_source.decided and stats.n_steps >= 8 and stats.n_plain_steps > stats.n_steps / 2:
-        err_console.print("speculation was losing on this machine: most steps decoded plain"
-                          " (see `specgguf bench`; --force-spec keeps drafting)", style="yellow")
+        err_console.print(
+            "speculation was losing on this machine: most steps decoded plain"
+            " (see `specgguf bench`; --force-spec keeps drafting)",
+            style="yellow",
+        )

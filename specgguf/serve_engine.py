@@ -109,9 +109,9 @@ class PromptCache:
 
     def tokens_for(self, text: str, *, special: bool) -> list[int]:
         if self.text and special == self.special and text.startswith(self.text):
-            piece = self.verifier.tokenize(text[len(self.text):], special=special)
-            if self._bos and piece[:len(self._bos)] == self._bos:
-                piece = piece[len(self._bos):]
+            piece = self.verifier.tokenize(text[len(self.text) :], special=special)
+            if self._bos and piece[: len(self._bos)] == self._bos:
+                piece = piece[len(self._bos) :]
             return self.tokens + piece
         return self.verifier.tokenize(text, special=special)
 
@@ -211,8 +211,10 @@ class Worker:
         if not prompt:
             raise PromptError("the prompt is empty")
         if len(prompt) >= self.verifier.n_ctx:
-            raise ContextFullError(f"the prompt is {len(prompt)} tokens but the context holds"
-                                   f" {self.verifier.n_ctx}; shorten it (or start the server with a larger -c)")
+            raise ContextFullError(
+                f"the prompt is {len(prompt)} tokens but the context holds"
+                f" {self.verifier.n_ctx}; shorten it (or start the server with a larger -c)"
+            )
         return text, special, prompt, *self._drafting(request)
 
     def _generate(self, job: Job) -> None:
@@ -229,19 +231,29 @@ class Worker:
         first_token_seconds, start = None, time.perf_counter()
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_top, n_logprobs_sent = request.n_top_logprobs, 0
-        events = cast(Generator[StepEvent, None, None], speculate(  # a generator: closed below
-            verifier=self.verifier, drafter=drafter, prompt_tokens=prompt, k=policy, max_tokens=request.max_tokens,
-            settings=request.settings, rng=np.random.default_rng(seed)))
+        events = cast(
+            Generator[StepEvent, None, None],
+            speculate(  # a generator: closed below
+                verifier=self.verifier,
+                drafter=drafter,
+                prompt_tokens=prompt,
+                k=policy,
+                max_tokens=request.max_tokens,
+                settings=request.settings,
+                rng=np.random.default_rng(seed),
+            ),
+        )
         try:
             for event in events:
                 stats.add(event)
                 if event.tokens and first_token_seconds is None:
                     first_token_seconds = time.perf_counter() - job.arrived
                 if n_top is not None and event.tokens and event.target_logits is not None:
-                    logprobs += token_logprobs(event.target_logits, event.tokens, n_top=n_top,
-                                               token_bytes=self.verifier.token_bytes)
+                    logprobs += token_logprobs(
+                        event.target_logits, event.tokens, n_top=n_top, token_bytes=self.verifier.token_bytes
+                    )
                 if delta := answer.add(event.tokens):
-                    job.send(Delta(delta, logprobs[n_logprobs_sent:answer.n_tokens_shown()]))
+                    job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
                     n_logprobs_sent = max(n_logprobs_sent, answer.n_tokens_shown())
                 if answer.stopped or job.cancelled.is_set():
                     break
@@ -254,12 +266,17 @@ class Worker:
         stats.wall_seconds = max(0.0, time.perf_counter() - start - stats.prefill_seconds)
         cancelled = job.cancelled.is_set() and not answer.stopped
         if not cancelled and (delta := answer.finish()):
-            job.send(Delta(delta, logprobs[n_logprobs_sent:answer.n_tokens_shown()]))
+            job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
         kept_tokens, kept_text = answer.whole_tokens()
         self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
-        finished = Finished(finish_reason="stop" if answer.stopped or stats.stop == "eos" else "length",
-                            n_prompt=len(prompt), n_cached=n_cached, n_completion=answer.n_tokens_used(answer.stopped),
-                            stats=stats, first_token_seconds=first_token_seconds)
+        finished = Finished(
+            finish_reason="stop" if answer.stopped or stats.stop == "eos" else "length",
+            n_prompt=len(prompt),
+            n_cached=n_cached,
+            n_completion=answer.n_tokens_used(answer.stopped),
+            stats=stats,
+            first_token_seconds=first_token_seconds,
+        )
         if self.metrics is not None:
             self.metrics.observe(finished)
         shutdown = Failed(SpecggufError("the server is shutting down"), status=503)
@@ -279,8 +296,10 @@ class Worker:
         p_min = self.drafting.p_min if request.p_min is None else request.p_min
         if kind != "ngram" and self.draft is None and not (choice.mode == "fixed" and choice.k == 0):
             if request.drafter is not None or request.k is not None:
-                raise UsageError(f"drafter {kind!r} needs a draft model, and this server has none loaded (start"
-                                 " it with -md or --pair, or ask for \"drafter\": \"ngram\" or \"k\": 0)")
+                raise UsageError(
+                    f"drafter {kind!r} needs a draft model, and this server has none loaded (start"
+                    ' it with -md or --pair, or ask for "drafter": "ngram" or "k": 0)'
+                )
             choice = KChoice("fixed", 0)
         drafter = self.prepared.drafter(kind, p_min=p_min)
         if choice.mode == "fixed":

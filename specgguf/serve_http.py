@@ -109,8 +109,10 @@ def is_loopback(host: str) -> bool:
 
 def check_address(host: str, *, api_key: str | None, insecure: bool) -> None:
     if not is_loopback(host) and not api_key and not insecure:
-        raise UsageError(f"refusing to serve on {host} (reachable from other machines) without an API key:"
-                         " give --api-key (or SPECGGUF_API_KEY), or --insecure to serve it open")
+        raise UsageError(
+            f"refusing to serve on {host} (reachable from other machines) without an API key:"
+            " give --api-key (or SPECGGUF_API_KEY), or --insecure to serve it open"
+        )
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -19,8 +19,16 @@ from .sampling import SamplingSettings
 class ApiError(Exception):
     """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
         self.headers = headers or {}
@@ -30,8 +38,12 @@ class ApiError(Exception):
 
 
 def unsupported(param: str, why: str = "") -> ApiError:
-    return ApiError(400, f"'{param}' is not supported by specgguf{': ' + why if why else ''}",
-                    param=param, code="unsupported_parameter")
+    return ApiError(
+        400,
+        f"'{param}' is not supported by specgguf{': ' + why if why else ''}",
+        param=param,
+        code="unsupported_parameter",
+    )
 
 
 class _Strict(BaseModel):
@@ -100,7 +112,8 @@ class _Common(_Strict):
                 temperature=defaults.temperature if self.temperature is None else self.temperature,
                 top_k=defaults.top_k if self.top_k is None else self.top_k,
                 top_p=defaults.top_p if self.top_p is None else self.top_p,
-                min_p=defaults.min_p if self.min_p is None else self.min_p)
+                min_p=defaults.min_p if self.min_p is None else self.min_p,
+            )
         except ValueError as error:
             raise ApiError(400, str(error)) from None
 
@@ -116,8 +129,9 @@ class ChatMessage(_Strict):
         """The content as one string; text parts joined by newlines, anything else refused."""
         where = f"messages[{index}]"
         if self.role in ("tool", "function") or self.tool_calls is not None or self.tool_call_id is not None:
-            raise unsupported(f"{where}.role" if self.role in ("tool", "function") else f"{where}.tool_calls",
-                              "no tool calls")
+            raise unsupported(
+                f"{where}.role" if self.role in ("tool", "function") else f"{where}.tool_calls", "no tool calls"
+            )
         if self.content is None:
             raise ApiError(400, f"{where}.content is missing", param=f"{where}.content")
         if isinstance(self.content, str):
@@ -128,7 +142,7 @@ class ChatMessage(_Strict):
             if part.get("type") != "text":
                 raise unsupported(f"{param}.type", f"only text content, not {str(part.get('type'))[:40]!r}")
             if not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
-                raise ApiError(400, f"{param} must be {{\"type\": \"text\", \"text\": \"...\"}}", param=param)
+                raise ApiError(400, f'{param} must be {{"type": "text", "text": "..."}}', param=param)
             texts.append(part["text"])
         return "\n".join(texts)
 
@@ -157,8 +171,10 @@ class ChatRequest(_Common):
 
     def template_messages(self) -> list[dict[str, str]]:
         """Messages for the chat template: "developer" is the newer name for "system"."""
-        return [{"role": "system" if message.role == "developer" else message.role, "content": message.text(i)}
-                for i, message in enumerate(self.messages)]
+        return [
+            {"role": "system" if message.role == "developer" else message.role, "content": message.text(i)}
+            for i, message in enumerate(self.messages)
+        ]
 
     @property
     def token_limit(self) -> int | None:
@@ -228,8 +244,9 @@ def parse_body(model: type[_Common], raw: bytes) -> Any:
             raise ApiError(400, "the body must be a JSON object") from None
         param = _param_name(first["loc"])
         # A union's branches failing at the same place: say what each would have taken.
-        messages = dict.fromkeys(detail["msg"] for detail in error.errors(include_url=False)
-                                 if _param_name(detail["loc"]) == param)
+        messages = dict.fromkeys(
+            detail["msg"] for detail in error.errors(include_url=False) if _param_name(detail["loc"]) == param
+        )
         message = "unknown field" if first["type"] == "extra_forbidden" else "; or ".join(messages)
         raise ApiError(400, f"'{param}': {message}" if param else message, param=param) from None
     request.refuse_unsupported()

@@ -13,9 +13,12 @@ from .serve_text import TokenLogprob
 
 
 def usage(finished: Finished) -> dict:
-    return {"prompt_tokens": finished.n_prompt, "completion_tokens": finished.n_completion,
-            "total_tokens": finished.n_prompt + finished.n_completion,
-            "prompt_tokens_details": {"cached_tokens": finished.n_cached}}
+    return {
+        "prompt_tokens": finished.n_prompt,
+        "completion_tokens": finished.n_completion,
+        "total_tokens": finished.n_prompt + finished.n_completion,
+        "prompt_tokens_details": {"cached_tokens": finished.n_cached},
+    }
 
 
 def timings(finished: Finished) -> dict:
@@ -54,28 +57,50 @@ class Shape:
         if not self.logprobs:
             return None
         if self.kind == "chat":
-            return {"content": [{**_token(entry.token, entry.logprob),
-                                 "top_logprobs": [_token(token, logprob) for token, logprob in entry.top]}
-                                for entry in entries], "refusal": None}
+            return {
+                "content": [
+                    {
+                        **_token(entry.token, entry.logprob),
+                        "top_logprobs": [_token(token, logprob) for token, logprob in entry.top],
+                    }
+                    for entry in entries
+                ],
+                "refusal": None,
+            }
         offsets = []
         for entry in entries:
             offsets.append(self._text_offset)
             self._text_offset += len(_text(entry.token))
-        return {"tokens": [_text(entry.token) for entry in entries],
-                "token_logprobs": [entry.logprob for entry in entries],
-                "top_logprobs": [{_text(token): logprob for token, logprob in entry.top} for entry in entries],
-                "text_offset": offsets}
+        return {
+            "tokens": [_text(entry.token) for entry in entries],
+            "token_logprobs": [entry.logprob for entry in entries],
+            "top_logprobs": [{_text(token): logprob for token, logprob in entry.top} for entry in entries],
+            "text_offset": offsets,
+        }
 
     def _envelope(self, *, chunk: bool, choices: list[dict]) -> dict:
         if self.kind == "chat":
             kind = "chat.completion.chunk" if chunk else "chat.completion"
         else:
             kind = "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                "system_fingerprint": None, "choices": choices}
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
 
-    def _choice(self, text: str | None, finish_reason: str | None, *, chunk: bool, role: bool = False,
-                logprobs: list[TokenLogprob] | None = None) -> dict:
+    def _choice(
+        self,
+        text: str | None,
+        finish_reason: str | None,
+        *,
+        chunk: bool,
+        role: bool = False,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> dict:
         shaped = self._logprobs(logprobs) if logprobs is not None else None
         if self.kind == "text":
             return {"index": 0, "text": text or "", "logprobs": shaped, "finish_reason": finish_reason}
@@ -87,8 +112,7 @@ class Shape:
 
     def response(self, text: str, finished: Finished, logprobs: list[TokenLogprob]) -> dict:
         choice = self._choice(text, finished.finish_reason, chunk=False, logprobs=logprobs)
-        return {**self._envelope(chunk=False, choices=[choice]), "usage": usage(finished),
-                "timings": timings(finished)}
+        return {**self._envelope(chunk=False, choices=[choice]), "usage": usage(finished), "timings": timings(finished)}
 
     def _chunk(self, choices: list[dict], include_usage: bool) -> dict:
         body = self._envelope(chunk=True, choices=choices)
@@ -103,8 +127,10 @@ class Shape:
 
     def last_chunk(self, finished: Finished, include_usage: bool) -> dict:
         """The finish reason, with llama-server's `timings` (its streams carry them on the last chunk)."""
-        return {**self._chunk([self._choice(None, finished.finish_reason, chunk=True)], include_usage),
-                "timings": timings(finished)}
+        return {
+            **self._chunk([self._choice(None, finished.finish_reason, chunk=True)], include_usage),
+            "timings": timings(finished),
+        }
 
     def usage_chunk(self, finished: Finished) -> dict:
         """`stream_options.include_usage`: one more chunk, with no choices and the usage."""

@@ -27,8 +27,9 @@ class TokenLogprob:
     top: list[tuple[bytes, float]]
 
 
-def token_logprobs(rows: np.ndarray, tokens: list[int], *, n_top: int,
-                   token_bytes: Callable[[int], bytes]) -> list[TokenLogprob]:
+def token_logprobs(
+    rows: np.ndarray, tokens: list[int], *, n_top: int, token_bytes: Callable[[int], bytes]
+) -> list[TokenLogprob]:
     """Log-softmax of the verifier's raw logits (no temperature, top-k/top-p/min-p) at each token."""
     result = []
     for row, token in zip(rows, tokens):
@@ -37,8 +38,13 @@ def token_logprobs(rows: np.ndarray, tokens: list[int], *, n_top: int,
         logprobs = shifted - np.log(np.exp(shifted).sum())
         best = np.argpartition(-logprobs, n_top - 1)[:n_top] if n_top else np.array([], dtype=np.int64)
         best = best[np.argsort(-logprobs[best], kind="stable")]
-        result.append(TokenLogprob(token_bytes(token), float(logprobs[token]),
-                                   [(token_bytes(int(other)), float(logprobs[other])) for other in best]))
+        result.append(
+            TokenLogprob(
+                token_bytes(token),
+                float(logprobs[token]),
+                [(token_bytes(int(other)), float(logprobs[other])) for other in best],
+            )
+        )
     return result
 
 
@@ -79,11 +85,11 @@ class AnswerText:
         found = [at for at in (self.text.find(stop, search_from) for stop in self.stops) if at >= 0]
         if found:
             self.stopped = True
-            self.text = self.text[:min(found)]
+            self.text = self.text[: min(found)]
             end = len(self.text)
         else:
             end = len(self.text) if final else len(self.text) - self._held_back()
-        delta = self.text[self.sent:end]
+        delta = self.text[self.sent : end]
         self.sent = max(self.sent, end)
         self.sent_bytes += len(delta.encode("utf-8"))
         return delta

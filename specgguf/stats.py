@@ -30,8 +30,9 @@ class GenerationStats:
         self.n_steps += stepped
         self.n_plain_steps += stepped and not event.n_drafted
         if event.n_accepted and event.draft_source is not None:  # a step that accepted drafts names their source
-            self.accepted_by_source[event.draft_source] = \
+            self.accepted_by_source[event.draft_source] = (
                 self.accepted_by_source.get(event.draft_source, 0) + event.n_accepted
+            )
         self.n_drafted += event.n_drafted
         self.n_accepted += event.n_accepted
         self.draft_seconds += event.draft_seconds
@@ -46,13 +47,25 @@ class GenerationStats:
 
     def merge(self, other: GenerationStats) -> None:
         """Add another run's totals to these (bench sums its runs per setting)."""
-        for name in ("n_tokens", "n_steps", "n_drafted", "n_accepted", "n_plain_steps", "draft_seconds",
-                     "verify_seconds", "sample_seconds", "prefill_seconds", "wall_seconds"):
+        for name in (
+            "n_tokens",
+            "n_steps",
+            "n_drafted",
+            "n_accepted",
+            "n_plain_steps",
+            "draft_seconds",
+            "verify_seconds",
+            "sample_seconds",
+            "prefill_seconds",
+            "wall_seconds",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for source, n in other.accepted_by_source.items():
             self.accepted_by_source[source] = self.accepted_by_source.get(source, 0) + n
-        for mine, theirs in ((self.drafted_by_position, other.drafted_by_position),
-                             (self.accepted_by_position, other.accepted_by_position)):
+        for mine, theirs in (
+            (self.drafted_by_position, other.drafted_by_position),
+            (self.accepted_by_position, other.accepted_by_position),
+        ):
             mine.extend([0] * (len(theirs) - len(mine)))
             for position, count in enumerate(theirs):
                 mine[position] += count
@@ -78,15 +91,21 @@ class GenerationStats:
         return max(0.0, self.wall_seconds - self.draft_seconds - self.verify_seconds)
 
     def summary(self) -> str:
-        acceptance = (f"acceptance {self.acceptance_rate:.0%} ({self.n_accepted}/{self.n_drafted})"
-                      if self.acceptance_rate is not None else "plain decoding")
+        acceptance = (
+            f"acceptance {self.acceptance_rate:.0%} ({self.n_accepted}/{self.n_drafted})"
+            if self.acceptance_rate is not None
+            else "plain decoding"
+        )
         if len(self.accepted_by_source) > 1:
-            acceptance += " [" + ", ".join(f"{n} from {source}" for source, n in
-                                           sorted(self.accepted_by_source.items())) + "]"
-        return (f"{self.n_tokens} tokens in {self.wall_seconds:.2f} s · {self.tokens_per_second:.1f} tok/s"
-                f" · {acceptance} · {self.tokens_per_step:.2f} tokens/step"
-                f" · draft {self.draft_seconds:.2f} s, verify {self.verify_seconds:.2f} s,"
-                f" other {self.other_seconds:.2f} s · prompt {self.prefill_seconds:.2f} s")
+            acceptance += (
+                " [" + ", ".join(f"{n} from {source}" for source, n in sorted(self.accepted_by_source.items())) + "]"
+            )
+        return (
+            f"{self.n_tokens} tokens in {self.wall_seconds:.2f} s · {self.tokens_per_second:.1f} tok/s"
+            f" · {acceptance} · {self.tokens_per_step:.2f} tokens/step"
+            f" · draft {self.draft_seconds:.2f} s, verify {self.verify_seconds:.2f} s,"
+            f" other {self.other_seconds:.2f} s · prompt {self.prefill_seconds:.2f} s"
+        )
 
     def as_dict(self) -> dict:
         return {
@@ -99,10 +118,15 @@ class GenerationStats:
             "n_accepted": self.n_accepted,
             "n_plain_steps": self.n_plain_steps,
             "accepted_by_source": dict(self.accepted_by_source),
-            "acceptance_by_position": [round(a / d, 4) for a, d in
-                                       zip(self.accepted_by_position, self.drafted_by_position)],
-            "seconds": {"generation": round(self.wall_seconds, 4), "prompt": round(self.prefill_seconds, 4),
-                        "draft": round(self.draft_seconds, 4), "verify": round(self.verify_seconds, 4),
-                        "other": round(self.other_seconds, 4)},
+            "acceptance_by_position": [
+                round(a / d, 4) for a, d in zip(self.accepted_by_position, self.drafted_by_position)
+            ],
+            "seconds": {
+                "generation": round(self.wall_seconds, 4),
+                "prompt": round(self.prefill_seconds, 4),
+                "draft": round(self.draft_seconds, 4),
+                "verify": round(self.verify_seconds, 4),
+                "other": round(self.other_seconds, 4),
+            },
             "stop_reason": self.stop,
         }

@@ -55,8 +55,16 @@ class _Partial:
         self.done += len(chunk)
 
 
-def fetch(url: str, destination: Path, *, name: str, size: int | None, sha256: str | None, headers: dict,
-          progress: Progress | None) -> None:
+def fetch(
+    url: str,
+    destination: Path,
+    *,
+    name: str,
+    size: int | None,
+    sha256: str | None,
+    headers: dict,
+    progress: Progress | None,
+) -> None:
     """Download `url` to `destination`, resuming `destination.incomplete` if an earlier attempt left one."""
     partial = _Partial(destination.with_name(destination.name + ".incomplete"), size, progress)
     try:
@@ -69,16 +77,18 @@ def fetch(url: str, destination: Path, *, name: str, size: int | None, sha256: s
                     break
                 reason = "the server ended the transfer early"
             except httpx2.TooManyRedirects:
-                raise HubUnreachableError(f"downloading {name}: the server redirects in a loop;"
-                                          " try again later") from None
+                raise HubUnreachableError(
+                    f"downloading {name}: the server redirects in a loop; try again later"
+                ) from None
             except (httpx2.RequestError, _RetryableStatus) as error:
                 reason = str(error) or type(error).__name__
             failures = 0 if partial.done > before else failures + 1
             if failures >= _RETRIES:
                 raise HubUnreachableError(
                     f"downloading {name} stopped at {partial.done} of {size} bytes ({reason});"
-                    " run the same command again to resume")
-            time.sleep(min(0.2 * 2 ** failures, 5.0))
+                    " run the same command again to resume"
+                )
+            time.sleep(min(0.2 * 2**failures, 5.0))
     finally:
         partial.handle.close()
     actual = partial.digest.hexdigest()
@@ -87,8 +97,10 @@ def fetch(url: str, destination: Path, *, name: str, size: int | None, sha256: s
         raise AssetError(f"downloaded {name} has {partial.done} bytes, expected {size}: it was removed")
     if sha256 is not None and actual != sha256:
         partial.path.unlink()
-        raise AssetError(f"downloaded {name} has SHA-256 {actual}, expected {sha256}: it was removed;"
-                         " pull again (if it fails again, the file changed upstream)")
+        raise AssetError(
+            f"downloaded {name} has SHA-256 {actual}, expected {sha256}: it was removed;"
+            " pull again (if it fails again, the file changed upstream)"
+        )
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(partial.path, 0o666 & ~umask)
@@ -100,15 +112,15 @@ def _stream(url: str, partial: _Partial, size: int | None, headers: dict, progre
     request_headers = {**headers, "Accept-Encoding": "identity"}
     if partial.done:
         request_headers["Range"] = f"bytes={partial.done}-"
-    with get_session().stream("GET", url, headers=request_headers, follow_redirects=True,
-                              timeout=_TIMEOUT) as response:
+    with get_session().stream("GET", url, headers=request_headers, follow_redirects=True, timeout=_TIMEOUT) as response:
         if response.status_code >= 500 or response.status_code == 429:
             raise _RetryableStatus(f"HTTP {response.status_code}")
         try:
             hf_raise_for_status(response)
         except HfHubHTTPError as error:
-            raise AssetError(f"the download failed: HTTP {response.status_code} from {url};"
-                             " run the same command again to resume") from error
+            raise AssetError(
+                f"the download failed: HTTP {response.status_code} from {url}; run the same command again to resume"
+            ) from error
         if partial.done and response.status_code != 206:
             partial.reset()  # the server ignored the Range: start over
         length = response.headers.get("Content-Length", "")

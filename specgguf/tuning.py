@@ -80,8 +80,7 @@ def _valid_measurement(value: object) -> str | None:
     k, speedup = value.get("k"), value.get("speedup")
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 64:
         return f"'k' must be a whole number from 0 to 64, got {k!r}"
-    if isinstance(speedup, bool) or not isinstance(speedup, (int, float)) or not math.isfinite(speedup) \
-            or speedup <= 0:
+    if isinstance(speedup, bool) or not isinstance(speedup, (int, float)) or not math.isfinite(speedup) or speedup <= 0:
         return f"'speedup' must be a positive number, got {speedup!r}"
     acceptance = value.get("acceptance_rate")
     if acceptance is not None and (type(acceptance) not in (int, float) or not 0 <= acceptance <= 1):
@@ -107,11 +106,13 @@ def stored_measurement(verifier: Path, draft: Path, temperature: float) -> dict 
 
 def store_measurement(verifier: Path, draft: Path, temperature: float, measurement: dict) -> None:
     """Record a bench result for `-k auto` (the pair's other entries are kept)."""
+
     def update(data: dict) -> None:
         pairs = data.setdefault(machine_id(), {})
         if not isinstance(pairs.get(pair_key(verifier, draft)), dict):
             pairs[pair_key(verifier, draft)] = {}
         pairs[pair_key(verifier, draft)]["greedy" if temperature <= 0 else "sampled"] = measurement
+
     _update_tuning(update)
 
 
@@ -129,8 +130,7 @@ def stored_seconds(key: str) -> list[float] | None:
     costs = _machine_entries().get(key)
     if costs is None:
         return None
-    if isinstance(costs, list) and costs and all(
-            type(c) in (int, float) and math.isfinite(c) and c > 0 for c in costs):
+    if isinstance(costs, list) and costs and all(type(c) in (int, float) and math.isfinite(c) and c > 0 for c in costs):
         return [float(c) for c in costs]
     _warn(f"{key}: expected a list of positive seconds")
     return None
@@ -139,6 +139,7 @@ def stored_seconds(key: str) -> list[float] | None:
 def store_seconds(key: str, costs: list[float]) -> None:
     def update(data: dict) -> None:
         data.setdefault(machine_id(), {})[key] = [round(c, 6) for c in costs]
+
     _update_tuning(update)
 
 

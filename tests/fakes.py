@@ -14,8 +14,9 @@ class FakeModel:
     list, so tests can check exactly what each model saw and what was rolled back.
     """
 
-    def __init__(self, next_logits: Callable[[list[int]], np.ndarray], *, n_vocab: int,
-                 n_ctx: int = 256, eog: Sequence[int] = ()):
+    def __init__(
+        self, next_logits: Callable[[list[int]], np.ndarray], *, n_vocab: int, n_ctx: int = 256, eog: Sequence[int] = ()
+    ):
         self.next_logits = next_logits
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
@@ -50,8 +51,10 @@ class FakeModel:
 
 def one_hot_logits(choice: Callable[[list[int]], int], n_vocab: int) -> Callable[[list[int]], np.ndarray]:
     """Logits that make `choice(context)` the greedy pick, by a clear margin."""
+
     def next_logits(context: list[int]) -> np.ndarray:
         logits = np.zeros(n_vocab)
         logits[choice(context)] = 5.0
         return logits
+
     return next_logits

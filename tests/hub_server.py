@@ -45,8 +45,7 @@ class FakeHub:
 
     def add(self, repo: str, path: str, data: bytes, *, commit: str | None = None) -> str:
         """Publish `data` as `repo/path`; returns its SHA-256 (the LFS ETag)."""
-        entry = self.repos.setdefault(repo, {"commit": commit or hashlib.sha1(repo.encode()).hexdigest(),
-                                             "files": {}})
+        entry = self.repos.setdefault(repo, {"commit": commit or hashlib.sha1(repo.encode()).hexdigest(), "files": {}})
         entry["files"][path] = data
         return hashlib.sha256(data).hexdigest()
 
@@ -117,9 +116,14 @@ def _handler(hub: FakeHub, *, cdn: bool):
             data = entry["files"][path]
             sha256 = hashlib.sha256(data).hexdigest()
             self.send_response(302)
-            headers = {"Location": f"{hub.cdn_url}/cdn/{sha256}?signed=1", "X-Repo-Commit": entry["commit"],
-                       "X-Linked-Etag": f'"{sha256}"', "X-Linked-Size": str(len(data)),
-                       "ETag": '"not-the-lfs-etag"', "Content-Length": "0"}
+            headers = {
+                "Location": f"{hub.cdn_url}/cdn/{sha256}?signed=1",
+                "X-Repo-Commit": entry["commit"],
+                "X-Linked-Etag": f'"{sha256}"',
+                "X-Linked-Size": str(len(data)),
+                "ETag": '"not-the-lfs-etag"',
+                "Content-Length": "0",
+            }
             if repo in hub.redirect_loop:
                 headers["Location"] = f"{hub.url}{self.path}"
             headers.update(hub.hostile_headers.get(repo, {}))

@@ -40,8 +40,11 @@ class LiveServer:
         """One sample's value from /metrics (summed over its labels)."""
         with self.http() as http:
             text = http.get("/metrics").text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name) and line[len(name)] in " {")
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and line[len(name)] in " {"
+        )
 
     def stop(self, sig: int = signal.SIGINT, timeout: float = 30) -> int:
         if self.process.poll() is None:
@@ -61,8 +64,13 @@ def live_server(*args, api_key: str | None = None, startup_timeout: float = 60):
     env = {name: value for name, value in os.environ.items() if name != "SPECGGUF_API_KEY"}
     if api_key:
         env["SPECGGUF_API_KEY"] = api_key
-    process = subprocess.Popen([sys.executable, "-m", "specgguf", "serve", *map(str, args), "--port", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "specgguf", "serve", *map(str, args), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     server = LiveServer(process, port, api_key)
     try:
         deadline = time.monotonic() + startup_timeout

@@ -41,8 +41,9 @@ class RecordingModel:
         self.model.rewind(n_past)
 
 
-def _check_greedy_per_step(verifier_path, draft_path, prompt, *, k, max_tokens, n_ctx=512,
-                           verifier_options=None, draft_options=None):
+def _check_greedy_per_step(
+    verifier_path, draft_path, prompt, *, k, max_tokens, n_ctx=512, verifier_options=None, draft_options=None
+):
     """Every emitted token is the argmax of the verifier's logits for exactly its context.
 
     llama.cpp is not batch-invariant (a batch of 9 and a batch of 1 give slightly
@@ -53,8 +54,17 @@ def _check_greedy_per_step(verifier_path, draft_path, prompt, *, k, max_tokens, 
     verifier = RecordingModel(LlamaModel(verifier_path, n_ctx=n_ctx, **(verifier_options or {})))
     draft = LlamaModel(draft_path, n_ctx=n_ctx, **(draft_options or {}))
     tokens = verifier.tokenize(prompt, special=False)
-    events = list(speculate(verifier=verifier, drafter=ModelDrafter(draft), prompt_tokens=tokens, k=k,
-                            max_tokens=max_tokens, settings=GREEDY, rng=np.random.default_rng(0)))
+    events = list(
+        speculate(
+            verifier=verifier,
+            drafter=ModelDrafter(draft),
+            prompt_tokens=tokens,
+            k=k,
+            max_tokens=max_tokens,
+            settings=GREEDY,
+            rng=np.random.default_rng(0),
+        )
+    )
     output = [t for event in events for t in event.tokens]
     scored = {tuple(context): row for context, row in verifier.rows}
     context = list(tokens)
@@ -112,13 +122,16 @@ def test_prompt_longer_than_a_batch_is_ingested_in_chunks(tiny_verifier):
 def _llama_cpp_chain_probs(logits: np.ndarray, settings: SamplingSettings) -> np.ndarray:
     """llama.cpp's own top-k -> top-p -> min-p -> temperature chain on one logits row."""
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    for sampler in (llama_cpp.llama_sampler_init_top_k(settings.top_k),
-                    llama_cpp.llama_sampler_init_top_p(settings.top_p, 1),
-                    llama_cpp.llama_sampler_init_min_p(settings.min_p, 1),
-                    llama_cpp.llama_sampler_init_temp(settings.temperature)):
+    for sampler in (
+        llama_cpp.llama_sampler_init_top_k(settings.top_k),
+        llama_cpp.llama_sampler_init_top_p(settings.top_p, 1),
+        llama_cpp.llama_sampler_init_min_p(settings.min_p, 1),
+        llama_cpp.llama_sampler_init_temp(settings.temperature),
+    ):
         llama_cpp.llama_sampler_chain_add(chain, sampler)
     data = (llama_cpp.llama_token_data * len(logits))(
-        *[llama_cpp.llama_token_data(i, float(v), 0.0) for i, v in enumerate(logits)])
+        *[llama_cpp.llama_token_data(i, float(v), 0.0) for i, v in enumerate(logits)]
+    )
     array = llama_cpp.llama_token_data_array(data, len(logits), -1, False)
     llama_cpp.llama_sampler_apply(chain, ctypes.pointer(array))
     kept = {int(data[i].id): data[i].logit for i in range(array.size)}
@@ -130,13 +143,14 @@ def _llama_cpp_chain_probs(logits: np.ndarray, settings: SamplingSettings) -> np
     return probs
 
 
-
-
-@pytest.mark.parametrize("settings", [
-    SamplingSettings(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
-    SamplingSettings(temperature=1.5, top_k=0, top_p=0.5, min_p=0.0),
-    SamplingSettings(temperature=0.3, top_k=5, top_p=1.0, min_p=0.2),
-])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        SamplingSettings(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+        SamplingSettings(temperature=1.5, top_k=0, top_p=0.5, min_p=0.0),
+        SamplingSettings(temperature=0.3, top_k=5, top_p=1.0, min_p=0.2),
+    ],
+)
 def test_processed_distribution_matches_llama_cpps_sampler_chain(settings):
     logits = np.random.default_rng(0).normal(scale=3.0, size=300).astype(np.float32)
     ours = process_logits(logits, settings)[0]

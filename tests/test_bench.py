@@ -12,9 +12,20 @@ import pytest
 @pytest.fixture(scope="module")
 def report(cli, tiny_verifier, tiny_draft, tmp_path_factory):
     config = tmp_path_factory.mktemp("config")
-    result = cli("bench", "-m", tiny_verifier, "-md", tiny_draft, "--quick", "--json",
-                 "--drafters", "model,ngram,hybrid", "--plot", config / "speedup.png",
-                 env={"XDG_CONFIG_HOME": str(config)})
+    result = cli(
+        "bench",
+        "-m",
+        tiny_verifier,
+        "-md",
+        tiny_draft,
+        "--quick",
+        "--json",
+        "--drafters",
+        "model,ngram,hybrid",
+        "--plot",
+        config / "speedup.png",
+        env={"XDG_CONFIG_HOME": str(config)},
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout), config
 
@@ -24,8 +35,18 @@ def test_report_structure(report):
     assert data["prompts"] == ["code", "edit"] and data["repeats"] == 1 and data["max_tokens"] == 48
     (result,) = data["results"]
     labels = [row["label"] for row in result["settings"]]
-    assert labels == ["plain", "model K=4", "model K=8", "model K=adaptive", "ngram K=4", "ngram K=8",
-                      "ngram K=adaptive", "hybrid K=4", "hybrid K=8", "hybrid K=adaptive"]
+    assert labels == [
+        "plain",
+        "model K=4",
+        "model K=8",
+        "model K=adaptive",
+        "ngram K=4",
+        "ngram K=8",
+        "ngram K=adaptive",
+        "hybrid K=4",
+        "hybrid K=8",
+        "hybrid K=adaptive",
+    ]
     for row in result["settings"]:
         assert set(row["time_split"]) == {"draft", "verify", "other"}
         assert 0.0 <= row["overhead"] <= 1.0 and len(row["runs"]) == 2
@@ -64,8 +85,20 @@ def test_best_k_is_stored_for_auto_and_the_plot_is_written(cli, report, tiny_ver
     assert per_pair[f"{tiny_verifier.name}|{tiny_draft.name}"]["greedy"]["k"] == best["k"]
     assert (config / "speedup.png").read_bytes()[:4] == b"\x89PNG"
     # `run -k auto` now takes K from the stored measurement and says so.
-    run = cli("run", "-m", tiny_verifier, "-md", tiny_draft, "--temp", "0", "-n", "8", "--json", "the",
-              env={"XDG_CONFIG_HOME": str(config)})
+    run = cli(
+        "run",
+        "-m",
+        tiny_verifier,
+        "-md",
+        tiny_draft,
+        "--temp",
+        "0",
+        "-n",
+        "8",
+        "--json",
+        "the",
+        env={"XDG_CONFIG_HOME": str(config)},
+    )
     source = json.loads(run.stdout)["k_source"]
     assert ("bench here" in source) if best["k"] else source.startswith("plain: bench measured")
 
@@ -81,16 +114,40 @@ def test_verify_costs_are_measured_stored_and_used_by_adaptive_k(cli, report, ti
     assert [s * 1000 for s in per_machine[key]] == pytest.approx(measured, abs=0.006)
     tuning = config / "specgguf" / "tuning.json"
     before = tuning.read_text()
-    with_costs = cli("run", "-m", tiny_verifier, "--drafter", "ngram", "--temp", "0", "-n", "8",
-                     "the", env={"XDG_CONFIG_HOME": str(config)})
+    with_costs = cli(
+        "run",
+        "-m",
+        tiny_verifier,
+        "--drafter",
+        "ngram",
+        "--temp",
+        "0",
+        "-n",
+        "8",
+        "the",
+        env={"XDG_CONFIG_HOME": str(config)},
+    )
     assert "K adaptive" in with_costs.stderr and "measuring" not in with_costs.stderr
     assert tuning.read_text() == before  # bench's table was used: nothing measured, nothing stored
     # The table holds for the thread count it was measured with (all free cores when bench started).
     measured_threads = int(key.split("threads=")[1].split("|")[0])
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one usable core: no other thread count to run with")
-    other_threads = cli("run", "-m", tiny_verifier, "--drafter", "ngram", "--temp", "0", "-n", "8",
-                        "-t", "1" if measured_threads > 1 else "2", "the", env={"XDG_CONFIG_HOME": str(config)})
+    other_threads = cli(
+        "run",
+        "-m",
+        tiny_verifier,
+        "--drafter",
+        "ngram",
+        "--temp",
+        "0",
+        "-n",
+        "8",
+        "-t",
+        "1" if measured_threads > 1 else "2",
+        "the",
+        env={"XDG_CONFIG_HOME": str(config)},
+    )
     assert "measuring this machine's costs" in other_threads.stderr
     (per_machine,) = json.loads(tuning.read_text()).values()
     assert len([key for key in per_machine if key.startswith("verify_costs|")]) == 2

@@ -38,8 +38,10 @@ def llama_cpp_bin() -> Path:
     for directory in candidates:
         if all(os.access(directory / name, os.X_OK) for name in PROGRAMS):
             return directory
-    pytest.skip(f"llama.cpp's programs are not built in {' or '.join(map(str, candidates))}"
-                " (`make llama-tools`, or set SPECGGUF_LLAMA_CPP_BIN)")
+    pytest.skip(
+        f"llama.cpp's programs are not built in {' or '.join(map(str, candidates))}"
+        " (`make llama-tools`, or set SPECGGUF_LLAMA_CPP_BIN)"
+    )
 
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:
@@ -60,11 +62,14 @@ def fake_programs(directory: Path, script: str) -> Path:
 
 # --- bad input: one line, exit status 2, before any model loads --------------------------------
 
+
 def test_a_missing_directory_or_program_is_one_clear_error(capsys, tmp_path):
     code, out, err = run_cli(capsys, "bench", "--vs-llama-cpp", tmp_path / "nowhere", "-m", "v.gguf", "-md", "d.gguf")
     assert code == 2 and out == ""
-    assert err == (f"specgguf: error: --vs-llama-cpp {tmp_path / 'nowhere'}: not a directory (build llama.cpp's"
-                   " tools as docs/llama-cpp.md says, e.g. `make llama-tools`)\n")
+    assert err == (
+        f"specgguf: error: --vs-llama-cpp {tmp_path / 'nowhere'}: not a directory (build llama.cpp's"
+        " tools as docs/llama-cpp.md says, e.g. `make llama-tools`)\n"
+    )
     (tmp_path / "llama-completion").write_text("")
     (tmp_path / "llama-completion").chmod(0o755)
     code, _, err = run_cli(capsys, "bench", "--vs-llama-cpp", tmp_path, "-m", "v.gguf", "-md", "d.gguf")
@@ -75,8 +80,7 @@ def test_a_missing_directory_or_program_is_one_clear_error(capsys, tmp_path):
     assert err == f"specgguf: error: --vs-llama-cpp {tmp_path}: llama-speculative-simple is not executable\n"
 
 
-@pytest.mark.parametrize("option", [["--drafters", "ngram"], ["--no-adaptive"], ["--plot", "x.png"],
-                                    ["--temps", ""]])
+@pytest.mark.parametrize("option", [["--drafters", "ngram"], ["--no-adaptive"], ["--plot", "x.png"], ["--temps", ""]])
 def test_options_that_do_not_apply_are_refused(capsys, tmp_path, option):
     directory = fake_programs(tmp_path / "bin", "exit 0\n")
     code, out, err = run_cli(capsys, "bench", "--vs-llama-cpp", directory, *option, "-m", "v.gguf", "-md", "d.gguf")
@@ -90,8 +94,11 @@ SETTINGS = ToolSettings(n_threads=1, n_ctx=256, max_tokens=8, sampling=SamplingS
 
 def test_a_program_that_fails_or_prints_no_timings_is_named_with_its_log(tmp_path):
     tools = LlamaTools.find(fake_programs(tmp_path / "failing", "printf 'error: \\033[31mbad model\\n' >&2; exit 3\n"))
-    with pytest.raises(SpecggufError, match=r"llama-completion failed \(exit status 3\); its log ends: "
-                                            r"error: \\x1b\[31mbad model$"):
+    with pytest.raises(
+        SpecggufError,
+        match=r"llama-completion failed \(exit status 3\); its log ends: "
+        r"error: \\x1b\[31mbad model$",
+    ):
         run_plain(tools, model=Path("m.gguf"), prompt="hi", settings=SETTINGS)
     tools = LlamaTools.find(fake_programs(tmp_path / "silent", "echo 'eval time = 5 ms / 3 runs' ; exit 0\n"))
     # The answer (stdout) is never read as a timing line.
@@ -101,22 +108,37 @@ def test_a_program_that_fails_or_prints_no_timings_is_named_with_its_log(tmp_pat
 
 def test_each_program_gets_our_settings_no_stdin_and_its_own_libraries(tmp_path, monkeypatch):
     record = tmp_path / "record"
-    tools = LlamaTools.find(fake_programs(tmp_path / "bin", f"""\
+    tools = LlamaTools.find(
+        fake_programs(
+            tmp_path / "bin",
+            f"""\
         printf '%s\\n' "$@" > {record}.args
         cat > {record}.stdin
         env > {record}.env
         echo 'common_perf_print:    sampling time =      10.00 ms' >&2
         echo 'common_perf_print: prompt eval time =      50.00 ms /    12 tokens (1 ms per token)' >&2
         echo 'common_perf_print:        eval time =     190.00 ms /     7 runs   (27 ms per token)' >&2
-        """))
+        """,
+        )
+    )
     monkeypatch.setenv("LLAMA_ARG_N_PREDICT", "999")  # llama.cpp reads these: they must not leak in
     run = run_plain(tools, model=Path("m.gguf"), prompt="line one\\nline two\n", settings=SETTINGS)
     assert (run.n_prompt, run.n_tokens, run.seconds) == (12, 7, pytest.approx(0.2))
     assert run.tokens_per_second == pytest.approx(35.0)
     arguments = (tmp_path / "record.args").read_text()
     assert "-p\nline one\\nline two\n\n-no-cnv\n" in arguments  # the text as is: no escapes, no template
-    for pair in ("-t\n1", "-tb\n1", "-c\n256", "-n\n8", "--temp\n0.8", "--top-k\n40", "--top-p\n0.95",
-                 "--min-p\n0.05", "--samplers\ntop_k;top_p;min_p;temperature", "--seed\n7"):
+    for pair in (
+        "-t\n1",
+        "-tb\n1",
+        "-c\n256",
+        "-n\n8",
+        "--temp\n0.8",
+        "--top-k\n40",
+        "--top-p\n0.95",
+        "--min-p\n0.05",
+        "--samplers\ntop_k;top_p;min_p;temperature",
+        "--seed\n7",
+    ):
         assert f"\n{pair}\n" in arguments
     assert (tmp_path / "record.stdin").read_text() == ""
     environment = (tmp_path / "record.env").read_text()
@@ -136,11 +158,33 @@ def test_a_program_that_overruns_is_stopped(tmp_path, monkeypatch):
 def test_ctrl_c_stops_the_running_program_too(tmp_path, tiny_verifier, tiny_draft):
     pid_file = tmp_path / "pid"
     directory = fake_programs(tmp_path / "bin", f"echo $$ > {pid_file}; exec sleep 60\n")
-    command = [sys.executable, "-m", "specgguf", "bench", "--vs-llama-cpp", str(directory), "-m", str(tiny_verifier),
-               "-md", str(tiny_draft), "-n", "4", "-k", "2", "--temps", "0", "--prompts", "code", "--repeats", "1",
-               "-t", "1"]
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "specgguf",
+        "bench",
+        "--vs-llama-cpp",
+        str(directory),
+        "-m",
+        str(tiny_verifier),
+        "-md",
+        str(tiny_draft),
+        "-n",
+        "4",
+        "-k",
+        "2",
+        "--temps",
+        "0",
+        "--prompts",
+        "code",
+        "--repeats",
+        "1",
+        "-t",
+        "1",
+    ]
+    process = subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 120
         while not (pid_file.exists() and pid_file.read_text().strip()) and process.poll() is None:
@@ -157,14 +201,43 @@ def test_ctrl_c_stops_the_running_program_too(tmp_path, tiny_verifier, tiny_draf
 
 # --- the real comparison ------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def comparison(smollm2):
     directory = llama_cpp_bin()
     # SmolLM2 drafts for itself: small and fast; what is checked is the plumbing, not the speeds.
-    result = subprocess.run([sys.executable, "-m", "specgguf", "bench", "--vs-llama-cpp", str(directory),
-                             "-m", str(smollm2), "-md", str(smollm2), "-n", "8", "-k", "2", "--temps", "0,0.8",
-                             "--prompts", "code,prose", "--repeats", "1", "-t", "1", "--json"],
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600, check=False)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specgguf",
+            "bench",
+            "--vs-llama-cpp",
+            str(directory),
+            "-m",
+            str(smollm2),
+            "-md",
+            str(smollm2),
+            "-n",
+            "8",
+            "-k",
+            "2",
+            "--temps",
+            "0,0.8",
+            "--prompts",
+            "code,prose",
+            "--repeats",
+            "1",
+            "-t",
+            "1",
+            "--json",
+        ],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -173,10 +246,19 @@ def test_both_sides_run_every_prompt_and_temperature_on_the_same_prompt_tokens(c
     assert comparison["threads"] == 1 and comparison["ks"] == [2] and comparison["max_tokens"] == 8
     (result,) = comparison["results"]
     assert [(c["prompt"], c["temperature"]) for c in result["cells"]] == [
-        ("code", 0.0), ("code", 0.8), ("prose", 0.0), ("prose", 0.8)]
+        ("code", 0.0),
+        ("code", 0.8),
+        ("prose", 0.0),
+        ("prose", 0.8),
+    ]
     for cell in result["cells"]:
-        assert list(cell["tokens_per_second"]) == ["llama.cpp plain", "llama.cpp K=2", "specgguf plain",
-                                                   "specgguf default", "specgguf K=2"]
+        assert list(cell["tokens_per_second"]) == [
+            "llama.cpp plain",
+            "llama.cpp K=2",
+            "specgguf plain",
+            "specgguf default",
+            "specgguf K=2",
+        ]
         for label, (run,) in cell["runs"].items():
             assert run["n_tokens"] > 0 and run["seconds"] > 0, label
             if label.startswith("llama.cpp"):  # it read our rendered chat template as the same tokens
@@ -193,9 +275,11 @@ def test_ratios_are_the_ratios_of_the_medians_shown(comparison):
         speed, ratios = cell["tokens_per_second"], cell["ratios"]
         assert cell["llama_cpp_best_k"] == 2
         assert ratios["default / llama.cpp plain"] == pytest.approx(
-            speed["specgguf default"] / speed["llama.cpp plain"], abs=2e-3)
+            speed["specgguf default"] / speed["llama.cpp plain"], abs=2e-3
+        )
         assert ratios["default / llama.cpp best K"] == pytest.approx(
-            speed["specgguf default"] / speed["llama.cpp K=2"], abs=2e-3)
+            speed["specgguf default"] / speed["llama.cpp K=2"], abs=2e-3
+        )
         assert ratios["K=2 / llama.cpp K=2"] == pytest.approx(speed["specgguf K=2"] / speed["llama.cpp K=2"], abs=2e-3)
 
 
@@ -206,8 +290,16 @@ def test_the_tables_show_every_column_and_ratio(comparison):
     console.print(_ratio_table(result, comparison["ks"]))
     text = console.export_text()
     assert "tok/s, -n 8, -t 1, median of 1" in text
-    for header in ("llama.cpp plain", "llama.cpp K=2", "specgguf plain", "specgguf default", "specgguf K=2",
-                   "default / llama.cpp plain", "default / llama.cpp best K", "K=2 / llama.cpp K=2"):
+    for header in (
+        "llama.cpp plain",
+        "llama.cpp K=2",
+        "specgguf plain",
+        "specgguf default",
+        "specgguf K=2",
+        "default / llama.cpp plain",
+        "default / llama.cpp best K",
+        "K=2 / llama.cpp K=2",
+    ):
         assert header in text
     first = result["cells"][0]
     assert f"{first['tokens_per_second']['llama.cpp plain']:.2f}" in text

@@ -49,18 +49,37 @@ def test_piped_questions_get_one_plain_answer_each(cli, chat, tiny, tmp_path):
 
 def test_the_second_turn_reuses_the_first_from_the_cache(chat, tiny):
     result = chat(*tiny, stdin="hello the cat\nand the dog\n")
-    first, second = (re.search(r"prompt (\d+) tokens, (\d+) cached", line).groups()
-                     for line in stats_lines(result.stderr))
+    first, second = (
+        re.search(r"prompt (\d+) tokens, (\d+) cached", line).groups() for line in stats_lines(result.stderr)
+    )
     assert first[1] == "0"
     n_prompt, n_cached = map(int, second)
     assert n_cached > int(first[0]) and n_prompt - n_cached < n_cached  # most of turn 2 came from the cache
 
 
 def test_slash_commands(chat, tiny, tmp_path):
-    script = ["/help", "/k 2", "/k many", "/temp 0.5", "/temp hot", "/n 10", "/n 0", "hello the cat", "/temp 0",
-              "and the dog", "//k is not a command", "/stats", f"/save {tmp_path / 'chat.md'}",
-              f"/save {tmp_path / 'chat.json'}", f"/save {tmp_path / 'no' / 'such' / 'dir.md'}", "/nonsense",
-              "/reset", "/stats", "/exit", "never answered"]
+    script = [
+        "/help",
+        "/k 2",
+        "/k many",
+        "/temp 0.5",
+        "/temp hot",
+        "/n 10",
+        "/n 0",
+        "hello the cat",
+        "/temp 0",
+        "and the dog",
+        "//k is not a command",
+        "/stats",
+        f"/save {tmp_path / 'chat.md'}",
+        f"/save {tmp_path / 'chat.json'}",
+        f"/save {tmp_path / 'no' / 'such' / 'dir.md'}",
+        "/nonsense",
+        "/reset",
+        "/stats",
+        "/exit",
+        "never answered",
+    ]
     result = chat(*tiny, "--system", "you are a tiny model", stdin="\n".join(script) + "\n")
     assert result.returncode == 0, result.stderr
     err = result.stderr
@@ -88,25 +107,45 @@ def test_slash_commands(chat, tiny, tmp_path):
 
 def test_a_full_context_drops_old_turns_and_goes_on(chat, tiny_verifier, tiny_draft):
     questions = ["hello the cat", "and the dog", "what is the time", "the end", "the " * 300, "why"]
-    result = chat("-m", tiny_verifier, "-md", tiny_draft, "-c", "160", "--temp", "0", "-n", "30", "-k", "3",
-                  "--system", "be brief", stdin="\n".join(questions) + "\n")
+    result = chat(
+        "-m",
+        tiny_verifier,
+        "-md",
+        tiny_draft,
+        "-c",
+        "160",
+        "--temp",
+        "0",
+        "-n",
+        "30",
+        "-k",
+        "3",
+        "--system",
+        "be brief",
+        stdin="\n".join(questions) + "\n",
+    )
     # The one question too long for the context fails; the others are answered, and the exit
     # status tells a script that one answer is missing.
     assert result.returncode == 1, result.stderr
-    assert result.stderr.strip().splitlines()[-1] == "specgguf: error: 1 question got no complete answer" \
+    assert (
+        result.stderr.strip().splitlines()[-1] == "specgguf: error: 1 question got no complete answer"
         " (see the messages above)"
+    )
     assert "is full: dropped the" in result.stderr and "kept the system prompt" in result.stderr
     assert "context holds 160" in result.stderr  # the one message too long for it
     assert len(stats_lines(result.stderr)) == 5 and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["-k", "many"], "-k/--draft-max takes a number"),
-    (["--temp", "-1"], "--temp"),
-    (["--drafter", "psychic"], "--drafter must be one of"),
-    (["-m", "/nonexistent/model.gguf"], "no such file"),
-    (["--pair", "nonesuch"], "no pair named"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["-k", "many"], "-k/--draft-max takes a number"),
+        (["--temp", "-1"], "--temp"),
+        (["--drafter", "psychic"], "--drafter must be one of"),
+        (["-m", "/nonexistent/model.gguf"], "no such file"),
+        (["--pair", "nonesuch"], "no pair named"),
+    ],
+)
 def test_bad_options_are_one_line_and_a_nonzero_exit(chat, args, expected):
     result = chat(*args, stdin="hello\n")
     lines = result.stderr.strip().splitlines()
@@ -119,12 +158,14 @@ class Tmux:
     def __init__(self, command: str, env: dict):
         self.server = f"specgguf-test-{uuid.uuid4().hex[:8]}"
         exports = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items())
-        self.tmux("new-session", "-d", "-x", "150", "-y", "50",
-                  f"env {exports} {command}; echo CHAT-EXIT=$?; sleep 120")
+        self.tmux(
+            "new-session", "-d", "-x", "150", "-y", "50", f"env {exports} {command}; echo CHAT-EXIT=$?; sleep 120"
+        )
 
     def tmux(self, *args) -> str:
-        return subprocess.run(["tmux", "-L", self.server, *args], capture_output=True, text=True,
-                              check=True, timeout=30).stdout
+        return subprocess.run(
+            ["tmux", "-L", self.server, *args], capture_output=True, text=True, check=True, timeout=30
+        ).stdout
 
     def keys(self, *keys: str) -> None:
         self.tmux("send-keys", "-t", "0", *keys)
@@ -153,10 +194,17 @@ def terminal(tmp_path):
 
     def start(args) -> Tmux:
         command = " ".join(shlex.quote(str(a)) for a in [*SPECGGUF, "chat", *args])
-        session = Tmux(command, {"XDG_STATE_HOME": str(tmp_path / "state"), "TERM": "xterm-256color",
-                                 "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        session = Tmux(
+            command,
+            {
+                "XDG_STATE_HOME": str(tmp_path / "state"),
+                "TERM": "xterm-256color",
+                "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+            },
+        )
         sessions.append(session)
         return session
+
     yield start
     for session in sessions:
         session.close()
@@ -198,8 +246,13 @@ def test_ctrl_c_stops_an_answer_and_the_next_question_is_answered(terminal, tiny
     assert interrupted["stop"] == "interrupted" and interrupted["n_tokens"] == n_shown and interrupted["in_context"]
     assert second["prompt_tokens"] > interrupted["prompt_tokens"] + n_shown
     # The history file was appended to, line by line, never rewritten.
-    assert history.read_text().splitlines() == ["an old question", "the cat was", "/n 12", "hello the dog",
-                                                f"/save {tmp_path / 'chat.json'}"]
+    assert history.read_text().splitlines() == [
+        "an old question",
+        "the cat was",
+        "/n 12",
+        "hello the dog",
+        f"/save {tmp_path / 'chat.json'}",
+    ]
 
 
 def test_ctrl_c_at_the_prompt_leaves_cleanly(terminal, tiny_verifier, tiny_draft):

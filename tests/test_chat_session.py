@@ -11,8 +11,14 @@ from specgguf.engine import FixedK
 from specgguf.errors import ContextFullError
 from specgguf.sampling import SamplingSettings
 
-QUESTIONS = ["hello the cat", "and the dog?", "what is the time", "tell me a long story about the sea",
-             "why", "the end"]
+QUESTIONS = [
+    "hello the cat",
+    "and the dog?",
+    "what is the time",
+    "tell me a long story about the sea",
+    "why",
+    "the end",
+]
 
 
 class CountingModel:
@@ -49,8 +55,16 @@ class CountingModel:
 def make_session(verifier_path, draft_path, *, n_ctx=2048, k=3, max_tokens=24, system=None):
     verifier = CountingModel(LlamaModel(verifier_path, n_ctx=n_ctx, n_threads=1))
     draft = CountingModel(LlamaModel(draft_path, n_ctx=n_ctx, n_threads=1))
-    return ChatSession(verifier=verifier, draft=draft, drafter=ModelDrafter(draft), policy=FixedK(k),
-                       system=system, max_tokens=max_tokens, settings=SamplingSettings(temperature=0), seed=1)
+    return ChatSession(
+        verifier=verifier,
+        draft=draft,
+        drafter=ModelDrafter(draft),
+        policy=FixedK(k),
+        system=system,
+        max_tokens=max_tokens,
+        settings=SamplingSettings(temperature=0),
+        seed=1,
+    )
 
 
 def answer(session: ChatSession, question: str, *, stop_after: int | None = None):
@@ -69,7 +83,7 @@ def test_each_turn_evaluates_only_its_new_tokens_in_both_models(tiny_verifier, t
         for model in models.values():
             model.calls.clear()
         turn, prompt = answer(session, question)
-        assert prompt[:len(history)] == history  # the history is a token prefix of the new prompt
+        assert prompt[: len(history)] == history  # the history is a token prefix of the new prompt
         n_new = len(prompt) - len(history)
         for name, model in models.items():
             evaluated = model.positions_below(len(prompt))
@@ -94,8 +108,7 @@ def test_each_turn_evaluates_only_its_new_tokens_in_both_models(tiny_verifier, t
     assert session.verifier.recomputed >= len(history) - 1  # the whole history, again
 
 
-def test_an_interrupted_answer_stays_in_the_history_and_the_next_turn_matches_a_fresh_start(
-        tiny_verifier, tiny_draft):
+def test_an_interrupted_answer_stays_in_the_history_and_the_next_turn_matches_a_fresh_start(tiny_verifier, tiny_draft):
     session = make_session(tiny_verifier, tiny_draft)
     answer(session, QUESTIONS[0])
     partial, _ = answer(session, QUESTIONS[1], stop_after=2)
@@ -152,7 +165,7 @@ class InterruptedOnce(CountingModel):
             return super().eval(tokens, n_logits=n_logits)
         self.armed = False
         super().eval(tokens, n_logits=n_logits)
-        del self.model.cached[-len(tokens):]
+        del self.model.cached[-len(tokens) :]
         raise KeyboardInterrupt
 
 
@@ -168,10 +181,19 @@ def test_a_second_ctrl_c_inside_a_model_call_keeps_the_chat_going(tiny_verifier,
     session.verifier = InterruptedOnce(session.verifier.model)
     lines = iter(["hello the cat", "and the dog"])
     out, err = StringIO(), StringIO()
-    ChatRepl(session, reader=type("Lines", (), {"read": lambda self: next(lines, None)})(), interactive=False,
-             out=out, out_console=None, err_console=Console(file=err, width=200), quiet=False,
-             show_rejected=False, models={}, k_choice=KChoice("fixed", 3),
-             choose_k=lambda choice, temperature: (FixedK(choice.k), "K")).loop()
+    ChatRepl(
+        session,
+        reader=type("Lines", (), {"read": lambda self: next(lines, None)})(),
+        interactive=False,
+        out=out,
+        out_console=None,
+        err_console=Console(file=err, width=200),
+        quiet=False,
+        show_rejected=False,
+        models={},
+        k_choice=KChoice("fixed", 3),
+        choose_k=lambda choice, temperature: (FixedK(choice.k), "K"),
+    ).loop()
     first, second = session.transcript
     assert first.stop == "interrupted" and "(interrupted)" in err.getvalue()
     # Both caches were emptied, so the next turn evaluated the whole conversation, and llama.cpp took it.

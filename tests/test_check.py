@@ -18,8 +18,15 @@ def check(cli):
 
 def rows(stdout: str) -> dict[str, str]:
     """The report's item lines, by item name: {'vocabulary size': '✗  vocabulary size  verifier ...'}."""
-    items = ("tokenizer type", "special tokens", "vocabulary size", "token texts", "BOS / EOS texts",
-             "extra ids", "chat template")
+    items = (
+        "tokenizer type",
+        "special tokens",
+        "vocabulary size",
+        "token texts",
+        "BOS / EOS texts",
+        "extra ids",
+        "chat template",
+    )
     found = {}
     for line in stdout.splitlines():
         for item in items:
@@ -56,8 +63,10 @@ def test_smollm2_cannot_draft_for_qwen_and_the_registry_draft_is_suggested(check
     assert "token 5: verifier '&', draft '<file_sep>'" in report["token texts"]
     assert "✗ these cannot be paired: 3 of 4 rules fail" in result.stdout
     suggestion = result.stdout.strip().splitlines()[-1]
-    assert suggestion.startswith("→ the registry's pair 'qwen2.5-coder-1.5b' pairs this verifier with"
-                                 " Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    assert suggestion.startswith(
+        "→ the registry's pair 'qwen2.5-coder-1.5b' pairs this verifier with"
+        " Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    )
 
 
 @pytest.mark.qwen
@@ -75,9 +84,11 @@ def test_gemma_and_qwen_differ_in_tokenizer_type(check, qwen_pair, gemma270m):
 def test_smollm2_and_gemma_fail_every_rule(smollm2, gemma270m):
     report = check_pair(draft=gemma270m, verifier=smollm2)
     assert [finding.ok for finding in report.findings] == [False, False, False]
-    assert report.suggestions == ["no registry pair has this verifier: a draft must come from the same model"
-                                  " family (usually its smallest sibling, from the same GGUF producer);"
-                                  " see `specgguf pairs`"]
+    assert report.suggestions == [
+        "no registry pair has this verifier: a draft must come from the same model"
+        " family (usually its smallest sibling, from the same GGUF producer);"
+        " see `specgguf pairs`"
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +111,11 @@ def tiny(tmp_path_factory, tiny_verifier):
 TINY_CASES = {  # draft -> (exit status, the report line that explains it)
     "close draft": (0, "chat template", "·  chat template    identical"),
     "padded by 100": (0, "extra ids", f"ids {N_SPM}..{N_SPM + 99} exist only in the draft"),
-    "padded by 200": (1, "vocabulary size", f"✗  vocabulary size  verifier {N_SPM}, draft {N_SPM + 200}"
-                                            " (differ by 200; at most 128 allowed)"),
+    "padded by 200": (
+        1,
+        "vocabulary size",
+        f"✗  vocabulary size  verifier {N_SPM}, draft {N_SPM + 200} (differ by 200; at most 128 allowed)",
+    ),
     "one token differs": (1, "token texts", "✗  token texts      1 tokens differ, e.g. token 300:"),
     "other EOS": (1, "special tokens", "✗  special tokens   EOS id: verifier 2, draft 0"),
     "other template": (0, "chat template", "they differ (from line 1:"),

@@ -58,8 +58,12 @@ def test_sampled_runs_repeat_with_a_seed_and_a_fixed_k(cli, tiny):
 
 def test_head_closes_the_pipe_quietly(tiny):
     args = " ".join(f"'{a}'" for a in [*SPECGGUF, "run", *tiny, "--temp", "0", "-n", "200", "--raw", "the"])
-    result = subprocess.run(["bash", "-c", f"set -o pipefail; {args} | head -c 5; echo \" rc=${{PIPESTATUS[0]}}\""],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        ["bash", "-c", f'set -o pipefail; {args} | head -c 5; echo " rc=${{PIPESTATUS[0]}}"'],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "rc=0" in result.stdout
     assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr
 
@@ -117,8 +121,10 @@ BAD_INPUTS = {
     "truncated GGUF": (["-m", "{bad}/half.gguf", "hi"], "could not load"),
     "incompatible pair": (["-m", "{verifier}", "-md", "{smollm2}", "hi"], "cannot be paired"),
     "empty prompt": (["-m", "{verifier}", "-md", "{draft}", "   "], "prompt is empty"),
-    "prompt longer than the context": (["-m", "{verifier}", "-md", "{draft}", "-c", "16", "the " * 40],
-                                       "context holds 16"),
+    "prompt longer than the context": (
+        ["-m", "{verifier}", "-md", "{draft}", "-c", "16", "the " * 40],
+        "context holds 16",
+    ),
     "non-numeric K": (["-k", "many", "hi"], "-k/--draft-max takes a number, 'auto' or 'adaptive'"),
     "negative K": (["-k", "-1", "hi"], "between 0 and 64"),
     "unknown drafter": (["--drafter", "oracle", "hi"], "--drafter must be one of"),
@@ -142,11 +148,14 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(cli, case, bad_files, tiny_ver
     assert result.stdout == ""
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--prompts", "edit,essays"], "--prompts takes code, prose, edit, chat, summary, repeat, got 'edit,essays'"),
-    (["--prompts", ","], "--prompts takes"),
-    (["--drafters", "model,oracle"], "--drafters must be one of"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--prompts", "edit,essays"], "--prompts takes code, prose, edit, chat, summary, repeat, got 'edit,essays'"),
+        (["--prompts", ","], "--prompts takes"),
+        (["--drafters", "model,oracle"], "--drafters must be one of"),
+    ],
+)
 def test_bad_bench_options_are_one_line_errors(cli, args, expected):
     result = cli("bench", *args)
     lines = result.stderr.strip().splitlines()

@@ -11,10 +11,20 @@ import pytest
 from specgguf import cores
 
 
-@pytest.mark.parametrize("busy, usable, expected", [
-    (0.0, 2, 2), (0.3, 2, 2), (0.6, 2, 1), (1.0, 2, 1), (2.0, 2, 1),
-    (0.0, 8, 8), (1.0, 8, 7), (2.6, 8, 5), (9.0, 8, 1),
-])
+@pytest.mark.parametrize(
+    "busy, usable, expected",
+    [
+        (0.0, 2, 2),
+        (0.3, 2, 2),
+        (0.6, 2, 1),
+        (1.0, 2, 1),
+        (2.0, 2, 1),
+        (0.0, 8, 8),
+        (1.0, 8, 7),
+        (2.6, 8, 5),
+        (9.0, 8, 1),
+    ],
+)
 def test_each_core_another_program_keeps_busy_takes_one_thread(busy, usable, expected):
     assert cores.threads_for(busy, usable) == expected
 

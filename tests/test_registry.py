@@ -31,9 +31,24 @@ pairs:
 def test_the_shipped_registry_covers_the_families_people_run():
     registry = load_registry()
     assert registry.default == "qwen2.5-coder-1.5b"
-    expected = {"qwen2.5-coder-1.5b", "qwen2.5-coder-7b", "qwen2.5-coder-14b", "qwen2.5-coder-32b",
-                "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b", "qwen3-8b", "qwen3-14b", "qwen3-32b",
-                "llama3.1-8b", "llama3.3-70b", "gemma3-4b", "gemma3-12b", "gemma3-27b"}
+    expected = {
+        "qwen2.5-coder-1.5b",
+        "qwen2.5-coder-7b",
+        "qwen2.5-coder-14b",
+        "qwen2.5-coder-32b",
+        "qwen2.5-7b",
+        "qwen2.5-14b",
+        "qwen2.5-32b",
+        "qwen2.5-72b",
+        "qwen3-8b",
+        "qwen3-14b",
+        "qwen3-32b",
+        "llama3.1-8b",
+        "llama3.3-70b",
+        "gemma3-4b",
+        "gemma3-12b",
+        "gemma3-27b",
+    }
     assert expected <= set(registry.pairs)
     for pair in registry.pairs.values():
         assert pair.note and pair.license and 1 <= pair.recommended_k <= 16
@@ -58,25 +73,39 @@ def test_a_valid_file_parses_into_objects():
 
 
 BAD_FILES = {
-    "unknown key": (GOOD.replace("    license: mit\n", "    licence: mit\n"),
-                    "mine.yaml:4: pair 'mine': unknown key 'licence'"),
-    "unknown nested key": (GOOD.replace("      size: 1000\n", "      bytes: 1000\n"),
-                           "mine.yaml:9: pair 'mine'.verifier: unknown key 'bytes'"),
+    "unknown key": (
+        GOOD.replace("    license: mit\n", "    licence: mit\n"),
+        "mine.yaml:4: pair 'mine': unknown key 'licence'",
+    ),
+    "unknown nested key": (
+        GOOD.replace("      size: 1000\n", "      bytes: 1000\n"),
+        "mine.yaml:9: pair 'mine'.verifier: unknown key 'bytes'",
+    ),
     "missing field": (GOOD.replace("    recommended_k: 4\n", ""), "pair 'mine': missing required key 'recommended_k'"),
-    "missing nested field": (GOOD.replace("      file: small.gguf\n", ""),
-                             "pair 'mine'.draft: missing required key 'file'"),
-    "wrong type": (GOOD.replace("recommended_k: 4", "recommended_k: four"),
-                   "mine.yaml:5: pair 'mine'.recommended_k: expected int, got str 'four'"),
+    "missing nested field": (
+        GOOD.replace("      file: small.gguf\n", ""),
+        "pair 'mine'.draft: missing required key 'file'",
+    ),
+    "wrong type": (
+        GOOD.replace("recommended_k: 4", "recommended_k: four"),
+        "mine.yaml:5: pair 'mine'.recommended_k: expected int, got str 'four'",
+    ),
     "bool is not an int": (GOOD.replace("size: 1000", "size: true"), "pair 'mine'.verifier.size: expected int"),
     "bad sha256": (GOOD.replace("sha256: {sha}", "sha256: 1234"), "mine.yaml:10: pair 'mine'.verifier.sha256"),
     "not a gguf": (GOOD.replace("file: big.gguf", "file: big.bin"), "pair 'mine'.verifier.file: expected a .gguf"),
     "bad repo": (GOOD.replace("repo: someone/small-GGUF", "repo: small-GGUF"), "pair 'mine'.draft.repo"),
     "K out of range": (GOOD.replace("recommended_k: 4", "recommended_k: 500"), "must be between 0 and 64"),
-    "shards not a list": (GOOD.replace("      size: 1000\n", "      shards: big-2.gguf\n"),
-                          "pair 'mine'.verifier.shards: expected a list"),
-    "pypi without sha256": (GOOD.replace("      file: small.gguf\n", "      file: small.gguf\n      pypi: "
-                                         "{{package: 'p{{n}}', parts: 2, version: '1'}}\n"),
-                            "pair 'mine'.draft: 'pypi' needs 'sha256'"),
+    "shards not a list": (
+        GOOD.replace("      size: 1000\n", "      shards: big-2.gguf\n"),
+        "pair 'mine'.verifier.shards: expected a list",
+    ),
+    "pypi without sha256": (
+        GOOD.replace(
+            "      file: small.gguf\n",
+            "      file: small.gguf\n      pypi: {{package: 'p{{n}}', parts: 2, version: '1'}}\n",
+        ),
+        "pair 'mine'.draft: 'pypi' needs 'sha256'",
+    ),
     "not YAML": ("pairs: [unclosed", "mine.yaml: not valid YAML"),
     "pairs not a mapping": ("pairs: [a, b]\n", "mine.yaml:1: 'pairs' must be a mapping"),
 }
@@ -109,8 +138,9 @@ def user_config(config_home, tmp_path, monkeypatch):
         verifier: {repo: me/Qwen2.5-Coder-7B-GGUF, file: q7.gguf}
         draft: {repo: me/Qwen2.5-Coder-0.5B-GGUF, file: q05.gguf, confirmed: false}
     """)
-    (config_home / "specgguf" / "models.yaml").write_text(GOOD.format(sha=SHA) + textwrap.indent(override, "  ")
-                                                          + "default: mine\n")
+    (config_home / "specgguf" / "models.yaml").write_text(
+        GOOD.format(sha=SHA) + textwrap.indent(override, "  ") + "default: mine\n"
+    )
     monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "cache"))
 
 
@@ -143,5 +173,7 @@ def test_a_broken_user_file_is_one_line_naming_file_line_pair_and_key(cli, confi
         result = cli(*args)
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr
-        assert lines[0] == (f"specgguf: error: {folder / 'models.yaml'}:4: pair 'mine': unknown key 'licence'"
-                            " (allowed: verifier, draft, recommended_k, license, note)")
+        assert lines[0] == (
+            f"specgguf: error: {folder / 'models.yaml'}:4: pair 'mine': unknown key 'licence'"
+            " (allowed: verifier, draft, recommended_k, license, note)"
+        )

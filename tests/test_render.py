@@ -14,9 +14,17 @@ PIECES = {1: b"He", 2: b"llo", 3: b" w", 4: b"orld", 5: "Ã©".encode()[:1], 6: "Ã
 
 
 def _event(accepted, rejected, verifier_token, source="draft"):
-    return StepEvent(accepted=accepted, rejected=rejected, verifier_token=verifier_token,
-                     n_drafted=len(accepted) + len(rejected), n_accepted=len(accepted), draft_seconds=0.0,
-                     verify_seconds=0.0, sample_seconds=0.0, draft_source=source)
+    return StepEvent(
+        accepted=accepted,
+        rejected=rejected,
+        verifier_token=verifier_token,
+        n_drafted=len(accepted) + len(rejected),
+        n_accepted=len(accepted),
+        draft_seconds=0.0,
+        verify_seconds=0.0,
+        sample_seconds=0.0,
+        draft_source=source,
+    )
 
 
 EVENTS = [_event([1, 2], [7], 3), _event([4], [], 5, source="ngram"), _event([], [], 6), _event([7], [], None)]

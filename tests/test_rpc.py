@@ -37,8 +37,12 @@ class Worker:
 
     def __init__(self, *extra: str):
         self.address = RpcWorker("127.0.0.1", free_port())
-        self.process = subprocess.Popen([*SPECGGUF, "worker", "--port", str(self.address.port), "-t", "1", *extra],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [*SPECGGUF, "worker", "--port", str(self.address.port), "-t", "1", *extra],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + 30
         while True:
             with contextlib.suppress(RpcWorkerError):
@@ -79,8 +83,16 @@ def one_worker():
 # --- addresses and the handshake ---------------------------------------------------------
 def test_worker_addresses_parse_or_name_the_bad_one():
     assert parse_workers("10.0.0.2:50052, gpu-box:7000") == (RpcWorker("10.0.0.2", 50052), RpcWorker("gpu-box", 7000))
-    for text, bad in (("10.0.0.2", "10.0.0.2"), ("a:1,b:x", "b:x"), ("a:1,:2", ":2"), ("a:0", "a:0"),
-                      ("a:70000", "a:70000"), ("[::1]:5000", "[::1]:5000"), ("a:1,a:1", "a:1"), ("", "")):
+    for text, bad in (
+        ("10.0.0.2", "10.0.0.2"),
+        ("a:1,b:x", "b:x"),
+        ("a:1,:2", ":2"),
+        ("a:0", "a:0"),
+        ("a:70000", "a:70000"),
+        ("[::1]:5000", "[::1]:5000"),
+        ("a:1,a:1", "a:1"),
+        ("", ""),
+    ):
         with pytest.raises(UsageError) as error:
             parse_workers(text)
         assert bad in str(error.value)
@@ -88,8 +100,10 @@ def test_worker_addresses_parse_or_name_the_bad_one():
 
 def test_bad_rpc_address_is_a_usage_error_before_anything_loads(cli, tiny_verifier, tiny_draft):
     result = cli("run", "-m", tiny_verifier, "-md", tiny_draft, "--rpc", "127.0.0.1:1,nowhere", "hi")
-    assert result.error_line() == ("specgguf: error: --rpc: 'nowhere' is not HOST:PORT"
-                                   " (e.g. 192.168.1.20:50052)") and result.returncode == 2
+    assert (
+        result.error_line() == ("specgguf: error: --rpc: 'nowhere' is not HOST:PORT (e.g. 192.168.1.20:50052)")
+        and result.returncode == 2
+    )
     result = cli("run", "-m", tiny_verifier, "--rpc-draft", "hi")
     assert "--rpc-draft needs --rpc" in result.error_line()
 
@@ -133,8 +147,9 @@ def test_a_worker_on_another_address_warns_that_anyone_there_can_use_it(monkeypa
     monkeypatch.setattr(backend, "start_rpc_server", lambda endpoint, **options: calls.append((endpoint, options)))
     stderr = io.StringIO()
     with pytest.raises(RpcWorkerError, match="could not serve on 192.0.2.1:50052"):
-        worker.serve(host="192.0.2.1", port=50052, n_threads=1, cache_dir=None,
-                     err_console=Console(file=stderr, width=200))
+        worker.serve(
+            host="192.0.2.1", port=50052, n_threads=1, cache_dir=None, err_console=Console(file=stderr, width=200)
+        )
     assert "has no authentication" in stderr.getvalue() and "trusted network" in stderr.getvalue()
     [(endpoint, options)] = calls
     assert endpoint == "192.0.2.1:50052" and options["n_threads"] == 1 and options["cache_dir"] is None
@@ -144,8 +159,9 @@ def test_a_worker_on_another_address_warns_that_anyone_there_can_use_it(monkeypa
 # --- the verifier split across two workers, the draft local ------------------------------
 def test_tiny_verifier_on_two_workers_is_greedy_per_step(two_workers, tiny_verifier, tiny_draft):
     workers = [w.address for w in two_workers]
-    events, output = _check_greedy_per_step(tiny_verifier, tiny_draft, "the cat was there", k=4, max_tokens=40,
-                                            verifier_options={"rpc_workers": workers})
+    events, output = _check_greedy_per_step(
+        tiny_verifier, tiny_draft, "the cat was there", k=4, max_tokens=40, verifier_options={"rpc_workers": workers}
+    )
     assert len(output) == 40 and sum(e.n_accepted for e in events) > 0
 
 
@@ -153,16 +169,38 @@ def test_tiny_verifier_on_two_workers_is_greedy_per_step(two_workers, tiny_verif
 def test_default_pair_verifier_on_two_workers_is_greedy_per_step(two_workers, qwen_pair):
     verifier, draft = qwen_pair
     workers = [w.address for w in two_workers]
-    events, output = _check_greedy_per_step(verifier, draft, "def fibonacci(n):", k=6, max_tokens=24,
-                                            verifier_options={"rpc_workers": workers, "n_threads": 1},
-                                            draft_options={"n_threads": 1})
+    events, output = _check_greedy_per_step(
+        verifier,
+        draft,
+        "def fibonacci(n):",
+        k=6,
+        max_tokens=24,
+        verifier_options={"rpc_workers": workers, "n_threads": 1},
+        draft_options={"n_threads": 1},
+    )
     assert len(output) == 24 and sum(e.n_accepted for e in events) > 0
 
 
 def test_run_reports_where_the_verifier_runs(cli, two_workers, tiny_verifier, tiny_draft):
     rpc = ",".join(str(w.address) for w in two_workers)
-    common = ["-m", tiny_verifier, "-md", tiny_draft, "-c", "256", "--temp", "0", "-n", "20", "-k", "3",
-              "-t", "1", "--rpc", rpc]
+    common = [
+        "-m",
+        tiny_verifier,
+        "-md",
+        tiny_draft,
+        "-c",
+        "256",
+        "--temp",
+        "0",
+        "-n",
+        "20",
+        "-k",
+        "3",
+        "-t",
+        "1",
+        "--rpc",
+        rpc,
+    ]
     result = cli.process("run", *common, "--json", "the dog")
     assert result.returncode == 0, result.stderr
     settings = json.loads(result.stdout)["settings"]
@@ -204,8 +242,9 @@ LlamaModel({str(tiny_verifier)!r}, n_ctx=64).eval([1, 2, 3], n_logits=1)
 llama_cpp.Llama({str(tiny_verifier)!r}, n_ctx=64, verbose=False)
 print("still here")
 """
-    process = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert process.stdout.readline() == "loaded\n"
     one_worker.kill()
     stdout, stderr = process.communicate("\n", timeout=60)
@@ -221,8 +260,10 @@ def tiny_args(tiny_verifier, tiny_draft):
 def test_no_worker_listening(cli, tiny_args):
     port = free_port()
     result = cli.process("run", *tiny_args, "--rpc", f"127.0.0.1:{port}", "hi", timeout=60)
-    assert result.error_line() == (f"specgguf: error: RPC worker 127.0.0.1:{port}: connection refused"
-                                   " (is `specgguf worker` running there, on that port?)")
+    assert result.error_line() == (
+        f"specgguf: error: RPC worker 127.0.0.1:{port}: connection refused"
+        " (is `specgguf worker` running there, on that port?)"
+    )
 
 
 @contextlib.contextmanager
@@ -253,9 +294,11 @@ def tcp_server(answer: bytes | None):
 def test_another_protocol_on_the_port(cli, tiny_args):
     with tcp_server(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n") as address:
         result = cli.process("run", *tiny_args, "--rpc", address, "hi", timeout=60)
-    assert result.error_line() == (f"specgguf: error: RPC worker {address}: answered b'HTTP/1.1' instead of a"
-                                   " llama.cpp RPC v7 handshake (another program, or another llama.cpp version,"
-                                   " on that port?)")
+    assert result.error_line() == (
+        f"specgguf: error: RPC worker {address}: answered b'HTTP/1.1' instead of a"
+        " llama.cpp RPC v7 handshake (another program, or another llama.cpp version,"
+        " on that port?)"
+    )
 
 
 def test_a_worker_that_never_answers_times_out(cli, tiny_args):
@@ -268,8 +311,13 @@ def test_a_worker_that_never_answers_times_out(cli, tiny_args):
 
 
 def _chat_until_first_answer(tiny_args, worker: Worker, *extra: str) -> subprocess.Popen:
-    chat = subprocess.Popen([*SPECGGUF, "chat", *map(str, tiny_args), "--rpc", str(worker.address), *extra],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    chat = subprocess.Popen(
+        [*SPECGGUF, "chat", *map(str, tiny_args), "--rpc", str(worker.address), *extra],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert chat.stdin is not None and chat.stdout is not None  # both piped
     chat.stdin.write("the cat\n")
     chat.stdin.flush()
@@ -292,8 +340,9 @@ def test_a_worker_that_stops_answering_in_mid_conversation(cli, tiny_args, one_w
     started = time.monotonic()
     _, stderr = chat.communicate("and the dog\n", timeout=60)
     result = cli.Result(chat.returncode, "", stderr)
-    assert result.error_line().startswith(f"specgguf: error: RPC worker {one_worker.address}: no answer within"
-                                          " 3 s (--rpc-timeout) while")
+    assert result.error_line().startswith(
+        f"specgguf: error: RPC worker {one_worker.address}: no answer within 3 s (--rpc-timeout) while"
+    )
     assert time.monotonic() - started < 30
 
 

@@ -54,9 +54,7 @@ def _emitted_counts(accept, target, draft, rng):
     drafts = (rng.random((N_DRAWS, k, 1)) * cdf[:, -1:] >= cdf[None]).sum(axis=2)
     counts = np.zeros((k + 1, VOCAB), dtype=np.int64)
     for draft_tokens in drafts:
-        n_accepted, next_token = accept(
-            target_probs=target, draft_probs=draft, draft_tokens=draft_tokens, rng=rng
-        )
+        n_accepted, next_token = accept(target_probs=target, draft_probs=draft, draft_tokens=draft_tokens, rng=rng)
         counts[np.arange(n_accepted), draft_tokens[:n_accepted]] += 1
         counts[n_accepted, next_token] += 1
     return counts
@@ -106,18 +104,21 @@ def test_zero_target_probability_always_rejects_and_replacement_avoids_the_draft
     target = np.array([[0.0, 0.5, 0.5], [1 / 3, 1 / 3, 1 / 3]])
     draft = np.array([[1.0, 0.0, 0.0]])
     for _ in range(500):
-        n_accepted, next_token = accept_drafts(target_probs=target, draft_probs=draft,
-                                               draft_tokens=np.array([0]), rng=rng)
+        n_accepted, next_token = accept_drafts(
+            target_probs=target, draft_probs=draft, draft_tokens=np.array([0]), rng=rng
+        )
         assert n_accepted == 0 and next_token in (1, 2)
 
 
 def test_greedy_accepts_exactly_while_drafts_equal_the_argmax():
-    target_logits = np.array([
-        [0.0, 5.0, 1.0],  # argmax 1
-        [3.0, 0.0, 1.0],  # argmax 0
-        [0.0, 1.0, 2.0],  # argmax 2
-        [9.0, 0.0, 0.0],  # bonus row, argmax 0
-    ])
+    target_logits = np.array(
+        [
+            [0.0, 5.0, 1.0],  # argmax 1
+            [3.0, 0.0, 1.0],  # argmax 0
+            [0.0, 1.0, 2.0],  # argmax 2
+            [9.0, 0.0, 0.0],  # bonus row, argmax 0
+        ]
+    )
     assert accept_greedy(target_logits=target_logits, draft_tokens=[1, 0, 2]) == (3, 0)
     assert accept_greedy(target_logits=target_logits, draft_tokens=[1, 0, 1]) == (2, 2)
     assert accept_greedy(target_logits=target_logits, draft_tokens=[2, 0, 2]) == (0, 1)
@@ -129,8 +130,9 @@ def _probs_of(probabilities, settings):
 
 
 def test_top_k_keeps_the_k_largest():
-    probs = process_logits(np.array([1.0, 3.0, 2.0, 0.0]),
-                           SamplingSettings(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0))[0]
+    probs = process_logits(
+        np.array([1.0, 3.0, 2.0, 0.0]), SamplingSettings(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0)
+    )[0]
     expected = np.exp([3.0, 2.0]) / np.exp([3.0, 2.0]).sum()
     np.testing.assert_allclose(probs, [0.0, expected[0], expected[1], 0.0])
 
@@ -153,13 +155,15 @@ def test_min_p_is_relative_to_the_top_token_before_temperature():
 
 
 def test_masked_logits_never_get_probability():
-    probs = process_logits(np.array([1.0, -np.inf, 0.5]),
-                           SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0))[0]
+    probs = process_logits(
+        np.array([1.0, -np.inf, 0.5]), SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    )[0]
     assert probs[1] == 0.0 and probs.sum() == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_k=-2), dict(top_p=0.0),
-                                 dict(top_p=1.5), dict(min_p=2.0)])
+@pytest.mark.parametrize(
+    "bad", [dict(temperature=-1), dict(top_k=-2), dict(top_p=0.0), dict(top_p=1.5), dict(min_p=2.0)]
+)
 def test_settings_reject_out_of_range_values(bad):
     with pytest.raises(ValueError):
         SamplingSettings(**bad)

@@ -28,8 +28,7 @@ def client(server):
 
 
 def chat(client, content: str, **options):
-    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
-                                          **options)
+    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], **options)
 
 
 def test_models_lists_the_verifier(client):
@@ -57,8 +56,9 @@ def test_chat_completion_has_openai_shape_usage_and_timings(client):
 
 def test_streamed_chat_is_the_same_answer_in_chunks(client):
     whole = chat(client, "and the dog?", max_tokens=20, **GREEDY)
-    chunks = list(chat(client, "and the dog?", max_tokens=20, stream=True,
-                       stream_options={"include_usage": True}, **GREEDY))
+    chunks = list(
+        chat(client, "and the dog?", max_tokens=20, stream=True, stream_options={"include_usage": True}, **GREEDY)
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert all(chunk.object == "chat.completion.chunk" and chunk.id == chunks[0].id for chunk in chunks)
     text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
@@ -72,8 +72,7 @@ def test_streamed_chat_is_the_same_answer_in_chunks(client):
 def test_text_completion_whole_and_streamed(client):
     whole = client.completions.create(model=MODEL, prompt="the cat was", max_tokens=16, **GREEDY)
     assert whole.object == "text_completion" and whole.choices[0].text
-    chunks = list(client.completions.create(model=MODEL, prompt="the cat was", max_tokens=16, stream=True,
-                                            **GREEDY))
+    chunks = list(client.completions.create(model=MODEL, prompt="the cat was", max_tokens=16, stream=True, **GREEDY))
     assert "".join(chunk.choices[0].text for chunk in chunks) == whole.choices[0].text
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
 
@@ -87,8 +86,19 @@ def test_max_tokens_and_max_completion_tokens_bound_the_answer(client):
 
 def test_seed_makes_sampling_repeatable(client):
     def sample(seed):
-        return chat(client, "what is the time", max_tokens=20, temperature=1.0, seed=seed,
-                    extra_body={"speculative": {"k": 3}}).choices[0].message.content
+        return (
+            chat(
+                client,
+                "what is the time",
+                max_tokens=20,
+                temperature=1.0,
+                seed=seed,
+                extra_body={"speculative": {"k": 3}},
+            )
+            .choices[0]
+            .message.content
+        )
+
     assert sample(11) == sample(11)
     assert len({sample(11), sample(12), sample(13)}) > 1
 
@@ -99,8 +109,12 @@ def test_speculative_overrides_per_request(client):
     for speculative in ({"k": 4}, {"k": "adaptive"}, {"drafter": "hybrid", "k": 4}, {"k": 4, "p_min": 0.5}):
         response = chat(client, "the end", max_tokens=16, temperature=0, extra_body={"speculative": speculative})
         assert response.choices[0].message.content == plain.choices[0].message.content, speculative
-    assert chat(client, "the end", max_tokens=16, temperature=0,
-                extra_body={"speculative": {"k": 4}}).model_extra["timings"]["draft_n"] > 0
+    assert (
+        chat(client, "the end", max_tokens=16, temperature=0, extra_body={"speculative": {"k": 4}}).model_extra[
+            "timings"
+        ]["draft_n"]
+        > 0
+    )
     with pytest.raises(openai.BadRequestError, match="speculative.k"):
         chat(client, "the end", extra_body={"speculative": {"k": -1}})
 
@@ -109,8 +123,25 @@ def test_speculative_overrides_per_request(client):
 def test_greedy_answers_match_specgguf_run(cli, client, tiny_verifier, tiny_draft, k):
     prompt = f"why the sea is water {k}"
     served = chat(client, prompt, temperature=0, extra_body={"speculative": {"k": k}})
-    run = cli("run", "-m", tiny_verifier, "-md", tiny_draft, "-c", "512", "-t", "1", "--temp", "0", "-k", k,
-              "-n", "24", "--json", prompt)
+    run = cli(
+        "run",
+        "-m",
+        tiny_verifier,
+        "-md",
+        tiny_draft,
+        "-c",
+        "512",
+        "-t",
+        "1",
+        "--temp",
+        "0",
+        "-k",
+        k,
+        "-n",
+        "24",
+        "--json",
+        prompt,
+    )
     assert run.returncode == 0, run.stderr
     assert served.choices[0].message.content == json.loads(run.stdout)["text"]
 
@@ -121,7 +152,7 @@ def stop_inside_a_burst(chunks: list[str]) -> tuple[str, int]:
     full, starts = "".join(chunks), [sum(map(len, chunks[:i])) for i in range(len(chunks))]
     for index in sorted(range(len(chunks)), key=lambda i: -len(chunks[i])):
         middle = starts[index] + len(chunks[index]) // 2
-        stop = full[middle:middle + 3]
+        stop = full[middle : middle + 3]
         if len(stop) == 3 and stop.strip() and full.find(stop) == middle:
             return stop, middle
     pytest.fail(f"no stop string to cut {chunks!r} with")
@@ -129,9 +160,11 @@ def stop_inside_a_burst(chunks: list[str]) -> tuple[str, int]:
 
 def check_stop_cuts_inside_a_burst(client, messages, options):
     model = client.models.list().data[0].id
-    chunks = [chunk.choices[0].delta.content or "" for chunk in
-              client.chat.completions.create(model=model, messages=messages, stream=True, **options)
-              if chunk.choices]
+    chunks = [
+        chunk.choices[0].delta.content or ""
+        for chunk in client.chat.completions.create(model=model, messages=messages, stream=True, **options)
+        if chunk.choices
+    ]
     stop, middle = stop_inside_a_burst(chunks)
     cut = client.chat.completions.create(model=model, messages=messages, stop=[stop, "\x00never"], **options)
     assert cut.choices[0].message.content == "".join(chunks)[:middle]
@@ -140,15 +173,20 @@ def check_stop_cuts_inside_a_burst(client, messages, options):
     assert timings["draft_n_accepted"] > 0
     # The step that reached the stop string generated tokens after it, and none of them showed.
     assert timings["predicted_n"] > cut.usage.completion_tokens
-    streamed = [chunk.choices[0].delta.content or "" for chunk in
-                client.chat.completions.create(model=model, messages=messages, stream=True, stop=stop, **options)
-                if chunk.choices]
+    streamed = [
+        chunk.choices[0].delta.content or ""
+        for chunk in client.chat.completions.create(model=model, messages=messages, stream=True, stop=stop, **options)
+        if chunk.choices
+    ]
     assert "".join(streamed) == "".join(chunks)[:middle]  # no chunk leaked text from after the stop string
 
 
 def test_stop_string_inside_an_accepted_burst_cuts_exactly_there(client):
-    check_stop_cuts_inside_a_burst(client, [{"role": "user", "content": "hello the cat"}],
-                                   {"max_tokens": 24, "temperature": 0, "extra_body": {"speculative": {"k": 6}}})
+    check_stop_cuts_inside_a_burst(
+        client,
+        [{"role": "user", "content": "hello the cat"}],
+        {"max_tokens": 24, "temperature": 0, "extra_body": {"speculative": {"k": 6}}},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +197,11 @@ def smol(smollm2):
 
 def test_ngram_drafts_on_a_repeating_prompt_and_a_stop_string_cuts_in_their_burst(smol):
     text = "The quick brown fox jumps over the lazy dog. " * 2
-    check_stop_cuts_inside_a_burst(smol.client(), [{"role": "user", "content": f"Copy this text exactly: {text}"}],
-                                   {"max_tokens": 40, "temperature": 0, "extra_body": {"speculative": {"k": 6}}})
+    check_stop_cuts_inside_a_burst(
+        smol.client(),
+        [{"role": "user", "content": f"Copy this text exactly: {text}"}],
+        {"max_tokens": 40, "temperature": 0, "extra_body": {"speculative": {"k": 6}}},
+    )
 
 
 def test_a_follow_up_turn_reuses_the_cached_conversation(smol):
@@ -170,8 +211,11 @@ def test_a_follow_up_turn_reuses_the_cached_conversation(smol):
     first = client.chat.completions.create(model=model, messages=question, max_tokens=12, **GREEDY)
     answer = first.choices[0].message.content
     follow_up = client.chat.completions.create(
-        model=model, max_tokens=4, **GREEDY,
-        messages=[*question, {"role": "assistant", "content": answer}, {"role": "user", "content": "And two more?"}])
+        model=model,
+        max_tokens=4,
+        **GREEDY,
+        messages=[*question, {"role": "assistant", "content": answer}, {"role": "user", "content": "And two more?"}],
+    )
     timings = follow_up.model_extra["timings"]
     # Both turns' tokens came from the cache (the very tokens generated, not a re-tokenized copy)...
     assert timings["cache_n"] >= first.usage.prompt_tokens + first.usage.completion_tokens - 1
@@ -181,8 +225,17 @@ def test_a_follow_up_turn_reuses_the_cached_conversation(smol):
 
 def test_logprobs_are_the_verifiers_own_while_speculating(client):
     def ask(k, **options):
-        return chat(client, "hello the cat", max_tokens=16, temperature=0, logprobs=True, top_logprobs=3,
-                    extra_body={"speculative": {"k": k}}, **options)
+        return chat(
+            client,
+            "hello the cat",
+            max_tokens=16,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=3,
+            extra_body={"speculative": {"k": k}},
+            **options,
+        )
+
     speculative, plain = ask(4), ask(0)
     assert speculative.model_extra["timings"]["draft_n_accepted"] > 0
     entries = speculative.choices[0].logprobs.content
@@ -195,10 +248,15 @@ def test_logprobs_are_the_verifiers_own_while_speculating(client):
         # Greedy: each token is the verifier's most likely one.
         assert [top.token for top in entry.top_logprobs][0] == entry.token
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
-        assert [top.logprob for top in entry.top_logprobs] == sorted((top.logprob for top in entry.top_logprobs),
-                                                                    reverse=True)
-    streamed = [entry for chunk in ask(4, stream=True) if chunk.choices and chunk.choices[0].logprobs
-                for entry in chunk.choices[0].logprobs.content]
+        assert [top.logprob for top in entry.top_logprobs] == sorted(
+            (top.logprob for top in entry.top_logprobs), reverse=True
+        )
+    streamed = [
+        entry
+        for chunk in ask(4, stream=True)
+        if chunk.choices and chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content
+    ]
     assert [(entry.token, entry.logprob) for entry in streamed] == [(entry.token, entry.logprob) for entry in entries]
 
 
@@ -212,9 +270,14 @@ def test_legacy_completion_logprobs(client):
 
 def test_system_messages_and_text_parts_are_accepted(client):
     response = client.chat.completions.create(
-        model=MODEL, max_tokens=6, **GREEDY,
-        messages=[{"role": "system", "content": "be brief"},
-                  {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "cat"}]}])
+        model=MODEL,
+        max_tokens=6,
+        **GREEDY,
+        messages=[
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "cat"}]},
+        ],
+    )
     assert response.usage.prompt_tokens > 6
 
 
@@ -228,18 +291,32 @@ def test_eight_concurrent_clients_get_the_answers_they_would_get_alone(client):
 
 
 def test_metrics_count_tokens_drafts_and_requests(server, client):
-    before = {name: server.metric(name) for name in ("specgguf_tokens_generated_total",
-                                                     "specgguf_tokens_drafted_total", "specgguf_tokens_accepted_total")}
+    before = {
+        name: server.metric(name)
+        for name in (
+            "specgguf_tokens_generated_total",
+            "specgguf_tokens_drafted_total",
+            "specgguf_tokens_accepted_total",
+        )
+    }
     response = chat(client, "the cat and the dog", max_tokens=10, **GREEDY)
     timings = response.model_extra["timings"]
-    assert server.metric("specgguf_tokens_generated_total") - before["specgguf_tokens_generated_total"] == \
-        timings["predicted_n"]
-    assert server.metric("specgguf_tokens_drafted_total") - before["specgguf_tokens_drafted_total"] == \
-        timings["draft_n"]
-    assert server.metric("specgguf_tokens_accepted_total") - before["specgguf_tokens_accepted_total"] == \
-        timings["draft_n_accepted"]
-    assert server.metric('specgguf_drafts_by_position_total{position="0"}') >= \
-        server.metric('specgguf_drafts_accepted_by_position_total{position="0"}') > 0
+    assert (
+        server.metric("specgguf_tokens_generated_total") - before["specgguf_tokens_generated_total"]
+        == timings["predicted_n"]
+    )
+    assert (
+        server.metric("specgguf_tokens_drafted_total") - before["specgguf_tokens_drafted_total"] == timings["draft_n"]
+    )
+    assert (
+        server.metric("specgguf_tokens_accepted_total") - before["specgguf_tokens_accepted_total"]
+        == timings["draft_n_accepted"]
+    )
+    assert (
+        server.metric('specgguf_drafts_by_position_total{position="0"}')
+        >= server.metric('specgguf_drafts_accepted_by_position_total{position="0"}')
+        > 0
+    )
     assert server.metric("specgguf_time_to_first_token_seconds_count") >= 1
     assert server.metric("specgguf_tokens_per_second_count") >= 1
     assert server.metric("specgguf_queue_length") == 0

@@ -16,30 +16,44 @@ HELLO = [{"role": "user", "content": "hello"}]
 CHAT = "/v1/chat/completions"
 # Chat requests that must be refused: (body, expected status, the `param` the error names).
 BAD_CHAT = [
-    (b"{", 400, None), (b"", 400, None), (b"[]", 400, None), (b"null", 400, None), (b'"hello"', 400, None),
+    (b"{", 400, None),
+    (b"", 400, None),
+    (b"[]", 400, None),
+    (b"null", 400, None),
+    (b'"hello"', 400, None),
     (b'{"messages": [{"role": "user", "content": "h\xff\xfe"}]}', 400, None),  # invalid UTF-8
-    ({}, 400, "messages"), ({"messages": []}, 400, "messages"), ({"messages": "hello"}, 400, "messages"),
+    ({}, 400, "messages"),
+    ({"messages": []}, 400, "messages"),
+    ({"messages": "hello"}, 400, "messages"),
     ({"messages": [{"content": "hi"}]}, 400, "messages[0].role"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
     ({"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
-     "messages[0].content[0].type"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        400,
+        "messages[0].content[0].type",
+    ),
     ({"messages": [{"role": "user"}]}, 400, "messages[0].content"),
     ({"messages": [{"role": "tool", "content": "42", "tool_call_id": "a"}]}, 400, "messages[0].role"),
-    ({"messages": HELLO, "max_tokens": -1}, 400, "max_tokens"), ({"messages": HELLO, "max_tokens": 0}, 400,
-                                                                 "max_tokens"),
-    ({"messages": HELLO, "max_tokens": "ten"}, 400, "max_tokens"), ({"messages": HELLO, "max_tokens": 1.5}, 400,
-                                                                    "max_tokens"),
+    ({"messages": HELLO, "max_tokens": -1}, 400, "max_tokens"),
+    ({"messages": HELLO, "max_tokens": 0}, 400, "max_tokens"),
+    ({"messages": HELLO, "max_tokens": "ten"}, 400, "max_tokens"),
+    ({"messages": HELLO, "max_tokens": 1.5}, 400, "max_tokens"),
     ({"messages": HELLO, "max_completion_tokens": -5}, 400, "max_completion_tokens"),
-    ({"messages": HELLO, "temperature": -1}, 400, "temperature"), ({"messages": HELLO, "temperature": "hot"}, 400,
-                                                                   "temperature"),
-    ({"messages": HELLO, "top_p": 0}, 400, "top_p"), ({"messages": HELLO, "top_k": -3}, 400, "top_k"),
-    ({"messages": HELLO, "min_p": 2}, 400, "min_p"), ({"messages": HELLO, "stream": "yes"}, 400, "stream"),
-    ({"messages": HELLO, "stop": 5}, 400, "stop"), ({"messages": HELLO, "stop": [""]}, 400, "stop"),
-    ({"messages": HELLO, "stop": ["x" * 501]}, 400, "stop[0]"), ({"messages": HELLO, "stop": ["a"] * 17}, 400, "stop"),
-    ({"messages": HELLO, "n": 2}, 400, "n"), ({"messages": HELLO, "tools": [{"type": "function"}]}, 400, "tools"),
-    ({"messages": HELLO, "logit_bias": {"1": 5}}, 400, "logit_bias"), ({"messages": HELLO, "logprobs": "yes"}, 400,
-                                                                       "logprobs"),
+    ({"messages": HELLO, "temperature": -1}, 400, "temperature"),
+    ({"messages": HELLO, "temperature": "hot"}, 400, "temperature"),
+    ({"messages": HELLO, "top_p": 0}, 400, "top_p"),
+    ({"messages": HELLO, "top_k": -3}, 400, "top_k"),
+    ({"messages": HELLO, "min_p": 2}, 400, "min_p"),
+    ({"messages": HELLO, "stream": "yes"}, 400, "stream"),
+    ({"messages": HELLO, "stop": 5}, 400, "stop"),
+    ({"messages": HELLO, "stop": [""]}, 400, "stop"),
+    ({"messages": HELLO, "stop": ["x" * 501]}, 400, "stop[0]"),
+    ({"messages": HELLO, "stop": ["a"] * 17}, 400, "stop"),
+    ({"messages": HELLO, "n": 2}, 400, "n"),
+    ({"messages": HELLO, "tools": [{"type": "function"}]}, 400, "tools"),
+    ({"messages": HELLO, "logit_bias": {"1": 5}}, 400, "logit_bias"),
+    ({"messages": HELLO, "logprobs": "yes"}, 400, "logprobs"),
     ({"messages": HELLO, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ({"messages": HELLO, "top_logprobs": 3}, 400, "top_logprobs"),
     ({"messages": HELLO, "presence_penalty": 0.5}, 400, "presence_penalty"),
@@ -56,8 +70,11 @@ BAD_CHAT = [
     ({"messages": [{"role": "user", "content": "the cat " * 400}]}, 400, None),  # longer than the context
 ]
 BAD_COMPLETION = [
-    ({}, 400, "prompt"), ({"prompt": [1, 2, 3]}, 400, "prompt"), ({"prompt": ["a", "b"]}, 400, "prompt"),
-    ({"prompt": "hi", "echo": True}, 400, "echo"), ({"prompt": "hi", "logprobs": -1}, 400, "logprobs"),
+    ({}, 400, "prompt"),
+    ({"prompt": [1, 2, 3]}, 400, "prompt"),
+    ({"prompt": ["a", "b"]}, 400, "prompt"),
+    ({"prompt": "hi", "echo": True}, 400, "echo"),
+    ({"prompt": "hi", "logprobs": -1}, 400, "logprobs"),
     ({"prompt": "hi", "best_of": 3}, 400, "best_of"),
     ({"prompt": ""}, 400, None),
 ]
@@ -101,8 +118,9 @@ def test_oversized_bodies_get_413_with_or_without_a_length(server):
     huge = json.dumps({"messages": [{"role": "user", "content": "x" * 70000}]}).encode()
     with server.http() as http:
         assert_error(post(http, CHAT, huge), 413, None)
-        chunked = http.post(CHAT, content=iter([huge[:40000], huge[40000:]]),
-                            headers={"Content-Type": "application/json"})
+        chunked = http.post(
+            CHAT, content=iter([huge[:40000], huge[40000:]]), headers={"Content-Type": "application/json"}
+        )
         assert_error(chunked, 413, None)
         assert post(http, CHAT, {"messages": HELLO, "max_tokens": 2}).status_code == 200
 
@@ -114,8 +132,15 @@ def test_unknown_routes_and_methods(server):
 
 
 # --- a slower model, so that a generation lasts long enough to hang up on or queue behind ---
-LONG = {"prompt": "Once upon a time", "max_tokens": 1500, "temperature": 2.0, "top_k": 0, "top_p": 1.0,
-        "min_p": 0.0, "stream": True}  # near-uniform sampling: no early end of generation
+LONG = {
+    "prompt": "Once upon a time",
+    "max_tokens": 1500,
+    "temperature": 2.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "stream": True,
+}  # near-uniform sampling: no early end of generation
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +170,7 @@ def wait_for(condition, seconds: float = 30) -> None:
 
 
 def greedy_text(http: httpx.Client) -> str:
-    response = post(http, "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 12,
-                                              "temperature": 0})
+    response = post(http, "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0})
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["text"]
 
@@ -180,8 +204,12 @@ def test_a_full_queue_answers_503_with_retry_after(slow):
 
 def test_sigterm_ends_streams_and_exits_cleanly(smollm2):
     with live_server("-m", smollm2, "--drafter", "ngram", "-c", "2048", "-t", "1") as live:
-        with live.http() as http, live.http() as other, ThreadPoolExecutor(1) as pool, \
-                http.stream("POST", "/v1/completions", json=LONG) as response:
+        with (
+            live.http() as http,
+            live.http() as other,
+            ThreadPoolExecutor(1) as pool,
+            http.stream("POST", "/v1/completions", json=LONG) as response,
+        ):
             stream = events(response)
             first_text(stream)
             queued = pool.submit(post, other, "/v1/completions", {"prompt": "hi", "max_tokens": 4})
@@ -200,8 +228,10 @@ def test_a_client_that_leaves_the_queue_is_never_served(slow):
         with http.stream("POST", "/v1/completions", json=LONG) as running:
             stream = events(running)
             first_text(stream)
-            with (httpx.Client(base_url=slow.base_url, timeout=httpx.Timeout(30, read=1)) as impatient,
-                  pytest.raises(httpx.ReadTimeout)):  # queued behind the running one: gives up, hangs up
+            with (
+                httpx.Client(base_url=slow.base_url, timeout=httpx.Timeout(30, read=1)) as impatient,
+                pytest.raises(httpx.ReadTimeout),
+            ):  # queued behind the running one: gives up, hangs up
                 impatient.post("/v1/completions", json=LONG)
             wait_for(lambda: http.get("/health").json()["queue_length"] == 0)  # it gave its place up
         assert greedy_text(http)  # runs next: the abandoned request was skipped, not generated

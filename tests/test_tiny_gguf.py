@@ -74,8 +74,9 @@ def test_n_vocab_pads_or_truncates(tmp_path: pathlib.Path, vocab_type: str, delt
 @pytest.mark.parametrize("vocab_type", ["spm", "bpe"])
 def test_token_text_override(tmp_path: pathlib.Path, vocab_type: str) -> None:
     ref = load(write_tiny_llama(tmp_path / "ref.gguf", vocab_type=vocab_type))
-    llm = load(write_tiny_llama(tmp_path / "m.gguf", vocab_type=vocab_type,
-                                token_text_override={42: "zzq", 400: "qqz"}))
+    llm = load(
+        write_tiny_llama(tmp_path / "m.gguf", vocab_type=vocab_type, token_text_override={42: "zzq", 400: "qqz"})
+    )
     assert token_text(llm, 42) == b"zzq" != token_text(ref, 42)
     with warnings.catch_warnings():  # deprecated alias of llama_vocab_get_text
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -108,14 +109,13 @@ def test_noise_gives_partial_greedy_agreement(tmp_path: pathlib.Path) -> None:
     verifier = load(write_tiny_llama(tmp_path / "v.gguf", base_seed=7), logits_all=True)
     twin_path = write_tiny_llama(tmp_path / "t.gguf", base_seed=7, seed=99, noise=0.0)
     assert twin_path.read_bytes() == (tmp_path / "v.gguf").read_bytes()  # noise=0 ignores seed
-    draft = load(write_tiny_llama(tmp_path / "d.gguf", base_seed=7, seed=1, noise=0.05),
-                 logits_all=True)
+    draft = load(write_tiny_llama(tmp_path / "d.gguf", base_seed=7, seed=1, noise=0.05), logits_all=True)
     agree = []
     for prompt in (TEXT, b"the old man said that he", b"one day a boy and his dog"):
         toks = verifier.tokenize(prompt)
         seq = toks + greedy(verifier, toks, 40)
         v, d = argmax_along(verifier, seq), argmax_along(draft, seq)
-        assert list(v[len(toks) - 1:-1]) == seq[len(toks):]  # eval path matches generate()
-        agree.append(np.mean(v[len(toks) - 1:] == d[len(toks) - 1:]))
+        assert list(v[len(toks) - 1 : -1]) == seq[len(toks) :]  # eval path matches generate()
+        agree.append(np.mean(v[len(toks) - 1 :] == d[len(toks) - 1 :]))
     rate = float(np.mean(agree))
     assert 0.5 < rate < 0.98, rate

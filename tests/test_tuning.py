@@ -22,8 +22,18 @@ pytestmark = pytest.mark.usefixtures("config_home")
 
 
 def _policy(choice, **overrides):
-    options = dict(verifier=VERIFIER, draft=DRAFT, drafter="model", temperature=0.0, recommended_k=6,
-                   force_spec=False, costs=lambda: MEMORY_BOUND) | overrides
+    options = (
+        dict(
+            verifier=VERIFIER,
+            draft=DRAFT,
+            drafter="model",
+            temperature=0.0,
+            recommended_k=6,
+            force_spec=False,
+            costs=lambda: MEMORY_BOUND,
+        )
+        | overrides
+    )
     return make_policy(choice, **options)
 
 
@@ -55,6 +65,7 @@ def test_adaptive_says_before_the_first_step_when_the_draft_model_cannot_win_her
 def test_costs_are_not_asked_for_when_k_does_not_need_them():
     def no_costs():
         raise AssertionError("measured costs for a fixed K")
+
     store_measurement(VERIFIER, DRAFT, 0.0, {"k": 8, "speedup": 2.4, "acceptance_rate": 0.9})
     for choice in (KChoice("fixed", 3), KChoice("auto")):
         assert isinstance(_policy(choice, costs=no_costs)[0], FixedK)

@@ -73,7 +73,7 @@ def _bpe_vocab() -> tuple[list[str], list[float], list[int], list[str]]:
         for word in (" " + w, w):
             sym = "".join(enc[c] for c in word)
             for i in range(2, len(sym) + 1):  # left-to-right merge chain: "Ġ t", "Ġt h", ...
-                merges.setdefault(f"{sym[:i - 1]} {sym[i - 1]}")
+                merges.setdefault(f"{sym[: i - 1]} {sym[i - 1]}")
                 pieces.setdefault(sym[:i])
     tokens += [p for p in pieces if p not in byte_chars]
     types = [TokenType.CONTROL] * 3 + [TokenType.NORMAL] * (len(tokens) - 3)
@@ -85,8 +85,9 @@ def tiny_vocab(vocab_type: str = "spm") -> list[str]:
     return {"spm": _spm_vocab, "bpe": _bpe_vocab}[vocab_type]()[0]
 
 
-def _weights(name: str, shape: tuple[int, ...], scale: float, *, base_seed: int,
-             seed: int, noise: float, ones: bool = False) -> np.ndarray:
+def _weights(
+    name: str, shape: tuple[int, ...], scale: float, *, base_seed: int, seed: int, noise: float, ones: bool = False
+) -> np.ndarray:
     """One tensor; per-name RNG streams keep shared rows identical across vocab sizes."""
     key = zlib.crc32(name.encode())
     if ones:
@@ -99,11 +100,21 @@ def _weights(name: str, shape: tuple[int, ...], scale: float, *, base_seed: int,
 
 
 def write_tiny_llama(
-    path: str | PathLike[str], *, seed: int = 0, base_seed: int = 0, noise: float = 0.0,
-    n_vocab: int | None = None, vocab_type: str = "spm", bos_id: int = 1, eos_id: int = 2,
+    path: str | PathLike[str],
+    *,
+    seed: int = 0,
+    base_seed: int = 0,
+    noise: float = 0.0,
+    n_vocab: int | None = None,
+    vocab_type: str = "spm",
+    bos_id: int = 1,
+    eos_id: int = 2,
     token_text_override: dict[int, str] | None = None,
-    chat_template: str | None = DEFAULT_TEMPLATE, n_ctx_train: int = 512,
-    n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
+    chat_template: str | None = DEFAULT_TEMPLATE,
+    n_ctx_train: int = 512,
+    n_embd: int = 64,
+    n_layer: int = 2,
+    n_head: int = 4,
 ) -> pathlib.Path:
     """Write a tiny random LLaMA GGUF to ``path`` and return it as a Path."""
     if vocab_type not in ("spm", "bpe"):
@@ -157,14 +168,13 @@ def write_tiny_llama(
 
     # numpy shape is (out, in); gguf-py reverses it to ggml's ne = [in, out] that llama.cpp expects.
     def add(name: str, shape: tuple[int, ...], scale: float = 1.0, ones: bool = False) -> None:
-        w.add_tensor(name, _weights(name, shape, scale, base_seed=base_seed, seed=seed,
-                                    noise=noise, ones=ones))
+        w.add_tensor(name, _weights(name, shape, scale, base_seed=base_seed, seed=seed, noise=noise, ones=ones))
 
     add("token_embd.weight", (nv, n_embd))
     add("output_norm.weight", (n_embd,), ones=True)
     add("output.weight", (nv, n_embd), 0.5)  # logit std ~ 0.5*sqrt(n_embd) = 4: peaked, not degenerate
     for i in range(n_layer):
-        b, s_in, s_ff = f"blk.{i}.", n_embd ** -0.5, n_ff ** -0.5
+        b, s_in, s_ff = f"blk.{i}.", n_embd**-0.5, n_ff**-0.5
         add(b + "attn_norm.weight", (n_embd,), ones=True)
         add(b + "ffn_norm.weight", (n_embd,), ones=True)
         for t in ("attn_q", "attn_k", "attn_v", "attn_output"):
