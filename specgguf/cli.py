@@ -15,9 +15,36 @@ import typer
 from rich.console import Console
 from typer.exceptions import TyperException
 
-from .errors import PromptError, SpecggufError, UsageError, debug_enabled
-from .prepare import LoadOptions
-from .sampling import SamplingSettings
+from .cli_options import (
+    CtxSize,
+    Drafter,
+    DraftMax,
+    DraftMin,
+    DraftPMin,
+    ForceSpec,
+    GpuLayers,
+    GpuLayersDraft,
+    MinP,
+    Model,
+    ModelDraft,
+    PairName,
+    Rpc,
+    RpcDraft,
+    RpcTimeout,
+    Seed,
+    Temperature,
+    Threads,
+    TopK,
+    TopP,
+    consoles,
+    draft_options,
+    load_options,
+    parse_seed,
+    progress_bar,
+    read_prompt,
+    sampling_settings,
+)
+from .errors import SpecggufError, UsageError, debug_enabled
 
 app = typer.Typer(
     add_completion=False,
@@ -32,72 +59,6 @@ def _root() -> None:
     """Speculative decoding for llama.cpp GGUF models: the big model's answers, sooner."""
 
 
-# --- options shared between commands (defined once) -------------------------------------
-Model = Annotated[Path | None, typer.Option("-m", "--model", help="Verifier GGUF file.", show_default=False)]
-ModelDraft = Annotated[Path | None, typer.Option("-md", "--model-draft", help="Draft GGUF file.", show_default=False)]
-PairName = Annotated[str | None, typer.Option("--pair", help="A pair from models.yaml (see `pull`).")]
-DraftMax = Annotated[
-    str | None,
-    typer.Option(
-        "-k",
-        "--draft-max",
-        help="Draft tokens per step: a number (0 = verifier alone), 'adaptive' (chosen each "
-        "step from measured costs) or 'auto' (default: the K `bench` stored for this pair here, else adaptive).",
-    ),
-]
-Drafter = Annotated[
-    str,
-    typer.Option(
-        "--drafter",
-        help="model (draft model), ngram (prompt lookup, no draft "
-        "model) or hybrid (n-gram on long matches, else the model).",
-    ),
-]
-DraftPMin = Annotated[
-    float,
-    typer.Option(
-        "--draft-p-min", min=0.0, max=1.0, help="Stop drafting when the draft's top probability is below this."
-    ),
-]
-DraftMin = Annotated[
-    int, typer.Option("--draft-min", min=0, help="Draft at least this many tokens before --draft-p-min can stop it.")
-]
-ForceSpec = Annotated[bool, typer.Option("--force-spec", help="Keep speculating even where it measured slower.")]
-Temperature = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature; 0 = greedy.")]
-TopK = Annotated[int, typer.Option("--top-k", min=0, help="Top-k (0 = off).")]
-TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p (1 = off).")]
-MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Min-p (0 = off).")]
-Seed = Annotated[int | None, typer.Option("--seed", help="RNG seed (default or -1: random, reported in --json).")]
-CtxSize = Annotated[int, typer.Option("-c", "--ctx-size", min=16, help="Context size in tokens.")]
-Threads = Annotated[int | None, typer.Option("-t", "--threads", min=1, help="CPU threads (default: all).")]
-GpuLayers = Annotated[int, typer.Option("-ngl", "--n-gpu-layers", min=0, help="Verifier layers on the GPU.")]
-GpuLayersDraft = Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", min=0, help="Draft layers on the GPU.")]
-Rpc = Annotated[
-    str | None,
-    typer.Option(
-        "--rpc",
-        help="Put the verifier's layers on these `specgguf worker`s (or llama.cpp rpc-servers): "
-        "HOST:PORT[,HOST:PORT...]; -ngl N sends only the last N (the output layer counts as one, as in "
-        "llama.cpp).",
-        show_default=False,
-    ),
-]
-RpcDraft = Annotated[
-    bool,
-    typer.Option("--rpc-draft", help="Put the draft on the --rpc workers too (default: it stays on this machine)."),
-]
-RpcTimeout = Annotated[
-    float,
-    typer.Option("--rpc-timeout", min=0.1, help="Seconds an RPC worker may stay silent before the command gives up."),
-]
-
-
-def _consoles(json_output: bool) -> tuple[Console | None, Console]:
-    """A styled stdout console only on a terminal; stats always to stderr."""
-    out_console = Console(highlight=False) if sys.stdout.isatty() and not json_output else None
-    return out_console, Console(stderr=True, highlight=False)
-
-
 class _ReaderGone(Exception):
     """stdout's reader closed the pipe (`| head -1`); not an OSError, so click leaves it to us."""
 
@@ -108,117 +69,6 @@ def _reader_may_leave():
         yield
     except BrokenPipeError:
         raise _ReaderGone from None
-
-
-def _read_prompt(prompt: str | None) -> str:
-    """The prompt argument, or standard input, as UTF-8 text (anything else is refused, not mangled)."""
-    if prompt is not None and prompt != "-":
-        text = prompt
-    elif sys.stdin is None or sys.stdin.isatty():
-        raise PromptError("no prompt: give it as an argument or on standard input")
-    else:
-        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise PromptError(
-                f"standard input is not UTF-8 text (byte {data[error.start]:#04x} at offset"
-                f" {error.start}); convert it first, e.g. with iconv -t UTF-8"
-            ) from None
-    try:
-        text.encode("utf-8")  # an argument with undecodable bytes arrives with surrogate escapes
-    except UnicodeEncodeError:
-        raise PromptError("the prompt is not UTF-8 text; convert it first, e.g. with iconv -t UTF-8") from None
-    return text
-
-
-def _seed(seed: int | None) -> int | None:
-    """--seed: a number >= 0, or -1 (as in llama.cpp) or nothing for a random one."""
-    if seed is not None and seed < -1:
-        raise UsageError(f"--seed must be >= 0, or -1 for a random seed; got {seed}")
-    return None if seed == -1 else seed
-
-
-def _threads(threads: int | None, err_console: Console) -> int | None:
-    """-t: at most the cores this process may use (more only makes llama.cpp's threads wait on each other)."""
-    from .cores import usable_cores
-
-    usable = usable_cores()
-    if threads is not None and threads > usable:
-        err_console.print(f"-t {threads}: only {usable} cores are usable here; using {usable}", style="yellow")
-        return usable
-    return threads
-
-
-def _sampling_settings(temp: float, top_k: int, top_p: float, min_p: float) -> SamplingSettings:
-    try:
-        return SamplingSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-
-
-def _draft_options(
-    draft_max: str | None, drafter: str, p_min: float, n_min: int, force_spec: bool, on_workers: bool = False
-):
-    from .prepare import DraftOptions, KChoice, parse_drafter, parse_k
-
-    kind = parse_drafter(drafter)
-    k = parse_k(draft_max)
-    if on_workers and k.mode == "auto":
-        k = KChoice("adaptive")  # the K `bench` stored was measured with the verifier here, not on workers
-    return DraftOptions(k=k, drafter=kind, p_min=p_min, n_min=n_min, force_spec=force_spec)
-
-
-def _load_options(
-    *,
-    ctx_size: int,
-    threads: int | None,
-    rpc: str | None,
-    rpc_draft: bool,
-    rpc_timeout: float,
-    err_console: Console,
-    n_gpu_layers: int = 0,
-    n_gpu_layers_draft: int = 0,
-) -> LoadOptions:
-    from .rpc import parse_workers
-
-    workers = parse_workers(rpc) if rpc is not None else ()
-    if rpc_draft and not workers:
-        raise UsageError("--rpc-draft needs --rpc HOST:PORT")
-    return LoadOptions(
-        n_ctx=ctx_size,
-        n_threads=_threads(threads, err_console),
-        n_gpu_layers=n_gpu_layers,
-        n_gpu_layers_draft=n_gpu_layers_draft,
-        rpc=workers,
-        rpc_draft=rpc_draft,
-        rpc_timeout=rpc_timeout,
-    )
-
-
-def _progress_bar(err_console: Console):
-    """A Rich progress callback for assembling model files."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TransferSpeedColumn
-
-    progress = Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        console=err_console,
-        transient=True,
-    )
-    tasks: dict[int, TaskID] = {}
-
-    def on_progress(done: int, total: int) -> None:
-        if total not in tasks:
-            progress.start()
-            tasks[total] = progress.add_task("assembling model", total=total)
-        progress.update(tasks[total], completed=done)
-        if done >= total:
-            progress.stop()
-
-    return on_progress
 
 
 @app.command()
@@ -255,11 +105,11 @@ def run(
     from .resolve import resolve_pair
     from .run import run_prompt
 
-    text = _read_prompt(prompt)
-    out_console, err_console = _consoles(json_output)
-    settings = _sampling_settings(temp, top_k, top_p, min_p)
-    seed = _seed(seed)  # checked before the models load
-    load = _load_options(
+    text = read_prompt(prompt)
+    out_console, err_console = consoles(json_output)
+    settings = sampling_settings(temp, top_k, top_p, min_p)
+    seed = parse_seed(seed)  # checked before the models load
+    load = load_options(
         ctx_size=ctx_size,
         threads=threads,
         n_gpu_layers=n_gpu_layers,
@@ -269,14 +119,14 @@ def run(
         rpc_timeout=rpc_timeout,
         err_console=err_console,
     )
-    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=_progress_bar(err_console))
+    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=progress_bar(err_console))
     with _reader_may_leave():
         run_prompt(
             prompt=text,
             resolved=resolved,
             max_tokens=max_tokens,
             settings=settings,
-            drafting=_draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc)),
+            drafting=draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc)),
             seed=seed,
             load=load,
             raw=raw,
@@ -350,7 +200,7 @@ def bench(
     from .bench_command import BenchTarget, bench as run_benchmark, f16_variant, make_plan
     from .resolve import resolve_pair
 
-    _, err_console = _consoles(json_output)
+    _, err_console = consoles(json_output)
     tools = None
     if vs_llama_cpp is not None:
         from .bench_vs_llama import compare, vs_plan
@@ -359,7 +209,7 @@ def bench(
         if plot is not None or rpc:
             raise UsageError("--vs-llama-cpp runs both sides on this machine and draws no plot: drop --plot/--rpc")
         tools = LlamaTools.find(vs_llama_cpp)  # before minutes of loading, not after
-    load = _load_options(
+    load = load_options(
         ctx_size=ctx_size,
         threads=threads,
         rpc=rpc,
@@ -379,7 +229,7 @@ def bench(
         vs_llama_cpp=tools is not None,
     )
     comparison = vs_plan(plan) if tools is not None else None
-    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=_progress_bar(err_console))
+    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=progress_bar(err_console))
     if resolved.draft is None:
         raise UsageError("bench needs a draft model: give -md DRAFT or a --pair")
     target = BenchTarget(label=resolved.name or resolved.verifier.name, pair=resolved)
@@ -508,10 +358,10 @@ def chat(
     from .chat_repl import run_chat
     from .resolve import resolve_pair
 
-    out_console, err_console = _consoles(False)
-    settings = _sampling_settings(temp, top_k, top_p, min_p)
-    seed = _seed(seed)
-    load = _load_options(
+    out_console, err_console = consoles(False)
+    settings = sampling_settings(temp, top_k, top_p, min_p)
+    seed = parse_seed(seed)
+    load = load_options(
         ctx_size=ctx_size,
         threads=threads,
         n_gpu_layers=n_gpu_layers,
@@ -521,8 +371,8 @@ def chat(
         rpc_timeout=rpc_timeout,
         err_console=err_console,
     )
-    drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc))
-    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=_progress_bar(err_console))
+    drafting = draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc))
+    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=progress_bar(err_console))
     with _reader_may_leave():
         run_chat(
             resolved=resolved,
@@ -592,9 +442,9 @@ def serve(
     from .serve import check_address, run_server
 
     check_address(host, api_key=api_key, insecure=insecure)  # before a pair is fetched or loaded
-    _, err_console = _consoles(False)
-    settings = _sampling_settings(temp, top_k, top_p, min_p)
-    load = _load_options(
+    _, err_console = consoles(False)
+    settings = sampling_settings(temp, top_k, top_p, min_p)
+    load = load_options(
         ctx_size=ctx_size,
         threads=threads,
         n_gpu_layers=n_gpu_layers,
@@ -604,8 +454,8 @@ def serve(
         rpc_timeout=rpc_timeout,
         err_console=err_console,
     )
-    drafting = _draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc))
-    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=_progress_bar(err_console))
+    drafting = draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc))
+    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=progress_bar(err_console))
     run_server(
         resolved=resolved,
         drafting=drafting,

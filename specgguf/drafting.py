@@ -28,6 +28,7 @@ from .sampling import SamplingSettings, sample_token, sparse_distribution
 if TYPE_CHECKING:
     from .engine import Model
 
+Source = Literal["model", "ngram"]  # who proposed a step's drafts: a draft model or prompt lookup
 KeepDrafting = Callable[[list[float]], bool]  # asked after each draft token: go on?
 
 
@@ -35,13 +36,13 @@ KeepDrafting = Callable[[list[float]], bool]  # asked after each draft token: go
 class Drafts:
     tokens: list[int] = field(default_factory=list)
     probs: list[np.ndarray] = field(default_factory=list)  # one row per token when sampling; empty when greedy
-    source: str = "draft"  # which drafter proposed them: "draft" or "ngram"
+    source: Source = "model"  # which drafter proposed them
     confidence: list[float] = field(default_factory=list)  # a draft model's top probability per token
     catchup_seconds: float = 0.0  # spent reading tokens the verifier decoded alone (plain steps)
 
 
 class Drafter(Protocol):
-    source: str
+    source: Source
 
     def prepare(self, prompt_tokens: Sequence[int]) -> None:
         """Ingest the prompt (all but its last token) before the first step."""
@@ -49,8 +50,8 @@ class Drafter(Protocol):
     def room(self, context_length: int) -> int:
         """How many tokens it can still propose after a context of this length."""
 
-    def next_source(self, context: list[int]) -> str:
-        """Who would propose after `context`: "draft" (a model) or "ngram"."""
+    def next_source(self, context: list[int]) -> Source:
+        """Who would propose after `context`: "model" (a draft model) or "ngram"."""
 
     def propose(
         self,
@@ -97,7 +98,7 @@ def ingest(model: Model, prompt_tokens: Sequence[int]) -> None:
 class NoDrafter:
     """Plain decoding: proposes nothing, so every step is one verifier token."""
 
-    source = "draft"
+    source: Source = "model"
 
     def prepare(self, prompt_tokens: Sequence[int]) -> None:
         pass
@@ -105,7 +106,7 @@ class NoDrafter:
     def room(self, context_length: int) -> int:
         return 0
 
-    def next_source(self, context: list[int]) -> str:
+    def next_source(self, context: list[int]) -> Source:
         return self.source
 
     def propose(
@@ -125,7 +126,7 @@ class NoDrafter:
 
 
 class ModelDrafter:
-    source = "draft"
+    source: Source = "model"
 
     def __init__(self, model: Model, *, p_min: float = 0.0, n_min: int = 0):
         self.model = model
@@ -139,7 +140,7 @@ class ModelDrafter:
         # It evaluates its pending tokens plus every draft but the last.
         return self.model.n_ctx - context_length + 1
 
-    def next_source(self, context: list[int]) -> str:
+    def next_source(self, context: list[int]) -> Source:
         return self.source
 
     def propose(
@@ -191,7 +192,7 @@ class ModelDrafter:
 class NgramDrafter:
     """Prompt lookup: continue the longest recent n-gram match in prompt + output."""
 
-    source = "ngram"
+    source: Source = "ngram"
 
     def __init__(self, *, max_ngram: int = 4, min_ngram: int = 2, window: int = 4096):
         self.max_ngram, self.min_ngram, self.window = max_ngram, min_ngram, window
@@ -202,7 +203,7 @@ class NgramDrafter:
     def room(self, context_length: int) -> int:
         return 1 << 30
 
-    def next_source(self, context: list[int]) -> str:
+    def next_source(self, context: list[int]) -> Source:
         return self.source
 
     def lookup(self, context: list[int], k: int) -> tuple[list[int], int]:
@@ -250,7 +251,7 @@ class HybridDrafter:
     """The n-gram proposal when its match is at least `min_match` tokens long, else the model.
     Each step's `Drafts.source` says which; `kpolicy.PerSource` keeps a K policy for each."""
 
-    source = "draft"
+    source: Source = "model"
 
     def __init__(self, model_drafter: ModelDrafter, ngram: NgramDrafter, *, min_match: int = 3):
         self.model_drafter, self.ngram, self.min_match = model_drafter, ngram, min_match
@@ -261,7 +262,7 @@ class HybridDrafter:
     def room(self, context_length: int) -> int:
         return self.model_drafter.room(context_length)
 
-    def next_source(self, context: list[int]) -> str:
+    def next_source(self, context: list[int]) -> Source:
         found, match = self.ngram.lookup(context, 1)
         return self.ngram.source if found and match >= self.min_match else self.model_drafter.source
 

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .drafting import Drafter, Drafts, NoDrafter, ingest
+from .drafting import Drafter, Drafts, NoDrafter, Source, ingest
 from .errors import ContextFullError, PromptError
 from .sampling import SamplingSettings, accept_drafts, accept_greedy, process_logits
 
@@ -23,8 +23,8 @@ from .sampling import SamplingSettings, accept_drafts, accept_greedy, process_lo
 class KPolicy(Protocol):
     """Picks K before each step and learns from its event (see kpolicy.py)."""
 
-    def choose(self, source: str = "draft") -> int:
-        """K for the next step; `source` is the drafter about to propose ("draft" or "ngram")."""
+    def choose(self, source: Source = "model") -> int:
+        """K for the next step; `source` is the drafter about to propose ("model" or "ngram")."""
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         """Asked after each draft token (its top probabilities so far): go on drafting?"""
@@ -36,7 +36,7 @@ class FixedK:
     def __init__(self, k: int):
         self.k = k
 
-    def choose(self, source: str = "draft") -> int:
+    def choose(self, source: Source = "model") -> int:
         return self.k
 
     def keep_drafting(self, confidences: list[float]) -> bool:
@@ -80,7 +80,7 @@ class StepEvent:
     verify_seconds: float
     sample_seconds: float
     prefill_seconds: float = 0.0  # prompt ingestion, on the first event only
-    draft_source: str | None = None  # who proposed the drafts: "draft" (model) or "ngram"
+    draft_source: Source | None = None  # who proposed the drafts: "model" or "ngram"
     draft_confidence: list[float] = field(default_factory=list)  # the draft model's top probability per draft
     draft_catchup_seconds: float = 0.0  # of draft_seconds: the draft reading tokens decoded without it
     stop: str | None = None  # "eos", "max_tokens" or "context" on the last event

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .costs import MachineCosts
+from .drafting import Source
 from .engine import StepEvent
 
 K_MAX = 16  # the most drafts per step
@@ -156,11 +157,11 @@ class StepCosts:
 
 
 class AdaptiveK:
-    """Decides K for one drafter ("draft": a model, or "ngram"); learns only from its own steps."""
+    """Decides K for one drafter ("model": a draft model, or "ngram"); learns only from its own steps."""
 
-    def __init__(self, costs: MachineCosts, config: PolicyConfig = PolicyConfig(), *, source: str = "draft"):
+    def __init__(self, costs: MachineCosts, config: PolicyConfig = PolicyConfig(), *, source: Source = "model"):
         self.config, self.source = config, source
-        self.costs = StepCosts(costs, config, draft_seconds=costs.draft if source == "draft" else 0.0)
+        self.costs = StepCosts(costs, config, draft_seconds=costs.draft if source == "model" else 0.0)
         self.acceptance = Acceptance(config)
         self.confidence_seen = False  # the drafter reports confidence: `keep_drafting` sets the length
         self.steps = self.plain_steps = 0
@@ -190,7 +191,7 @@ class AdaptiveK:
             k = 1 + int(np.argmax(rates[1:]))  # too few drafts seen to give up on speculation yet
         return k
 
-    def choose(self, source: str = "draft") -> int:
+    def choose(self, source: Source = "model") -> int:
         self.steps += 1
         if not self.worth_drafting:
             return 0
@@ -249,13 +250,13 @@ class PerSource:
     and are right at other rates than the model's, so each learns its own K (and a hybrid
     whose draft model cannot win on this machine still takes the free n-gram drafts)."""
 
-    policies: dict[str, AdaptiveK] = field(default_factory=dict)
+    policies: dict[Source, AdaptiveK] = field(default_factory=dict)
 
-    def choose(self, source: str = "draft") -> int:
+    def choose(self, source: Source = "model") -> int:
         return self.policies[source].choose(source)
 
     def keep_drafting(self, confidences: list[float]) -> bool:
-        return self.policies["draft"].keep_drafting(confidences)  # only a draft model knows its confidence
+        return self.policies["model"].keep_drafting(confidences)  # only a draft model knows its confidence
 
     def observe(self, event: StepEvent) -> None:
         for policy in self.policies.values():
@@ -265,5 +266,5 @@ class PerSource:
 def adaptive_policy(drafter: str, costs: MachineCosts, config: PolicyConfig = PolicyConfig()) -> AdaptiveK | PerSource:
     """The adaptive K policy for a drafter kind as the CLI names it ("model", "ngram", "hybrid")."""
     if drafter == "hybrid":
-        return PerSource({source: AdaptiveK(costs, config, source=source) for source in ("draft", "ngram")})
-    return AdaptiveK(costs, config, source="ngram" if drafter == "ngram" else "draft")
+        return PerSource({source: AdaptiveK(costs, config, source=source) for source in ("model", "ngram")})
+    return AdaptiveK(costs, config, source="ngram" if drafter == "ngram" else "model")

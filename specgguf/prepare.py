@@ -117,8 +117,8 @@ def make_policy(
         # win where it measured plain faster, so they always choose K online.
         config = config or PolicyConfig(k_max=K_MAX, k_min=1 if force_spec else 0)
         policy = adaptive_policy(drafter, costs(), config)
-        model_side = policy.policies["draft"] if isinstance(policy, PerSource) else policy
-        if model_side.source == "draft" and not model_side.worth_drafting:
+        model_side = policy.policies["model"] if isinstance(policy, PerSource) else policy
+        if model_side.source == "model" and not model_side.worth_drafting:
             machine = costs()
             text = (
                 f"K adaptive: the draft model cannot win here (a draft token costs {machine.draft * 1000:.0f} ms,"

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from .engine import StepEvent
 
-STYLE_ACCEPTED = {"draft": "green", "ngram": "cyan"}  # by drafter
+STYLE_ACCEPTED = {"model": "green", "ngram": "cyan"}  # by drafter
 STYLE_VERIFIER = ""
 STYLE_REJECTED = "red strike dim"
 
@@ -32,7 +32,7 @@ def terminal_safe(text: str) -> str:
 def legend() -> Text:
     return Text.assemble(
         "colours: ",
-        ("accepted draft", STYLE_ACCEPTED["draft"]),
+        ("accepted draft", STYLE_ACCEPTED["model"]),
         " · ",
         ("accepted n-gram", STYLE_ACCEPTED["ngram"]),
         " · ",
@@ -70,7 +70,7 @@ class TokenStream:
         return self._decoder.decode(self._token_bytes(token))
 
     def write(self, event: StepEvent) -> str:
-        accepted_style = STYLE_ACCEPTED.get(event.draft_source or "draft", "green")
+        accepted_style = STYLE_ACCEPTED.get(event.draft_source or "model", "green")
         segments = [(self._decode(token), accepted_style) for token in event.accepted]
         if event.rejected and self._show_rejected and self._console is not None:
             rejected = b"".join(self._token_bytes(token) for token in event.rejected)

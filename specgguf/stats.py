@@ -20,7 +20,7 @@ class GenerationStats:
     wall_seconds: float = 0.0  # generation only, prompt ingestion excluded; set by the caller
     stop: str | None = None
     n_plain_steps: int = 0  # steps that drafted nothing
-    accepted_by_source: dict[str, int] = field(default_factory=dict)  # "draft" / "ngram" -> accepted tokens
+    accepted_by_source: dict[str, int] = field(default_factory=dict)  # "model" / "ngram" -> accepted tokens
     accepted_by_position: list[int] = field(default_factory=list)  # drafts accepted at position i
     drafted_by_position: list[int] = field(default_factory=list)
 

@@ -77,9 +77,9 @@ def test_hybrid_uses_ngram_on_long_matches_and_the_model_otherwise():
     hybrid = HybridDrafter(ModelDrafter(model), NgramDrafter(min_ngram=1), min_match=3)
     assert hybrid.next_source([1, 2, 3, 4, 1, 2, 3]) == "ngram"
     assert _propose(hybrid, [1, 2, 3, 4, 1, 2, 3], 2).source == "ngram"
-    assert hybrid.next_source([1, 2, 3, 4, 8, 2, 3]) == "draft"
+    assert hybrid.next_source([1, 2, 3, 4, 8, 2, 3]) == "model"
     drafts = _propose(hybrid, [1, 2, 3, 4, 8, 2, 3], 2)  # only a 2-token match
-    assert drafts.source == "draft" and drafts.tokens == [9, 9]
+    assert drafts.source == "model" and drafts.tokens == [9, 9]
 
 
 def test_build_drafter_by_name():

@@ -173,7 +173,7 @@ class ConfidenceStop:
     def __init__(self):
         self.answers = set()
 
-    def choose(self, source="draft"):
+    def choose(self, source="model"):
         return 3
 
     def keep_drafting(self, confidences):
@@ -228,6 +228,6 @@ def test_sampled_sequences_follow_the_verifiers_joint_distribution(kind, policy)
     target = np.exp(target_table)
     expected = np.einsum("a,ab,bc->abc", target[MARKOV_PROMPT[-1]], target, target)
     assert chisquare(counts.ravel(), expected.ravel() * n_sequences).pvalue > 1e-4
-    assert sources == {"model": {"draft"}, "ngram": {"ngram"}, "hybrid": {"draft", "ngram"}}[kind]
+    assert sources == {"model": {"model"}, "ngram": {"ngram"}, "hybrid": {"model", "ngram"}}[kind]
     if isinstance(policy, ConfidenceStop):
         assert policy.answers == {True, False}  # drafts were both cut short and continued

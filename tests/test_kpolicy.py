@@ -18,7 +18,7 @@ FREE_DRAFTS_CHEAP_VERIFY = MachineCosts((0.030, 0.040, 0.045, 0.050), draft=0.00
 COMPUTE_BOUND = MachineCosts((0.030, 0.050, 0.065, 0.080), draft=0.002)  # wins only from 73% acceptance
 
 
-def _step(k, n_accepted, *, verify=0.2, draft=0.03, confidences=(), source="draft"):
+def _step(k, n_accepted, *, verify=0.2, draft=0.03, confidences=(), source="model"):
     return StepEvent(
         accepted=[1] * n_accepted,
         rejected=[2] * (k - n_accepted),
@@ -209,7 +209,7 @@ def test_bursty_acceptance_makes_deep_drafts_pay():
 
 def test_hybrid_policy_learns_each_drafters_k_apart():
     policy = adaptive_policy("hybrid", FREE_DRAFTS_CHEAP_VERIFY, PolicyConfig(k_max=8))
-    model_policy, ngram_policy = policy.policies["draft"], policy.policies["ngram"]
+    model_policy, ngram_policy = policy.policies["model"], policy.policies["ngram"]
     assert ngram_policy.costs.draft_seconds == 0.0 and model_policy.costs.draft_seconds == 0.001
     for _ in range(30):  # the draft model is wrong at once ...
         policy.observe(_step(2, 0, verify=0.045, draft=0.001, confidences=[0.9, 0.9]))
@@ -217,5 +217,5 @@ def test_hybrid_policy_learns_each_drafters_k_apart():
         policy.observe(_step(4, 4, verify=0.05, draft=0.00001, source="ngram"))
     assert model_policy.acceptance.accepted.sum() == 0
     assert ngram_policy.acceptance.accepted[0] == ngram_policy.acceptance.drafted[0] > 10
-    assert policy.choose("draft") == 0 and policy.choose("ngram") >= 3
+    assert policy.choose("model") == 0 and policy.choose("ngram") >= 3
     assert policy.keep_drafting([0.99]) == model_policy.keep_drafting([0.99])

@@ -13,7 +13,7 @@ from specgguf.stats import GenerationStats
 PIECES = {1: b"He", 2: b"llo", 3: b" w", 4: b"orld", 5: "é".encode()[:1], 6: "é".encode()[1:], 7: b"!"}
 
 
-def _event(accepted, rejected, verifier_token, source="draft"):
+def _event(accepted, rejected, verifier_token, source="model"):
     return StepEvent(
         accepted=accepted,
         rejected=rejected,
@@ -57,7 +57,7 @@ def test_stats_count_accepted_tokens_by_drafter():
     stats = GenerationStats()
     for event in EVENTS:
         stats.add(event)
-    assert stats.accepted_by_source == {"draft": 3, "ngram": 1}
+    assert stats.accepted_by_source == {"model": 3, "ngram": 1}
     assert "3 from draft" in stats.summary() and "1 from ngram" in stats.summary()
     assert stats.acceptance_rate == 4 / 5
 
