@@ -58,7 +58,7 @@ def test_stats_count_accepted_tokens_by_drafter():
     for event in EVENTS:
         stats.add(event)
     assert stats.accepted_by_source == {"model": 3, "ngram": 1}
-    assert "3 from draft" in stats.summary() and "1 from ngram" in stats.summary()
+    assert "3 from model" in stats.summary() and "1 from ngram" in stats.summary()
     assert stats.acceptance_rate == 4 / 5
 
 
