@@ -219,8 +219,8 @@ class AdaptiveK:
         E_i = 1 + P_1 + … + P_i tokens on average for T_i = T(i) seconds. Drafting on
         to j > i drafts, each as sure as the last (confidence runs in streaks), yields
         E_j = E_i + P_i·(a + a² + … + a^(j−i)) with a = a(c_i). Go on iff some j ≤ k_max
-        beats E_i / T_i: the measured verify table is irregular (one more token can add
-        45 ms at one size and 3 ms at the next), so looking past the next draft matters.
+        beats E_i / T_i: the measured verify table is irregular (one more token can cost far
+        more at one batch size than at the next), so looking past the next draft matters.
         """
         n = len(confidences)
         if n >= self.config.k_max:
