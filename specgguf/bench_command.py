@@ -49,6 +49,18 @@ class BenchPlan:
     prompts: list[str]  # keys of bench_measure.PROMPTS
 
 
+def run_progress(err_console: Console) -> Progress:
+    """The bar every benchmark shows on stderr while it runs (gone when it ends)."""
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    )
+
+
 def make_plan(
     *,
     ks: str | None,
@@ -130,14 +142,7 @@ def bench(
     total_runs = sum(len(s) for s in settings_per_target) * len(kinds) * plan.repeats
     results: list[dict] = []
     machines: list[costs.MachineCosts] = []  # seconds, as measured; the JSON report shows them in ms
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-    ) as progress:
+    with run_progress(err_console) as progress:
         task = progress.add_task("benchmarking", total=total_runs)
         for target, settings in zip(targets, settings_per_target):
             progress.update(task, description=f"loading {target.label}")

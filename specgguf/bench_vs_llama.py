@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from typing import Literal, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
-from .bench_command import BenchPlan, BenchTarget
+from .bench_command import BenchPlan, BenchTarget, run_progress
 from .bench_measure import PROMPTS, generate
 from .cores import usable_cores
 from .engine import FixedK
@@ -168,14 +167,7 @@ def compare(
     order = run_order(plan.ks)
     total = len(targets) * plan.repeats * len(plan.prompts) * len(plan.temperatures) * len(order)
     results = []
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-    ) as progress:
+    with run_progress(err_console) as progress:
         task = progress.add_task("comparing with llama.cpp", total=total)
         for target in targets:
             progress.update(task, description=f"loading {target.label}")
