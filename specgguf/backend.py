@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, TypeVar, cast
@@ -184,6 +185,24 @@ def start_rpc_server(endpoint: str, *, cache_dir: str | None, n_threads: int, de
     _require_rpc().start_rpc_server(endpoint, cache_dir=cache_dir, n_threads=n_threads, devices=devices)
 
 
+MAX_TREE_LEAVES = 16  # sequences per context: the most leaves a draft tree may have
+
+
+@dataclass
+class _PendingTree:
+    """A tree evaluated but not yet kept: where it starts, its shape, each node's sequence."""
+
+    base: int
+    tokens: list[int]
+    parents: list[int]
+    sequence: list[int]
+    depth: list[int]
+
+    @property
+    def chain(self) -> bool:
+        return self.parents == list(range(-1, len(self.tokens) - 1))
+
+
 class LlamaModel:
     """One GGUF model with its own context: the engine's `Model`.
 
@@ -235,6 +254,9 @@ class LlamaModel:
         context_params = llama_cpp.llama_context_default_params()
         context_params.n_ctx = n_ctx
         context_params.n_batch = context_params.n_ubatch = n_batch
+        # Draft trees: one sequence per leaf, all in one KV cache (the context's cells are shared).
+        context_params.n_seq_max = MAX_TREE_LEAVES
+        context_params.kv_unified = True
         # No -t: the thread count follows the machine's load (cores.py), checked as we decode.
         self._governor = _shared_governor() if n_threads is None else None
         threads = n_threads if n_threads is not None else _shared_governor().threads
@@ -249,7 +271,8 @@ class LlamaModel:
         # really has, but never more context than the user asked for.
         self.n_ctx = min(n_ctx, llama_cpp.llama_n_ctx(self._ctx))
         self.n_batch = min(n_batch, llama_cpp.llama_n_batch(self._ctx), llama_cpp.llama_n_ubatch(self._ctx))
-        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, MAX_TREE_LEAVES)
+        self._tree: _PendingTree | None = None
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.cached: list[int] = []  # the tokens in the KV cache
         self.busy_seconds = 0.0  # time spent inside llama.cpp evaluating (for overhead figures)
@@ -316,10 +339,87 @@ class LlamaModel:
             self.n_threads = governor.threads
             llama_cpp.llama_set_n_threads(self._ctx, self.n_threads, self.n_threads)
 
+    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int], *, n_logits: int) -> np.ndarray:
+        """Evaluate a tree after the cache in one batch (see the engine's `Model`). A chain is `eval`.
+
+        Each leaf's path is one llama.cpp sequence: a token belongs to the sequences of the leaves
+        below it, and sequence s first shares the cached context (`seq_cp` of sequence 0), so every
+        token attends to the context and its own ancestors only."""
+        chain = list(parents) == list(range(-1, len(tokens) - 1))
+        base = self.n_past
+        if chain:
+            self._tree = _PendingTree(base, list(tokens), list(parents), [0] * len(tokens), list(range(len(tokens))))
+            return self.eval(tokens, n_logits=n_logits)
+        if base + len(tokens) > self.n_ctx:
+            raise ContextFullError(f"context overflow: {base} + {len(tokens)} tokens > {self.n_ctx}")
+        if len(tokens) > self.n_batch or not 0 < n_logits <= len(tokens):
+            raise ValueError(f"a tree of {len(tokens)} tokens with {n_logits} logits rows does not fit a batch")
+        has_child = set(parents)
+        leaves = [node for node in range(len(tokens)) if node not in has_child]
+        if len(leaves) > MAX_TREE_LEAVES:
+            raise ValueError(f"a tree with {len(leaves)} leaves; at most {MAX_TREE_LEAVES}")
+        sequences: list[list[int]] = [[] for _ in tokens]
+        for sequence, leaf in enumerate(leaves):
+            node = leaf
+            while node >= 0:
+                sequences[node].append(sequence)
+                node = parents[node]
+        depth: list[int] = []
+        for parent in parents:
+            depth.append(depth[parent] + 1 if parent >= 0 else 0)
+        if self._governor is not None:
+            self._follow_load(self._governor)
+        started = time.perf_counter()
+        batch = self._batch
+        with self._guard("while decoding"):
+            for sequence in range(1, len(leaves)):
+                llama_cpp.llama_memory_seq_rm(self._memory, sequence, -1, -1)
+                llama_cpp.llama_memory_seq_cp(self._memory, 0, sequence, -1, -1)
+            first_output = len(tokens) - n_logits
+            for i, token in enumerate(tokens):
+                batch.token[i] = token
+                batch.pos[i] = base + depth[i]
+                batch.n_seq_id[i] = len(sequences[i])
+                for j, sequence in enumerate(sorted(sequences[i])):
+                    batch.seq_id[i][j] = sequence
+                batch.logits[i] = i >= first_output
+            batch.n_tokens = len(tokens)
+            status = llama_cpp.llama_decode(self._ctx, batch)
+        if status != 0:
+            raise ModelLoadError(f"{self.path.name}: llama_decode failed ({status}): {_reason('')}")
+        self._tree = _PendingTree(base, list(tokens), list(parents), [min(s) for s in sequences], depth)
+        with self._guard("while decoding"):
+            pointer = llama_cpp.llama_get_logits(self._ctx)
+            logits = np.ctypeslib.as_array(pointer, shape=(n_logits, self.n_vocab)).copy()
+        self.busy_seconds += time.perf_counter() - started
+        return logits
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        """Keep the pending tree's `path` (root to node) in the cache as sequence 0, drop the rest."""
+        tree, self._tree = self._tree, None
+        if tree is None:
+            raise ValueError("keep_path without a pending tree")
+        if any(tree.parents[node] != (path[i - 1] if i else -1) for i, node in enumerate(path)):
+            raise ValueError(f"{list(path)} is not a path from the root of the tree")
+        if tree.chain:
+            self.rewind(tree.base + len(path))
+            return
+        # The last node's sequence holds the context and exactly this path up to it.
+        sequence = tree.sequence[path[-1]] if path else 0
+        with self._guard("while rolling back the cache"):
+            llama_cpp.llama_memory_seq_keep(self._memory, sequence)
+            llama_cpp.llama_memory_seq_rm(self._memory, sequence, tree.base + len(path), -1)
+            if sequence != 0:
+                llama_cpp.llama_memory_seq_cp(self._memory, sequence, 0, -1, -1)
+                llama_cpp.llama_memory_seq_rm(self._memory, sequence, -1, -1)
+        self.cached.extend(tree.tokens[node] for node in path)
+
     def rewind(self, n_past: int) -> None:
+        self._tree = None
         if n_past < self.n_past:
             with self._guard("while rolling back the cache"):
-                llama_cpp.llama_memory_seq_rm(self._memory, 0, n_past, -1)
+                # Every sequence: a tree's other branches go too.
+                llama_cpp.llama_memory_seq_rm(self._memory, -1, n_past, -1)
             del self.cached[n_past:]
 
     def clear(self) -> None:
@@ -327,6 +427,7 @@ class LlamaModel:
         with self._guard("while clearing the cache"):
             llama_cpp.llama_memory_clear(self._memory, True)
         self.cached.clear()
+        self._tree = None
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))

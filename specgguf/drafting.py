@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 Source = Literal["model", "ngram"]  # who proposed a step's drafts: a draft model or prompt lookup
 KeepDrafting = Callable[[list[float]], bool]  # asked after each draft token: go on?
+# Asked after each draft token (the confidences so far, the runner-up's probability): add a sibling?
+Branch = Callable[[list[float], float], bool]
 
 
 @dataclass
@@ -39,6 +41,24 @@ class Drafts:
     source: Source = "model"  # which drafter proposed them
     confidence: list[float] = field(default_factory=list)  # a draft model's top probability per token
     catchup_seconds: float = 0.0  # spent reading tokens the verifier decoded alone (plain steps)
+    # A tree: node i's parent (-1: the verifier's pending token). Empty: a chain, node i after node i - 1.
+    parents: list[int] = field(default_factory=list)
+    # Siblings added beside the chain (leaves): node -> the runner-up probability that chose them.
+    sides: dict[int, float] = field(default_factory=dict)
+
+    def tree(self) -> list[int]:
+        """Every node's parent, a chain included."""
+        return self.parents or list(range(-1, len(self.tokens) - 1))
+
+    def add(self, token: int, parent: int, probs: np.ndarray | None) -> int:
+        """Append a node below `parent` (-1: the pending token); returns its index."""
+        if not self.parents:
+            self.parents = self.tree()
+        self.tokens.append(token)
+        self.parents.append(parent)
+        if probs is not None:
+            self.probs.append(probs)
+        return len(self.tokens) - 1
 
 
 class Drafter(Protocol):
@@ -62,9 +82,11 @@ class Drafter(Protocol):
         settings: SamplingSettings,
         rng: np.random.Generator,
         keep_drafting: KeepDrafting | None = None,
+        branch: Branch | None = None,
     ) -> Drafts:
         """Up to k tokens that continue `context`. A drafter that knows its confidence asks
-        `keep_drafting(confidences so far)` after each token and stops when it says no."""
+        `keep_drafting(confidences so far)` after each token and stops when it says no, and
+        `branch(confidences so far, runner-up probability)` whether to add a sibling there."""
 
     def sync(self, context: list[int]) -> None:
         """The verifier settled on `context`: drop anything beyond it."""
@@ -118,6 +140,7 @@ class NoDrafter:
         settings: SamplingSettings,
         rng: np.random.Generator,
         keep_drafting: KeepDrafting | None = None,
+        branch: Branch | None = None,
     ) -> Drafts:
         return Drafts()
 
@@ -132,9 +155,11 @@ class ModelDrafter:
         self.model = model
         self.p_min = p_min
         self.n_min = n_min
+        self._agreed = 0  # the cache matched the context this far at the last sync
 
     def prepare(self, prompt_tokens: Sequence[int]) -> None:
         ingest(self.model, prompt_tokens)
+        self._agreed = self.model.n_past
 
     def room(self, context_length: int) -> int:
         # It evaluates its pending tokens plus every draft but the last.
@@ -152,6 +177,7 @@ class ModelDrafter:
         settings: SamplingSettings,
         rng: np.random.Generator,
         keep_drafting: KeepDrafting | None = None,
+        branch: Branch | None = None,
     ) -> Drafts:
         drafts = Drafts(source=self.source)
         feed = context[self.model.n_past :]
@@ -160,33 +186,47 @@ class ModelDrafter:
             self.model.eval(feed[:-1], n_logits=0)
             drafts.catchup_seconds = time.perf_counter() - start
             feed = feed[-1:]
+        parent = -1  # the chain's last node (-1: the verifier's pending token)
         for _ in range(k):
-            logits = _align(self.model.eval(feed, n_logits=1), n_vocab)
+            logits = _align(self.model.eval(feed, n_logits=1), n_vocab)[0]
             if settings.greedy:
-                token = int(np.argmax(logits[0]))
-                top_prob = float(1.0 / np.exp(logits[0] - logits[0, token]).sum())
+                token = int(np.argmax(logits))
+                top_two = np.argpartition(logits, -2)[-2:]
+                runner = int(top_two[0] if top_two[0] != token else top_two[1])
+                weights = np.exp(logits[[token, runner]] - logits[token]) / np.exp(logits - logits[token]).sum()
+                top_prob, runner_up, draft_probs = float(weights[0]), float(weights[1]), None
             else:
-                support, weights = sparse_distribution(logits[0], settings)
+                support, weights = sparse_distribution(logits, settings)
                 token = int(support[sample_token(weights, rng)])
                 top_prob = float(weights.max())
+                runner_up = float(np.partition(weights, -2)[-2]) if len(weights) > 1 else 0.0
                 draft_probs = np.zeros(n_vocab)
                 draft_probs[support] = weights
             # Early stop: an unsure draft is not worth a verifier slot.
-            if len(drafts.tokens) >= self.n_min and top_prob < self.p_min:
+            if len(drafts.confidence) >= self.n_min and top_prob < self.p_min:
                 break
-            drafts.tokens.append(token)
+            node = drafts.add(token, parent, draft_probs)
             drafts.confidence.append(top_prob)
-            if not settings.greedy:
-                drafts.probs.append(draft_probs)
+            if branch is not None and runner_up > 0.0 and branch(drafts.confidence, runner_up):
+                # A sibling from the same distribution: greedy, the runner-up; sampling, a second
+                # independent draw (a repeat of the first stays in the tree: the rule needs it).
+                sibling = runner if settings.greedy else int(support[sample_token(weights, rng)])
+                drafts.sides[drafts.add(sibling, parent, draft_probs)] = runner_up
             if self.model.is_eog(token) or (keep_drafting is not None and not keep_drafting(drafts.confidence)):
                 break
-            feed = [token]
+            feed, parent = [token], node
+        if not drafts.sides:
+            drafts.parents = []  # a chain
         return drafts
 
     def sync(self, context: list[int]) -> None:
-        # If every draft was accepted the model has not seen the last one yet;
-        # it rides in with the verifier's token on the next proposal.
-        self.model.rewind(min(self.model.n_past, len(context) - 1))
+        # Keep what the cache shares with the context (a sibling the verifier took replaces the
+        # chain's token there), never the newest token: it rides in with the next proposal.
+        # The cache agreed with the context up to the last sync; only what came since is compared.
+        agreed = min(self._agreed, self.model.n_past)
+        agreed += common_prefix(self.model.cached[agreed:], context[agreed:])
+        self._agreed = min(agreed, len(context) - 1)
+        self.model.rewind(self._agreed)
 
 
 class NgramDrafter:
@@ -230,6 +270,7 @@ class NgramDrafter:
         settings: SamplingSettings,
         rng: np.random.Generator,
         keep_drafting: KeepDrafting | None = None,
+        branch: Branch | None = None,
     ) -> Drafts:
         return self.drafts(self.lookup(context, k)[0] if k > 0 else [], n_vocab=n_vocab, settings=settings)
 
@@ -275,13 +316,14 @@ class HybridDrafter:
         settings: SamplingSettings,
         rng: np.random.Generator,
         keep_drafting: KeepDrafting | None = None,
+        branch: Branch | None = None,
     ) -> Drafts:
         # The same test as `next_source`, on the lookup the proposal needs anyway.
         found, match = self.ngram.lookup(context, k)
         if found and match >= self.min_match:
             return self.ngram.drafts(found, n_vocab=n_vocab, settings=settings)
         return self.model_drafter.propose(
-            context, k, n_vocab=n_vocab, settings=settings, rng=rng, keep_drafting=keep_drafting
+            context, k, n_vocab=n_vocab, settings=settings, rng=rng, keep_drafting=keep_drafting, branch=branch
         )
 
     def sync(self, context: list[int]) -> None:

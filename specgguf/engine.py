@@ -8,6 +8,7 @@ verifier's own next token, roll both KV caches back, repeat. It yields one
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ import numpy as np
 
 from .drafting import Drafter, Drafts, NoDrafter, Source, ingest
 from .errors import ContextFullError, PromptError
-from .sampling import SamplingSettings, accept_drafts, accept_greedy, process_logits
+from .sampling import SamplingSettings, accept_tree, accept_tree_greedy, process_logits
 
 
 class KPolicy(Protocol):
@@ -28,6 +29,9 @@ class KPolicy(Protocol):
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         """Asked after each draft token (its top probabilities so far): go on drafting?"""
+
+    def branch(self, confidences: list[float], runner_up: float) -> bool:
+        """Asked after each draft token: add the runner-up (of this probability) as a sibling?"""
 
     def observe(self, event: StepEvent) -> None: ...
 
@@ -41,6 +45,9 @@ class FixedK:
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         return True
+
+    def branch(self, confidences: list[float], runner_up: float) -> bool:
+        return False  # a fixed K is a chain, as llama.cpp's --draft-max
 
     def observe(self, event: StepEvent) -> None:
         pass
@@ -59,6 +66,14 @@ class Model(Protocol):
 
     def eval(self, tokens: Sequence[int], *, n_logits: int) -> np.ndarray:
         """Append tokens to the cache; return logits rows (n_logits, n_vocab) for the last n_logits."""
+
+    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int], *, n_logits: int) -> np.ndarray:
+        """Evaluate a tree after the cache: token i follows its ancestors (parents[i] < i; -1: the
+        cache's end). Logits rows for the last n_logits tokens, each scoring what follows its path.
+        The tree stays pending until `keep_path`."""
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        """Append the pending tree's root-to-node `path` (indices into its tokens) to the cache, drop the rest."""
 
     def rewind(self, n_past: int) -> None:
         """Keep only the first n_past tokens in the cache."""
@@ -84,9 +99,23 @@ class StepEvent:
     draft_confidence: list[float] = field(default_factory=list)  # the draft model's top probability per draft
     draft_catchup_seconds: float = 0.0  # of draft_seconds: the draft reading tokens decoded without it
     stop: str | None = None  # "eos", "max_tokens" or "context" on the last event
+    # A tree step: siblings checked beside the chain, and kept (n_drafted and n_accepted count
+    # them too), and for each sibling whose parent was kept: (runner-up probability, taken).
+    n_siblings: int = 0
+    siblings_accepted: int = 0
+    sides: list[tuple[float, bool]] = field(default_factory=list)
     # The verifier's raw logits for each of `tokens` (row i scored token i), from the verify pass
     # itself: log-probabilities at no extra model cost. None on an event that emitted nothing.
     target_logits: np.ndarray | None = None
+
+    @property
+    def chain_drafted(self) -> int:
+        """Drafts along the chain the draft model proposed (siblings left out)."""
+        return self.n_drafted - self.n_siblings
+
+    @property
+    def chain_accepted(self) -> int:
+        return self.n_accepted - self.siblings_accepted
 
     @property
     def tokens(self) -> list[int]:
@@ -132,26 +161,30 @@ def speculate(
                 settings=settings,
                 rng=rng,
                 keep_drafting=policy.keep_drafting,
+                # Siblings add up to one node per draft: only where the cache has room for them.
+                branch=policy.branch if 2 * k_step <= verifier.n_ctx - len(context) else None,
             )
             if k_step
             else Drafts()
         )
         t1 = time.perf_counter()
-        # One batched pass: logits row i (i = 0..K) is the verifier's next-token score
-        # after the pending token + drafts[:i].
-        target_logits = verifier.eval(context[verifier.n_past :] + drafts.tokens, n_logits=len(drafts.tokens) + 1)
+        # One batched pass over the pending token and the draft tree: row 0 scores what
+        # follows the context, row 1 + i what follows draft node i's path (a chain: drafts[:i+1]).
+        tree = VerifyTree.build(context[verifier.n_past :], drafts)
+        target_logits = verifier.eval_tree(tree.tokens, tree.parents, n_logits=tree.n_rows)
         t2 = time.perf_counter()
-        n_accepted, next_token = _accept(target_logits, drafts, settings, rng)
-        emitted = drafts.tokens[:n_accepted] + [next_token]
+        path, next_token = _accept(tree, target_logits, drafts, settings, rng)
+        emitted = [drafts.tokens[node] for node in path] + [next_token]
         context += emitted
-        # Roll both caches back to the accepted prefix (all but the newest token).
-        verifier.rewind(len(context) - 1)
+        # Both caches keep the accepted path: all of the context but its newest token.
+        verifier.keep_path(tree.kept(path))
         drafter.sync(context)
         event = _event(
             emitted,
             drafts,
-            n_accepted,
-            target_logits,
+            path,
+            target_logits[[tree.row(node) for node in [-1, *path]]],
+            len(tree.tokens) - tree.root - 1,
             verifier,
             n_emitted,
             max_tokens,
@@ -177,56 +210,112 @@ def _check(verifier: Model, prompt_tokens: Sequence[int], max_tokens: int) -> No
         )
 
 
+@dataclass
+class VerifyTree:
+    """The verifier's batch: the pending token(s) as a chain, then the draft tree's distinct nodes
+    (a sampled sibling may repeat its parent's other draw: it is checked once)."""
+
+    tokens: list[int]
+    parents: list[int]
+    root: int  # index of the newest pending token, whose row scores what follows the context
+    rows: list[int]  # draft node -> its index in `tokens`
+
+    @classmethod
+    def build(cls, pending: list[int], drafts: Drafts) -> VerifyTree:
+        tokens, parents, root = list(pending), list(range(-1, len(pending) - 1)), len(pending) - 1
+        index: dict[tuple[int, int], int] = {}
+        rows: list[int] = []
+        for token, parent in zip(drafts.tokens, drafts.tree()):
+            key = (root if parent < 0 else rows[parent], token)
+            if key not in index:
+                index[key] = len(tokens)
+                tokens.append(token)
+                parents.append(key[0])
+            rows.append(index[key])
+        return cls(tokens, parents, root, rows)
+
+    @property
+    def n_rows(self) -> int:
+        """Logits rows needed: the newest pending token's and every node's."""
+        return len(self.tokens) - self.root
+
+    def row(self, node: int) -> int:
+        """The logits row scoring what follows draft node `node` (-1: the context)."""
+        return (self.root if node < 0 else self.rows[node]) - self.root
+
+    def kept(self, path: list[int]) -> list[int]:
+        """The batch indices to keep: the pending tokens, then the accepted path."""
+        return list(range(self.root + 1)) + [self.rows[node] for node in path]
+
+
 def _accept(
-    target_logits: np.ndarray, drafts: Drafts, settings: SamplingSettings, rng: np.random.Generator
-) -> tuple[int, int]:
-    """(accepted drafts, the verifier's next token): greedy matching at temperature 0, else
-    the speculative sampling rule (sampling.accept_drafts) on the processed distributions."""
+    tree: VerifyTree, target_logits: np.ndarray, drafts: Drafts, settings: SamplingSettings, rng: np.random.Generator
+) -> tuple[list[int], int]:
+    """(accepted draft nodes, the verifier's next token): at temperature 0 the path of the
+    verifier's argmax, else the speculative sampling rule over the tree (sampling.accept_tree)
+    on the processed distributions."""
+    parents = drafts.tree()
     if settings.greedy:
-        return accept_greedy(target_logits=target_logits, draft_tokens=drafts.tokens)
-    n_drafted, n_vocab = len(drafts.tokens), target_logits.shape[-1]
-    return accept_drafts(
-        target_probs=process_logits(target_logits, settings),
-        draft_probs=np.array(drafts.probs).reshape(n_drafted, n_vocab),
-        draft_tokens=np.array(drafts.tokens, dtype=np.int64),
-        rng=rng,
+        return accept_tree_greedy(
+            target_argmax=lambda node: int(np.argmax(target_logits[tree.row(node)])),
+            draft_tokens=drafts.tokens,
+            parents=parents,
+        )
+
+    @functools.cache
+    def target_probs(node: int) -> np.ndarray:  # only the rows the walk reaches are processed
+        return process_logits(target_logits[tree.row(node)], settings)[0]
+
+    return accept_tree(
+        target_probs=target_probs, draft_probs=drafts.probs, draft_tokens=drafts.tokens, parents=parents, rng=rng
     )
 
 
 def _event(
     emitted: list[int],
     drafts: Drafts,
-    n_accepted: int,
+    path: list[int],
     target_logits: np.ndarray,
+    n_checked: int,
     verifier: Model,
     n_emitted: int,
     max_tokens: int,
     *,
     seconds: tuple[float, float, float, float],
 ) -> StepEvent:
-    """The step's event, complete: output up to an end-of-generation token, and why it stopped."""
+    """The step's event, complete: output up to an end-of-generation token, and why it stopped.
+    `target_logits` are the rows that scored `emitted`; `n_checked` is how many distinct draft
+    tokens the verifier scored."""
     eog_at = next((i for i, token in enumerate(emitted) if verifier.is_eog(token)), None)
     kept = emitted if eog_at is None else emitted[:eog_at]
     stop = "eos" if eog_at is not None else "max_tokens" if n_emitted + len(kept) >= max_tokens else None
     draft_seconds, verify_seconds, sample_seconds, prefill_seconds = seconds
-    n_drafted = len(drafts.tokens)
+    n_accepted, on_path, parents = len(path), set(path), drafts.tree()
+    chain = [node for node in range(len(drafts.tokens)) if node not in drafts.sides]
     return StepEvent(
         # At an end-of-generation token everything kept counts as accepted: the verifier's own
         # token, if it was not the end itself, never comes.
         accepted=kept if eog_at is not None else kept[:n_accepted],
-        rejected=drafts.tokens[n_accepted:],
+        rejected=[drafts.tokens[node] for node in chain if node not in on_path],
         verifier_token=None if eog_at is not None else kept[-1],
-        n_drafted=n_drafted,
+        n_drafted=n_checked,
         n_accepted=n_accepted,
         draft_seconds=draft_seconds,
         verify_seconds=verify_seconds,
         sample_seconds=sample_seconds,
         prefill_seconds=prefill_seconds,
-        draft_source=drafts.source if n_drafted else None,
+        draft_source=drafts.source if drafts.tokens else None,
         draft_confidence=drafts.confidence,
         draft_catchup_seconds=drafts.catchup_seconds,
         stop=stop,
         target_logits=target_logits[: len(kept)],
+        n_siblings=n_checked - len(chain),
+        siblings_accepted=n_accepted - sum(node in on_path for node in chain),
+        sides=[
+            (runner_up, node in on_path)
+            for node, runner_up in drafts.sides.items()
+            if parents[node] < 0 or parents[node] in on_path
+        ],
     )
 
 

@@ -26,6 +26,12 @@ and holds the ablation that decided what stays):
   confidence calibrated online against what the verifier accepted. Proposers
   without a confidence (prompt lookup) draft K* tokens, and every `explore_every`
   steps K* + 2, to keep estimates for deeper positions.
+- Trees. After each draft token the draft model also reports its runner-up's
+  probability; `branch` adds the runner-up as a sibling leaf (checked in the same
+  verifier pass) where the chance it is taken, times what a token is worth in the
+  seconds steps are taking per token, beats what one more token adds to the
+  verify batch. Where verifying is compute-bound that is almost never; where it
+  is memory-bound, at the chain's unsure positions.
 """
 
 from __future__ import annotations
@@ -58,6 +64,28 @@ class PolicyConfig:
     calibration_decay: float = 0.995  # slower: each confidence bin sees only some of the drafts
     cost_trust: int = 3  # the measured table counts as this many steps at scale 1
     worth_trying: float = 0.9  # draft at all only if some K wins at this acceptance per position
+    trees: bool = True  # add the draft's runner-up beside the chain where it pays (`AdaptiveK.branch`)
+
+
+class Calibration:
+    """How often a draft of some probability turns out right: decayed counts per probability bin,
+    the probability itself a prior worth two drafts."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.tried = np.zeros(len(CONFIDENCE_EDGES) + 1)
+        self.right = np.zeros(len(CONFIDENCE_EDGES) + 1)
+
+    def __call__(self, probability: float) -> float:
+        b = int(np.searchsorted(CONFIDENCE_EDGES, probability, side="right"))
+        return (self.right[b] + 2.0 * probability) / (self.tried[b] + 2.0)
+
+    def observe(self, probabilities: list[float], right: list[bool]) -> None:
+        self.tried *= self.decay
+        self.right *= self.decay
+        bins = np.searchsorted(CONFIDENCE_EDGES, probabilities, side="right")
+        np.add.at(self.tried, bins, 1.0)
+        np.add.at(self.right, bins[np.asarray(right, dtype=bool)], 1.0)
 
 
 class Acceptance:
@@ -67,8 +95,8 @@ class Acceptance:
         self.config = config
         self.drafted = np.zeros(config.k_max)  # decayed count of drafts tested at each position
         self.accepted = np.zeros(config.k_max)  # ... and of those accepted
-        self.tried_by_confidence = np.zeros(len(CONFIDENCE_EDGES) + 1)
-        self.accepted_by_confidence = np.zeros(len(CONFIDENCE_EDGES) + 1)
+        # Chance the verifier accepts a draft of this top probability (earlier drafts accepted).
+        self.calibrated = Calibration(config.calibration_decay)
 
     def overall(self) -> float:
         weight = self.config.prior_drafts
@@ -88,12 +116,6 @@ class Acceptance:
             conditional[0] = min(1.0, first + optimism * np.sqrt(first * (1.0 - first) / seen))
         return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(conditional))])
 
-    def calibrated(self, confidence: float) -> float:
-        """Chance the verifier accepts a draft of this top probability (earlier drafts accepted):
-        decayed counts in its confidence bin, the confidence itself a prior worth two drafts."""
-        b = int(np.searchsorted(CONFIDENCE_EDGES, confidence, side="right"))
-        return (self.accepted_by_confidence[b] + 2.0 * confidence) / (self.tried_by_confidence[b] + 2.0)
-
     def observe(self, n_drafted: int, n_accepted: int, confidences: list[float]) -> None:
         decay, n = self.config.decay, min(n_drafted, self.config.k_max)
         self.drafted *= decay
@@ -101,11 +123,8 @@ class Acceptance:
         self.drafted[: min(n_accepted + 1, n)] += 1  # position i is tested only if 1..i-1 were accepted
         self.accepted[: min(n_accepted, n)] += 1
         if confidences:
-            self.tried_by_confidence *= self.config.calibration_decay
-            self.accepted_by_confidence *= self.config.calibration_decay
-            bins = np.searchsorted(CONFIDENCE_EDGES, confidences[: n_accepted + 1], side="right")
-            np.add.at(self.tried_by_confidence, bins, 1.0)
-            np.add.at(self.accepted_by_confidence, bins[:n_accepted], 1.0)
+            tested = confidences[: n_accepted + 1]
+            self.calibrated.observe(tested, [i < n_accepted for i in range(len(tested))])
 
 
 class StepCosts:
@@ -131,6 +150,10 @@ class StepCosts:
         inside = np.interp(ks, sizes, costs)
         return self.scale * np.where(ks <= sizes[-1], inside, costs[-1] + slope * (ks - sizes[-1]))
 
+    def per_extra_token(self) -> float:
+        """Seconds one more token adds to a verify batch: the probed table's average slope."""
+        return float(self.scale * max(0.0, self.table[-1] - self.table[0]) / max(1, len(self.table) - 1))
+
     def step(self, ks: np.ndarray) -> np.ndarray:
         # One scale for both models: context length and machine load slow both alike, so a
         # slower verifier alone never makes drafting look cheaper than it is.
@@ -151,8 +174,8 @@ class StepCosts:
             self.beyond[k] = self._average(
                 f"verify {k}", float(self.verify(np.array([k]))[0]) / self.scale, event.verify_seconds / self.scale
             )
-        if k:
-            per_token = (event.draft_seconds - event.draft_catchup_seconds) / k
+        if event.chain_drafted:  # the draft model evaluated the chain; siblings cost it nothing
+            per_token = (event.draft_seconds - event.draft_catchup_seconds) / event.chain_drafted
             self.draft_seconds = self._average("draft", self.draft_seconds, per_token / self.scale)
 
 
@@ -163,6 +186,10 @@ class AdaptiveK:
         self.config, self.source = config, source
         self.costs = StepCosts(costs, config, draft_seconds=costs.draft if source == "model" else 0.0)
         self.acceptance = Acceptance(config)
+        # Siblings (the draft's runner-up beside the chain): how often the verifier takes one,
+        # given its parent was kept; and what a token is worth, in the seconds steps take per token.
+        self.sides = Calibration(config.calibration_decay)
+        self.seconds_per_token = float(self.costs.verify(np.array([0]))[0])  # plain decoding's, at first
         self.confidence_seen = False  # the drafter reports confidence: `keep_drafting` sets the length
         self.steps = self.plain_steps = 0
         self.probe_interval = config.probe_every
@@ -233,14 +260,32 @@ class AdaptiveK:
         rates = expected / self.costs.step(lengths)
         return bool(rates[1:].max() > rates[0])
 
+    def branch(self, confidences: list[float], runner_up: float) -> bool:
+        """Add the draft's runner-up as a sibling of the newest draft (a leaf the verifier checks
+        in the same pass)? With i drafts so far, the sibling is reached if drafts 1..i-1 are all
+        accepted, P = a(c_1)·…·a(c_(i-1)), and then taken with probability h(runner-up) (its
+        calibrated hit rate), adding one token to the step. Worth it iff
+
+            P · h · (seconds per token the steps are making) > (seconds one more token adds to the verify batch)
+        """
+        if not self.config.trees:
+            return False
+        reach = float(np.prod([self.acceptance.calibrated(c) for c in confidences[:-1]]))
+        return reach * self.sides(runner_up) * self.seconds_per_token > self.costs.per_extra_token()
+
     def observe(self, event: StepEvent) -> None:
         if event.n_drafted and event.draft_source != self.source:
             return  # another drafter's step (an n-gram proposal in a hybrid): not this one's costs
         if not event.tokens and event.n_drafted == 0:
             return
         self.costs.observe(event)
+        if event.tokens:
+            seconds = event.draft_seconds + event.verify_seconds + event.sample_seconds
+            self.seconds_per_token = 0.9 * self.seconds_per_token + 0.1 * seconds / len(event.tokens)
+        if event.sides:
+            self.sides.observe([runner_up for runner_up, _ in event.sides], [taken for _, taken in event.sides])
         if event.n_drafted:
-            self.acceptance.observe(event.n_drafted, event.n_accepted, event.draft_confidence)
+            self.acceptance.observe(event.chain_drafted, event.chain_accepted, event.draft_confidence)
         self.confidence_seen = self.confidence_seen or bool(event.draft_confidence)
 
 
@@ -257,6 +302,9 @@ class PerSource:
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         return self.policies["model"].keep_drafting(confidences)  # only a draft model knows its confidence
+
+    def branch(self, confidences: list[float], runner_up: float) -> bool:
+        return self.policies["model"].branch(confidences, runner_up)
 
     def observe(self, event: StepEvent) -> None:
         for policy in self.policies.values():

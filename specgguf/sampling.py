@@ -12,7 +12,7 @@ greedy decoding: the argmax of the raw logits.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,6 +103,74 @@ def sample_token(probs: np.ndarray, rng: np.random.Generator) -> int:
     return index if index < len(probs) else int(np.flatnonzero(probs)[-1])
 
 
+def children_of(parents: Sequence[int]) -> dict[int, list[int]]:
+    """A draft tree's children per node, in node order (the root, the verifier's pending token, is -1)."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        children.setdefault(parent, []).append(node)
+    return children
+
+
+def accept_tree(
+    *,
+    target_probs: Callable[[int], np.ndarray],
+    draft_probs: Sequence[np.ndarray],
+    draft_tokens: Sequence[int],
+    parents: Sequence[int],
+    rng: np.random.Generator,
+) -> tuple[list[int], int]:
+    """Multi-candidate speculative sampling over a draft tree. Returns (accepted path, next_token).
+
+    The tree: node i holds draft_tokens[i], drawn from draft_probs[i] (the draft's
+    distribution after its parent's path); parents[i] < i, -1 for the root. Siblings
+    are independent draws from the same distribution, in node order, repeats allowed
+    (SpecInfer's multi-step speculative sampling, Miao et al. 2024, Algorithm 2).
+    target_probs(node) is the verifier's processed distribution after that node's
+    path (node -1: after the context). At each node, with p the target and q the draft:
+
+        for each child x, in draw order:
+            accept x with probability min(1, p(x) / q(x))   -> go down to x
+            else p <- normalize(max(0, p - q))              (the mass q under-proposed)
+        no child accepted: the next token is drawn from p
+
+    The emitted tokens (the path, then next_token) are distributed exactly as the
+    verifier's own samples. A chain (parents[i] = i - 1) is the Leviathan / Chen rule.
+    """
+    children = children_of(parents)
+    path, node = [], -1
+    while True:
+        p = target_probs(node)
+        for child in children.get(node, []):
+            x, q = draft_tokens[child], draft_probs[child]
+            # u < p(x) / q(x)  <=>  u * q(x) < p(x), with no division (q(x) > 0 because x was
+            # drawn from q; p(x) = 0, e.g. a repeat of a rejected sibling, always rejects).
+            if rng.random() * q[x] < p[x]:
+                path.append(child)
+                node = child
+                break
+            residual = np.maximum(p - q, 0.0)
+            # A zero residual means p == q up to rounding: then rejection had no chance, keep p.
+            p = residual / residual.sum() if residual.sum() > 0.0 else p
+        else:
+            return path, sample_token(p, rng)
+
+
+def accept_tree_greedy(
+    *, target_argmax: Callable[[int], int], draft_tokens: Sequence[int], parents: Sequence[int]
+) -> tuple[list[int], int]:
+    """Temperature 0 over a draft tree: follow the child that is the verifier's argmax after
+    its parent's path (node -1: the context). Returns (accepted path, the verifier's next token)."""
+    children = children_of(parents)
+    path, node = [], -1
+    while True:
+        choice = target_argmax(node)
+        match = next((child for child in children.get(node, []) if draft_tokens[child] == choice), None)
+        if match is None:
+            return path, choice
+        path.append(match)
+        node = match
+
+
 def accept_drafts(
     *,
     target_probs: np.ndarray,
@@ -110,7 +178,8 @@ def accept_drafts(
     draft_tokens: np.ndarray,
     rng: np.random.Generator,
 ) -> tuple[int, int]:
-    """The Leviathan et al. / Chen et al. (2023) rule. Returns (n_accepted, next_token).
+    """The Leviathan et al. / Chen et al. (2023) rule on a chain of K drafts: `accept_tree`
+    with one child per node. Returns (n_accepted, next_token).
 
     target_probs: (K+1, n_vocab), the verifier's processed distributions at the K
     draft positions and at the bonus position after them. draft_probs: (K, n_vocab),
@@ -118,35 +187,25 @@ def accept_drafts(
     deterministic drafter). The emitted tokens, draft_tokens[:n_accepted] followed
     by next_token, are distributed exactly as if drawn from the verifier alone.
     """
-    n_drafted = len(draft_tokens)
-    positions = np.arange(n_drafted)
-    target_at = target_probs[positions, draft_tokens]
-    draft_at = draft_probs[positions, draft_tokens]
-    # Accept draft token x with probability min(1, target(x) / draft(x)):
-    # u < target/draft  <=>  u * draft < target, with no division (draft(x) > 0
-    # because x was drawn from it; target(x) = 0 always rejects).
-    uniforms = rng.random(n_drafted)
-    rejected = ~(uniforms * draft_at < target_at)
-    if not rejected.any():
-        # All K accepted: the verifier's row K+1 gives a bonus token for free.
-        return n_drafted, sample_token(target_probs[n_drafted], rng)
-    n_accepted = int(np.argmax(rejected))
-    # At the first rejection, resample from normalize(max(0, target - draft)):
-    # the mass the target has and the draft under-proposed.
-    residual = np.maximum(target_probs[n_accepted] - draft_probs[n_accepted], 0.0)
-    if residual.sum() <= 0.0:
-        # Only reachable when target == draft up to rounding; then target is exact.
-        residual = target_probs[n_accepted]
-    return n_accepted, sample_token(residual, rng)
+    path, next_token = accept_tree(
+        target_probs=lambda node: target_probs[node + 1],
+        draft_probs=draft_probs,
+        draft_tokens=[int(token) for token in draft_tokens],
+        parents=list(range(-1, len(draft_tokens) - 1)),
+        rng=rng,
+    )
+    return len(path), next_token
 
 
 def accept_greedy(*, target_logits: np.ndarray, draft_tokens: Sequence[int] | np.ndarray) -> tuple[int, int]:
-    """Temperature 0: accept while each draft token is the verifier's argmax.
+    """Temperature 0 on a chain: accept while each draft token is the verifier's argmax.
 
     target_logits: (K+1, n_vocab). Returns (n_accepted, next_token), where
     next_token is the verifier's argmax at the first mismatch (or the bonus row).
     """
-    verifier_choice = np.argmax(target_logits, axis=-1)
-    matches = verifier_choice[: len(draft_tokens)] == np.asarray(draft_tokens)
-    n_accepted = len(draft_tokens) if matches.all() else int(np.argmin(matches))
-    return n_accepted, int(verifier_choice[n_accepted])
+    path, next_token = accept_tree_greedy(
+        target_argmax=lambda node: int(np.argmax(target_logits[node + 1])),
+        draft_tokens=[int(token) for token in draft_tokens],
+        parents=list(range(-1, len(draft_tokens) - 1)),
+    )
+    return len(path), next_token

@@ -23,6 +23,8 @@ class FakeModel:
         self.eog = set(eog)
         self.cached: list[int] = []  # a plain attribute, as the protocol declares it
         self.eval_calls: list[list[int]] = []
+        self.tree_calls: list[tuple[list[int], list[int]]] = []  # trees (not chains) evaluated
+        self.pending_tree: tuple[int, list[int], list[int]] | None = None
 
     @property
     def cache(self) -> list[int]:  # the name test_engine.py reads
@@ -41,8 +43,33 @@ class FakeModel:
         ends = range(len(self.cached) - n_logits + 1, len(self.cached) + 1)
         return np.array([self.next_logits(self.cached[:end]) for end in ends]).reshape(n_logits, self.n_vocab)
 
+    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int], *, n_logits: int) -> np.ndarray:
+        tokens = [int(t) for t in tokens]
+        assert all(-1 <= parent < i for i, parent in enumerate(parents)), parents
+        base = len(self.cached)
+        self.pending_tree = (base, tokens, list(parents))
+        if list(parents) == list(range(-1, len(tokens) - 1)):  # a chain: appended as `eval` does
+            return self.eval(tokens, n_logits=n_logits)
+        self.tree_calls.append((tokens, list(parents)))
+        if base + len(tokens) > self.n_ctx:
+            raise AssertionError(f"context overflow: {base} + {len(tokens)} > {self.n_ctx}")
+        paths: list[list[int]] = []
+        for token, parent in zip(tokens, parents):
+            paths.append((paths[parent] if parent >= 0 else []) + [token])
+        rows = [self.next_logits(self.cached + path) for path in paths[len(tokens) - n_logits :]]
+        return np.array(rows).reshape(n_logits, self.n_vocab)
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        assert self.pending_tree is not None, "keep_path without a pending tree"
+        base, tokens, parents = self.pending_tree
+        self.pending_tree = None
+        assert all(parents[node] == (path[i - 1] if i else -1) for i, node in enumerate(path)), (path, parents)
+        del self.cached[base:]
+        self.cached += [tokens[node] for node in path]
+
     def rewind(self, n_past: int) -> None:
         assert 0 <= n_past <= len(self.cached)
+        self.pending_tree = None
         del self.cached[n_past:]
 
     def is_eog(self, token: int) -> bool:

@@ -37,6 +37,19 @@ class RecordingModel:
             self.rows.append((full[: len(full) - n_logits + i + 1], row))
         return logits
 
+    def eval_tree(self, tokens, parents, *, n_logits):
+        before = list(self.model.cached)
+        logits = self.model.eval_tree(tokens, parents, n_logits=n_logits)
+        paths: list[list[int]] = []
+        for token, parent in zip(tokens, parents):
+            paths.append((paths[parent] if parent >= 0 else []) + [token])
+        for path, row in zip(paths[len(tokens) - n_logits :], logits):
+            self.rows.append((before + path, row))
+        return logits
+
+    def keep_path(self, path):
+        self.model.keep_path(path)
+
     def rewind(self, n_past):
         self.model.rewind(n_past)
 
@@ -190,3 +203,61 @@ def test_bad_files_are_refused_with_a_reason(tmp_path, tiny_verifier):
     truncated.write_bytes(tiny_verifier.read_bytes()[: tiny_verifier.stat().st_size // 2])
     with pytest.raises(ModelLoadError, match="could not load"):
         LlamaModel(truncated)
+
+
+def _chain_row(model, tokens):
+    """What a model scores after `tokens`, evaluated as a plain chain from scratch."""
+    return model.eval(tokens, n_logits=1)[0]
+
+
+def _assert_same_scores(got, expected, *, rounding_tv):
+    """Same argmax and, as distributions, within `rounding_tv` total variation. Once kept, a
+    path's cache cells need not be in position order (a dropped sibling leaves a hole that the
+    next token fills), and llama.cpp then sums attention in another order: on SmolLM2 that moves
+    the distribution by a total variation of about 0.03, as the same cells made by llama.cpp's
+    own sequence calls do (a different token moves it by about 0.2)."""
+    assert np.argmax(got) == np.argmax(expected)
+    p, q = (np.exp(row - row.max()) for row in (got, expected))
+    assert 0.5 * np.abs(p / p.sum() - q / q.sum()).sum() <= rounding_tv
+
+
+@pytest.mark.parametrize("model_file, rounding_tv", [("tiny_verifier", 0.005), ("smollm2", 0.08)])
+def test_a_tree_scores_every_path_as_a_chain_would_and_keeps_the_chosen_one(model_file, rounding_tv, request):
+    path_file = request.getfixturevalue(model_file)
+    context = [1, 20, 30, 40]
+    # pending 40 -> {50 -> 52, 51 -> {53, 54 -> 55}}: four paths, three leaves
+    tokens, parents = [40, 50, 51, 52, 53, 54, 55], [-1, 0, 0, 1, 2, 2, 5]
+    model = LlamaModel(path_file, n_ctx=64, n_threads=1)
+    model.eval(context[:-1], n_logits=0)
+    rows = model.eval_tree(tokens, parents, n_logits=len(tokens))
+    fresh = LlamaModel(path_file, n_ctx=64, n_threads=1)
+    for node in range(len(tokens)):
+        path, walk = [], node
+        while walk >= 0:
+            path.insert(0, tokens[walk])
+            walk = parents[walk]
+        fresh.rewind(0)
+        expected = _chain_row(fresh, context[:-1] + path)
+        np.testing.assert_allclose(rows[node], expected, atol=2e-3 * np.abs(expected).max())
+        assert np.argmax(rows[node]) == np.argmax(expected)
+    # Keep 40 -> 51 -> 54 -> 55: the cache then holds that path only, as if it had been a chain.
+    model.keep_path([0, 2, 5, 6])
+    assert model.cached == context[:-1] + [40, 51, 54, 55]
+    fresh.rewind(0)
+    expected = _chain_row(fresh, model.cached + [60])
+    _assert_same_scores(model.eval([60], n_logits=1)[0], expected, rounding_tv=rounding_tv)
+    # A second tree after a first, then a rewind into the context: the branches are gone too.
+    model.eval_tree([60, 61, 62], [-1, 0, 0], n_logits=3)
+    model.keep_path([0, 2])
+    assert model.cached[-2:] == [60, 62]
+    model.rewind(2)
+    fresh.rewind(0)
+    _assert_same_scores(model.eval([70], n_logits=1)[0], _chain_row(fresh, context[:2] + [70]), rounding_tv=rounding_tv)
+
+
+def test_keep_path_refuses_a_path_that_is_not_one(tiny_verifier):
+    model = LlamaModel(tiny_verifier, n_ctx=64, n_threads=1)
+    model.eval([1, 20], n_logits=0)
+    model.eval_tree([30, 31, 32], [-1, 0, 0], n_logits=3)
+    with pytest.raises(ValueError, match="not a path"):
+        model.keep_path([0, 1, 2])

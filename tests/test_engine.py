@@ -180,8 +180,29 @@ class ConfidenceStop:
         self.answers.add(confidences[-1] >= 0.5)
         return confidences[-1] >= 0.5
 
+    def branch(self, confidences, runner_up):
+        return False
+
     def observe(self, event):
         pass
+
+
+class Siblings(ConfidenceStop):
+    """Three drafts, a sibling beside each where the draft was unsure (so the tree's shape
+    depends on what the draft sampled); remembers whether sampled siblings were ever taken."""
+
+    def __init__(self):
+        super().__init__()
+        self.taken = set()
+
+    def keep_drafting(self, confidences):
+        return True
+
+    def branch(self, confidences, runner_up):
+        return confidences[-1] < 0.9
+
+    def observe(self, event):
+        self.taken.update(taken for _, taken in event.sides)
 
 
 CHEAP_DRAFTS = MachineCosts((0.03, 0.04, 0.05, 0.06), draft=0.001)
@@ -198,8 +219,19 @@ FORCED_K3 = PolicyConfig(k_max=3, k_min=1)
         ("model", ConfidenceStop()),
         ("hybrid", ConfidenceStop()),
         ("hybrid", adaptive_policy("hybrid", CHEAP_DRAFTS, FORCED_K3)),
+        ("model", Siblings()),
+        ("hybrid", Siblings()),
     ],
-    ids=["model", "ngram", "hybrid", "model-confidence-stop", "hybrid-confidence-stop", "hybrid-adaptive"],
+    ids=[
+        "model",
+        "ngram",
+        "hybrid",
+        "model-confidence-stop",
+        "hybrid-confidence-stop",
+        "hybrid-adaptive",
+        "model-tree",
+        "hybrid-tree",
+    ],
 )
 def test_sampled_sequences_follow_the_verifiers_joint_distribution(kind, policy):
     target_table, draft_table = _markov_table(1), _markov_table(2)
@@ -229,5 +261,67 @@ def test_sampled_sequences_follow_the_verifiers_joint_distribution(kind, policy)
     expected = np.einsum("a,ab,bc->abc", target[MARKOV_PROMPT[-1]], target, target)
     assert chisquare(counts.ravel(), expected.ravel() * n_sequences).pvalue > 1e-4
     assert sources == {"model": {"model"}, "ngram": {"ngram"}, "hybrid": {"model", "ngram"}}[kind]
-    if isinstance(policy, ConfidenceStop):
+    if isinstance(policy, Siblings):
+        assert policy.taken == {True, False}  # siblings were both taken and refused
+    elif isinstance(policy, ConfidenceStop):
         assert policy.answers == {True, False}  # drafts were both cut short and continued
+
+
+class AlwaysBranch(FixedK):
+    def branch(self, confidences, runner_up):
+        return True
+
+
+def _runner_up_is_right(context):
+    """The draft: `sometimes_wrong` first, the verifier's `counting` a close second."""
+    logits = np.zeros(VOCAB)
+    logits[counting(context)] = 4.0
+    logits[sometimes_wrong(context)] = 5.0
+    return logits
+
+
+def test_greedy_tree_takes_the_sibling_the_verifier_wants_and_keeps_both_caches_right():
+    verifier, _ = _models()
+    draft = FakeModel(_runner_up_is_right, n_vocab=VOCAB, eog=[EOS])
+    chain_events, chain_output = _run(verifier, draft, k=FixedK(4), max_tokens=30)
+    verifier, _ = _models()
+    draft = FakeModel(_runner_up_is_right, n_vocab=VOCAB, eog=[EOS])
+    events, output = _run(verifier, draft, k=AlwaysBranch(4), max_tokens=30)
+    assert output == chain_output == _plain_greedy(counting, [1], 30)
+    assert verifier.tree_calls and sum(event.siblings_accepted for event in events) > 0
+    # Where the chain breaks, the sibling is what the verifier wanted: one more token that pass.
+    assert events[0].accepted == chain_events[0].accepted + [chain_events[0].verifier_token]
+    context = [1, *output]
+    assert verifier.cached == context[: verifier.n_past] and draft.cached == context[: draft.n_past]
+
+
+@pytest.mark.slow
+def test_the_wrong_tree_rule_fails_the_loops_distribution_check(monkeypatch):
+    """The control for the tree cases above: the same loop with siblings each tested against the
+    verifier's unchanged distribution must fail."""
+    from test_sampling import _wrong_tree_rule
+
+    import specgguf.engine
+
+    monkeypatch.setattr(specgguf.engine, "accept_tree", _wrong_tree_rule)
+    target_table, draft_table = _markov_table(1), _markov_table(2)
+    settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    verifier = FakeModel(lambda context: target_table[context[-1]], n_vocab=MARKOV_VOCAB)
+    drafter = ModelDrafter(FakeModel(lambda context: draft_table[context[-1]], n_vocab=MARKOV_VOCAB))
+    rng, policy = np.random.default_rng(6), AlwaysBranch(3)
+    counts = np.zeros((MARKOV_VOCAB,) * SEQUENCE_LENGTH)
+    n_sequences = 20_000
+    for _ in range(n_sequences):
+        events = speculate(
+            verifier=verifier,
+            drafter=drafter,
+            prompt_tokens=MARKOV_PROMPT,
+            k=policy,
+            max_tokens=SEQUENCE_LENGTH,
+            settings=settings,
+            rng=rng,
+        )
+        counts[tuple(t for event in events for t in event.tokens)] += 1
+    target = np.exp(target_table)
+    expected = np.einsum("a,ab,bc->abc", target[MARKOV_PROMPT[-1]], target, target)
+    assert chisquare(counts.ravel(), expected.ravel() * n_sequences).pvalue < 1e-12

@@ -106,7 +106,7 @@ def _confident_policy(costs: MachineCosts) -> AdaptiveK:
 def test_calibration_counts_only_the_drafts_the_rule_tested():
     acceptance = _confident_policy(F16).acceptance
     # (4 drafts, 2 accepted) tests 3; (6, 5) tests 6; (3, 1) tests 2: 11 tested, 8 accepted.
-    assert acceptance.tried_by_confidence.sum() == 11 and acceptance.accepted_by_confidence.sum() == 8
+    assert acceptance.calibrated.tried.sum() == 11 and acceptance.calibrated.right.sum() == 8
     assert acceptance.calibrated(0.99) > 0.9 and acceptance.calibrated(0.3) < 0.2
 
 

@@ -15,6 +15,9 @@ from specgguf.sampling import (
     SamplingSettings,
     accept_drafts,
     accept_greedy,
+    accept_tree,
+    accept_tree_greedy,
+    children_of,
     process_logits,
     sample_token,
 )
@@ -167,3 +170,96 @@ def test_masked_logits_never_get_probability():
 def test_settings_reject_out_of_range_values(bad):
     with pytest.raises(ValueError):
         SamplingSettings(**bad)
+
+
+# --- draft trees: several candidates per position ---
+TREE_DRAWS = 60_000
+
+
+def _wrong_tree_rule(*, target_probs, draft_probs, draft_tokens, parents, rng):
+    """Each sibling tested against the verifier's unchanged distribution (no residual between
+    siblings), the residual only at the end. Not lossless; kept to prove the tree test bites."""
+    children = children_of(parents)
+    path, node = [], -1
+    while True:
+        p = target_probs(node)
+        for child in children.get(node, []):
+            x, q = draft_tokens[child], draft_probs[child]
+            if rng.random() * q[x] < p[x]:
+                path.append(child)
+                node = child
+                break
+        else:
+            last = children.get(node)
+            residual = np.maximum(p - draft_probs[last[-1]], 0.0) if last else p
+            return path, sample_token(residual if residual.sum() > 0 else p, rng)
+
+
+def _tree_counts(accept, rng, *, n_root, n_below):
+    """counts[first, second] of the first two emitted tokens over TREE_DRAWS trees: `n_root`
+    independent draws below the root, `n_below` below the first copy of each drawn token."""
+    target_root, draft_root = _random_pair(rng, 0, closeness=0.3)[0][0], rng.dirichlet(np.ones(VOCAB))
+    target_next = rng.dirichlet(np.full(VOCAB, 0.8), size=VOCAB)
+    draft_next = rng.dirichlet(np.full(VOCAB, 0.8), size=VOCAB)
+    counts = np.zeros((VOCAB, VOCAB), dtype=np.int64)
+    for _ in range(TREE_DRAWS):
+        tokens, parents, probs = [], [], []
+        roots = [sample_token(draft_root, rng) for _ in range(n_root)]
+        for token in roots:
+            tokens.append(token), parents.append(-1), probs.append(draft_root)
+        for node, token in enumerate(roots):
+            if token in roots[:node]:
+                continue  # a repeat: never accepted, so nothing below it
+            for _ in range(n_below):
+                tokens.append(sample_token(draft_next[token], rng)), parents.append(node)
+                probs.append(draft_next[token])
+
+        def target(node, tokens=tokens):
+            return target_root if node < 0 else target_next[tokens[node]]
+
+        path, next_token = accept(
+            target_probs=target, draft_probs=probs, draft_tokens=tokens, parents=parents, rng=rng
+        )
+        emitted = [tokens[node] for node in path] + [next_token]
+        if len(emitted) < 2:  # nothing accepted: the second token is the verifier's own next one
+            emitted.append(sample_token(target_next[emitted[0]], rng))
+        counts[emitted[0], emitted[1]] += 1
+    return counts, np.outer(target_root, np.ones(VOCAB)) * target_next
+
+
+@pytest.mark.parametrize("n_root, n_below, seed", [(2, 1, 31), (3, 2, 32), (4, 0, 33)])
+def test_tree_rule_emits_the_target_distribution(n_root, n_below, seed):
+    counts, expected = _tree_counts(accept_tree, np.random.default_rng(seed), n_root=n_root, n_below=n_below)
+    support = expected > 0
+    assert counts[~support].sum() == 0
+    assert chisquare(counts[support], expected[support] * TREE_DRAWS).pvalue > 1e-4
+
+
+def test_the_tree_rule_without_residuals_between_siblings_fails_the_same_check():
+    counts, expected = _tree_counts(_wrong_tree_rule, np.random.default_rng(34), n_root=3, n_below=1)
+    support = expected > 0
+    assert chisquare(counts[support], expected[support] * TREE_DRAWS).pvalue < 1e-12
+
+
+def test_a_chain_is_a_tree_with_one_child_per_node():
+    rng_chain, rng_tree = np.random.default_rng(8), np.random.default_rng(8)
+    target, draft = _random_pair(np.random.default_rng(9), 3, closeness=0.5)
+    tokens = np.array([2, 3, 4])
+    n_accepted, next_token = accept_drafts(target_probs=target, draft_probs=draft, draft_tokens=tokens, rng=rng_chain)
+    path, tree_next = accept_tree(
+        target_probs=lambda node: target[node + 1],
+        draft_probs=list(draft),
+        draft_tokens=list(tokens),
+        parents=[-1, 0, 1],
+        rng=rng_tree,
+    )
+    assert (len(path), tree_next) == (n_accepted, next_token)
+
+
+def test_greedy_tree_follows_the_verifiers_argmax_through_siblings():
+    # pending -> {5 -> 7, 6 -> {8, 9}}; the verifier wants 6, then 9, then 1.
+    tokens, parents = [5, 6, 7, 8, 9], [-1, -1, 0, 1, 1]
+    wanted = {-1: 6, 1: 9, 4: 1, 0: 7, 2: 0, 3: 0}
+    assert accept_tree_greedy(target_argmax=wanted.__getitem__, draft_tokens=tokens, parents=parents) == ([1, 4], 1)
+    wanted[-1] = 3  # nothing drafted matches: the verifier's own token
+    assert accept_tree_greedy(target_argmax=wanted.__getitem__, draft_tokens=tokens, parents=parents) == ([], 3)
