@@ -54,32 +54,35 @@ class NgramCacheError(SpecggufError):
     """An n-gram cache file is missing, unreadable, corrupt, truncated, or from another model pair."""
 
 
-class _Followers:
-    """What followed one n-gram: the best token (most frequent, ties: most recently counted) and counts.
+# An n-gram followed by one token so far (most of them) is stored as the int count << 31 | token: no
+# object per n-gram for the garbage collector to scan, and less memory. Others get a _Followers.
+_TOKEN_BITS = 31
+_TOKEN_MASK = (1 << _TOKEN_BITS) - 1
+_ONE = 1 << _TOKEN_BITS
 
-    `counts` stays None while only one token has followed (the common case), to save memory."""
+
+class _Followers:
+    """The tokens that followed one n-gram, counted, and the best one (most frequent; ties: most recently counted)."""
 
     __slots__ = ("best", "best_count", "total", "counts")
 
-    def __init__(self, token: int, count: int) -> None:
-        self.best = token
-        self.best_count = count
-        self.total = count
-        self.counts: dict[int, int] | None = None
+    def __init__(self, counts: dict[int, int], best: int) -> None:
+        self.counts = counts
+        self.best = best
+        self.best_count = counts[best]
+        self.total = sum(counts.values())
 
     def add(self, token: int, count: int = 1) -> None:
         self.total += count
-        if self.counts is None:
-            if token == self.best:
-                self.best_count += count
-                return
-            self.counts = {self.best: self.best_count}
         new_count = self.counts.get(token, 0) + count
         self.counts[token] = new_count
         # Only the token just counted can overtake (or tie, and be more recent than) the best one.
         if new_count >= self.best_count:
             self.best = token
             self.best_count = new_count
+
+
+_Entry = int | _Followers
 
 
 class SessionNgrams:
@@ -102,7 +105,7 @@ class SessionNgrams:
         self.max_entries = max_entries
         self.min_share = min_share
         # n-gram -> followers, least recently learned first (keys of several lengths share the table).
-        self._table: OrderedDict[tuple[int, ...], _Followers] = OrderedDict()
+        self._table: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._table)
@@ -127,12 +130,18 @@ class SessionNgrams:
                 ngram = tuple(window[i - n : i])
                 entry = table.get(ngram)
                 if entry is None:
-                    table[ngram] = _Followers(follower, 1)
+                    table[ngram] = _ONE | follower
                     if len(table) > self.max_entries:
                         table.popitem(last=False)
-                else:
-                    table.move_to_end(ngram)
+                    continue
+                table.move_to_end(ngram)
+                if isinstance(entry, _Followers):
                     entry.add(follower)
+                elif entry & _TOKEN_MASK == follower:
+                    table[ngram] = entry + _ONE
+                else:
+                    only, only_count = entry & _TOKEN_MASK, entry >> _TOKEN_BITS
+                    table[ngram] = _Followers({only: only_count, follower: 1}, follower if only_count == 1 else only)
 
     def lookup(self, context: Sequence[int], k: int) -> tuple[list[int], int]:
         """Up to k tokens continuing `context`, and the n of the n-gram that gave the first (0 if none).
@@ -153,12 +162,18 @@ class SessionNgrams:
                 if entry is not None:
                     break
                 n -= 1
-            if entry is None or entry.best_count < self.min_share * entry.total:
+            if entry is None:
                 break
+            if isinstance(entry, _Followers):
+                if entry.best_count < self.min_share * entry.total:
+                    break
+                token = entry.best
+            else:
+                token = entry & _TOKEN_MASK  # the only follower: a share of 1
             if not drafted:
                 first_n = n
-            drafted.append(entry.best)
-            tail.append(entry.best)
+            drafted.append(token)
+            tail.append(token)
         return drafted, first_n
 
     def save(self, path: Path, *, key: str) -> None:
@@ -227,17 +242,19 @@ class SessionNgrams:
         for ngram, entry in self._table.items():
             lengths.append(len(ngram))
             ngram_tokens.extend(ngram)
-            if entry.counts is not None:
+            if isinstance(entry, _Followers):
                 n_followers.append(len(entry.counts))
                 for token, count in entry.counts.items():
                     if token != entry.best:
                         follower_tokens.append(token)
                         follower_counts.append(count)
+                # The best one last: `load` takes the last of the most frequent as the best.
+                follower_tokens.append(entry.best)
+                follower_counts.append(entry.best_count)
             else:
                 n_followers.append(1)
-            # The best one last: re-adding in file order (ties to the later) makes it the best again.
-            follower_tokens.append(entry.best)
-            follower_counts.append(entry.best_count)
+                follower_tokens.append(entry & _TOKEN_MASK)
+                follower_counts.append(entry >> _TOKEN_BITS)
         return {
             "version": np.array(FORMAT_VERSION, dtype=np.int64),
             "key": np.array(key, dtype=np.str_),
@@ -261,18 +278,25 @@ class SessionNgrams:
         for index, (length, n_following) in enumerate(zip(lengths, n_followers)):
             ngram = tuple(ngram_tokens[token_at : token_at + length])
             token_at += length
-            followers = follower_tokens[follower_at : follower_at + n_following]
-            counts = follower_counts[follower_at : follower_at + n_following]
+            if n_following == 1:
+                entry: _Entry = follower_counts[follower_at] << _TOKEN_BITS | follower_tokens[follower_at]
+            else:
+                counts = dict(
+                    zip(
+                        follower_tokens[follower_at : follower_at + n_following],
+                        follower_counts[follower_at : follower_at + n_following],
+                    )
+                )
+                if len(counts) != n_following:
+                    return "an n-gram lists the same follower twice"
+                best_count = max(counts.values())
+                best = [token for token, count in counts.items() if count == best_count][-1]
+                entry = _Followers(counts, best)
             follower_at += n_following
-            if len(set(followers)) != n_following:
-                return "an n-gram lists the same follower twice"
             if index < skip:
                 continue
             if ngram in table:
                 return "an n-gram is stored twice"
-            entry = _Followers(followers[0], counts[0])
-            for token, count in zip(followers[1:], counts[1:]):
-                entry.add(token, count)
             table[ngram] = entry
         return None
 
