@@ -173,6 +173,17 @@ def test_a_saved_cache_loads_back_the_same(tmp_path):
     assert len(SessionNgrams.load(empty, key="")) == 0
 
 
+def test_a_tie_is_broken_the_same_way_after_loading(tmp_path):
+    # (1, 2) -> 3, 4, 4, 3: tied, 3 counted last; counted first too, so it is not simply the last one stored
+    cache = learned([1, 2, 3, 1, 2, 4, 1, 2, 4, 1, 2, 3], min_n=2, max_n=2)
+    cache.save(tmp_path / "tie.npz", key=KEY)
+    loaded = SessionNgrams.load(tmp_path / "tie.npz", key=KEY, min_n=2, max_n=2)
+    assert loaded.lookup([1, 2], 1) == cache.lookup([1, 2], 1) == ([3], 2)
+    for each in (cache, loaded):
+        each.learn([1, 2, 4])  # 4 now leads, 3 to 2
+        assert each.lookup([1, 2], 1) == ([4], 2)
+
+
 def test_a_file_with_more_n_grams_than_max_entries_keeps_the_newest(tmp_path):
     path = tmp_path / "cache.npz"
     learned(list(range(100)), min_n=2, max_n=2).save(path, key=KEY)
