@@ -86,7 +86,9 @@ _Entry = int | _Followers
 
 
 class SessionNgrams:
-    """Counts of the token that followed each n-gram (min_n..max_n tokens), drafting from the best-known one."""
+    """Counts of the token that followed each n-gram (min_n..max_n tokens), drafting from the best-known one.
+
+    Not thread-safe: one session (one engine at a time) learns and looks up."""
 
     def __init__(self, *, min_n: int = 2, max_n: int = 4, max_entries: int = 1_000_000, min_share: float = 0.5):
         """min_share: the most frequent follower's share of its n-gram's counts below which drafting stops.
@@ -187,7 +189,7 @@ class SessionNgrams:
                 dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
             ) as temp:
                 temp_name = temp.name
-                np.savez(temp, **arrays)  # type: ignore[arg-type]  # numpy's stub wants one positional array
+                np.savez(temp, **arrays)  # type: ignore[arg-type]  # the stub fears a key named allow_pickle
                 temp.flush()
                 os.fsync(temp.fileno())
             os.replace(temp_name, path)

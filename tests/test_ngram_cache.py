@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import os
 import random
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -330,6 +332,20 @@ def test_load_refuses_inconsistent_or_out_of_range_values(saved):
 def test_load_refuses_a_zip_that_claims_to_unpack_past_the_limit(saved, monkeypatch):
     monkeypatch.setattr(ngram_cache, "MAX_FILE_BYTES", saved.stat().st_size // 2)
     assert "unpacked" in rejection(saved)
+
+
+@pytest.mark.parametrize("claimed", [10**6, 10**12, 2**62])
+def test_load_refuses_an_array_header_that_claims_more_than_its_data(saved, claimed):
+    # the .npy header inside the zip says `claimed` items; the data is a few bytes (no allocation, no hang)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<i8", "fortran_order": False, "shape": (claimed,)})
+    with zipfile.ZipFile(saved) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    members["follower_counts.npy"] = header.getvalue() + b"\x01" * 64
+    with zipfile.ZipFile(saved, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    assert "corrupt" in rejection(saved)
 
 
 # --- atomic saving -----------------------------------------------------------------------------------
