@@ -216,23 +216,17 @@ class SessionNgrams:
         raises NgramCacheError. A file with more than max_entries n-grams keeps its newest ones."""
         cache = cls(min_n=min_n, max_n=max_n, max_entries=max_entries, min_share=min_share)
         arrays = _read_arrays(path)
-
-        def reject(reason: str) -> NgramCacheError:
-            return NgramCacheError(f"n-gram cache {path}: {reason}; delete it to start afresh")
-
         problem = _check_dtypes(arrays)
         if problem:
-            raise reject(problem)
+            raise _rejected(path, problem)
         if int(arrays["version"]) != FORMAT_VERSION:
-            raise reject(f"format version {int(arrays['version'])}, this specgguf reads version {FORMAT_VERSION}")
+            version = int(arrays["version"])
+            raise _rejected(path, f"format version {version}, this specgguf reads version {FORMAT_VERSION}")
         if str(arrays["key"]) != key:
-            raise reject("learned with another model pair or tokenizer")
-        problem = _check_consistent(arrays, min_n=min_n, max_n=max_n)
+            raise _rejected(path, "learned with another model pair or tokenizer")
+        problem = _check_consistent(arrays, min_n=min_n, max_n=max_n) or cache._fill(arrays)
         if problem:
-            raise reject(problem)
-        problem = cache._fill(arrays)
-        if problem:
-            raise reject(problem)
+            raise _rejected(path, problem)
         return cache
 
     def _to_arrays(self, key: str) -> dict[str, np.ndarray]:
@@ -303,31 +297,31 @@ class SessionNgrams:
         return None
 
 
+def _rejected(path: Path, reason: str) -> NgramCacheError:
+    return NgramCacheError(f"n-gram cache {path}: {reason}; delete it to start afresh")
+
+
 def _read_arrays(path: Path) -> dict[str, np.ndarray]:
     """The arrays of an .npz written by `save`, read without pickle and within MAX_FILE_BYTES."""
-
-    def reject(reason: str) -> NgramCacheError:
-        return NgramCacheError(f"n-gram cache {path}: {reason}; delete it to start afresh")
-
     if not path.exists():
         raise NgramCacheError(f"n-gram cache {path}: no such file")
     if not path.is_file():  # a folder, a FIFO (which would block), a device
-        raise reject("not a regular file")
+        raise _rejected(path, "not a regular file")
     expected = {f"{name}.npy" for name in _ARRAYS}
     try:
         with zipfile.ZipFile(path) as archive:
             members = archive.infolist()
             if {member.filename for member in members} != expected or len(members) != len(expected):
-                raise reject("not an n-gram cache (unexpected contents)")
+                raise _rejected(path, "not an n-gram cache (unexpected contents)")
             if sum(member.file_size for member in members) > MAX_FILE_BYTES:
-                raise reject(f"larger than {MAX_FILE_BYTES} bytes unpacked")
+                raise _rejected(path, f"larger than {MAX_FILE_BYTES} bytes unpacked")
         with np.load(path, allow_pickle=False) as npz:
             return {name: np.asarray(npz[name]) for name in _ARRAYS}
     except NgramCacheError:
         raise
     except (OSError, EOFError, ValueError, KeyError, MemoryError, zipfile.BadZipFile, zlib.error) as error:
         # BadZipFile: not a zip, truncated, or a bad CRC; ValueError: a pickled (object) array or a bad .npy header
-        raise reject(f"unreadable or corrupt ({type(error).__name__})") from None
+        raise _rejected(path, f"unreadable or corrupt ({type(error).__name__})") from None
 
 
 def _check_dtypes(arrays: dict[str, np.ndarray]) -> str | None:
