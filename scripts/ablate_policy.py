@@ -13,7 +13,14 @@ Variants:
 - no-calibration: the draft's top probability taken as its acceptance chance, not calibrated.
 - no-look-ahead: `keep_drafting` asks only whether the next draft pays, not any later one.
 - line-costs: the measured verify table replaced by a straight line fitted through it.
+- chain: no draft trees (the runner-up is never added beside the chain).
+- hybrid: `--drafter hybrid` (n-gram drafts on long matches, else the model), no session cache.
+- hybrid-session: the same with a session n-gram cache that has learned the earlier prompts'
+  answers in the same round and temperature (a new cache each round: never the prompt's own
+  answer from an earlier round, which would repeat word for word).
 - plain: K = 0, for scale.
+
+Issue 14's ablation: `--variants full,chain,hybrid,hybrid-session,plain --prompts code,prose,edit`.
 """
 
 from __future__ import annotations
@@ -28,22 +35,20 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from specgguf.bench_measure import PROMPTS  # noqa: E402
 from specgguf.costs import MachineCosts  # noqa: E402
+from specgguf.drafting import build_drafter  # noqa: E402
 from specgguf.engine import FixedK, speculate  # noqa: E402
-from specgguf.kpolicy import Acceptance, AdaptiveK, PolicyConfig  # noqa: E402
+from specgguf.kpolicy import AdaptiveK, Calibration, PolicyConfig, adaptive_policy  # noqa: E402
+from specgguf.ngram_cache import SessionNgrams  # noqa: E402
 from specgguf.prepare import DraftOptions, LoadOptions, prepare, prompt_tokens  # noqa: E402
 from specgguf.resolve import ResolvedPair  # noqa: E402
 from specgguf.sampling import SamplingSettings  # noqa: E402
 
-PROMPTS = {
-    "code": "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
-    "prose": "Explain why the sky is blue.",
-}
 
-
-class RawConfidence(Acceptance):
-    def calibrated(self, confidence: float) -> float:
-        return confidence
+class RawConfidence(Calibration):
+    def __call__(self, probability: float) -> float:
+        return probability
 
 
 class NoLookAhead(AdaptiveK):
@@ -72,9 +77,13 @@ def policy_for(variant: str, costs: MachineCosts):
         return FixedK(0)
     if variant == "line-costs":
         return AdaptiveK(line_costs(costs), config)
+    if variant == "chain":
+        return AdaptiveK(costs, PolicyConfig(trees=False))
+    if variant.startswith("hybrid"):
+        return adaptive_policy("hybrid", costs, config)
     policy = (NoLookAhead if variant == "no-look-ahead" else AdaptiveK)(costs, config)
     if variant == "no-calibration":
-        policy.acceptance = RawConfidence(config)
+        policy.acceptance.calibrated = RawConfidence(config.calibration_decay)
     return policy
 
 
@@ -86,8 +95,10 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=128)
     parser.add_argument("--temps", default="0,0.8")
     parser.add_argument("--variants", default="full,no-calibration,no-look-ahead,line-costs,plain")
+    parser.add_argument("--prompts", default="code,prose")
     args = parser.parse_args()
     variants, temps = args.variants.split(","), [float(t) for t in args.temps.split(",")]
+    kinds = args.prompts.split(",")
     prepared = prepare(
         ResolvedPair(verifier=args.m, draft=args.md, name=None, recommended_k=None),
         LoadOptions(n_ctx=2048),
@@ -98,16 +109,22 @@ def main() -> None:
         f"{prepared.costs.draft * 1000:.0f} ms/token",
         file=sys.stderr,
     )
-    tokens = {kind: prompt_tokens(prepared.verifier, text, raw=False, system=None) for kind, text in PROMPTS.items()}
+    tokens = {kind: prompt_tokens(prepared.verifier, PROMPTS[kind], raw=False, system=None) for kind in kinds}
     speeds: dict[tuple, list[float]] = {}
     for repeat in range(args.repeats):
-        for kind in PROMPTS:
+        sessions = {temp: SessionNgrams() for temp in temps}  # what this round's earlier answers taught
+        for kind in kinds:
             for temp in temps:
                 for variant in variants:
+                    drafter = build_drafter(
+                        "hybrid" if variant.startswith("hybrid") else "model",
+                        prepared.draft,
+                        session=sessions[temp] if variant == "hybrid-session" else None,
+                    )
                     n_tokens, start, prefill = 0, time.perf_counter(), 0.0
                     for event in speculate(
                         verifier=prepared.verifier,
-                        drafter=prepared.drafter(),
+                        drafter=drafter,
                         prompt_tokens=tokens[kind],
                         k=policy_for(variant, prepared.costs),
                         max_tokens=args.n,
@@ -125,7 +142,7 @@ def main() -> None:
     )
     print("| prompt | T | " + " | ".join(variants) + " |")
     print("|---|---|" + "---|" * len(variants))
-    for kind in PROMPTS:
+    for kind in kinds:
         for temp in temps:
             full = speeds[(kind, temp, "full")]
             cells = []

@@ -365,6 +365,7 @@ def run_chat(
         choose_k=choose_k,
     )
     repl.loop()
+    prepared.save_ngrams()
     if repl.n_failed and not interactive:  # a script must see that some answers are missing
         raise SpecggufError(
             f"{repl.n_failed} question{'s' if repl.n_failed > 1 else ''} got no complete"

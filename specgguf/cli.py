@@ -24,6 +24,7 @@ from .cli_options import (
     ForceSpec,
     GpuLayers,
     GpuLayersDraft,
+    KeepNgrams,
     MinP,
     Model,
     ModelDraft,
@@ -82,6 +83,7 @@ def run(
     draft_p_min: DraftPMin = 0.0,
     draft_min: DraftMin = 0,
     force_spec: ForceSpec = False,
+    keep_ngrams: KeepNgrams = False,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Tokens to generate.")] = 512,
     temp: Temperature = 0.8,
     top_k: TopK = 40,
@@ -126,7 +128,9 @@ def run(
             resolved=resolved,
             max_tokens=max_tokens,
             settings=settings,
-            drafting=draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc)),
+            drafting=draft_options(
+                draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc), keep_ngrams=keep_ngrams
+            ),
             seed=seed,
             load=load,
             raw=raw,
@@ -337,6 +341,7 @@ def chat(
     draft_p_min: DraftPMin = 0.0,
     draft_min: DraftMin = 0,
     force_spec: ForceSpec = False,
+    keep_ngrams: KeepNgrams = False,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Most tokens per answer.")] = 1024,
     temp: Temperature = 0.8,
     top_k: TopK = 40,
@@ -371,7 +376,9 @@ def chat(
         rpc_timeout=rpc_timeout,
         err_console=err_console,
     )
-    drafting = draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc))
+    drafting = draft_options(
+        draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc), keep_ngrams=keep_ngrams
+    )
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=progress_bar(err_console))
     with _reader_may_leave():
         run_chat(
@@ -401,6 +408,7 @@ def serve(
     draft_p_min: DraftPMin = 0.0,
     draft_min: DraftMin = 0,
     force_spec: ForceSpec = False,
+    keep_ngrams: KeepNgrams = False,
     max_tokens: Annotated[
         int,
         typer.Option("-n", "--max-tokens", min=1, help="Most tokens per answer when a request gives no max_tokens."),
@@ -454,7 +462,9 @@ def serve(
         rpc_timeout=rpc_timeout,
         err_console=err_console,
     )
-    drafting = draft_options(draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc))
+    drafting = draft_options(
+        draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc), keep_ngrams=keep_ngrams
+    )
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=progress_bar(err_console))
     run_server(
         resolved=resolved,

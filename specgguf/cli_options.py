@@ -49,6 +49,14 @@ DraftMin = Annotated[
     int, typer.Option("--draft-min", min=0, help="Draft at least this many tokens before --draft-p-min can stop it.")
 ]
 ForceSpec = Annotated[bool, typer.Option("--force-spec", help="Keep speculating even where it measured slower.")]
+KeepNgrams = Annotated[
+    bool,
+    typer.Option(
+        "--keep-ngrams",
+        help="Keep the n-gram cache the ngram/hybrid drafters learn from across sessions (one file per "
+        "verifier in the cache folder: read at start, saved at the end).",
+    ),
+]
 Temperature = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature; 0 = greedy.")]
 TopK = Annotated[int, typer.Option("--top-k", min=0, help="Top-k (0 = off).")]
 TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p (1 = off).")]
@@ -132,7 +140,14 @@ def sampling_settings(temp: float, top_k: int, top_p: float, min_p: float) -> Sa
 
 
 def draft_options(
-    draft_max: str | None, drafter: str, p_min: float, n_min: int, force_spec: bool, on_workers: bool = False
+    draft_max: str | None,
+    drafter: str,
+    p_min: float,
+    n_min: int,
+    force_spec: bool,
+    on_workers: bool = False,
+    *,
+    keep_ngrams: bool = False,
 ):
     from .prepare import KChoice, parse_drafter, parse_k
 
@@ -140,7 +155,7 @@ def draft_options(
     k = parse_k(draft_max)
     if on_workers and k.mode == "auto":
         k = KChoice("adaptive")  # the K `bench` stored was measured with the verifier here, not on workers
-    return DraftOptions(k=k, drafter=kind, p_min=p_min, n_min=n_min, force_spec=force_spec)
+    return DraftOptions(k=k, drafter=kind, p_min=p_min, n_min=n_min, force_spec=force_spec, keep_ngrams=keep_ngrams)
 
 
 def load_options(

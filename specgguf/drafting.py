@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, get_args
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from .ngram_cache import SessionNgrams
 from .sampling import SamplingSettings, sample_token, sparse_distribution
 
 if TYPE_CHECKING:
@@ -230,15 +231,31 @@ class ModelDrafter:
 
 
 class NgramDrafter:
-    """Prompt lookup: continue the longest recent n-gram match in prompt + output."""
+    """Prompt lookup: continue the longest recent n-gram match in prompt + output; with a
+    `session` cache (ngram_cache.py), what followed n-grams anywhere in the session where the
+    context has no match. It teaches the session everything it reads and sees generated."""
 
     source: Source = "ngram"
 
-    def __init__(self, *, max_ngram: int = 4, min_ngram: int = 2, window: int = 4096):
+    def __init__(
+        self, *, max_ngram: int = 4, min_ngram: int = 2, window: int = 4096, session: SessionNgrams | None = None
+    ):
         self.max_ngram, self.min_ngram, self.window = max_ngram, min_ngram, window
+        self.session = session
+        self._history: Sequence[int] = []  # the last answer's context (the engine's list), ...
+        self._n_learned = 0  # ... learned this far
 
     def prepare(self, prompt_tokens: Sequence[int]) -> None:
-        pass
+        if self.session is not None:
+            # A chat's next prompt repeats the conversation so far: only what is new is counted.
+            self.session.learn(prompt_tokens, start=common_prefix(self._history[: self._n_learned], prompt_tokens))
+            self._history, self._n_learned = prompt_tokens, len(prompt_tokens)
+
+    def learn(self, context: list[int]) -> None:
+        """Teach the session the tokens the verifier settled on since the last call."""
+        if self.session is not None and len(context) > self._n_learned:
+            self.session.learn(context, start=self._n_learned)
+            self._history, self._n_learned = context, len(context)
 
     def room(self, context_length: int) -> int:
         return 1 << 30
@@ -259,7 +276,7 @@ class NgramDrafter:
             if hits.size:
                 start = int(hits[-1]) + n  # the most recent occurrence
                 return history[start : start + k].tolist(), n
-        return [], 0
+        return self.session.lookup(context, k) if self.session is not None else ([], 0)
 
     def propose(
         self,
@@ -285,7 +302,7 @@ class NgramDrafter:
         return Drafts(tokens=tokens, probs=probs, source=self.source)
 
     def sync(self, context: list[int]) -> None:
-        pass
+        self.learn(context)
 
 
 class HybridDrafter:
@@ -299,6 +316,7 @@ class HybridDrafter:
 
     def prepare(self, prompt_tokens: Sequence[int]) -> None:
         self.model_drafter.prepare(prompt_tokens)
+        self.ngram.prepare(prompt_tokens)
 
     def room(self, context_length: int) -> int:
         return self.model_drafter.room(context_length)
@@ -328,6 +346,7 @@ class HybridDrafter:
 
     def sync(self, context: list[int]) -> None:
         self.model_drafter.sync(context)
+        self.ngram.sync(context)
 
 
 DrafterKind = Literal["model", "ngram", "hybrid"]  # as the command line names them
@@ -335,12 +354,18 @@ DRAFTERS: tuple[DrafterKind, ...] = get_args(DrafterKind)
 
 
 def build_drafter(
-    kind: DrafterKind, draft_model: Model | None, *, p_min: float = 0.0, n_min: int = 0
+    kind: DrafterKind,
+    draft_model: Model | None,
+    *,
+    p_min: float = 0.0,
+    n_min: int = 0,
+    session: SessionNgrams | None = None,
 ) -> Drafter | None:
-    """`kind` as the CLI names it; None when there is nothing to draft with."""
+    """`kind` as the CLI names it; None when there is nothing to draft with. The n-gram and
+    hybrid drafters also draft from, and teach, the `session` n-gram cache."""
     if kind == "ngram":
-        return NgramDrafter()
+        return NgramDrafter(session=session)
     if draft_model is None:
         return None
     model_drafter = ModelDrafter(draft_model, p_min=p_min, n_min=n_min)
-    return HybridDrafter(model_drafter, NgramDrafter()) if kind == "hybrid" else model_drafter
+    return HybridDrafter(model_drafter, NgramDrafter(session=session)) if kind == "hybrid" else model_drafter

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specgguf.errors import SpecggufError
+from .errors import SpecggufError
 
 FORMAT_VERSION = 1
 MAX_N = 16  # longest n-gram a cache may hold

@@ -14,16 +14,19 @@ model's: the n-gram and hybrid drafters always choose K online.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from .assets import cache_dir
 from .costs import MachineCosts, probe
 from .drafting import DRAFTERS, Drafter, DrafterKind, build_drafter
 from .engine import FixedK, KPolicy
 from .errors import PromptError, UsageError
 from .kpolicy import K_MAX, PerSource, PolicyConfig, adaptive_policy
+from .ngram_cache import SessionNgrams
 from .resolve import ResolvedPair
 from .rpc import DEFAULT_TIMEOUT, RpcWorker
 from .tuning import stored_measurement
@@ -88,6 +91,7 @@ class DraftOptions:
     p_min: float = 0.0  # early stop: the draft stops below this top probability
     n_min: int = 0  # ... but only after this many drafts
     force_spec: bool = False  # never fall back to plain decoding
+    keep_ngrams: bool = False  # the session n-gram cache persists per verifier (read at start, saved at the end)
 
     @property
     def plain(self) -> bool:
@@ -147,6 +151,9 @@ class Prepared:
     options: DraftOptions
     on_measure: Callable[[], None] | None = None  # called before costs are measured (to say so)
     _costs: MachineCosts | None = None
+    # What followed each n-gram in everything this session read and generated (the n-gram and
+    # hybrid drafters draft from it); with --keep-ngrams, also what earlier sessions saw.
+    ngrams: SessionNgrams = field(default_factory=SessionNgrams)
 
     @property
     def costs(self) -> MachineCosts:
@@ -162,7 +169,17 @@ class Prepared:
             self.draft,
             p_min=self.options.p_min if p_min is None else p_min,
             n_min=self.options.n_min,
+            session=self.ngrams,
         )
+
+    def save_ngrams(self) -> Path | None:
+        """With --keep-ngrams, write the session's n-gram cache back (atomically); where it went."""
+        if not self.options.keep_ngrams:
+            return None
+        path, key = ngram_file(self.resolved.verifier, self.verifier.n_vocab)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.ngrams.save(path, key=key)
+        return path
 
     def policy(
         self,
@@ -227,9 +244,22 @@ def prepare(
     need_draft = drafting.drafter != "ngram" and (keep_draft or not drafting.plain)
     verifier, draft = load_models(resolved, load, need_draft=need_draft)
     prepared = Prepared(resolved=resolved, verifier=verifier, draft=draft, options=drafting, on_measure=on_measure)
+    if drafting.keep_ngrams:
+        path, key = ngram_file(resolved.verifier, verifier.n_vocab)
+        if path.exists():
+            prepared.ngrams = SessionNgrams.load(path, key=key)
     if not drafting.plain:
         _ = prepared.costs  # measured now, before the first answer, if this machine has not yet
     return prepared
+
+
+def ngram_file(verifier: Path, n_vocab: int) -> tuple[Path, str]:
+    """Where a verifier's n-gram cache persists, and the key that ties the file to its tokenizer.
+    The name is a digest of the key: nothing from the model's file name reaches the path."""
+    size = verifier.stat().st_size if verifier.exists() else 0
+    key = f"{verifier.name}|{size}|n_vocab={n_vocab}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    return cache_dir() / "ngrams" / f"{digest}.npz", key
 
 
 def prompt_tokens(verifier, prompt: str, *, raw: bool, system: str | None) -> list[int]:

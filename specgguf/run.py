@@ -102,6 +102,7 @@ def run_prompt(
         out.flush()
     elif not quiet:
         _report(stats, k_source, load, err_console, where=where_line(verifier, draft) if load.rpc else None)
+    prepared.save_ngrams()  # after the answer is out: a failure here loses nothing written
     return result
 
 

@@ -137,7 +137,8 @@ def accept_tree(
     verifier's own samples. A chain (parents[i] = i - 1) is the Leviathan / Chen rule.
     """
     children = children_of(parents)
-    path, node = [], -1
+    path: list[int] = []
+    node = -1
     while True:
         p = target_probs(node)
         for child in children.get(node, []):
@@ -161,7 +162,8 @@ def accept_tree_greedy(
     """Temperature 0 over a draft tree: follow the child that is the verifier's argmax after
     its parent's path (node -1: the context). Returns (accepted path, the verifier's next token)."""
     children = children_of(parents)
-    path, node = [], -1
+    path: list[int] = []
+    node = -1
     while True:
         choice = target_argmax(node)
         match = next((child for child in children.get(node, []) if draft_tokens[child] == choice), None)
@@ -189,7 +191,7 @@ def accept_drafts(
     """
     path, next_token = accept_tree(
         target_probs=lambda node: target_probs[node + 1],
-        draft_probs=draft_probs,
+        draft_probs=list(draft_probs),
         draft_tokens=[int(token) for token in draft_tokens],
         parents=list(range(-1, len(draft_tokens) - 1)),
         rng=rng,

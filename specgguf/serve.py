@@ -308,5 +308,6 @@ def run_server(
             sock=sock,
             err_console=err_console,
         )
+        prepared.save_ngrams()  # the worker has stopped: nothing else touches the cache now
     finally:
         sock.close()

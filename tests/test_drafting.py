@@ -7,6 +7,7 @@ import numpy as np
 from fakes import FakeModel, one_hot_logits
 from specgguf.drafting import HybridDrafter, ModelDrafter, NgramDrafter, build_drafter
 from specgguf.engine import speculate
+from specgguf.ngram_cache import SessionNgrams
 from specgguf.sampling import SamplingSettings
 
 GREEDY = SamplingSettings(temperature=0.0)
@@ -109,3 +110,40 @@ def test_ngram_drafter_speeds_up_repetitive_text_and_stays_the_verifiers_output(
         context.append(cycle(context))
     assert [t for event in events for t in event.tokens] == context[1:]
     assert len(events) <= 6  # 6 tokens per step instead of 1
+
+
+def test_session_cache_drafts_where_the_context_has_no_match_and_learns_each_turn_once():
+    session = SessionNgrams()
+    drafter = NgramDrafter(session=session)
+    # An earlier answer taught the session "3 4 -> 5 6 7"; this prompt has no match of its own.
+    session.learn([1, 3, 4, 5, 6, 7, 8])
+    drafter.prepare([9, 3, 4])
+    assert _propose(drafter, [9, 3, 4], 3).tokens == [5, 6, 7]
+    # Generated tokens are learned as the verifier settles on them (sync), once.
+    context = [9, 3, 4, 5, 10, 11]
+    drafter.sync(context)
+    assert session.lookup([5, 10], 1) == ([11], 2)
+    counted = len(session)
+    drafter.sync(context)  # nothing new
+    assert len(session) == counted
+    # The next chat turn repeats the conversation: only its new tail is counted.
+    next_turn = context + [12, 13]
+    drafter.prepare(next_turn)
+    assert session.lookup([11, 12], 1) == ([13], 2)
+    again = SessionNgrams()
+    again.learn(next_turn)
+    assert len(session) >= len(again)  # the first answer's n-grams are in it too
+    # The context's own match comes first, the session only where it has none.
+    assert _propose(drafter, [3, 4, 20, 21, 3, 4], 2).tokens == [20, 21]
+
+
+def test_hybrid_takes_long_session_matches_and_feeds_the_session():
+    session = SessionNgrams()
+    session.learn([1, 2, 3, 4, 5, 6])
+    model = FakeModel(one_hot_logits(lambda context: 0, 20), n_vocab=20)
+    model.eval([7], n_logits=0)
+    hybrid = HybridDrafter(ModelDrafter(model), NgramDrafter(session=session), min_match=3)
+    drafts = _propose(hybrid, [7, 2, 3, 4], 2)
+    assert drafts.source == "ngram" and drafts.tokens == [5, 6]
+    hybrid.prepare([7, 8, 9, 10])
+    assert session.lookup([8, 9], 1) == ([10], 2)

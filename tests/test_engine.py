@@ -299,9 +299,8 @@ def test_greedy_tree_takes_the_sibling_the_verifier_wants_and_keeps_both_caches_
 def test_the_wrong_tree_rule_fails_the_loops_distribution_check(monkeypatch):
     """The control for the tree cases above: the same loop with siblings each tested against the
     verifier's unchanged distribution must fail."""
-    from test_sampling import _wrong_tree_rule
-
     import specgguf.engine
+    from test_sampling import _wrong_tree_rule
 
     monkeypatch.setattr(specgguf.engine, "accept_tree", _wrong_tree_rule)
     target_table, draft_table = _markov_table(1), _markov_table(2)

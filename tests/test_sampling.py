@@ -217,9 +217,7 @@ def _tree_counts(accept, rng, *, n_root, n_below):
         def target(node, tokens=tokens):
             return target_root if node < 0 else target_next[tokens[node]]
 
-        path, next_token = accept(
-            target_probs=target, draft_probs=probs, draft_tokens=tokens, parents=parents, rng=rng
-        )
+        path, next_token = accept(target_probs=target, draft_probs=probs, draft_tokens=tokens, parents=parents, rng=rng)
         emitted = [tokens[node] for node in path] + [next_token]
         if len(emitted) < 2:  # nothing accepted: the second token is the verifier's own next one
             emitted.append(sample_token(target_next[emitted[0]], rng))
