@@ -23,6 +23,8 @@ class GenerationStats:
     accepted_by_source: dict[str, int] = field(default_factory=dict)  # "model" / "ngram" -> accepted tokens
     accepted_by_position: list[int] = field(default_factory=list)  # drafts accepted at position i
     drafted_by_position: list[int] = field(default_factory=list)
+    n_siblings: int = 0  # draft trees: runner-ups checked beside the chain (counted in n_drafted) ...
+    siblings_accepted: int = 0  # ... and taken
 
     def add(self, event: StepEvent) -> None:
         self.n_tokens += len(event.tokens)
@@ -40,7 +42,13 @@ class GenerationStats:
         self.sample_seconds += event.sample_seconds
         self.prefill_seconds += event.prefill_seconds
         self.stop = event.stop or self.stop
-        for counts, n in ((self.drafted_by_position, event.n_drafted), (self.accepted_by_position, event.n_accepted)):
+        self.n_siblings += event.n_siblings
+        self.siblings_accepted += event.siblings_accepted
+        # Positions along the chain (a sibling sits beside a chain position, not after it).
+        for counts, n in (
+            (self.drafted_by_position, event.chain_drafted),
+            (self.accepted_by_position, event.chain_accepted),
+        ):
             counts.extend([0] * (n - len(counts)))
             for position in range(n):
                 counts[position] += 1
@@ -58,6 +66,8 @@ class GenerationStats:
             "sample_seconds",
             "prefill_seconds",
             "wall_seconds",
+            "n_siblings",
+            "siblings_accepted",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for source, n in other.accepted_by_source.items():
@@ -96,6 +106,8 @@ class GenerationStats:
             if self.acceptance_rate is not None
             else "plain decoding"
         )
+        if self.n_siblings:
+            acceptance += f" (tree siblings: {self.siblings_accepted}/{self.n_siblings} taken)"
         if len(self.accepted_by_source) > 1:
             acceptance += (
                 " [" + ", ".join(f"{n} from {source}" for source, n in sorted(self.accepted_by_source.items())) + "]"
@@ -117,6 +129,8 @@ class GenerationStats:
             "n_drafted": self.n_drafted,
             "n_accepted": self.n_accepted,
             "n_plain_steps": self.n_plain_steps,
+            "n_siblings": self.n_siblings,
+            "siblings_accepted": self.siblings_accepted,
             "accepted_by_source": dict(self.accepted_by_source),
             "acceptance_by_position": [
                 round(a / d, 4) for a, d in zip(self.accepted_by_position, self.drafted_by_position)

@@ -166,3 +166,18 @@ def test_bad_bench_options_are_one_line_errors(cli, args, expected):
 def test_no_prompt_at_all_is_an_error(cli, tiny):
     result = cli("run", *tiny, stdin="")  # an empty stdin that is not a terminal (/dev/null): the prompt is empty
     assert result.returncode != 0 and result.stderr.startswith("specgguf: error: ")
+
+
+def test_keep_ngrams_saves_the_session_cache_and_reads_it_back(cli, tiny, tmp_path):
+    cache = tmp_path / "cache"
+    env = {"SPECGGUF_CACHE": str(cache)}
+    args = [*tiny, "--drafter", "ngram", "--keep-ngrams", "-n", "24", "--temp", "0", "-q"]
+    first = cli("run", *args, "--raw", "the cat was there and the cat was here", env=env)
+    assert first.returncode == 0, first.stderr
+    (saved,) = (cache / "ngrams").glob("*.npz")
+    learned = saved.stat().st_size
+    assert cli("run", *args, "--raw", "a dog ran", env=env).returncode == 0
+    assert saved.stat().st_size > learned  # read back, then saved with the new run's n-grams added
+    saved.write_bytes(saved.read_bytes()[:100])  # a damaged cache file: one line, and it says what to do
+    line = cli("run", *args, "--raw", "a dog ran", env=env).error_line()
+    assert str(saved) in line and "delete it" in line
