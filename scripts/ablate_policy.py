@@ -13,14 +13,15 @@ Variants:
 - no-calibration: the draft's top probability taken as its acceptance chance, not calibrated.
 - no-look-ahead: `keep_drafting` asks only whether the next draft pays, not any later one.
 - line-costs: the measured verify table replaced by a straight line fitted through it.
-- chain: no draft trees (the runner-up is never added beside the chain).
+- tree: draft trees on (`--draft-tree`: the runner-up beside the chain where the costs say it pays).
 - hybrid: `--drafter hybrid` (n-gram drafts on long matches, else the model), no session cache.
 - hybrid-session: the same with a session n-gram cache that has learned the earlier prompts'
   answers in the same round and temperature (a new cache each round: never the prompt's own
   answer from an earlier round, which would repeat word for word).
 - plain: K = 0, for scale.
 
-Issue 14's ablation: `--variants full,chain,hybrid,hybrid-session,plain --prompts code,prose,edit`.
+Issue 14's ablation: `--variants full,tree,hybrid,hybrid-session,plain --prompts code,prose,edit`
+(it ran while trees were on by default, as `full,chain,...`; `full` is now the chain).
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def policy_for(variant: str, costs: MachineCosts):
         return FixedK(0)
     if variant == "line-costs":
         return AdaptiveK(line_costs(costs), config)
-    if variant == "chain":
-        return AdaptiveK(costs, PolicyConfig(trees=False))
+    if variant == "tree":
+        return AdaptiveK(costs, PolicyConfig(trees=True))
     if variant.startswith("hybrid"):
         return adaptive_policy("hybrid", costs, config)
     policy = (NoLookAhead if variant == "no-look-ahead" else AdaptiveK)(costs, config)

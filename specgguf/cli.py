@@ -21,6 +21,7 @@ from .cli_options import (
     DraftMax,
     DraftMin,
     DraftPMin,
+    DraftTree,
     ForceSpec,
     GpuLayers,
     GpuLayersDraft,
@@ -84,6 +85,7 @@ def run(
     draft_min: DraftMin = 0,
     force_spec: ForceSpec = False,
     keep_ngrams: KeepNgrams = False,
+    draft_tree: DraftTree = False,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Tokens to generate.")] = 512,
     temp: Temperature = 0.8,
     top_k: TopK = 40,
@@ -129,7 +131,14 @@ def run(
             max_tokens=max_tokens,
             settings=settings,
             drafting=draft_options(
-                draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc), keep_ngrams=keep_ngrams
+                draft_max,
+                drafter,
+                draft_p_min,
+                draft_min,
+                force_spec,
+                bool(load.rpc),
+                keep_ngrams=keep_ngrams,
+                trees=draft_tree,
             ),
             seed=seed,
             load=load,
@@ -342,6 +351,7 @@ def chat(
     draft_min: DraftMin = 0,
     force_spec: ForceSpec = False,
     keep_ngrams: KeepNgrams = False,
+    draft_tree: DraftTree = False,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Most tokens per answer.")] = 1024,
     temp: Temperature = 0.8,
     top_k: TopK = 40,
@@ -377,7 +387,14 @@ def chat(
         err_console=err_console,
     )
     drafting = draft_options(
-        draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc), keep_ngrams=keep_ngrams
+        draft_max,
+        drafter,
+        draft_p_min,
+        draft_min,
+        force_spec,
+        bool(load.rpc),
+        keep_ngrams=keep_ngrams,
+        trees=draft_tree,
     )
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=progress_bar(err_console))
     with _reader_may_leave():
@@ -409,6 +426,7 @@ def serve(
     draft_min: DraftMin = 0,
     force_spec: ForceSpec = False,
     keep_ngrams: KeepNgrams = False,
+    draft_tree: DraftTree = False,
     max_tokens: Annotated[
         int,
         typer.Option("-n", "--max-tokens", min=1, help="Most tokens per answer when a request gives no max_tokens."),
@@ -463,7 +481,14 @@ def serve(
         err_console=err_console,
     )
     drafting = draft_options(
-        draft_max, drafter, draft_p_min, draft_min, force_spec, bool(load.rpc), keep_ngrams=keep_ngrams
+        draft_max,
+        drafter,
+        draft_p_min,
+        draft_min,
+        force_spec,
+        bool(load.rpc),
+        keep_ngrams=keep_ngrams,
+        trees=draft_tree,
     )
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=progress_bar(err_console))
     run_server(

@@ -49,6 +49,14 @@ DraftMin = Annotated[
     int, typer.Option("--draft-min", min=0, help="Draft at least this many tokens before --draft-p-min can stop it.")
 ]
 ForceSpec = Annotated[bool, typer.Option("--force-spec", help="Keep speculating even where it measured slower.")]
+DraftTree = Annotated[
+    bool,
+    typer.Option(
+        "--draft-tree",
+        help="Draft trees: with adaptive K, also check the draft's runner-up beside the chain where the "
+        "measured costs say it pays (for verifiers that check extra tokens nearly free, e.g. GPUs).",
+    ),
+]
 KeepNgrams = Annotated[
     bool,
     typer.Option(
@@ -148,6 +156,7 @@ def draft_options(
     on_workers: bool = False,
     *,
     keep_ngrams: bool = False,
+    trees: bool = False,
 ):
     from .prepare import KChoice, parse_drafter, parse_k
 
@@ -155,7 +164,9 @@ def draft_options(
     k = parse_k(draft_max)
     if on_workers and k.mode == "auto":
         k = KChoice("adaptive")  # the K `bench` stored was measured with the verifier here, not on workers
-    return DraftOptions(k=k, drafter=kind, p_min=p_min, n_min=n_min, force_spec=force_spec, keep_ngrams=keep_ngrams)
+    return DraftOptions(
+        k=k, drafter=kind, p_min=p_min, n_min=n_min, force_spec=force_spec, keep_ngrams=keep_ngrams, trees=trees
+    )
 
 
 def load_options(

@@ -64,7 +64,10 @@ class PolicyConfig:
     calibration_decay: float = 0.995  # slower: each confidence bin sees only some of the drafts
     cost_trust: int = 3  # the measured table counts as this many steps at scale 1
     worth_trying: float = 0.9  # draft at all only if some K wins at this acceptance per position
-    trees: bool = True  # add the draft's runner-up beside the chain where it pays (`AdaptiveK.branch`)
+    # Draft trees (--draft-tree): add the draft's runner-up beside the chain where it pays
+    # (`AdaptiveK.branch`). Off by default: on the CPUs measured it did not win beyond the noise
+    # (docs/adaptive-k.md); it is for verifiers that check extra tokens nearly free (GPUs).
+    trees: bool = False
 
 
 class Calibration:

@@ -92,6 +92,7 @@ class DraftOptions:
     n_min: int = 0  # ... but only after this many drafts
     force_spec: bool = False  # never fall back to plain decoding
     keep_ngrams: bool = False  # the session n-gram cache persists per verifier (read at start, saved at the end)
+    trees: bool = False  # draft trees: the runner-up beside the chain where the costs say it pays
 
     @property
     def plain(self) -> bool:
@@ -108,6 +109,7 @@ def make_policy(
     temperature: float,
     recommended_k: int | None,
     force_spec: bool,
+    trees: bool = False,
     config: PolicyConfig | None = None,
 ) -> tuple[KPolicy, KSource]:
     """The K policy for a run, and where K came from. `costs` is asked only for adaptive K."""
@@ -119,7 +121,7 @@ def make_policy(
     if choice.mode == "adaptive" or drafter != "model" or stored is None:
         # The stored best K is the draft model's alone: n-gram drafts (alone or in a hybrid) may
         # win where it measured plain faster, so they always choose K online.
-        config = config or PolicyConfig(k_max=K_MAX, k_min=1 if force_spec else 0)
+        config = config or PolicyConfig(k_max=K_MAX, k_min=1 if force_spec else 0, trees=trees)
         policy = adaptive_policy(drafter, costs(), config)
         model_side = policy.policies["model"] if isinstance(policy, PerSource) else policy
         if model_side.source == "model" and not model_side.worth_drafting:
@@ -200,6 +202,7 @@ class Prepared:
             temperature=temperature,
             recommended_k=self.resolved.recommended_k,
             force_spec=self.options.force_spec,
+            trees=self.options.trees,
             config=config,
         )
 

@@ -219,3 +219,19 @@ def test_hybrid_policy_learns_each_drafters_k_apart():
     assert ngram_policy.acceptance.accepted[0] == ngram_policy.acceptance.drafted[0] > 10
     assert policy.choose("model") == 0 and policy.choose("ngram") >= 3
     assert policy.keep_drafting([0.99]) == model_policy.keep_drafting([0.99])
+
+
+def test_tree_siblings_only_where_the_costs_say_they_pay_and_only_when_asked_for():
+    gpu_like = MachineCosts((0.050, 0.051, 0.052, 0.053, 0.054), draft=0.004)  # extra verified tokens nearly free
+    compute_bound = MachineCosts((0.035, 0.07, 0.105, 0.14, 0.175), draft=0.004)
+    trees = PolicyConfig(trees=True)
+    assert AdaptiveK(gpu_like, trees).branch([0.99, 0.5], runner_up=0.3)  # an unsure position, reached likely
+    assert not AdaptiveK(compute_bound, trees).branch([0.99, 0.5], runner_up=0.3)
+    assert not AdaptiveK(gpu_like, PolicyConfig()).branch([0.99, 0.5], runner_up=0.3)  # off by default
+    # Siblings the verifier never takes stop being added.
+    policy = AdaptiveK(gpu_like, trees)
+    for _ in range(40):
+        event = _step(3, 1, verify=0.052, draft=0.004, confidences=[0.99, 0.5, 0.9])
+        event.n_siblings, event.sides = 1, [(0.3, False)]
+        policy.observe(event)
+    assert not policy.branch([0.99, 0.5], runner_up=0.3)
