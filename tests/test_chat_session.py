@@ -34,7 +34,7 @@ class CountingModel:
     def __getattr__(self, name):
         return getattr(self.model, name)
 
-    def eval(self, tokens, *, n_logits):
+    def _count(self, tokens, n_logits):
         self.calls.append((self.model.n_past, list(tokens), n_logits))
         sequence = list(self.model.cached)
         for token in tokens:
@@ -42,7 +42,15 @@ class CountingModel:
             key = hash(tuple(sequence))
             self.recomputed += key in self.computed
             self.computed.add(key)
+
+    def eval(self, tokens, *, n_logits):
+        self._count(tokens, n_logits)
         return self.model.eval(tokens, n_logits=n_logits)
+
+    def eval_tree(self, tokens, parents, *, n_logits):
+        assert list(parents) == list(range(-1, len(tokens) - 1))  # a fixed K drafts chains
+        self._count(tokens, n_logits)
+        return self.model.eval_tree(tokens, parents, n_logits=n_logits)
 
     def positions_below(self, end: int) -> int:
         """How many prompt positions (< end) it evaluated since the calls were cleared."""
@@ -160,11 +168,11 @@ class InterruptedOnce(CountingModel):
 
     armed = True
 
-    def eval(self, tokens, *, n_logits):
-        if not (self.armed and n_logits > 0):
-            return super().eval(tokens, n_logits=n_logits)
+    def eval_tree(self, tokens, parents, *, n_logits):
+        if not self.armed:
+            return super().eval_tree(tokens, parents, n_logits=n_logits)
         self.armed = False
-        super().eval(tokens, n_logits=n_logits)
+        super().eval_tree(tokens, parents, n_logits=n_logits)
         del self.model.cached[-len(tokens) :]
         raise KeyboardInterrupt
 

@@ -209,6 +209,35 @@ CHEAP_DRAFTS = MachineCosts((0.03, 0.04, 0.05, 0.06), draft=0.001)
 FORCED_K3 = PolicyConfig(k_max=3, k_min=1)
 
 
+def _sequence_p_value(kind, policy, seed, n_sequences=20_000):
+    """Chi-square p-value of SEQUENCE_LENGTH-token answers through the engine against their exact
+    law under the verifier alone, and the sources that drafted."""
+    target_table, draft_table = _markov_table(1), _markov_table(2)
+    settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    verifier = FakeModel(lambda context: target_table[context[-1]], n_vocab=MARKOV_VOCAB)
+    drafter = _drafter(kind, FakeModel(lambda context: draft_table[context[-1]], n_vocab=MARKOV_VOCAB))
+    rng = np.random.default_rng(seed)
+    counts = np.zeros((MARKOV_VOCAB,) * SEQUENCE_LENGTH)
+    sources = set()
+    for _ in range(n_sequences):
+        events = list(
+            speculate(
+                verifier=verifier,
+                drafter=drafter,
+                prompt_tokens=MARKOV_PROMPT,
+                k=policy,
+                max_tokens=SEQUENCE_LENGTH,
+                settings=settings,
+                rng=rng,
+            )
+        )
+        counts[tuple(t for event in events for t in event.tokens)] += 1
+        sources.update(event.draft_source for event in events if event.n_drafted)
+    target = np.exp(target_table)
+    expected = np.einsum("a,ab,bc->abc", target[MARKOV_PROMPT[-1]], target, target)
+    return chisquare(counts.ravel(), expected.ravel() * n_sequences).pvalue, sources
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kind, policy",
@@ -234,32 +263,8 @@ FORCED_K3 = PolicyConfig(k_max=3, k_min=1)
     ],
 )
 def test_sampled_sequences_follow_the_verifiers_joint_distribution(kind, policy):
-    target_table, draft_table = _markov_table(1), _markov_table(2)
-    settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    verifier = FakeModel(lambda context: target_table[context[-1]], n_vocab=MARKOV_VOCAB)
-    drafter = _drafter(kind, FakeModel(lambda context: draft_table[context[-1]], n_vocab=MARKOV_VOCAB))
-    rng = np.random.default_rng(5)
-    counts = np.zeros((MARKOV_VOCAB,) * SEQUENCE_LENGTH)
-    sources = set()
-    n_sequences = 20_000
-    for _ in range(n_sequences):
-        events = list(
-            speculate(
-                verifier=verifier,
-                drafter=drafter,
-                prompt_tokens=MARKOV_PROMPT,
-                k=policy,
-                max_tokens=SEQUENCE_LENGTH,
-                settings=settings,
-                rng=rng,
-            )
-        )
-        counts[tuple(t for event in events for t in event.tokens)] += 1
-        sources.update(event.draft_source for event in events if event.n_drafted)
-    # The exact law of a 3-token sequence under the verifier alone.
-    target = np.exp(target_table)
-    expected = np.einsum("a,ab,bc->abc", target[MARKOV_PROMPT[-1]], target, target)
-    assert chisquare(counts.ravel(), expected.ravel() * n_sequences).pvalue > 1e-4
+    p_value, sources = _sequence_p_value(kind, policy, seed=5)
+    assert p_value > 1e-4
     assert sources == {"model": {"model"}, "ngram": {"ngram"}, "hybrid": {"model", "ngram"}}[kind]
     if isinstance(policy, Siblings):
         assert policy.taken == {True, False}  # siblings were both taken and refused
@@ -303,24 +308,5 @@ def test_the_wrong_tree_rule_fails_the_loops_distribution_check(monkeypatch):
     from test_sampling import _wrong_tree_rule
 
     monkeypatch.setattr(specgguf.engine, "accept_tree", _wrong_tree_rule)
-    target_table, draft_table = _markov_table(1), _markov_table(2)
-    settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
-    verifier = FakeModel(lambda context: target_table[context[-1]], n_vocab=MARKOV_VOCAB)
-    drafter = ModelDrafter(FakeModel(lambda context: draft_table[context[-1]], n_vocab=MARKOV_VOCAB))
-    rng, policy = np.random.default_rng(6), AlwaysBranch(3)
-    counts = np.zeros((MARKOV_VOCAB,) * SEQUENCE_LENGTH)
-    n_sequences = 20_000
-    for _ in range(n_sequences):
-        events = speculate(
-            verifier=verifier,
-            drafter=drafter,
-            prompt_tokens=MARKOV_PROMPT,
-            k=policy,
-            max_tokens=SEQUENCE_LENGTH,
-            settings=settings,
-            rng=rng,
-        )
-        counts[tuple(t for event in events for t in event.tokens)] += 1
-    target = np.exp(target_table)
-    expected = np.einsum("a,ab,bc->abc", target[MARKOV_PROMPT[-1]], target, target)
-    assert chisquare(counts.ravel(), expected.ravel() * n_sequences).pvalue < 1e-12
+    p_value, _ = _sequence_p_value("model", AlwaysBranch(3), seed=6)
+    assert p_value < 1e-12
