@@ -196,7 +196,6 @@ class _PendingTree:
     tokens: list[int]
     parents: list[int]
     sequence: list[int]
-    depth: list[int]
 
     @property
     def chain(self) -> bool:
@@ -313,17 +312,24 @@ class LlamaModel:
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = i >= first_output
             batch.n_tokens = len(chunk)
-            with self._guard("while decoding"):
-                status = llama_cpp.llama_decode(self._ctx, batch)
-            if status != 0:
-                raise ModelLoadError(f"{self.path.name}: llama_decode failed ({status}): {_reason('')}")
+            self._decode(batch)
             self.cached.extend(chunk)
-        if n_logits == 0:
-            self.busy_seconds += time.perf_counter() - started
-            return np.empty((0, self.n_vocab), dtype=np.float32)
+        return self._logits(n_logits, started)
+
+    def _decode(self, batch: llama_cpp.llama_batch) -> None:
         with self._guard("while decoding"):
-            pointer = llama_cpp.llama_get_logits(self._ctx)
-            logits = np.ctypeslib.as_array(pointer, shape=(n_logits, self.n_vocab)).copy()
+            status = llama_cpp.llama_decode(self._ctx, batch)
+        if status != 0:
+            raise ModelLoadError(f"{self.path.name}: llama_decode failed ({status}): {_reason('')}")
+
+    def _logits(self, n_logits: int, started: float) -> np.ndarray:
+        """The last decode's n_logits rows; the time since `started` counts as busy."""
+        if n_logits == 0:
+            logits = np.empty((0, self.n_vocab), dtype=np.float32)
+        else:
+            with self._guard("while decoding"):
+                pointer = llama_cpp.llama_get_logits(self._ctx)
+                logits = np.ctypeslib.as_array(pointer, shape=(n_logits, self.n_vocab)).copy()
         self.busy_seconds += time.perf_counter() - started
         return logits
 
@@ -348,7 +354,7 @@ class LlamaModel:
         chain = list(parents) == list(range(-1, len(tokens) - 1))
         base = self.n_past
         if chain:
-            self._tree = _PendingTree(base, list(tokens), list(parents), [0] * len(tokens), list(range(len(tokens))))
+            self._tree = _PendingTree(base, list(tokens), list(parents), [0] * len(tokens))
             return self.eval(tokens, n_logits=n_logits)
         if base + len(tokens) > self.n_ctx:
             raise ContextFullError(f"context overflow: {base} + {len(tokens)} tokens > {self.n_ctx}")
@@ -375,24 +381,18 @@ class LlamaModel:
             for sequence in range(1, len(leaves)):
                 llama_cpp.llama_memory_seq_rm(self._memory, sequence, -1, -1)
                 llama_cpp.llama_memory_seq_cp(self._memory, 0, sequence, -1, -1)
-            first_output = len(tokens) - n_logits
-            for i, token in enumerate(tokens):
-                batch.token[i] = token
-                batch.pos[i] = base + depth[i]
-                batch.n_seq_id[i] = len(sequences[i])
-                for j, sequence in enumerate(sorted(sequences[i])):
-                    batch.seq_id[i][j] = sequence
-                batch.logits[i] = i >= first_output
-            batch.n_tokens = len(tokens)
-            status = llama_cpp.llama_decode(self._ctx, batch)
-        if status != 0:
-            raise ModelLoadError(f"{self.path.name}: llama_decode failed ({status}): {_reason('')}")
-        self._tree = _PendingTree(base, list(tokens), list(parents), [min(s) for s in sequences], depth)
-        with self._guard("while decoding"):
-            pointer = llama_cpp.llama_get_logits(self._ctx)
-            logits = np.ctypeslib.as_array(pointer, shape=(n_logits, self.n_vocab)).copy()
-        self.busy_seconds += time.perf_counter() - started
-        return logits
+        first_output = len(tokens) - n_logits
+        for i, token in enumerate(tokens):
+            batch.token[i] = token
+            batch.pos[i] = base + depth[i]
+            batch.n_seq_id[i] = len(sequences[i])
+            for j, sequence in enumerate(sorted(sequences[i])):
+                batch.seq_id[i][j] = sequence
+            batch.logits[i] = i >= first_output
+        batch.n_tokens = len(tokens)
+        self._decode(batch)
+        self._tree = _PendingTree(base, list(tokens), list(parents), [min(s) for s in sequences])
+        return self._logits(n_logits, started)
 
     def keep_path(self, path: Sequence[int]) -> None:
         """Keep the pending tree's `path` (root to node) in the cache as sequence 0, drop the rest."""

@@ -192,10 +192,12 @@ class ModelDrafter:
             logits = _align(self.model.eval(feed, n_logits=1), n_vocab)[0]
             if settings.greedy:
                 token = int(np.argmax(logits))
-                top_two = np.argpartition(logits, -2)[-2:]
-                runner = int(top_two[0] if top_two[0] != token else top_two[1])
-                weights = np.exp(logits[[token, runner]] - logits[token]) / np.exp(logits - logits[token]).sum()
-                top_prob, runner_up, draft_probs = float(weights[0]), float(weights[1]), None
+                total = np.exp(logits - logits[token]).sum()
+                top_prob, draft_probs = float(1.0 / total), None
+                if branch is not None:  # a scan of the vocabulary, only when trees may use it
+                    top_two = np.argpartition(logits, -2)[-2:]
+                    runner = int(top_two[0] if top_two[0] != token else top_two[1])
+                    runner_up = float(np.exp(logits[runner] - logits[token]) / total)
             else:
                 support, weights = sparse_distribution(logits, settings)
                 token = int(support[sample_token(weights, rng)])

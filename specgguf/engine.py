@@ -30,6 +30,10 @@ class KPolicy(Protocol):
     def keep_drafting(self, confidences: list[float]) -> bool:
         """Asked after each draft token (its top probabilities so far): go on drafting?"""
 
+    @property
+    def branches(self) -> bool:
+        """Whether `branch` can ever say yes (else the drafter need not find runner-ups)."""
+
     def branch(self, confidences: list[float], runner_up: float) -> bool:
         """Asked after each draft token: add the runner-up (of this probability) as a sibling?"""
 
@@ -37,6 +41,8 @@ class KPolicy(Protocol):
 
 
 class FixedK:
+    branches = False  # a fixed K is a chain, as llama.cpp's --draft-max
+
     def __init__(self, k: int):
         self.k = k
 
@@ -47,7 +53,7 @@ class FixedK:
         return True
 
     def branch(self, confidences: list[float], runner_up: float) -> bool:
-        return False  # a fixed K is a chain, as llama.cpp's --draft-max
+        return False
 
     def observe(self, event: StepEvent) -> None:
         pass
@@ -162,7 +168,7 @@ def speculate(
                 rng=rng,
                 keep_drafting=policy.keep_drafting,
                 # Siblings add up to one node per draft: only where the cache has room for them.
-                branch=policy.branch if 2 * k_step <= verifier.n_ctx - len(context) else None,
+                branch=policy.branch if policy.branches and 2 * k_step <= verifier.n_ctx - len(context) else None,
             )
             if k_step
             else Drafts()
@@ -184,7 +190,7 @@ def speculate(
             drafts,
             path,
             target_logits[[tree.row(node) for node in [-1, *path]]],
-            len(tree.tokens) - tree.root - 1,
+            tree.n_checked,
             verifier,
             n_emitted,
             max_tokens,
@@ -233,6 +239,11 @@ class VerifyTree:
                 parents.append(key[0])
             rows.append(index[key])
         return cls(tokens, parents, root, rows)
+
+    @property
+    def n_checked(self) -> int:
+        """Distinct draft tokens in the batch."""
+        return len(self.tokens) - self.root - 1
 
     @property
     def n_rows(self) -> int:

@@ -263,6 +263,10 @@ class AdaptiveK:
         rates = expected / self.costs.step(lengths)
         return bool(rates[1:].max() > rates[0])
 
+    @property
+    def branches(self) -> bool:
+        return self.config.trees
+
     def branch(self, confidences: list[float], runner_up: float) -> bool:
         """Add the draft's runner-up as a sibling of the newest draft (a leaf the verifier checks
         in the same pass)? With i drafts so far, the sibling is reached if drafts 1..i-1 are all
@@ -305,6 +309,10 @@ class PerSource:
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         return self.policies["model"].keep_drafting(confidences)  # only a draft model knows its confidence
+
+    @property
+    def branches(self) -> bool:
+        return self.policies["model"].branches
 
     def branch(self, confidences: list[float], runner_up: float) -> bool:
         return self.policies["model"].branch(confidences, runner_up)

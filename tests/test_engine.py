@@ -180,6 +180,8 @@ class ConfidenceStop:
         self.answers.add(confidences[-1] >= 0.5)
         return confidences[-1] >= 0.5
 
+    branches = False
+
     def branch(self, confidences, runner_up):
         return False
 
@@ -194,6 +196,7 @@ class Siblings(ConfidenceStop):
     def __init__(self):
         super().__init__()
         self.taken = set()
+        self.branches = True
 
     def keep_drafting(self, confidences):
         return True
@@ -273,6 +276,8 @@ def test_sampled_sequences_follow_the_verifiers_joint_distribution(kind, policy)
 
 
 class AlwaysBranch(FixedK):
+    branches = True
+
     def branch(self, confidences, runner_up):
         return True
 
