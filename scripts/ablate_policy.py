@@ -9,15 +9,18 @@ to the full policy on the same prompt and round. Quiet machine only (docs/adapti
         -md ~/.cache/specgguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 
 Variants:
-- full: the policy as shipped.
+- full: the adaptive policy as shipped, with the draft model alone (`--drafter model`).
 - no-calibration: the draft's top probability taken as its acceptance chance, not calibrated.
 - no-look-ahead: `keep_drafting` asks only whether the next draft pays, not any later one.
+- mean-ahead: `keep_drafting` expects drafts past the newest at the overall acceptance rate,
+  not at the newest draft's calibrated rate (not kept: docs/adaptive-k.md).
 - line-costs: the measured verify table replaced by a straight line fitted through it.
 - tree: draft trees on (`--draft-tree`: the runner-up beside the chain where the costs say it pays).
 - hybrid: `--drafter hybrid` (n-gram drafts on long matches, else the model), no session cache.
 - hybrid-session: the same with a session n-gram cache that has learned the earlier prompts'
   answers in the same round and temperature (a new cache each round: never the prompt's own
   answer from an earlier round, which would repeat word for word).
+- hybrid-mean-ahead: the hybrid with mean-ahead.
 - plain: K = 0, for scale.
 
 Issue 14's ablation: `--variants full,tree,hybrid,hybrid-session,plain --prompts code,prose,edit`
@@ -40,7 +43,7 @@ from specgguf.bench_measure import PROMPTS  # noqa: E402
 from specgguf.costs import MachineCosts  # noqa: E402
 from specgguf.drafting import build_drafter  # noqa: E402
 from specgguf.engine import FixedK, speculate  # noqa: E402
-from specgguf.kpolicy import AdaptiveK, Calibration, PolicyConfig, adaptive_policy  # noqa: E402
+from specgguf.kpolicy import AdaptiveK, Calibration, PerSource, PolicyConfig, adaptive_policy  # noqa: E402
 from specgguf.ngram_cache import SessionNgrams  # noqa: E402
 from specgguf.prepare import DraftOptions, LoadOptions, prepare, prompt_tokens  # noqa: E402
 from specgguf.resolve import ResolvedPair  # noqa: E402
@@ -65,6 +68,24 @@ class NoLookAhead(AdaptiveK):
         return bool(expected_next / after > expected_now / now)
 
 
+class MeanAhead(AdaptiveK):
+    """Drafts past the newest are each accepted at the measured overall rate, not at the
+    newest draft's calibrated rate (no streaks assumed)."""
+
+    def keep_drafting(self, confidences: list[float]) -> bool:
+        n = len(confidences)
+        if n >= self.config.k_max:
+            return False
+        acceptance = np.array([self.acceptance.calibrated(c) for c in confidences])
+        all_accepted = np.cumprod(acceptance)
+        lengths = np.arange(n, self.config.k_max + 1)
+        ahead = self.acceptance.overall()
+        streak = all_accepted[-1] * np.cumsum(ahead ** np.arange(1, len(lengths)))
+        expected = 1.0 + all_accepted.sum() + np.concatenate([[0.0], streak])
+        rates = expected / self.costs.step(lengths)
+        return bool(rates[1:].max() > rates[0])
+
+
 def line_costs(costs: MachineCosts) -> MachineCosts:
     """The table's batches of 2+ tokens replaced by their least-squares line (one token kept)."""
     sizes = np.arange(2, len(costs.verify) + 1)
@@ -80,9 +101,12 @@ def policy_for(variant: str, costs: MachineCosts):
         return AdaptiveK(line_costs(costs), config)
     if variant == "tree":
         return AdaptiveK(costs, PolicyConfig(trees=True))
+    if variant == "hybrid-mean-ahead":
+        return PerSource({source: MeanAhead(costs, config, source=source) for source in ("model", "ngram")})
     if variant.startswith("hybrid"):
         return adaptive_policy("hybrid", costs, config)
-    policy = (NoLookAhead if variant == "no-look-ahead" else AdaptiveK)(costs, config)
+    kinds = {"no-look-ahead": NoLookAhead, "mean-ahead": MeanAhead}
+    policy = kinds.get(variant, AdaptiveK)(costs, config)
     if variant == "no-calibration":
         policy.acceptance.calibrated = RawConfidence(config.calibration_decay)
     return policy

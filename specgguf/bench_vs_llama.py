@@ -33,6 +33,7 @@ from .cores import usable_cores
 from .engine import FixedK
 from .errors import SpecggufError, UsageError
 from .llama_tools import LlamaTools, ToolRun, ToolSettings, run_plain, run_speculative
+from .ngram_cache import SessionNgrams
 from .prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, prepare, prompt_tokens
 from .sampling import SamplingSettings
 
@@ -41,8 +42,8 @@ MEANING = (
     "tok/s: generation only (prompt left out), median over repeats. specgguf: generated tokens / (wall − "
     "prompt ingestion), as `bench` measures. llama.cpp plain: llama-completion's decode calls after the "
     "prompt / (their time + sampling time), from its llama_perf lines. llama.cpp K: "
-    "llama-speculative-simple's 'decoded N tokens in X s'. specgguf default: adaptive K, what `run` does "
-    "with no K stored by `bench`."
+    "llama-speculative-simple's 'decoded N tokens in X s'. specgguf default: the hybrid drafter with adaptive K "
+    "and a new n-gram cache each run, what `run` does with no K stored by `bench`. specgguf K: the draft model alone."
 )
 
 
@@ -302,9 +303,10 @@ def _llama_run(prepared: Prepared, tools: LlamaTools, column: Column, text: str,
 
 
 def _our_run(prepared: Prepared, column: Column, tokens: list[int], *, temperature: float, max_tokens: int, seed: int):
-    if column.k is None:
-        policy, _ = prepared.policy(KChoice("adaptive"), temperature=temperature, drafter="model")
-        drafter = prepared.drafter("model")
+    if column.k is None:  # our default drafter; its n-gram cache new for each run (no earlier answers)
+        kind = prepared.options.drafter
+        policy, _ = prepared.policy(KChoice("adaptive"), temperature=temperature, drafter=kind)
+        drafter = prepared.drafter(kind, session=SessionNgrams())
     else:
         policy, drafter = FixedK(column.k), prepared.drafter("model") if column.k else None
     return generate(

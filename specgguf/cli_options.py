@@ -35,8 +35,8 @@ Drafter = Annotated[
     str,
     typer.Option(
         "--drafter",
-        help="model (draft model), ngram (prompt lookup, no draft "
-        "model) or hybrid (n-gram on long matches, else the model).",
+        help="hybrid (default: n-gram drafts on long matches, else the draft model), model "
+        "(the draft model only) or ngram (prompt lookup, no draft model).",
     ),
 ]
 DraftPMin = Annotated[

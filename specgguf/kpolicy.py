@@ -42,7 +42,7 @@ import numpy as np
 
 from .costs import MachineCosts
 from .drafting import Source
-from .engine import StepEvent
+from .engine import KPolicy, StepEvent
 
 K_MAX = 16  # the most drafts per step
 
@@ -300,9 +300,10 @@ class AdaptiveK:
 class PerSource:
     """One adaptive policy per drafter behind a hybrid: n-gram proposals cost nothing to draft
     and are right at other rates than the model's, so each learns its own K (and a hybrid
-    whose draft model cannot win on this machine still takes the free n-gram drafts)."""
+    whose draft model cannot win on this machine still takes the free n-gram drafts). The model's
+    may be a fixed K (the one `bench` stored)."""
 
-    policies: dict[Source, AdaptiveK] = field(default_factory=dict)
+    policies: dict[Source, KPolicy] = field(default_factory=dict)
 
     def choose(self, source: Source = "model") -> int:
         return self.policies[source].choose(source)

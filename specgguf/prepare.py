@@ -25,7 +25,7 @@ from .costs import MachineCosts, probe
 from .drafting import DRAFTERS, Drafter, DrafterKind, build_drafter
 from .engine import FixedK, KPolicy
 from .errors import PromptError, UsageError
-from .kpolicy import K_MAX, PerSource, PolicyConfig, adaptive_policy
+from .kpolicy import K_MAX, AdaptiveK, PerSource, PolicyConfig, adaptive_policy
 from .ngram_cache import SessionNgrams
 from .resolve import ResolvedPair
 from .rpc import DEFAULT_TIMEOUT, RpcWorker
@@ -87,7 +87,9 @@ class LoadOptions:
 @dataclass(frozen=True)
 class DraftOptions:
     k: KChoice = field(default_factory=lambda: KChoice("auto"))
-    drafter: DrafterKind = "model"  # "ngram": prompt lookup, no draft model; "hybrid": both
+    # "hybrid": n-gram drafts on long matches, else the draft model; "model": the draft model
+    # only; "ngram": prompt lookup, no draft model
+    drafter: DrafterKind = "hybrid"
     p_min: float = 0.0  # early stop: the draft stops below this top probability
     n_min: int = 0  # ... but only after this many drafts
     force_spec: bool = False  # never fall back to plain decoding
@@ -118,13 +120,11 @@ def make_policy(
     if choice.mode == "fixed":
         return FixedK(choice.k or 0), KSource(False, f"K={choice.k} (-k)")
     stored = stored_measurement(verifier, draft, temperature) if draft is not None else None
-    if choice.mode == "adaptive" or drafter != "model" or stored is None:
-        # The stored best K is the draft model's alone: n-gram drafts (alone or in a hybrid) may
-        # win where it measured plain faster, so they always choose K online.
-        config = config or PolicyConfig(k_max=K_MAX, k_min=1 if force_spec else 0, trees=trees)
+    config = config or PolicyConfig(k_max=K_MAX, k_min=1 if force_spec else 0, trees=trees)
+    if choice.mode == "adaptive" or drafter == "ngram" or stored is None:
         policy = adaptive_policy(drafter, costs(), config)
         model_side = policy.policies["model"] if isinstance(policy, PerSource) else policy
-        if model_side.source == "model" and not model_side.worth_drafting:
+        if isinstance(model_side, AdaptiveK) and model_side.source == "model" and not model_side.worth_drafting:
             machine = costs()
             text = (
                 f"K adaptive: the draft model cannot win here (a draft token costs {machine.draft * 1000:.0f} ms,"
@@ -133,6 +133,17 @@ def make_policy(
             )
             return policy, KSource(True, text, decided=True)
         return policy, KSource(True, "K adaptive")
+    model_policy, source = _stored_policy(stored, force_spec=force_spec, recommended_k=recommended_k)
+    if drafter == "hybrid":
+        # The stored best K is the draft model's alone: the free n-gram drafts beside it (which
+        # may win where bench measured plain faster) still choose their K online.
+        ngram = AdaptiveK(costs(), config, source="ngram")
+        return PerSource({"model": model_policy, "ngram": ngram}), KSource(False, f"{source.text}; n-gram K adaptive")
+    return model_policy, source
+
+
+def _stored_policy(stored: dict, *, force_spec: bool, recommended_k: int | None) -> tuple[FixedK, KSource]:
+    """The draft model's K from what `bench` stored for this pair, machine and temperature."""
     if stored["k"] == 0:
         if force_spec:
             fallback = recommended_k or 8
@@ -164,14 +175,17 @@ class Prepared:
             self._costs = probe(self.verifier, self.draft, on_measure=self.on_measure)
         return self._costs
 
-    def drafter(self, kind: DrafterKind | None = None, *, p_min: float | None = None) -> Drafter | None:
-        """The proposer for an answer (None: nothing to draft with)."""
+    def drafter(
+        self, kind: DrafterKind | None = None, *, p_min: float | None = None, session: SessionNgrams | None = None
+    ) -> Drafter | None:
+        """The proposer for an answer (None: nothing to draft with). Its n-grams are the
+        session's unless `session` gives others (bench: a new one per run)."""
         return build_drafter(
             kind or self.options.drafter,
             self.draft,
             p_min=self.options.p_min if p_min is None else p_min,
             n_min=self.options.n_min,
-            session=self.ngrams,
+            session=self.ngrams if session is None else session,
         )
 
     def save_ngrams(self) -> Path | None:

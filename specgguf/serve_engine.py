@@ -31,6 +31,7 @@ from .chat import chatml
 from .drafting import common_prefix
 from .engine import FixedK, KPolicy, StepEvent, speculate
 from .errors import ContextFullError, PromptError, SpecggufError, UsageError
+from .ngram_cache import SessionNgrams
 from .prepare import DrafterKind, KChoice, Prepared
 from .sampling import SamplingSettings
 from .serve_text import AnswerText, TokenLogprob, token_logprobs
@@ -301,7 +302,10 @@ class Worker:
                     ' it with -md or --pair, or ask for "drafter": "ngram" or "k": 0)'
                 )
             choice = KChoice("fixed", 0)
-        drafter = self.prepared.drafter(kind, p_min=p_min)
+        # A seeded request drafts without what earlier requests taught the n-gram cache: the same
+        # drafts consume the same random numbers, so the same seed gives the same answer.
+        session = SessionNgrams() if request.seed is not None else None
+        drafter = self.prepared.drafter(kind, p_min=p_min, session=session)
         if choice.mode == "fixed":
             return drafter, FixedK(choice.k or 0)
         key = (choice.mode, kind, request.settings.greedy)

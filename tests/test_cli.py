@@ -38,6 +38,7 @@ def test_json_output(cli, tiny):
     assert 1.0 <= report["tokens_per_step"] <= 4.0
     assert report["settings"]["draft_max"] == 3 and report["settings"]["seed"] == 3
     assert report["settings"]["temperature"] == 0.0
+    assert report["settings"]["drafter"] == "hybrid"  # the default: n-gram drafts on long matches, else the model
     plain = cli("run", *tiny, "--temp", "0", "-n", "25", "-k", "3", "the dog")
     assert plain.stdout.rstrip("\n") == report["text"]
     assert result.stderr == ""  # --json: nothing but the object

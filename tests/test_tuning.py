@@ -9,7 +9,7 @@ import pytest
 from specgguf.costs import MachineCosts
 from specgguf.engine import FixedK
 from specgguf.errors import UsageError
-from specgguf.kpolicy import AdaptiveK
+from specgguf.kpolicy import AdaptiveK, PerSource
 from specgguf.prepare import KChoice, make_policy, parse_k
 from specgguf.tuning import load_tuning, store_measurement, stored_measurement, tuning_path
 
@@ -97,9 +97,17 @@ def test_explicit_k_wins_and_no_draft_is_plain():
 def test_auto_with_ngram_drafts_chooses_k_online_whatever_the_draft_model_measured():
     # Bench found the draft model slower than plain here; free n-gram drafts may still win.
     store_measurement(VERIFIER, DRAFT, 0.0, {"k": 0, "speedup": 0.85, "acceptance_rate": 0.7})
-    for drafter in ("ngram", "hybrid"):
-        policy, source = _policy(KChoice("auto"), drafter=drafter)
-        assert not isinstance(policy, FixedK) and str(source) == "K adaptive"
+    policy, source = _policy(KChoice("auto"), drafter="ngram")
+    assert isinstance(policy, AdaptiveK) and str(source) == "K adaptive"
+    # The hybrid (the default drafter): the stored K for its draft model, n-gram K online.
+    policy, source = _policy(KChoice("auto"), drafter="hybrid")
+    assert isinstance(policy, PerSource) and str(source).endswith("n-gram K adaptive")
+    model, ngram = policy.policies["model"], policy.policies["ngram"]
+    assert isinstance(model, FixedK) and model.k == 0 and isinstance(ngram, AdaptiveK)
+    assert policy.choose("model") == 0 and ngram.worth_drafting
+    store_measurement(VERIFIER, DRAFT, 0.0, {"k": 8, "speedup": 2.4, "acceptance_rate": 0.9})
+    policy, source = _policy(KChoice("auto"), drafter="hybrid")
+    assert isinstance(policy, PerSource) and policy.choose("model") == 8 and "2.40×" in str(source)
 
 
 def test_tuning_file_survives_a_corrupt_write_and_keeps_other_pairs():
