@@ -72,18 +72,8 @@ class MeanAhead(AdaptiveK):
     """Drafts past the newest are each accepted at the measured overall rate, not at the
     newest draft's calibrated rate (no streaks assumed)."""
 
-    def keep_drafting(self, confidences: list[float]) -> bool:
-        n = len(confidences)
-        if n >= self.config.k_max:
-            return False
-        acceptance = np.array([self.acceptance.calibrated(c) for c in confidences])
-        all_accepted = np.cumprod(acceptance)
-        lengths = np.arange(n, self.config.k_max + 1)
-        ahead = self.acceptance.overall()
-        streak = all_accepted[-1] * np.cumsum(ahead ** np.arange(1, len(lengths)))
-        expected = 1.0 + all_accepted.sum() + np.concatenate([[0.0], streak])
-        rates = expected / self.costs.step(lengths)
-        return bool(rates[1:].max() > rates[0])
+    def ahead(self, acceptance: np.ndarray) -> float:
+        return self.acceptance.overall()
 
 
 def line_costs(costs: MachineCosts) -> MachineCosts:
