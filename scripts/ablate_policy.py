@@ -40,12 +40,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specgguf.bench_measure import PROMPTS  # noqa: E402
+from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.costs import MachineCosts  # noqa: E402
-from specgguf.drafting import build_drafter  # noqa: E402
+from specgguf.drafters import DraftSettings, build_drafter  # noqa: E402
 from specgguf.engine import FixedK, speculate  # noqa: E402
 from specgguf.kpolicy import AdaptiveK, Calibration, PerSource, PolicyConfig, adaptive_policy  # noqa: E402
 from specgguf.ngram_cache import SessionNgrams  # noqa: E402
-from specgguf.prepare import DraftOptions, LoadOptions, prepare, prompt_tokens  # noqa: E402
+from specgguf.prepare import DraftOptions, LoadOptions, prepare  # noqa: E402
 from specgguf.resolve import ResolvedPair  # noqa: E402
 from specgguf.sampling import SamplingSettings  # noqa: E402
 
@@ -124,7 +125,7 @@ def main() -> None:
         f"{prepared.costs.draft * 1000:.0f} ms/token",
         file=sys.stderr,
     )
-    tokens = {kind: prompt_tokens(prepared.verifier, PROMPTS[kind], raw=False, system=None) for kind in kinds}
+    tokens = {kind: Prompts(prepared.verifier).question(PROMPTS[kind], raw=False, system=None) for kind in kinds}
     speeds: dict[tuple, list[float]] = {}
     for repeat in range(args.repeats):
         sessions = {temp: SessionNgrams() for temp in temps}  # what this round's earlier answers taught
@@ -134,7 +135,7 @@ def main() -> None:
                     drafter = build_drafter(
                         "hybrid" if variant.startswith("hybrid") else "model",
                         prepared.draft,
-                        session=sessions[temp] if variant == "hybrid-session" else None,
+                        DraftSettings(session=sessions[temp] if variant == "hybrid-session" else None),
                     )
                     n_tokens, start, prefill = 0, time.perf_counter(), 0.0
                     for event in speculate(

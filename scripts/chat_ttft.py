@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 from specgguf.chat import ChatSession, Turn
-from specgguf.drafting import ModelDrafter
 from specgguf.engine import FixedK
 from specgguf.errors import SpecggufError
+from specgguf.model_drafter import ModelDrafter
 from specgguf.prepare import LoadOptions, load_models
 from specgguf.resolve import resolve_pair
 from specgguf.sampling import SamplingSettings

@@ -20,11 +20,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specgguf.bench_measure import PROMPTS  # noqa: E402
-from specgguf.drafting import build_drafter  # noqa: E402
+from specgguf.conversation import Prompts  # noqa: E402
+from specgguf.drafters import DraftSettings, build_drafter  # noqa: E402
 from specgguf.engine import speculate  # noqa: E402
 from specgguf.kpolicy import adaptive_policy  # noqa: E402
 from specgguf.ngram_cache import SessionNgrams  # noqa: E402
-from specgguf.prepare import DraftOptions, LoadOptions, prepare, prompt_tokens  # noqa: E402
+from specgguf.prepare import DraftOptions, LoadOptions, prepare  # noqa: E402
 from specgguf.resolve import ResolvedPair  # noqa: E402
 from specgguf.sampling import SamplingSettings  # noqa: E402
 
@@ -47,7 +48,7 @@ def main() -> None:
     speeds: dict[tuple[str, str], list[float]] = {}
     for repeat in range(args.repeats):
         for kind in args.prompts.split(","):
-            tokens = prompt_tokens(prepared.verifier, PROMPTS[kind], raw=False, system=None)
+            tokens = Prompts(prepared.verifier).question(PROMPTS[kind], raw=False, system=None)
             session = SessionNgrams()
             for label, cache, seed in (
                 ("answer 1", session, 100 + repeat),
@@ -57,7 +58,7 @@ def main() -> None:
                 n_tokens, start, prefill = 0, time.perf_counter(), 0.0
                 for event in speculate(
                     verifier=prepared.verifier,
-                    drafter=build_drafter("hybrid", prepared.draft, session=cache),
+                    drafter=build_drafter("hybrid", prepared.draft, DraftSettings(session=cache)),
                     prompt_tokens=tokens,
                     k=adaptive_policy("hybrid", prepared.costs),
                     max_tokens=args.n,

@@ -19,9 +19,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specgguf.drafting import ModelDrafter  # noqa: E402
+from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.engine import speculate  # noqa: E402
-from specgguf.prepare import LoadOptions, load_models, prompt_tokens  # noqa: E402
+from specgguf.model_drafter import ModelDrafter  # noqa: E402
+from specgguf.prepare import LoadOptions, load_models  # noqa: E402
 from specgguf.resolve import ResolvedPair  # noqa: E402
 from specgguf.sampling import SamplingSettings  # noqa: E402
 
@@ -51,7 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     pair = ResolvedPair(verifier=args.m, draft=args.md, name=None, recommended_k=None)
     verifier, draft = load_models(pair, LoadOptions(n_ctx=2048), need_draft=True)
-    tokens = prompt_tokens(verifier, args.prompt, raw=False, system=None)
+    tokens = Prompts(verifier).question(args.prompt, raw=False, system=None)
     calls: dict = {}
     count_calls(verifier, calls, "verifier")
     count_calls(draft, calls, "draft")

@@ -29,7 +29,7 @@ from llama_cpp.llama_types import ChatCompletionRequestMessage
 
 from .compat import VocabInfo
 from .cores import ThreadGovernor
-from .errors import ContextFullError, ModelLoadError, PromptError, debug_enabled
+from .errors import ContextFullError, DecodeError, ModelLoadError, PromptError, debug_enabled
 from .ggml_devices import Ggml
 from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker, Watchdog, probe
 
@@ -320,7 +320,7 @@ class LlamaModel:
         with self._guard("while decoding"):
             status = llama_cpp.llama_decode(self._ctx, batch)
         if status != 0:
-            raise ModelLoadError(f"{self.path.name}: llama_decode failed ({status}): {_reason('')}")
+            raise DecodeError(f"{self.path.name}: llama_decode failed ({status}): {_reason('')}")
 
     def _logits(self, n_logits: int, started: float) -> np.ndarray:
         """The last decode's n_logits rows; the time since `started` counts as busy."""

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
-from . import costs
+from . import costs, tuning
 from .bench_measure import (
     DEFAULT_PROMPTS,
     PROMPTS,
@@ -22,12 +22,12 @@ from .bench_measure import (
     make_settings,
     run_bench,
 )
-from .drafting import DrafterKind
+from .conversation import Prompts
+from .drafters import DrafterKind, drafter_kind
 from .errors import SpecggufError, UsageError
 from .kpolicy import K_MAX
-from .prepare import LoadOptions, load_models, parse_drafter, prompt_tokens
+from .prepare import LoadOptions, load_models, placement, where_line
 from .resolve import ResolvedPair
-from .run import placement, where_line
 from .tuning import machine_id, store_measurement
 
 
@@ -85,7 +85,7 @@ def make_plan(
     plan = BenchPlan(
         ks=parse_list(ks, int, "-k") if ks else default_ks,
         temperatures=parse_list(temps, float, "--temps") if temps is not None else [0.0] if quick else [0.0, 0.8],
-        drafters=[parse_drafter(kind, "--drafters") for kind in parse_list(drafters, str, "--drafters")],
+        drafters=[drafter_kind(kind, "--drafters") for kind in parse_list(drafters, str, "--drafters")],
         adaptive=adaptive,
         repeats=repeats or (1 if quick else 2),
         max_tokens=max_tokens or (48 if quick else 128),
@@ -147,13 +147,14 @@ def bench(
         for target, settings in zip(targets, settings_per_target):
             progress.update(task, description=f"loading {target.label}")
             verifier, draft = load_models(target.pair, load, need_draft=True)
-            tokens = {kind: prompt_tokens(verifier, PROMPTS[kind], raw=False, system=None) for kind in kinds}
+            prompts = Prompts(verifier)
+            tokens = {kind: prompts.question(PROMPTS[kind], raw=False, system=None) for kind in kinds}
             progress.update(task, description=f"{target.label}: verify cost by batch size")
             # Adaptive K reads this table; measured before the runs, as `run` would find it stored.
-            profile = costs.measure_and_store(
+            profile = tuning.measure_and_store(
                 verifier, max_batch=K_MAX + 1, store=store, repeats=1 if plan.quick else 3
             )
-            machine = costs.MachineCosts(tuple(profile), costs.measure_draft(draft, store=store))
+            machine = costs.MachineCosts(tuple(profile), tuning.measure_draft(draft, store=store))
             machines.append(machine)
             progress.update(task, description=target.label)
             run_bench(

@@ -9,18 +9,17 @@ the range of those paired ratios. Prompt ingestion is left out of both sides.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .costs import MachineCosts
-from .drafting import DrafterKind, build_drafter
+from .drafters import DRAFTER_KINDS, DrafterKind, build_drafter
 from .engine import FixedK, speculate
 from .kpolicy import K_MAX, PolicyConfig, adaptive_policy
 from .sampling import SamplingSettings
-from .stats import GenerationStats
+from .stats import Generation, GenerationStats
 
 _CODE = """def parse_config(path):
     config = {}
@@ -120,34 +119,33 @@ def generate(
     verifier, drafter, tokens: list[int], *, policy, max_tokens: int, temperature: float, seed: int
 ) -> GenerationStats:
     """One timed answer; `wall_seconds` leaves the prompt's ingestion out."""
-    stats = GenerationStats()
-    settings = SamplingSettings(temperature=temperature)
-    start = time.perf_counter()
-    for event in speculate(
-        verifier=verifier,
-        drafter=drafter,
-        prompt_tokens=tokens,
-        k=policy,
-        max_tokens=max_tokens,
-        settings=settings,
-        rng=np.random.default_rng(seed),
-    ):
-        stats.add(event)
-    stats.wall_seconds = time.perf_counter() - start - stats.prefill_seconds
-    return stats
+    generation = Generation(
+        speculate(
+            verifier=verifier,
+            drafter=drafter,
+            prompt_tokens=tokens,
+            k=policy,
+            max_tokens=max_tokens,
+            settings=SamplingSettings(temperature=temperature),
+            rng=np.random.default_rng(seed),
+        )
+    )
+    for _ in generation:
+        pass
+    return generation.stats
 
 
 def make_settings(
     *, ks: list[int], adaptive: bool, drafters: list[DrafterKind], temperatures: list[float]
 ) -> list[Setting]:
-    """Plain first, then every drafter with each fixed K and adaptive K (the n-gram and hybrid
-    drafters always with adaptive K: their point is to be compared with the model's)."""
+    """Plain first, then every drafter with each fixed K and adaptive K (a drafter with n-gram
+    drafts always with adaptive K: its point is to be compared with the model's)."""
     settings = []
     for temperature in temperatures:
         settings.append(Setting("model", 0, temperature))
         for drafter in drafters:
             settings += [Setting(drafter, k, temperature) for k in ks if k > 0]
-            if adaptive or drafter != "model":
+            if adaptive or "ngram" in DRAFTER_KINDS[drafter].sources:
                 settings.append(Setting(drafter, None, temperature))
     return settings
 

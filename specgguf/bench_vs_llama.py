@@ -29,12 +29,13 @@ from rich.table import Table
 
 from .bench_command import BenchPlan, BenchTarget, run_progress
 from .bench_measure import PROMPTS, generate
+from .conversation import Message, Prompts
 from .cores import usable_cores
 from .engine import FixedK
 from .errors import SpecggufError, UsageError
 from .llama_tools import LlamaTools, ToolRun, ToolSettings, run_plain, run_speculative
 from .ngram_cache import SessionNgrams
-from .prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, prepare, prompt_tokens
+from .prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, prepare
 from .sampling import SamplingSettings
 
 Side = Literal["llama.cpp", "specgguf"]
@@ -178,7 +179,7 @@ def compare(
             try:
                 progress.update(task, description=target.label)
                 tokens = {
-                    kind: prompt_tokens(prepared.verifier, PROMPTS[kind], raw=False, system=None)
+                    kind: Prompts(prepared.verifier).question(PROMPTS[kind], raw=False, system=None)
                     for kind in plan.prompts
                 }
                 cells = _measure(
@@ -288,10 +289,8 @@ def _measure(
 
 
 def _prompt_text(verifier, prompt: str) -> str:
-    """The text llama.cpp is given: our chat template rendered (as prompt_tokens tokenizes it)."""
-    if verifier.chat_template() is None:
-        return prompt
-    return verifier.apply_chat_template([{"role": "user", "content": prompt}])
+    """The text llama.cpp is given: our chat template rendered (as Prompts.question tokenizes it)."""
+    return Prompts(verifier).render([Message("user", prompt)])
 
 
 def _llama_run(prepared: Prepared, tools: LlamaTools, column: Column, text: str, settings: ToolSettings) -> ToolRun:

@@ -7,7 +7,7 @@ their text (tokenizers need not give the same ids back). So a prompt is built
 turn by turn: the chat-template text between the previous answer and the new
 generation prompt, tokenized, then the answer's own tokens, and so on. A
 template that rewrites earlier turns falls back to tokenizing the whole text;
-the engine then reuses what still matches.
+the engine then reuses what still matches (conversation.Prompts.history builds it).
 
 The terminal side (reading lines, slash commands, Ctrl-C) is in `chat_repl`.
 """
@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .conversation import Prompts
 from .drafting import Drafter, common_prefix
 from .engine import FixedK, KPolicy, StepEvent, speculate
 from .errors import ContextFullError, PromptError
 from .sampling import SamplingSettings
-from .stats import GenerationStats
+from .stats import Generation, GenerationStats
 
 
 @dataclass
@@ -37,11 +38,6 @@ class Turn:
     n_prompt: int = 0  # tokens in this turn's prompt (the whole conversation so far)
     n_evaluated: dict[str, int] = field(default_factory=dict)  # of those, what each model evaluated (not cached)
     first_token_seconds: float | None = None  # from the question to its first answer token
-
-
-def chatml(messages: list[dict[str, str]]) -> str:
-    """The fallback template for a model whose GGUF carries none (llama.cpp's choice too)."""
-    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) + "<|im_start|>assistant\n"
 
 
 class ChatSession:
@@ -66,9 +62,7 @@ class ChatSession:
         self.system = system or None
         self.max_tokens, self.settings, self.seed = max_tokens, settings, seed
         self.rng = np.random.default_rng(seed)
-        self.has_template = verifier.chat_template() is not None
-        self._render = verifier.apply_chat_template if self.has_template else chatml
-        self._bos = verifier.tokenize("", special=True)  # what tokenize puts in front of any text
+        self.prompts = Prompts(verifier)
         self.reset()
 
     @property
@@ -91,28 +85,13 @@ class ChatSession:
     def n_ctx(self) -> int:
         return self.verifier.n_ctx
 
-    # --- prompts ---
-    def _tokenize_piece(self, text: str) -> list[int]:
-        """Tokens for text that continues a prompt: no BOS in front."""
-        tokens = self.verifier.tokenize(text, special=True)
-        return tokens[len(self._bos) :] if self._bos and tokens[: len(self._bos)] == self._bos else tokens
+    @property
+    def has_template(self) -> bool:
+        return self.prompts.has_template
 
     def conversation_tokens(self, turns: list[Turn], question: str) -> list[int]:
-        """The prompt for `question` after `turns`: earlier answers as the very tokens generated."""
-        messages = [{"role": "system", "content": self.system}] if self.system else []
-        tokens: list[int] = []
-        covered = ""  # the text `tokens` stand for
-        for turn in [*turns, Turn(question)]:
-            messages.append({"role": "user", "content": turn.question})
-            text = self._render(messages)  # a failing or looping template: PromptError (backend)
-            if covered and text.startswith(covered):
-                tokens += self._tokenize_piece(text[len(covered) :])
-            else:  # the first turn, or a template that rewrote the history
-                tokens = self.verifier.tokenize(text, special=True)
-            tokens += turn.answer_tokens
-            covered = text + turn.answer
-            messages.append({"role": "assistant", "content": turn.answer})
-        return tokens
+        """The prompt for `question` after `turns` (conversation.Prompts.history)."""
+        return self.prompts.history(self.system, [(t.question, t.answer_tokens, t.answer) for t in turns], question)
 
     def _fit(self, question: str) -> tuple[list[int], int]:
         """The prompt, dropping the fewest oldest turns that leave room for an answer."""
@@ -160,7 +139,7 @@ class Reply:
         self.session, self.turn, self.prompt_tokens = session, turn, prompt_tokens
         self.n_dropped = n_dropped
         self._start = start
-        self._generation_start: float | None = None
+        self._generation: Generation | None = None
         self._events = self._generate()
 
     def __iter__(self) -> Iterator[StepEvent]:
@@ -172,21 +151,22 @@ class Reply:
         for name, model in (("verifier", session.verifier), ("draft", session.draft if drafter else None)):
             if model is not None:  # what the engine's ingest keeps; the rest, the last token too, is new
                 turn.n_evaluated[name] = len(prompt) - common_prefix(model.cached, prompt[:-1])
-        self._generation_start = time.perf_counter()
-        events = speculate(
-            verifier=session.verifier,
-            drafter=drafter,
-            prompt_tokens=prompt,
-            k=session.policy,
-            max_tokens=session.max_tokens,
-            settings=session.settings,
-            rng=session.rng,
+        self._generation = Generation(
+            speculate(
+                verifier=session.verifier,
+                drafter=drafter,
+                prompt_tokens=prompt,
+                k=session.policy,
+                max_tokens=session.max_tokens,
+                settings=session.settings,
+                rng=session.rng,
+            ),
+            turn.stats,
         )
-        for event in events:
+        for event in self._generation:
             if event.tokens and turn.first_token_seconds is None:
                 turn.first_token_seconds = time.perf_counter() - self._start
             turn.answer_tokens += event.tokens
-            turn.stats.add(event)
             session.totals.add(event)
             turn.stop = event.stop or turn.stop
             yield event
@@ -194,10 +174,9 @@ class Reply:
     def finish(self, *, interrupted: bool = False) -> Turn:
         """Record the answer (a partial one too) in the conversation; the next turn builds on it."""
         self._events.close()
+        if self._generation is not None:
+            self._generation.close()  # stamps the turn's generation time
         turn = self.turn
-        if self._generation_start is not None:
-            elapsed = time.perf_counter() - self._generation_start
-            turn.stats.wall_seconds = max(0.0, elapsed - turn.stats.prefill_seconds)
         if interrupted:
             turn.stop = "interrupted"
         self.session._record(turn)

@@ -24,10 +24,9 @@ from rich.text import Text
 from .chat import ChatSession
 from .chat_report import save_transcript, stats_report, turn_line
 from .errors import SpecggufError
-from .prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
+from .prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare, where_line
 from .render import TokenStream, legend
 from .resolve import ResolvedPair
-from .run import where_line
 
 PROMPT = ">>> "
 HISTORY_KEEP = 5000  # lines kept when the history file has grown past twice this

@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.text import Text
 
 from .compat import CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE, Finding, VocabInfo, compare_vocabularies
+from .errors import terminal_safe
 from .registry import ModelFile, Pair, Registry, load_registry
-from .render import terminal_safe
 from .resolve import Role, find_local, resolve_model
 
 META_KEYS = (

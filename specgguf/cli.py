@@ -46,7 +46,8 @@ from .cli_options import (
     read_prompt,
     sampling_settings,
 )
-from .errors import SpecggufError, UsageError, debug_enabled
+from .drafters import DEFAULT_DRAFTER
+from .errors import CheckCouldNotRun, SpecggufError, UsageError, debug_enabled, terminal_safe
 
 app = typer.Typer(
     add_completion=False,
@@ -80,7 +81,7 @@ def run(
     model_draft: ModelDraft = None,
     pair: PairName = None,
     draft_max: DraftMax = None,
-    drafter: Drafter = "hybrid",
+    drafter: Drafter = DEFAULT_DRAFTER,
     draft_p_min: DraftPMin = 0.0,
     draft_min: DraftMin = 0,
     force_spec: ForceSpec = False,
@@ -332,8 +333,7 @@ def check(
     try:
         report = check_pair(draft=draft, verifier=verifier)
     except SpecggufError as error:
-        error.exit_code = 2  # keep 1 for "cannot be paired"
-        raise
+        raise CheckCouldNotRun(str(error)) from error
     with _reader_may_leave():
         render_report(report, Console(highlight=False, soft_wrap=True))
     if not report.compatible:
@@ -346,7 +346,7 @@ def chat(
     model_draft: ModelDraft = None,
     pair: PairName = None,
     draft_max: DraftMax = None,
-    drafter: Drafter = "hybrid",
+    drafter: Drafter = DEFAULT_DRAFTER,
     draft_p_min: DraftPMin = 0.0,
     draft_min: DraftMin = 0,
     force_spec: ForceSpec = False,
@@ -421,7 +421,7 @@ def serve(
     model_draft: ModelDraft = None,
     pair: PairName = None,
     draft_max: DraftMax = None,
-    drafter: Drafter = "hybrid",
+    drafter: Drafter = DEFAULT_DRAFTER,
     draft_p_min: DraftPMin = 0.0,
     draft_min: DraftMin = 0,
     force_spec: ForceSpec = False,
@@ -547,8 +547,6 @@ def worker(
 
 
 def _fail(message: str, code: int) -> int:
-    from .render import terminal_safe  # messages quote file names, metadata and hub headers
-
     if sys.stderr is not None:
         sys.stderr.write(f"specgguf: error: {terminal_safe(message)}\n")
     return code

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from .drafters import DEFAULT_DRAFTER, DRAFTER_KINDS
 from .errors import PromptError, UsageError
 from .prepare import DraftOptions, LoadOptions
 from .sampling import SamplingSettings
@@ -35,8 +36,11 @@ Drafter = Annotated[
     str,
     typer.Option(
         "--drafter",
-        help="hybrid (default: n-gram drafts on long matches, else the draft model), model "
-        "(the draft model only) or ngram (prompt lookup, no draft model).",
+        help="; ".join(
+            f"{spec.kind}{' (default)' if spec.kind == DEFAULT_DRAFTER else ''}: {spec.help}"
+            for spec in DRAFTER_KINDS.values()
+        )
+        + ".",
     ),
 ]
 DraftPMin = Annotated[
@@ -158,9 +162,10 @@ def draft_options(
     keep_ngrams: bool = False,
     trees: bool = False,
 ):
-    from .prepare import KChoice, parse_drafter, parse_k
+    from .drafters import drafter_kind
+    from .prepare import KChoice, parse_k
 
-    kind = parse_drafter(drafter)
+    kind = drafter_kind(drafter)
     k = parse_k(draft_max)
     if on_workers and k.mode == "auto":
         k = KChoice("adaptive")  # the K `bench` stored was measured with the verifier here, not on workers

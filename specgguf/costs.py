@@ -2,9 +2,9 @@
 
 Adaptive K weighs the tokens a draft may win against what drafting and verifying
 cost, so it needs those costs before the first step: learning them by drafting
-loses time exactly where speculation does not pay. `probe` measures them once
-per machine, model file and settings (a few seconds, announced) and keeps
-them in tuning.json; `bench` measures a longer, repeated table that replaces it.
+loses time exactly where speculation does not pay. `tuning.probe` measures them
+once per machine, model file and settings (a few seconds, announced) with `measure`
+and keeps them in tuning.json; `bench` measures a longer, repeated table that replaces it.
 
 On a CPU the verify cost is not a straight line in the batch size: llama.cpp
 picks kernels by batch shape (one token goes through matrix-vector kernels, the
@@ -15,13 +15,11 @@ kept as measured. docs/adaptive-k.md has tables measured on one machine.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .engine import Model
-from .tuning import load_tuning, model_key, store_seconds, stored_seconds
+from .model import Model
 
 PROBE_BATCH = 6  # the probe times batches of 1..6 tokens (K up to 5); the policy extends the table past that
 PROBE_CONTEXT = 32
@@ -68,61 +66,6 @@ def measure(
             model.rewind(context)
     model.rewind(0)
     return [statistic(t) for t in timings]
-
-
-def key_for(model, kind: str = "verify_costs") -> str:
-    key = model_key(kind, model.path, n_threads=model.n_threads, n_gpu_layers=model.n_gpu_layers)
-    workers = getattr(getattr(model, "placement", None), "workers", ())
-    return key + (f"|rpc={','.join(workers)}" if workers else "")  # costs over a network are their own
-
-
-def stored(model) -> list[float] | None:
-    """The verify table stored for this verifier file and settings on this machine, if any."""
-    return stored_seconds(key_for(model))
-
-
-def measure_and_store(model, *, max_batch: int, store: bool, **options) -> list[float]:
-    costs = measure(model, max_batch=max_batch, **options)
-    if store:
-        store_seconds(key_for(model), costs)
-    return costs
-
-
-def probe(verifier, draft=None, *, on_measure: Callable[[], None] | None = None) -> MachineCosts:
-    """This machine's costs for the pair: stored ones, else measured now (calling `on_measure`
-    first, to say so) and stored. A config folder that cannot be written costs a warning."""
-    verify = stored(verifier)
-    draft_cost = stored_seconds(key_for(draft, "draft_costs")) if draft is not None else [0.0]
-    if verify is None or draft_cost is None:
-        if on_measure is not None:
-            on_measure()
-        if verify is None:
-            # The fastest of a few rounds: a short probe is easily disturbed, never sped up.
-            verify = _keep(
-                key_for(verifier),
-                measure(verifier, max_batch=PROBE_BATCH, repeats=2, context=PROBE_CONTEXT, statistic=min),
-            )
-        if draft_cost is None:
-            draft_cost = [measure_draft(draft, store=True)]
-    return MachineCosts(tuple(verify), draft_cost[0])
-
-
-def measure_draft(draft, *, store: bool) -> float:
-    """Seconds for the draft model to propose one token (a batch of one, its logits read)."""
-    (seconds,) = measure(draft, max_batch=1, repeats=5, context=PROBE_CONTEXT, statistic=min)
-    return _keep(key_for(draft, "draft_costs"), [seconds])[0] if store else seconds
-
-
-def _keep(key: str, seconds: list[float]) -> list[float]:
-    seconds = [round(c, 6) for c in seconds]  # as tuning.json keeps them: the same costs next time
-    if load_tuning() is None:  # damaged or unreadable: only `bench` replaces it (keeping a .damaged copy)
-        sys.stderr.write("specgguf: warning: not keeping the measured costs: tuning.json is unusable (see above)\n")
-        return seconds
-    try:
-        store_seconds(key, seconds)
-    except OSError as error:
-        sys.stderr.write(f"specgguf: warning: could not keep the measured costs ({error}); measuring again next time\n")
-    return seconds
 
 
 def describe(costs: list[float]) -> str:

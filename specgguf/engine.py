@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from .drafting import Drafter, Drafts, NoDrafter, Source, ingest
+from .drafting import Drafter, Drafts, DraftStep, NoDrafter, Source, ingest
 from .errors import ContextFullError, PromptError
+from .model import Model
 from .sampling import SamplingSettings, accept_tree, accept_tree_greedy, process_logits
 
 
@@ -59,33 +60,14 @@ class FixedK:
         pass
 
 
-class Model(Protocol):
-    """What the loop needs from a model. `LlamaModel` in `backend` is the real one."""
+@dataclass(frozen=True)
+class StepSeconds:
+    """Where one step's time went."""
 
-    n_vocab: int
-    n_ctx: int
-    cached: list[int]  # the tokens in the KV cache, in order
-
-    @property
-    def n_past(self) -> int:
-        """len(cached)."""
-
-    def eval(self, tokens: Sequence[int], *, n_logits: int) -> np.ndarray:
-        """Append tokens to the cache; return logits rows (n_logits, n_vocab) for the last n_logits."""
-
-    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int], *, n_logits: int) -> np.ndarray:
-        """Evaluate a tree after the cache: token i follows its ancestors (parents[i] < i; -1: the
-        cache's end). Logits rows for the last n_logits tokens, each scoring what follows its path.
-        The tree stays pending until `keep_path`."""
-
-    def keep_path(self, path: Sequence[int]) -> None:
-        """Append the pending tree's root-to-node `path` (indices into its tokens) to the cache, drop the rest."""
-
-    def rewind(self, n_past: int) -> None:
-        """Keep only the first n_past tokens in the cache."""
-
-    def is_eog(self, token: int) -> bool:
-        """True for end-of-generation tokens (EOS, EOT, ...)."""
+    draft: float  # the drafter's proposal
+    verify: float  # the verifier's batched pass
+    sample: float  # acceptance, sampling, rolling the caches back
+    prefill: float = 0.0  # prompt ingestion, on the first step only
 
 
 @dataclass
@@ -137,7 +119,7 @@ def speculate(
     max_tokens: int,
     settings: SamplingSettings,
     rng: np.random.Generator,
-) -> Iterator[StepEvent]:
+) -> Generator[StepEvent, None, None]:
     """Generate up to max_tokens with speculative decoding; k=0 (or no drafter) is plain decoding.
 
     `drafter` proposes the drafts (drafting.py: a draft model, prompt lookup, or both);
@@ -159,20 +141,15 @@ def speculate(
         room = min(verifier.n_ctx - len(context), drafter.room(len(context)), max_tokens - n_emitted - 1)
         k_step = max(0, min(policy.choose(drafter.next_source(context)), room))
         t0 = time.perf_counter()
-        drafts = (
-            drafter.propose(
-                context,
-                k_step,
-                n_vocab=verifier.n_vocab,
-                settings=settings,
-                rng=rng,
-                keep_drafting=policy.keep_drafting,
-                # Siblings add up to one node per draft: only where the cache has room for them.
-                branch=policy.branch if policy.branches and 2 * k_step <= verifier.n_ctx - len(context) else None,
-            )
-            if k_step
-            else Drafts()
+        step = DraftStep(
+            n_vocab=verifier.n_vocab,
+            settings=settings,
+            rng=rng,
+            keep_drafting=policy.keep_drafting,
+            # Siblings add up to one node per draft: only where the cache has room for them.
+            branch=policy.branch if policy.branches and 2 * k_step <= verifier.n_ctx - len(context) else None,
         )
+        drafts = drafter.propose(context, k_step, step) if k_step else Drafts()
         t1 = time.perf_counter()
         # One batched pass over the pending token and the draft tree: row 0 scores what
         # follows the context, row 1 + i what follows draft node i's path (a chain: drafts[:i+1]).
@@ -194,7 +171,7 @@ def speculate(
             verifier,
             n_emitted,
             max_tokens,
-            seconds=(t1 - t0, t2 - t1, time.perf_counter() - t2, prefill_seconds),
+            StepSeconds(draft=t1 - t0, verify=t2 - t1, sample=time.perf_counter() - t2, prefill=prefill_seconds),
         )
         prefill_seconds, n_emitted = 0.0, n_emitted + len(event.tokens)
         policy.observe(event)
@@ -291,8 +268,7 @@ def _event(
     verifier: Model,
     n_emitted: int,
     max_tokens: int,
-    *,
-    seconds: tuple[float, float, float, float],
+    seconds: StepSeconds,
 ) -> StepEvent:
     """The step's event, complete: output up to an end-of-generation token, and why it stopped.
     `target_logits` are the rows that scored `emitted`; `n_checked` is how many distinct draft
@@ -300,7 +276,6 @@ def _event(
     eog_at = next((i for i, token in enumerate(emitted) if verifier.is_eog(token)), None)
     kept = emitted if eog_at is None else emitted[:eog_at]
     stop = "eos" if eog_at is not None else "max_tokens" if n_emitted + len(kept) >= max_tokens else None
-    draft_seconds, verify_seconds, sample_seconds, prefill_seconds = seconds
     n_accepted, on_path, parents = len(path), set(path), drafts.tree()
     chain = [node for node in range(len(drafts.tokens)) if node not in drafts.sides]
     return StepEvent(
@@ -311,10 +286,10 @@ def _event(
         verifier_token=None if eog_at is not None else kept[-1],
         n_drafted=n_checked,
         n_accepted=n_accepted,
-        draft_seconds=draft_seconds,
-        verify_seconds=verify_seconds,
-        sample_seconds=sample_seconds,
-        prefill_seconds=prefill_seconds,
+        draft_seconds=seconds.draft,
+        verify_seconds=seconds.verify,
+        sample_seconds=seconds.sample,
+        prefill_seconds=seconds.prefill,
         draft_source=drafts.source if drafts.tokens else None,
         draft_confidence=drafts.confidence,
         draft_catchup_seconds=drafts.catchup_seconds,

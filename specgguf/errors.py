@@ -36,6 +36,16 @@ class IncompatibleModelsError(SpecggufError):
     """The draft cannot be paired with the verifier; the message says why."""
 
 
+class DecodeError(SpecggufError):
+    """llama.cpp failed while evaluating tokens of a model that had loaded."""
+
+
+class CheckCouldNotRun(SpecggufError):
+    """`check` could not read one side (a missing file, ...): exit status 2, as 1 means "cannot be paired"."""
+
+    exit_code = 2
+
+
 class ContextFullError(SpecggufError):
     """The prompt does not fit in the context window."""
 
@@ -46,3 +56,11 @@ class AssetError(SpecggufError):
 
 class HubUnreachableError(AssetError):
     """The Hugging Face hub (or HF_ENDPOINT) could not be reached, or offline mode forbids it."""
+
+
+def terminal_safe(text: str) -> str:
+    """Text from a file or the network, safe to print on one line: control and format characters
+    (escape sequences, bidi overrides, newlines) become visible escapes such as `\\x1b`."""
+    if text.isprintable():  # Python's "printable": no Other (C*) or Separator (Z*) character but the space
+        return text
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .costs import MachineCosts
+from .drafters import DRAFTER_KINDS, DrafterKind
 from .drafting import Source
 from .engine import KPolicy, StepEvent
 
@@ -329,8 +330,11 @@ class PerSource:
             policy.observe(event)  # each learns from its own drafter's steps, and all from plain ones
 
 
-def adaptive_policy(drafter: str, costs: MachineCosts, config: PolicyConfig = PolicyConfig()) -> AdaptiveK | PerSource:
-    """The adaptive K policy for a drafter kind as the CLI names it ("model", "ngram", "hybrid")."""
-    if drafter == "hybrid":
-        return PerSource({source: AdaptiveK(costs, config, source=source) for source in ("model", "ngram")})
-    return AdaptiveK(costs, config, source="ngram" if drafter == "ngram" else "model")
+def adaptive_policy(
+    kind: DrafterKind, costs: MachineCosts, config: PolicyConfig = PolicyConfig()
+) -> AdaptiveK | PerSource:
+    """The adaptive K policy for a drafter kind: one per source it drafts from."""
+    spec = DRAFTER_KINDS[kind]
+    if spec.mixed:
+        return PerSource({source: AdaptiveK(costs, config, source=source) for source in spec.sources})
+    return AdaptiveK(costs, config, source=spec.sources[0])

@@ -21,8 +21,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SpecggufError, UsageError
-from .render import terminal_safe
+from .errors import SpecggufError, UsageError, terminal_safe
 from .sampling import SamplingSettings
 
 COMPLETION = "llama-completion"

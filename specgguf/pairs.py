@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .errors import terminal_safe
 from .files import size_text
 from .registry import ModelFile, Pair, Registry, load_registry
-from .render import terminal_safe
 from .resolve import find_local
 from .tuning import stored_measurement
 

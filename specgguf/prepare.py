@@ -1,7 +1,7 @@
 """The one set-up path every command shares: load the pair, know its costs, build drafter and K policy.
 
 `prepare` loads the verifier and draft (refusing pairs llama.cpp would refuse) and
-gets this machine's costs for them (costs.probe: stored, or measured once now).
+gets this machine's costs for them (tuning.probe: stored, or measured once now).
 `Prepared.drafting` then gives the drafter and K policy for an answer; `run`,
 `chat` (whose /k changes K between turns), `bench` and `serve` (per request) ask it.
 
@@ -16,20 +16,21 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from .assets import cache_dir
-from .costs import MachineCosts, probe
-from .drafting import DRAFTERS, Drafter, DrafterKind, build_drafter
+from .costs import MachineCosts
+from .drafters import DEFAULT_DRAFTER, DRAFTER_KINDS, DrafterKind, DraftSettings, build_drafter
+from .drafting import Drafter, Source
 from .engine import FixedK, KPolicy
-from .errors import PromptError, UsageError
+from .errors import UsageError
 from .kpolicy import K_MAX, AdaptiveK, PerSource, PolicyConfig, adaptive_policy
 from .ngram_cache import SessionNgrams
 from .resolve import ResolvedPair
 from .rpc import DEFAULT_TIMEOUT, RpcWorker
-from .tuning import stored_measurement
+from .tuning import probe, stored_measurement
 
 MEASURING = "measuring this machine's costs for the pair (once; kept in tuning.json)"
 
@@ -52,13 +53,6 @@ def parse_k(text: str | None) -> KChoice:
     if not 0 <= k <= 64:
         raise UsageError(f"-k/--draft-max must be between 0 and 64, got {k}")
     return KChoice("fixed", k)
-
-
-def parse_drafter(text: str, option: str = "--drafter") -> DrafterKind:
-    for kind in DRAFTERS:
-        if kind == text:
-            return kind
-    raise UsageError(f"{option} must be one of {', '.join(DRAFTERS)}, not {text!r}")
 
 
 @dataclass(frozen=True)
@@ -87,9 +81,7 @@ class LoadOptions:
 @dataclass(frozen=True)
 class DraftOptions:
     k: KChoice = field(default_factory=lambda: KChoice("auto"))
-    # "hybrid": n-gram drafts on long matches, else the draft model; "model": the draft model
-    # only; "ngram": prompt lookup, no draft model
-    drafter: DrafterKind = "hybrid"
+    drafter: DrafterKind = DEFAULT_DRAFTER  # drafters.DRAFTER_KINDS says what each kind does
     p_min: float = 0.0  # early stop: the draft stops below this top probability
     n_min: int = 0  # ... but only after this many drafts
     force_spec: bool = False  # never fall back to plain decoding
@@ -115,13 +107,15 @@ def make_policy(
     config: PolicyConfig | None = None,
 ) -> tuple[KPolicy, KSource]:
     """The K policy for a run, and where K came from. `costs` is asked only for adaptive K."""
-    if draft is None and drafter != "ngram":
+    spec = DRAFTER_KINDS[drafter]
+    if spec.needs_model and draft is None:
         return FixedK(0), KSource(False, "plain (no draft)")
     if choice.mode == "fixed":
         return FixedK(choice.k or 0), KSource(False, f"K={choice.k} (-k)")
     stored = stored_measurement(verifier, draft, temperature) if draft is not None else None
     config = config or PolicyConfig(k_max=K_MAX, k_min=1 if force_spec else 0, trees=trees)
-    if choice.mode == "adaptive" or drafter == "ngram" or stored is None:
+    # The stored K is the draft model's: a kind without one always chooses K online.
+    if choice.mode == "adaptive" or not spec.needs_model or stored is None:
         policy = adaptive_policy(drafter, costs(), config)
         model_side = policy.policies["model"] if isinstance(policy, PerSource) else policy
         if isinstance(model_side, AdaptiveK) and model_side.source == "model" and not model_side.worth_drafting:
@@ -129,16 +123,17 @@ def make_policy(
             text = (
                 f"K adaptive: the draft model cannot win here (a draft token costs {machine.draft * 1000:.0f} ms,"
                 f" a verifier token {machine.verify[0] * 1000:.0f} ms)"
-                + ("; n-gram drafts only" if drafter == "hybrid" else ": plain decoding")
+                + ("; n-gram drafts only" if spec.mixed else ": plain decoding")
             )
             return policy, KSource(True, text, decided=True)
         return policy, KSource(True, "K adaptive")
     model_policy, source = _stored_policy(stored, force_spec=force_spec, recommended_k=recommended_k)
-    if drafter == "hybrid":
+    if spec.mixed:
         # The stored best K is the draft model's alone: the free n-gram drafts beside it (which
         # may win where bench measured plain faster) still choose their K online.
-        ngram = AdaptiveK(costs(), config, source="ngram")
-        return PerSource({"model": model_policy, "ngram": ngram}), KSource(False, f"{source.text}; n-gram K adaptive")
+        policies: dict[Source, KPolicy] = {"model": model_policy}
+        policies.update({side: AdaptiveK(costs(), config, source=side) for side in spec.sources if side != "model"})
+        return PerSource(policies), KSource(False, f"{source.text}; n-gram K adaptive")
     return model_policy, source
 
 
@@ -170,7 +165,7 @@ class Prepared:
 
     @property
     def costs(self) -> MachineCosts:
-        """This machine's costs for the pair (costs.probe): stored, or measured on first need."""
+        """This machine's costs for the pair (tuning.probe): stored, or measured on first need."""
         if self._costs is None:
             self._costs = probe(self.verifier, self.draft, on_measure=self.on_measure)
         return self._costs
@@ -180,13 +175,12 @@ class Prepared:
     ) -> Drafter | None:
         """The proposer for an answer (None: nothing to draft with). Its n-grams are the
         session's unless `session` gives others (bench: a new one per run)."""
-        return build_drafter(
-            kind or self.options.drafter,
-            self.draft,
+        settings = DraftSettings(
             p_min=self.options.p_min if p_min is None else p_min,
             n_min=self.options.n_min,
             session=self.ngrams if session is None else session,
         )
+        return build_drafter(kind or self.options.drafter, self.draft, settings)
 
     def save_ngrams(self) -> Path | None:
         """With --keep-ngrams, write the session's n-gram cache back (atomically); where it went."""
@@ -258,7 +252,7 @@ def prepare(
 ) -> Prepared:
     """Load the pair and learn its costs here. The draft model loads unless nothing will draft with
     it (`--drafter ngram`, or `-k 0` unless `keep_draft`: chat's /k can turn drafting on later)."""
-    need_draft = drafting.drafter != "ngram" and (keep_draft or not drafting.plain)
+    need_draft = DRAFTER_KINDS[drafting.drafter].needs_model and (keep_draft or not drafting.plain)
     verifier, draft = load_models(resolved, load, need_draft=need_draft)
     prepared = Prepared(resolved=resolved, verifier=verifier, draft=draft, options=drafting, on_measure=on_measure)
     if drafting.keep_ngrams:
@@ -279,11 +273,15 @@ def ngram_file(verifier: Path, n_vocab: int) -> tuple[Path, str]:
     return cache_dir() / "ngrams" / f"{digest}.npz", key
 
 
-def prompt_tokens(verifier, prompt: str, *, raw: bool, system: str | None) -> list[int]:
-    """The verifier's chat template around the prompt (unless raw or the model has none)."""
-    if not prompt.strip():
-        raise PromptError("the prompt is empty")
-    if raw or verifier.chat_template() is None:
-        return verifier.tokenize(prompt, special=False)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return verifier.tokenize(verifier.apply_chat_template(messages), special=True)
+def placement(verifier, draft) -> dict:
+    """Where each model's layers are (for --json): workers, layer counts, and in words."""
+    return {
+        role: {**asdict(model.placement), "description": model.placement.describe(role)}
+        for role, model in (("verifier", verifier), ("draft", draft))
+        if hasattr(model, "placement")
+    }
+
+
+def where_line(verifier, draft) -> str:
+    """'verifier on 2 RPC workers · draft local', for the stats line."""
+    return " · ".join(entry["description"] for entry in placement(verifier, draft).values())

@@ -21,14 +21,6 @@ STYLE_VERIFIER = ""
 STYLE_REJECTED = "red strike dim"
 
 
-def terminal_safe(text: str) -> str:
-    """Text from a file or the network, safe to print on one line: control and format characters
-    (escape sequences, bidi overrides, newlines) become visible escapes such as `\\x1b`."""
-    if text.isprintable():  # Python's "printable": no Other (C*) or Separator (Z*) character but the space
-        return text
-    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)
-
-
 def legend() -> Text:
     return Text.assemble(
         "colours: ",

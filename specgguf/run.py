@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from dataclasses import asdict
 from typing import TextIO
 
@@ -12,12 +11,14 @@ import numpy as np
 from rich.console import Console
 from rich.text import Text
 
+from .conversation import Prompts
+from .drafters import DRAFTER_KINDS
 from .engine import speculate
-from .prepare import MEASURING, DraftOptions, KSource, LoadOptions, prepare, prompt_tokens
+from .prepare import MEASURING, DraftOptions, KSource, LoadOptions, placement, prepare, where_line
 from .render import TokenStream, legend
 from .resolve import ResolvedPair
 from .sampling import SamplingSettings
-from .stats import GenerationStats
+from .stats import Generation, GenerationStats
 
 
 def run_prompt(
@@ -47,10 +48,10 @@ def run_prompt(
         on_measure=None if quiet or json_output else lambda: err_console.print(MEASURING, style="dim"),
     )
     verifier, draft = prepared.verifier, prepared.draft
-    tokens = prompt_tokens(verifier, prompt, raw=raw, system=system)
+    tokens = Prompts(verifier).question(prompt, raw=raw, system=system)
     policy, k_source = prepared.policy(temperature=settings.temperature)
     drafter = prepared.drafter()
-    if resolved.draft is None and drafting.drafter != "ngram" and not quiet and not json_output:
+    if resolved.draft is None and DRAFTER_KINDS[drafting.drafter].needs_model and not quiet and not json_output:
         err_console.print("no draft model given (-md): decoding with the verifier alone", style="yellow")
     stream = TokenStream(
         verifier.token_bytes,
@@ -60,20 +61,20 @@ def run_prompt(
     )
     if show_rejected and out_console is not None and not json_output:
         err_console.print(legend())
-    stats = GenerationStats()
-    start = time.perf_counter()
-    for event in speculate(
-        verifier=verifier,
-        drafter=drafter,
-        prompt_tokens=tokens,
-        k=policy,
-        max_tokens=max_tokens,
-        settings=settings,
-        rng=np.random.default_rng(seed),
-    ):
-        stats.add(event)
+    generation = Generation(
+        speculate(
+            verifier=verifier,
+            drafter=drafter,
+            prompt_tokens=tokens,
+            k=policy,
+            max_tokens=max_tokens,
+            settings=settings,
+            rng=np.random.default_rng(seed),
+        )
+    )
+    for event in generation:
         stream.write(event)
-    stats.wall_seconds = time.perf_counter() - start - stats.prefill_seconds
+    stats = generation.stats
     stream.finish()
     result = {
         "text": stream.text,
@@ -104,20 +105,6 @@ def run_prompt(
         _report(stats, k_source, load, err_console, where=where_line(verifier, draft) if load.rpc else None)
     prepared.save_ngrams()  # after the answer is out: a failure here loses nothing written
     return result
-
-
-def placement(verifier, draft) -> dict:
-    """Where each model's layers are (for --json): workers, layer counts, and in words."""
-    return {
-        role: {**asdict(model.placement), "description": model.placement.describe(role)}
-        for role, model in (("verifier", verifier), ("draft", draft))
-        if hasattr(model, "placement")
-    }
-
-
-def where_line(verifier, draft) -> str:
-    """'verifier on 2 RPC workers · draft local', for the stats line."""
-    return " · ".join(entry["description"] for entry in placement(verifier, draft).values())
 
 
 def _report(

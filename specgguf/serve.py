@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.text import Text
 from starlette.exceptions import HTTPException
 
+from .drafters import DRAFTER_KINDS
 from .prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
 from .resolve import ResolvedPair
 from .sampling import SamplingSettings
@@ -286,7 +287,7 @@ def run_server(
             keep_draft=True,  # a request may ask for drafting
             on_measure=lambda: err_console.print(MEASURING, style="dim"),
         )
-        if prepared.draft is None and drafting.drafter != "ngram":
+        if prepared.draft is None and DRAFTER_KINDS[drafting.drafter].needs_model:
             err_console.print(
                 "no draft model given (-md): decoding with the verifier alone unless a request"
                 " asks for the n-gram drafter",

@@ -9,8 +9,8 @@ that the worker fills with `call_soon_threadsafe`.
 Prefix reuse: the engine keeps whatever prefix of a new prompt each model's KV
 cache already holds. For a follow-up chat turn to reuse the whole previous
 conversation, its prompt must repeat the previous answer as the very tokens that
-were generated (re-tokenizing the text need not give them back): `PromptCache`
-does that, as `chat.ChatSession` does for one user.
+were generated (re-tokenizing the text need not give them back):
+`conversation.PromptCache` does that, as `chat.ChatSession` does for one user.
 """
 
 from __future__ import annotations
@@ -21,21 +21,20 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import cast
 
 import numpy as np
 
-from .chat import chatml
+from .conversation import Message, PromptCache, Prompts
+from .drafters import DRAFTER_KINDS, DrafterKind
 from .drafting import common_prefix
-from .engine import FixedK, KPolicy, StepEvent, speculate
+from .engine import FixedK, KPolicy, speculate
 from .errors import ContextFullError, PromptError, SpecggufError, UsageError
 from .ngram_cache import SessionNgrams
-from .prepare import DrafterKind, KChoice, Prepared
+from .prepare import KChoice, Prepared
 from .sampling import SamplingSettings
 from .serve_text import AnswerText, TokenLogprob, token_logprobs
-from .stats import GenerationStats
+from .stats import Generation, GenerationStats
 
 
 class QueueFull(Exception):
@@ -46,7 +45,7 @@ class QueueFull(Exception):
 class GenerationRequest:
     """What to generate, as typed values (built from a validated request body)."""
 
-    messages: list[dict[str, str]] | None  # chat: rendered with the verifier's own template
+    messages: list[Message] | None  # chat: rendered with the verifier's own template (or ChatML)
     text: str  # completions: the raw prompt (tokenized as `run --raw` does)
     max_tokens: int
     settings: SamplingSettings
@@ -100,26 +99,6 @@ class Job:
             self.loop.call_soon_threadsafe(self.messages.put_nowait, message)
 
 
-class PromptCache:
-    """The last prompt + answer as text and as the tokens that were really evaluated."""
-
-    def __init__(self, verifier):
-        self.verifier = verifier
-        self.text, self.tokens, self.special = "", [], True
-        self._bos = verifier.tokenize("", special=True)  # what tokenize puts in front of any text
-
-    def tokens_for(self, text: str, *, special: bool) -> list[int]:
-        if self.text and special == self.special and text.startswith(self.text):
-            piece = self.verifier.tokenize(text[len(self.text) :], special=special)
-            if self._bos and piece[: len(self._bos)] == self._bos:
-                piece = piece[len(self._bos) :]
-            return self.tokens + piece
-        return self.verifier.tokenize(text, special=special)
-
-    def remember(self, text: str, tokens: list[int], *, special: bool) -> None:
-        self.text, self.tokens, self.special = text, list(tokens), special
-
-
 class Worker:
     """The loaded pair, the server's drafting defaults, and the worker thread."""
 
@@ -127,9 +106,8 @@ class Worker:
         self.prepared = prepared
         self.verifier, self.draft, self.drafting = prepared.verifier, prepared.draft, prepared.options
         self.metrics = metrics
-        self.prompts = PromptCache(self.verifier)
-        self.has_template = self.verifier.chat_template() is not None
-        self._render = self.verifier.apply_chat_template if self.has_template else chatml
+        self.templates = Prompts(self.verifier)
+        self.prompts = PromptCache(self.templates)
         self._policies: dict[tuple, tuple[KPolicy, object]] = {}  # adaptive policies keep learning
         self._waiting: deque[Job] = deque()  # FIFO; a job whose client left is dropped from it
         self._running: Job | None = None
@@ -203,7 +181,7 @@ class Worker:
         for model in (self.verifier, self.draft):
             if model is not None:
                 model.clear()
-        self.prompts.remember("", [], special=True)
+        self.prompts.forget()
 
     def _prepare(self, request: GenerationRequest):
         """The prompt (text, special, tokens), drafter and K policy; a bad request raises."""
@@ -228,13 +206,11 @@ class Worker:
         n_cached = common_prefix(self.verifier.cached, prompt[:-1])
         job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
         seed = request.seed if request.seed is not None and request.seed >= 0 else secrets.randbelow(2**31)
-        answer, stats = AnswerText(self.verifier.token_bytes, request.stops), GenerationStats()
-        first_token_seconds, start = None, time.perf_counter()
+        answer = AnswerText(self.verifier.token_bytes, request.stops)
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_top, n_logprobs_sent = request.n_top_logprobs, 0
-        events = cast(
-            Generator[StepEvent, None, None],
-            speculate(  # a generator: closed below
+        generation = Generation(
+            speculate(
                 verifier=self.verifier,
                 drafter=drafter,
                 prompt_tokens=prompt,
@@ -242,13 +218,10 @@ class Worker:
                 max_tokens=request.max_tokens,
                 settings=request.settings,
                 rng=np.random.default_rng(seed),
-            ),
+            )
         )
         try:
-            for event in events:
-                stats.add(event)
-                if event.tokens and first_token_seconds is None:
-                    first_token_seconds = time.perf_counter() - job.arrived
+            for event in generation:
                 if n_top is not None and event.tokens and event.target_logits is not None:
                     logprobs += token_logprobs(
                         event.target_logits, event.tokens, n_top=n_top, token_bytes=self.verifier.token_bytes
@@ -263,8 +236,9 @@ class Worker:
             job.send(Failed(error, status=500))
             return
         finally:
-            events.close()  # the engine stops at a step boundary: both caches stay consistent
-        stats.wall_seconds = max(0.0, time.perf_counter() - start - stats.prefill_seconds)
+            generation.close()  # the engine stops at a step boundary: both caches stay consistent
+        stats = generation.stats
+        first_token_seconds = None if generation.first_token_at is None else generation.first_token_at - job.arrived
         cancelled = job.cancelled.is_set() and not answer.stopped
         if not cancelled and (delta := answer.finish()):
             job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
@@ -288,14 +262,14 @@ class Worker:
         """The prompt's text, and whether special tokens in it are parsed (chat templates write them)."""
         if request.messages is None:
             return request.text, False
-        return self._render(request.messages), True  # a failing or looping template: PromptError (backend)
+        return self.templates.render(request.messages), True  # a failing or looping template: PromptError
 
     def _drafting(self, request: GenerationRequest):
         """The drafter and K policy for a request: the server's defaults, overridden per request."""
         kind = request.drafter or self.drafting.drafter
         choice = request.k or self.drafting.k
         p_min = self.drafting.p_min if request.p_min is None else request.p_min
-        if kind != "ngram" and self.draft is None and not (choice.mode == "fixed" and choice.k == 0):
+        if DRAFTER_KINDS[kind].needs_model and self.draft is None and not (choice.mode == "fixed" and choice.k == 0):
             if request.drafter is not None or request.k is not None:
                 raise UsageError(
                     f"drafter {kind!r} needs a draft model, and this server has none loaded (start"

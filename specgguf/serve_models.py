@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .conversation import Message, Role
+from .drafters import DrafterKind
 from .sampling import SamplingSettings
 
 
@@ -54,7 +56,7 @@ class Speculative(_Strict):
     """Per-request drafting: {"k": 8 | "auto" | "adaptive", "drafter": ..., "p_min": ...}."""
 
     k: Annotated[int, Field(ge=0, le=64)] | Literal["auto", "adaptive"] | None = None
-    drafter: Literal["model", "ngram", "hybrid"] | None = None
+    drafter: DrafterKind | None = None
     p_min: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
 
 
@@ -147,6 +149,9 @@ class ChatMessage(_Strict):
         return "\n".join(texts)
 
 
+_TEMPLATE_ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
 class ChatRequest(_Common):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -169,12 +174,13 @@ class ChatRequest(_Common):
             if getattr(self, name) not in (None, "none", "auto"):
                 raise unsupported(name, "no tool calls")
 
-    def template_messages(self) -> list[dict[str, str]]:
+    def template_messages(self) -> list[Message]:
         """Messages for the chat template: "developer" is the newer name for "system"."""
-        return [
-            {"role": "system" if message.role == "developer" else message.role, "content": message.text(i)}
-            for i, message in enumerate(self.messages)
-        ]
+        messages = []
+        for i, message in enumerate(self.messages):
+            text = message.text(i)  # refuses tool messages, for now
+            messages.append(Message(_TEMPLATE_ROLES[message.role], text))
+        return messages
 
     @property
     def token_limit(self) -> int | None:

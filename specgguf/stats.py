@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
 from .engine import StepEvent
@@ -144,3 +146,35 @@ class GenerationStats:
             },
             "stop_reason": self.stop,
         }
+
+
+class Generation:
+    """One answer through the engine, as every command drives it: iterate it for the step events;
+    each is added to `stats` as it comes, the first token's time is stamped, and when the events
+    end (or the caller stops early, or closes it) `stats.wall_seconds` is the generation's time,
+    prompt ingestion left out. The engine stops at a step boundary: both caches stay consistent."""
+
+    def __init__(self, events: Generator[StepEvent, None, None], stats: GenerationStats | None = None):
+        self.stats = stats if stats is not None else GenerationStats()
+        self.first_token_at: float | None = None  # time.perf_counter() when the first token came
+        self._events = events
+        self._iterator = self._drive()
+
+    def __iter__(self) -> Iterator[StepEvent]:
+        return self._iterator
+
+    def _drive(self) -> Generator[StepEvent, None, None]:
+        start = time.perf_counter()
+        try:
+            for event in self._events:
+                self.stats.add(event)
+                if event.tokens and self.first_token_at is None:
+                    self.first_token_at = time.perf_counter()
+                yield event
+        finally:
+            self._events.close()
+            self.stats.wall_seconds = max(0.0, time.perf_counter() - start - self.stats.prefill_seconds)
+
+    def close(self) -> None:
+        self._iterator.close()
+        self._events.close()

@@ -3,7 +3,8 @@
 - The best fixed K `specgguf bench` measured for a pair (`stored_measurement`), which `-k auto`
   uses (k_choice.py).
 - Measured costs per model file and settings (`stored_seconds`): the verifier's verify cost by
-  batch size and the draft's cost per token (costs.py), which adaptive K starts from.
+  batch size and the draft's cost per token, which adaptive K starts from: `probe` gives the
+  stored ones, or measures them once now (core/costs.py's `measure`) and keeps them.
 
 A damaged file is never fatal: each problem is one warning and the entry is ignored; a file
 that cannot be parsed is kept as tuning.json.damaged when it is next written.
@@ -17,8 +18,10 @@ import os
 import platform
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+from .costs import PROBE_BATCH, PROBE_CONTEXT, MachineCosts, measure
 from .paths import config_dir
 
 
@@ -158,3 +161,59 @@ def _update_tuning(update) -> None:
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
         json.dump(data, handle, indent=1)
     os.replace(handle.name, path)
+
+
+# --- this machine's costs for a pair, measured once and kept ---
+def key_for(model, kind: str = "verify_costs") -> str:
+    key = model_key(kind, model.path, n_threads=model.n_threads, n_gpu_layers=model.n_gpu_layers)
+    workers = getattr(getattr(model, "placement", None), "workers", ())
+    return key + (f"|rpc={','.join(workers)}" if workers else "")  # costs over a network are their own
+
+
+def stored(model) -> list[float] | None:
+    """The verify table stored for this verifier file and settings on this machine, if any."""
+    return stored_seconds(key_for(model))
+
+
+def measure_and_store(model, *, max_batch: int, store: bool, **options) -> list[float]:
+    costs = measure(model, max_batch=max_batch, **options)
+    if store:
+        store_seconds(key_for(model), costs)
+    return costs
+
+
+def probe(verifier, draft=None, *, on_measure: Callable[[], None] | None = None) -> MachineCosts:
+    """This machine's costs for the pair: stored ones, else measured now (calling `on_measure`
+    first, to say so) and stored. A config folder that cannot be written costs a warning."""
+    verify = stored(verifier)
+    draft_cost = stored_seconds(key_for(draft, "draft_costs")) if draft is not None else [0.0]
+    if verify is None or draft_cost is None:
+        if on_measure is not None:
+            on_measure()
+        if verify is None:
+            # The fastest of a few rounds: a short probe is easily disturbed, never sped up.
+            verify = _keep(
+                key_for(verifier),
+                measure(verifier, max_batch=PROBE_BATCH, repeats=2, context=PROBE_CONTEXT, statistic=min),
+            )
+        if draft_cost is None:
+            draft_cost = [measure_draft(draft, store=True)]
+    return MachineCosts(tuple(verify), draft_cost[0])
+
+
+def measure_draft(draft, *, store: bool) -> float:
+    """Seconds for the draft model to propose one token (a batch of one, its logits read)."""
+    (seconds,) = measure(draft, max_batch=1, repeats=5, context=PROBE_CONTEXT, statistic=min)
+    return _keep(key_for(draft, "draft_costs"), [seconds])[0] if store else seconds
+
+
+def _keep(key: str, seconds: list[float]) -> list[float]:
+    seconds = [round(c, 6) for c in seconds]  # as tuning.json keeps them: the same costs next time
+    if load_tuning() is None:  # damaged or unreadable: only `bench` replaces it (keeping a .damaged copy)
+        sys.stderr.write("specgguf: warning: not keeping the measured costs: tuning.json is unusable (see above)\n")
+        return seconds
+    try:
+        store_seconds(key, seconds)
+    except OSError as error:
+        sys.stderr.write(f"specgguf: warning: could not keep the measured costs ({error}); measuring again next time\n")
+    return seconds

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from fakes import FakeModel
 from specgguf.backend import LlamaModel
-from specgguf.drafting import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, NoDrafter
+from specgguf.drafting import Drafter, NoDrafter
 from specgguf.engine import FixedK, KPolicy, Model
+from specgguf.hybrid_drafter import HybridDrafter
 from specgguf.kpolicy import AdaptiveK, PerSource
+from specgguf.model_drafter import ModelDrafter
+from specgguf.ngram_drafter import NgramDrafter
 
 
 def fake_model_is_a_model(model: FakeModel) -> Model:

@@ -10,9 +10,9 @@ import pytest
 
 from specgguf.backend import LlamaModel
 from specgguf.compat import compare_vocabularies, ensure_compatible
-from specgguf.drafting import ModelDrafter
 from specgguf.engine import speculate
 from specgguf.errors import IncompatibleModelsError, ModelLoadError
+from specgguf.model_drafter import ModelDrafter
 from specgguf.sampling import SamplingSettings, process_logits
 from tiny_gguf import write_tiny_llama
 

@@ -6,9 +6,9 @@ import pytest
 
 from specgguf.backend import LlamaModel
 from specgguf.chat import ChatSession
-from specgguf.drafting import ModelDrafter
 from specgguf.engine import FixedK
 from specgguf.errors import ContextFullError
+from specgguf.model_drafter import ModelDrafter
 from specgguf.sampling import SamplingSettings
 
 QUESTIONS = [

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from fakes import FakeModel, one_hot_logits
-from specgguf import costs
+from specgguf import costs, tuning
 from specgguf.tuning import load_tuning, store_measurement, store_seconds, stored_seconds
 
 pytestmark = pytest.mark.usefixtures("config_home")
@@ -58,7 +58,7 @@ def test_stored_tables_are_kept_per_key_beside_other_measurements(tmp_path):
 
 
 class FileModel(TimedModel):
-    """A timed fake that looks like a loaded file, as costs.key_for reads it."""
+    """A timed fake that looks like a loaded file, as tuning.key_for reads it."""
 
     def __init__(self, path, seconds):
         super().__init__(seconds)
@@ -71,16 +71,16 @@ def test_probe_measures_once_per_machine_and_file_then_reads_the_store(tmp_path)
     verifier = FileModel(tmp_path / "v.gguf", {n: 0.002 + 0.002 * n for n in range(1, 9)})
     draft = FileModel(tmp_path / "d.gguf", {1: 0.002})
     announced = []
-    first = costs.probe(verifier, draft, on_measure=lambda: announced.append(True))
+    first = tuning.probe(verifier, draft, on_measure=lambda: announced.append(True))
     assert announced == [True] and len(first.verify) == costs.PROBE_BATCH
     assert first.verify[:2] == (0.004, 0.006) and first.draft == 0.002
     calls = len(verifier.eval_calls) + len(draft.eval_calls)
-    again = costs.probe(verifier, draft, on_measure=lambda: announced.append(True))
+    again = tuning.probe(verifier, draft, on_measure=lambda: announced.append(True))
     assert again == first and announced == [True]  # from tuning.json, nothing measured
     assert len(verifier.eval_calls) + len(draft.eval_calls) == calls
     # Another thread count is another measurement; plain decoding needs no draft cost.
     verifier.n_threads = 1
-    assert costs.probe(verifier, on_measure=lambda: announced.append(True)).draft == 0.0
+    assert tuning.probe(verifier, on_measure=lambda: announced.append(True)).draft == 0.0
     assert announced == [True, True]
 
 
@@ -88,6 +88,6 @@ def test_probe_in_a_config_folder_that_cannot_be_written_warns_and_goes_on(tmp_p
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "file"))
     (tmp_path / "file").write_text("not a folder")
     (tmp_path / "v.gguf").write_bytes(b"v")
-    measured = costs.probe(FileModel(tmp_path / "v.gguf", {n: 0.01 * n for n in range(1, 9)}))
+    measured = tuning.probe(FileModel(tmp_path / "v.gguf", {n: 0.01 * n for n in range(1, 9)}))
     assert len(measured.verify) == costs.PROBE_BATCH
     assert "not keeping the measured costs" in capsys.readouterr().err

@@ -5,9 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from fakes import FakeModel, one_hot_logits
-from specgguf.drafting import HybridDrafter, ModelDrafter, NgramDrafter, build_drafter
+from specgguf.drafters import build_drafter
+from specgguf.drafting import DraftStep
 from specgguf.engine import speculate
+from specgguf.hybrid_drafter import HybridDrafter
+from specgguf.model_drafter import ModelDrafter
 from specgguf.ngram_cache import SessionNgrams
+from specgguf.ngram_drafter import NgramDrafter
 from specgguf.sampling import SamplingSettings
 
 GREEDY = SamplingSettings(temperature=0.0)
@@ -15,7 +19,7 @@ SAMPLED = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
 
 
 def _propose(drafter, context, k, settings=GREEDY, n_vocab=20):
-    return drafter.propose(context, k, n_vocab=n_vocab, settings=settings, rng=np.random.default_rng(0))
+    return drafter.propose(context, k, DraftStep(n_vocab=n_vocab, settings=settings, rng=np.random.default_rng(0)))
 
 
 def test_ngram_continues_the_longest_most_recent_match():
@@ -63,9 +67,8 @@ def test_draft_reports_its_confidence_and_stops_when_the_policy_says_so():
         asked.append(list(confidences))
         return confidences[-1] > 0.9
 
-    drafts = ModelDrafter(model).propose(
-        [1, 1], 8, n_vocab=20, settings=GREEDY, rng=np.random.default_rng(0), keep_drafting=keep_drafting
-    )
+    step = DraftStep(n_vocab=20, settings=GREEDY, rng=np.random.default_rng(0), keep_drafting=keep_drafting)
+    drafts = ModelDrafter(model).propose([1, 1], 8, step)
     # After 3 the two tied tokens each get about half: the policy stops after that draft.
     assert drafts.tokens == [2, 3, 4]
     confident = 1 / (1 + 19 * np.exp(-8.0))

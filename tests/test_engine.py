@@ -8,10 +8,12 @@ from scipy.stats import chisquare
 
 from fakes import FakeModel, one_hot_logits
 from specgguf.costs import MachineCosts
-from specgguf.drafting import HybridDrafter, ModelDrafter, NgramDrafter
 from specgguf.engine import FixedK, speculate
 from specgguf.errors import ContextFullError, PromptError
+from specgguf.hybrid_drafter import HybridDrafter
 from specgguf.kpolicy import PolicyConfig, adaptive_policy
+from specgguf.model_drafter import ModelDrafter
+from specgguf.ngram_drafter import NgramDrafter
 from specgguf.sampling import SamplingSettings
 
 VOCAB = 10

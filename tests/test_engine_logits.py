@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from fakes import FakeModel
-from specgguf.drafting import ModelDrafter
 from specgguf.engine import speculate
+from specgguf.model_drafter import ModelDrafter
 from specgguf.sampling import SamplingSettings
 
 VOCAB, EOS = 10, 9

@@ -1,0 +1,103 @@
+"""`ModelDrafter`: a small draft model proposes the chain (and, for draft trees, its runner-ups),
+with llama.cpp's early stop (`--draft-p-min`: stop proposing when the draft's top probability
+falls below p_min, after at least `n_min` tokens)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from .drafting import Drafts, DraftStep, Source, common_prefix, ingest
+from .model import Model
+from .sampling import sample_token, sparse_distribution
+
+
+def _align(logits: np.ndarray, n_vocab: int) -> np.ndarray:
+    """Fit draft logits to the verifier's vocabulary: extra draft entries are cut,
+    missing ones get -inf (the draft never proposes a token the verifier lacks)."""
+    if logits.shape[-1] >= n_vocab:
+        return logits[..., :n_vocab]
+    pad = np.full(logits.shape[:-1] + (n_vocab - logits.shape[-1],), -np.inf, dtype=logits.dtype)
+    return np.concatenate([logits, pad], axis=-1)
+
+
+class ModelDrafter:
+    source: Source = "model"
+
+    def __init__(self, model: Model, *, p_min: float = 0.0, n_min: int = 0):
+        self.model = model
+        self.p_min = p_min
+        self.n_min = n_min
+        self._agreed = 0  # the cache matched the context this far at the last sync
+
+    def prepare(self, prompt_tokens: Sequence[int]) -> None:
+        ingest(self.model, prompt_tokens)
+        self._agreed = self.model.n_past
+
+    def room(self, context_length: int) -> int:
+        # It evaluates its pending tokens plus every draft but the last.
+        return self.model.n_ctx - context_length + 1
+
+    def next_source(self, context: list[int]) -> Source:
+        return self.source
+
+    def propose(
+        self,
+        context: list[int],
+        k: int,
+        step: DraftStep,
+    ) -> Drafts:
+        drafts = Drafts(source=self.source)
+        feed = context[self.model.n_past :]
+        if len(feed) > 2:  # after plain steps (or another drafter's): not a cost of drafting itself
+            start = time.perf_counter()
+            self.model.eval(feed[:-1], n_logits=0)
+            drafts.catchup_seconds = time.perf_counter() - start
+            feed = feed[-1:]
+        parent = -1  # the chain's last node (-1: the verifier's pending token)
+        for _ in range(k):
+            logits = _align(self.model.eval(feed, n_logits=1), step.n_vocab)[0]
+            if step.settings.greedy:
+                token = int(np.argmax(logits))
+                total = np.exp(logits - logits[token]).sum()
+                top_prob, draft_probs = float(1.0 / total), None
+                if step.branch is not None:  # a scan of the vocabulary, only when trees may use it
+                    top_two = np.argpartition(logits, -2)[-2:]
+                    runner = int(top_two[0] if top_two[0] != token else top_two[1])
+                    runner_up = float(np.exp(logits[runner] - logits[token]) / total)
+            else:
+                support, weights = sparse_distribution(logits, step.settings)
+                token = int(support[sample_token(weights, step.rng)])
+                top_prob = float(weights.max())
+                runner_up = float(np.partition(weights, -2)[-2]) if len(weights) > 1 else 0.0
+                draft_probs = np.zeros(step.n_vocab)
+                draft_probs[support] = weights
+            # Early stop: an unsure draft is not worth a verifier slot.
+            if len(drafts.confidence) >= self.n_min and top_prob < self.p_min:
+                break
+            node = drafts.add(token, parent, draft_probs)
+            drafts.confidence.append(top_prob)
+            if step.branch is not None and runner_up > 0.0 and step.branch(drafts.confidence, runner_up):
+                # A sibling from the same distribution: greedy, the runner-up; sampling, a second
+                # independent draw (a repeat of the first stays in the tree: the rule needs it).
+                sibling = runner if step.settings.greedy else int(support[sample_token(weights, step.rng)])
+                drafts.sides[drafts.add(sibling, parent, draft_probs)] = runner_up
+            if self.model.is_eog(token) or (
+                step.keep_drafting is not None and not step.keep_drafting(drafts.confidence)
+            ):
+                break
+            feed, parent = [token], node
+        if not drafts.sides:
+            drafts.parents = []  # a chain
+        return drafts
+
+    def sync(self, context: list[int]) -> None:
+        # Keep what the cache shares with the context (a sibling the verifier took replaces the
+        # chain's token there), never the newest token: it rides in with the next proposal.
+        # The cache agreed with the context up to the last sync; only what came since is compared.
+        agreed = min(self._agreed, self.model.n_past)
+        agreed += common_prefix(self.model.cached[agreed:], context[agreed:])
+        self._agreed = min(agreed, len(context) - 1)
+        self.model.rewind(self._agreed)
