@@ -24,7 +24,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from specgguf.bench_measure import PROMPTS
+from specgguf.bench.measure import PROMPTS
 
 SPECGGUF = [sys.executable, "-m", "specgguf"]
 

@@ -14,13 +14,13 @@ import json
 import sys
 from pathlib import Path
 
-from specgguf.chat import ChatSession, Turn
-from specgguf.engine import FixedK
+from specgguf.cli.chat_session import ChatSession, Turn
+from specgguf.core.engine import FixedK
+from specgguf.core.model_drafter import ModelDrafter
+from specgguf.core.sampling import SamplingSettings
 from specgguf.errors import SpecggufError
-from specgguf.model_drafter import ModelDrafter
+from specgguf.files.resolve import resolve_pair
 from specgguf.prepare import LoadOptions, load_models
-from specgguf.resolve import resolve_pair
-from specgguf.sampling import SamplingSettings
 
 QUESTIONS = [
     "Write a Python function that checks whether a number is prime.",

@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specgguf.ngram_cache import SessionNgrams  # noqa: E402  # after the sys.path line, to run from a checkout
+from specgguf.core.ngram_cache import SessionNgrams  # noqa: E402  # after the sys.path line, to run from a checkout
 
 
 def token_stream(n_tokens: int, *, seed: int, n_vocab: int = 150_000, copy_share: float = 0.3) -> list[int]:

@@ -20,11 +20,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specgguf.conversation import Prompts  # noqa: E402
-from specgguf.engine import speculate  # noqa: E402
-from specgguf.model_drafter import ModelDrafter  # noqa: E402
+from specgguf.core.engine import speculate  # noqa: E402
+from specgguf.core.model_drafter import ModelDrafter  # noqa: E402
+from specgguf.core.sampling import SamplingSettings  # noqa: E402
+from specgguf.files.resolve import ResolvedPair  # noqa: E402
 from specgguf.prepare import LoadOptions, load_models  # noqa: E402
-from specgguf.resolve import ResolvedPair  # noqa: E402
-from specgguf.sampling import SamplingSettings  # noqa: E402
 
 
 def count_calls(model, totals: dict, name: str) -> None:

@@ -21,7 +21,7 @@ import sys
 
 from bench_serve import wait_for_health  # scripts/bench_serve.py (this folder is on sys.path)
 
-from specgguf.bench_measure import PROMPTS
+from specgguf.bench.measure import PROMPTS
 
 
 def free_port() -> int:

@@ -9,7 +9,7 @@ import sys
 
 def main() -> int:
     try:
-        from .cli import main as cli_main
+        from .cli.app import main as cli_main
     except KeyboardInterrupt:
         if sys.stderr is not None:
             sys.stderr.write("specgguf: error: interrupted\n")

@@ -20,16 +20,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .assets import cache_dir
-from .costs import MachineCosts
-from .drafters import DEFAULT_DRAFTER, DRAFTER_KINDS, DrafterKind, DraftSettings, build_drafter
-from .drafting import Drafter, Source
-from .engine import FixedK, KPolicy
+from .core.costs import MachineCosts
+from .core.drafters import DEFAULT_DRAFTER, DRAFTER_KINDS, DrafterKind, DraftSettings, build_drafter
+from .core.drafting import Drafter, Source
+from .core.engine import FixedK, KPolicy
+from .core.kpolicy import K_MAX, AdaptiveK, PerSource, PolicyConfig, adaptive_policy
+from .core.ngram_cache import SessionNgrams
 from .errors import UsageError
-from .kpolicy import K_MAX, AdaptiveK, PerSource, PolicyConfig, adaptive_policy
-from .ngram_cache import SessionNgrams
-from .resolve import ResolvedPair
-from .rpc import DEFAULT_TIMEOUT, RpcWorker
+from .files.assets import cache_dir
+from .files.resolve import ResolvedPair
+from .llama.rpc import DEFAULT_TIMEOUT, RpcWorker
 from .tuning import probe, stored_measurement
 
 MEASURING = "measuring this machine's costs for the pair (once; kept in tuning.json)"
@@ -217,8 +217,8 @@ class Prepared:
 
 def load_models(resolved: ResolvedPair, options: LoadOptions, *, need_draft: bool):
     """Load the verifier and (if drafting) the draft, refusing pairs llama.cpp would refuse."""
-    from .backend import LlamaModel  # llama.cpp loads only when a command needs it
-    from .compat import ensure_compatible
+    from .llama.backend import LlamaModel  # llama.cpp loads only when a command needs it
+    from .llama.compat import ensure_compatible
 
     verifier = LlamaModel(
         resolved.verifier,

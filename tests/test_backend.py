@@ -8,12 +8,12 @@ import llama_cpp  # tests may read llama.cpp directly, to compare against it
 import numpy as np
 import pytest
 
-from specgguf.backend import LlamaModel
-from specgguf.compat import compare_vocabularies, ensure_compatible
-from specgguf.engine import speculate
+from specgguf.core.engine import speculate
+from specgguf.core.model_drafter import ModelDrafter
+from specgguf.core.sampling import SamplingSettings, process_logits
 from specgguf.errors import IncompatibleModelsError, ModelLoadError
-from specgguf.model_drafter import ModelDrafter
-from specgguf.sampling import SamplingSettings, process_logits
+from specgguf.llama.backend import LlamaModel
+from specgguf.llama.compat import compare_vocabularies, ensure_compatible
 from tiny_gguf import write_tiny_llama
 
 GREEDY = SamplingSettings(temperature=0.0)

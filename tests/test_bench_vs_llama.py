@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from specgguf import llama_tools
-from specgguf.bench_vs_llama import _ratio_table, _speed_table
-from specgguf.cli import main
+from specgguf.bench import llama_tools
+from specgguf.bench.llama_tools import LlamaTools, ToolSettings, run_plain
+from specgguf.bench.vs_llama import _ratio_table, _speed_table
+from specgguf.cli.app import main
+from specgguf.core.sampling import SamplingSettings
 from specgguf.errors import SpecggufError
-from specgguf.llama_tools import LlamaTools, ToolSettings, run_plain
-from specgguf.sampling import SamplingSettings
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRAMS = ("llama-completion", "llama-speculative-simple")

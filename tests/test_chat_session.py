@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from specgguf.backend import LlamaModel
-from specgguf.chat import ChatSession
-from specgguf.engine import FixedK
+from specgguf.cli.chat_session import ChatSession
+from specgguf.core.engine import FixedK
+from specgguf.core.model_drafter import ModelDrafter
+from specgguf.core.sampling import SamplingSettings
 from specgguf.errors import ContextFullError
-from specgguf.model_drafter import ModelDrafter
-from specgguf.sampling import SamplingSettings
+from specgguf.llama.backend import LlamaModel
 
 QUESTIONS = [
     "hello the cat",
@@ -182,7 +182,7 @@ def test_a_second_ctrl_c_inside_a_model_call_keeps_the_chat_going(tiny_verifier,
 
     from rich.console import Console
 
-    from specgguf.chat_repl import ChatRepl
+    from specgguf.cli.chat import ChatRepl
     from specgguf.prepare import KChoice
 
     session = make_session(tiny_verifier, tiny_draft)

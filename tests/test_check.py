@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specgguf.check import check_pair
+from specgguf.cli.check import check_pair
 from tiny_gguf import tiny_vocab, write_tiny_llama
 
 N_SPM = len(tiny_vocab("spm"))

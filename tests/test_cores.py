@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from specgguf import cores
+from specgguf.llama import threads as cores
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from fakes import FakeModel, one_hot_logits
-from specgguf import costs, tuning
+from specgguf import tuning
+from specgguf.core import costs
 from specgguf.tuning import load_tuning, store_measurement, store_seconds, stored_seconds
 
 pytestmark = pytest.mark.usefixtures("config_home")

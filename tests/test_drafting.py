@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from fakes import FakeModel, one_hot_logits
-from specgguf.drafters import build_drafter
-from specgguf.drafting import DraftStep
-from specgguf.engine import speculate
-from specgguf.hybrid_drafter import HybridDrafter
-from specgguf.model_drafter import ModelDrafter
-from specgguf.ngram_cache import SessionNgrams
-from specgguf.ngram_drafter import NgramDrafter
-from specgguf.sampling import SamplingSettings
+from specgguf.core.drafters import build_drafter
+from specgguf.core.drafting import DraftStep
+from specgguf.core.engine import speculate
+from specgguf.core.hybrid_drafter import HybridDrafter
+from specgguf.core.model_drafter import ModelDrafter
+from specgguf.core.ngram_cache import SessionNgrams
+from specgguf.core.ngram_drafter import NgramDrafter
+from specgguf.core.sampling import SamplingSettings
 
 GREEDY = SamplingSettings(temperature=0.0)
 SAMPLED = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)

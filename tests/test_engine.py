@@ -7,14 +7,14 @@ import pytest
 from scipy.stats import chisquare
 
 from fakes import FakeModel, one_hot_logits
-from specgguf.costs import MachineCosts
-from specgguf.engine import FixedK, speculate
+from specgguf.core.costs import MachineCosts
+from specgguf.core.engine import FixedK, speculate
+from specgguf.core.hybrid_drafter import HybridDrafter
+from specgguf.core.kpolicy import PolicyConfig, adaptive_policy
+from specgguf.core.model_drafter import ModelDrafter
+from specgguf.core.ngram_drafter import NgramDrafter
+from specgguf.core.sampling import SamplingSettings
 from specgguf.errors import ContextFullError, PromptError
-from specgguf.hybrid_drafter import HybridDrafter
-from specgguf.kpolicy import PolicyConfig, adaptive_policy
-from specgguf.model_drafter import ModelDrafter
-from specgguf.ngram_drafter import NgramDrafter
-from specgguf.sampling import SamplingSettings
 
 VOCAB = 10
 EOS = 9
@@ -311,9 +311,9 @@ def test_greedy_tree_takes_the_sibling_the_verifier_wants_and_keeps_both_caches_
 def test_the_wrong_tree_rule_fails_the_loops_distribution_check(monkeypatch):
     """The control for the tree cases above: the same loop with siblings each tested against the
     verifier's unchanged distribution must fail."""
-    import specgguf.engine
+    import specgguf.core.engine
     from test_sampling import _wrong_tree_rule
 
-    monkeypatch.setattr(specgguf.engine, "accept_tree", _wrong_tree_rule)
+    monkeypatch.setattr(specgguf.core.engine, "accept_tree", _wrong_tree_rule)
     p_value, _ = _sequence_p_value("model", AlwaysBranch(3), seed=6)
     assert p_value < 1e-12

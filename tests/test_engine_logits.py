@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from fakes import FakeModel
-from specgguf.engine import speculate
-from specgguf.model_drafter import ModelDrafter
-from specgguf.sampling import SamplingSettings
+from specgguf.core.engine import speculate
+from specgguf.core.model_drafter import ModelDrafter
+from specgguf.core.sampling import SamplingSettings
 
 VOCAB, EOS = 10, 9
 

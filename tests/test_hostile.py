@@ -201,7 +201,7 @@ def test_check_escapes_metadata_from_the_file(cli, hostile_dir, tiny_verifier):
     ],
 )
 def test_a_failing_or_looping_chat_template_is_one_line(cli, hostile_dir, tiny_draft, template, expected, monkeypatch):
-    from specgguf import backend
+    from specgguf.llama import backend
 
     monkeypatch.setattr(backend, "TEMPLATE_SECONDS", 1.0)  # the loop is stopped all the same, sooner
     path = tiny_with(hostile_dir, f"template-{abs(hash(template))}.gguf", chat_template=template)
@@ -346,11 +346,11 @@ def test_ctrl_c_during_start_up_imports_is_exit_130_without_a_traceback(monkeypa
 
     class Interrupting(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name == "specgguf.cli":
+            if name == "specgguf.cli.app":
                 raise KeyboardInterrupt
             return None
 
-    monkeypatch.delitem(sys.modules, "specgguf.cli", raising=False)
+    monkeypatch.delitem(sys.modules, "specgguf.cli.app", raising=False)
     monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
     assert entry.main() == 130
     assert capsys.readouterr().err == "specgguf: error: interrupted\n"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specgguf.costs import MachineCosts
-from specgguf.engine import StepEvent
-from specgguf.kpolicy import AdaptiveK, PolicyConfig, adaptive_policy
+from specgguf.core.costs import MachineCosts
+from specgguf.core.engine import StepEvent
+from specgguf.core.kpolicy import AdaptiveK, PolicyConfig, adaptive_policy
 
 # Seconds to verify 1, 2, … tokens with Qwen2.5-Coder 1.5B, and one 0.5B Q4_K_M draft token
 # (costs.probe's table). The Q4_K_M verifier is compute-bound: a draft token costs half a

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specgguf import ngram_cache
+from specgguf.core import ngram_cache
+from specgguf.core.ngram_cache import NgramCacheError, SessionNgrams
 from specgguf.errors import SpecggufError
-from specgguf.ngram_cache import NgramCacheError, SessionNgrams
 
 KEY = "verifier-sha:draft-sha"
 

@@ -291,7 +291,7 @@ def test_pull_usage_errors(cli, home):
 
 
 def test_pair_names_and_references_resolve_to_the_pulled_files(cli, hub, home, monkeypatch):
-    from specgguf.resolve import resolve_pair
+    from specgguf.files.resolve import resolve_pair
 
     assert cli("pull", "tiny", env=home).returncode == 0
     for name, value in home.items():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specgguf.registry import RegistryError, load_registry, parse_model_ref, parse_registry
+from specgguf.files.registry import RegistryError, load_registry, parse_model_ref, parse_registry
 
 SHA = "ab" * 32
 

@@ -6,9 +6,9 @@ import io
 
 from rich.console import Console
 
-from specgguf.engine import StepEvent
-from specgguf.render import TokenStream
-from specgguf.stats import GenerationStats
+from specgguf.cli.render import TokenStream
+from specgguf.core.engine import StepEvent
+from specgguf.core.stats import GenerationStats
 
 PIECES = {1: b"He", 2: b"llo", 3: b" w", 4: b"orld", 5: "é".encode()[:1], 6: "é".encode()[1:], 7: b"!"}
 

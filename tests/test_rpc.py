@@ -20,7 +20,7 @@ import time
 import pytest
 
 from specgguf.errors import UsageError
-from specgguf.rpc import PROTOCOL_MAJOR, Placement, RpcWorker, RpcWorkerError, parse_workers, probe
+from specgguf.llama.rpc import PROTOCOL_MAJOR, Placement, RpcWorker, RpcWorkerError, parse_workers, probe
 from test_backend import _check_greedy_per_step
 
 SPECGGUF = [sys.executable, "-m", "specgguf"]
@@ -140,7 +140,8 @@ def test_a_worker_on_another_address_warns_that_anyone_there_can_use_it(monkeypa
 
     from rich.console import Console
 
-    from specgguf import backend, worker
+    from specgguf.cli import worker
+    from specgguf.llama import backend
 
     monkeypatch.setattr(worker, "check_listen_address", lambda host, port: None)
     calls = []
@@ -230,8 +231,8 @@ def test_models_loaded_later_do_not_reach_for_a_gone_worker(tiny_verifier, one_w
     (our own, a vocabulary, llama_cpp.Llama with its default devices) must not touch it."""
     script = f"""
 import llama_cpp
-from specgguf.backend import LlamaModel, read_vocab
-from specgguf.rpc import RpcWorker
+from specgguf.llama.backend import LlamaModel, read_vocab
+from specgguf.llama.rpc import RpcWorker
 remote = LlamaModel({str(tiny_verifier)!r}, n_ctx=64, rpc_workers=[RpcWorker("127.0.0.1", {one_worker.address.port})])
 remote.eval([1, 2, 3], n_logits=1)
 remote.close()
@@ -349,8 +350,8 @@ def test_a_worker_that_stops_answering_in_mid_conversation(cli, tiny_args, one_w
 def test_a_build_without_rpc_names_the_fix(monkeypatch, tiny_verifier):
     import llama_cpp
 
-    from specgguf.backend import LlamaModel
     from specgguf.errors import ModelLoadError
+    from specgguf.llama.backend import LlamaModel
 
     monkeypatch.setattr(llama_cpp, "llama_supports_rpc", lambda: False)
     with pytest.raises(ModelLoadError) as error:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from specgguf.sampling import (
+from specgguf.core.sampling import (
     SamplingSettings,
     accept_drafts,
     accept_greedy,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specgguf.serve_text import AnswerText
+from specgguf.serve.text import AnswerText
 
 # A toy vocabulary: token i stands for PIECES[i] (as bytes; 5 and 6 are halves of "é").
 PIECES = [b"Hello", b" wor", b"ld", b"!", b" STO", b"\xc3", b"\xa9", b"P", b" more"]
@@ -95,7 +95,7 @@ def test_tokens_are_shown_as_their_text_is_handed_out():
 def test_token_logprobs_are_the_log_softmax_of_the_raw_logits():
     import numpy as np
 
-    from specgguf.serve_text import token_logprobs
+    from specgguf.serve.text import token_logprobs
 
     rows = np.array([[2.0, 1.0, 0.0, -1.0, 0.5, 0.0, 0.0, 0.0, 0.0], [0.0] * 9])
     entries = token_logprobs(rows, [1, 3], n_top=2, token_bytes=token_bytes)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from specgguf.costs import MachineCosts
-from specgguf.engine import FixedK
+from specgguf.core.costs import MachineCosts
+from specgguf.core.engine import FixedK
+from specgguf.core.kpolicy import AdaptiveK, PerSource
 from specgguf.errors import UsageError
-from specgguf.kpolicy import AdaptiveK, PerSource
 from specgguf.prepare import KChoice, make_policy, parse_k
 from specgguf.tuning import load_tuning, store_measurement, stored_measurement, tuning_path
 

@@ -1,0 +1,133 @@
+"""`specgguf pairs`: the registry at a glance, with what is on this machine and what was measured here.
+
+"Measured" is what `specgguf bench` stored for the pair on this machine (tuning.py):
+the acceptance rate, the speedup over plain decoding and the best K, greedy if stored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import terminal_safe
+from ..files.registry import ModelFile, Pair, Registry, load_registry
+from ..files.resolve import find_local
+from ..files.stamps import size_text
+from ..tuning import stored_measurement
+
+
+def measurement(pair: Pair) -> tuple[dict, str] | None:
+    """The bench result stored for this pair here (greedy first), and at which temperature."""
+    for temperature, label in ((0.0, ""), (1.0, " (sampled)")):
+        stored = stored_measurement(Path(pair.verifier.file), Path(pair.draft.file), temperature)
+        if stored:
+            return stored, label
+    return None
+
+
+def is_local(model: ModelFile) -> bool:
+    """On disk, or installed as PyPI chunk packages (assembled on first use, no pull needed)."""
+    if find_local(model) is not None:
+        return True
+    return model.pypi is not None and model.pypi.installed()
+
+
+def _bytes(model: ModelFile) -> int | None:
+    if model.total_size is not None:
+        return model.total_size
+    local = find_local(model)
+    return local.stat().st_size if local is not None and not model.shards else None
+
+
+def _sizes(pair: Pair) -> str:
+    """Verifier + draft in GB, '?' where the registry does not know and the file is not here."""
+    sizes = [_bytes(pair.verifier), _bytes(pair.draft)]
+    return "+".join(
+        "?" if size is None else f"{size / 1e9:.2f}" if size < 1e10 else f"{size / 1e9:.1f}" for size in sizes
+    )
+
+
+def _short(model: ModelFile) -> str:
+    name = model.repo.split("/")[-1]
+    for suffix in ("-GGUF", "-gguf", "-Instruct"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def _here(pair: Pair) -> Text:
+    verifier, draft = is_local(pair.verifier), is_local(pair.draft)
+    if verifier and draft:
+        return Text("yes", style="green")
+    return Text("verifier" if verifier else "draft" if draft else "no", style="yellow" if verifier or draft else "")
+
+
+def _measured(pair: Pair) -> str:
+    found = measurement(pair)
+    if found is None:
+        return "-"
+    stored, label = found
+    speedup = stored.get("speedup") or 0.0
+    if not stored.get("k"):
+        return f"plain faster ({speedup:.2f}x){label}"
+    acceptance = stored.get("acceptance_rate")
+    accepted = f"{acceptance:.0%}" if isinstance(acceptance, (int, float)) else "-"
+    return f"{accepted}, {speedup:.2f}x, K={stored['k']}{label}"
+
+
+def pairs_table(registry: Registry) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("pair", no_wrap=True)
+    table.add_column("draft", no_wrap=True)
+    table.add_column("GB", justify="right", no_wrap=True)
+    table.add_column("K", justify="right")
+    table.add_column("here", no_wrap=True)
+    table.add_column("measured", overflow="fold")
+    for pair in registry.pairs.values():
+        unconfirmed = not (pair.verifier.confirmed and pair.draft.confirmed)
+        name = Text(
+            terminal_safe(pair.name) + (" *" if pair.name == registry.default else "") + (" !" if unconfirmed else "")
+        )
+        table.add_row(
+            name, Text(_short(pair.draft)), _sizes(pair), str(pair.recommended_k), _here(pair), _measured(pair)
+        )
+    return table
+
+
+def pair_details(pair: Pair, registry: Registry) -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    default = " (default)" if pair.name == registry.default else ""
+    table.add_row(Text("pair", style="bold"), Text(terminal_safe(pair.name) + default))
+    table.add_row(Text("note", style="bold"), Text(terminal_safe(pair.note)))
+    table.add_row(Text("licence", style="bold"), Text(terminal_safe(pair.license)))
+    table.add_row(Text("K", style="bold"), Text(str(pair.recommended_k)))
+    for role, model in (("verifier", pair.verifier), ("draft", pair.draft)):
+        local = find_local(model)
+        lines = [
+            model.ref + ("" if model.confirmed else "  (not confirmed against a source)"),
+            f"revision {model.revision or 'main'}, {size_text(_bytes(model))}"
+            + (f", {len(model.shards) + 1} parts" if model.shards else "")
+            + (f", sha256 {model.sha256}" if model.sha256 else ""),
+            f"here: {local}"
+            if local
+            else ("here: PyPI packages installed" if is_local(model) else f"not here: specgguf pull {pair.name}"),
+        ]
+        table.add_row(Text(role, style="bold"), Text("\n".join(lines)))
+    table.add_row(Text("measured", style="bold"), Text(_measured(pair) + " (specgguf bench stores it)"))
+    return table
+
+
+def show_pairs(*, name: str | None, console: Console) -> None:
+    registry = load_registry()
+    if name is not None:
+        console.print(pair_details(registry.get(name), registry))
+        return
+    console.print(pairs_table(registry))
+    footer = "*: the default pair. `specgguf pairs NAME` shows a pair in full; `specgguf pull NAME` downloads it."
+    if any(not (pair.verifier.confirmed and pair.draft.confirmed) for pair in registry.pairs.values()):
+        footer += " !: a file not confirmed against a source."
+    console.print(Text(footer, style="dim"))

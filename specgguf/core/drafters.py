@@ -1,0 +1,89 @@
+"""The drafter kinds, as one table: what each needs, which sources its drafts come from, how to build it.
+
+Everyone who must know a kind reads its row: the set-up path (does it load a draft model?),
+the K policy (one adaptive policy per source), the server's request model and the CLI (the
+names and their help). A new kind is a new drafter module and a new row here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from ..errors import UsageError
+from .drafting import Drafter, Source
+from .hybrid_drafter import HybridDrafter
+from .model import Model
+from .model_drafter import ModelDrafter
+from .ngram_cache import SessionNgrams
+from .ngram_drafter import NgramDrafter
+
+DrafterKind = Literal["model", "ngram", "hybrid"]  # as the command line and the server name them
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    """What building a drafter takes besides the draft model."""
+
+    p_min: float = 0.0  # the draft model's early stop: below this top probability ...
+    n_min: int = 0  # ... after at least this many drafts
+    session: SessionNgrams | None = None  # the n-gram cache the n-gram side drafts from and teaches
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    kind: DrafterKind
+    help: str  # for the command line
+    needs_model: bool  # drafts with a draft model (without one it cannot draft)
+    sources: tuple[Source, ...]  # who may propose a step's drafts
+    build: Callable[[Model, DraftSettings], Drafter]  # the draft model is None unless needs_model
+
+    @property
+    def mixed(self) -> bool:
+        """Its steps come from more than one source (each gets its own K policy)."""
+        return len(self.sources) > 1
+
+
+def _model(draft: Model, settings: DraftSettings) -> Drafter:
+    return ModelDrafter(draft, p_min=settings.p_min, n_min=settings.n_min)
+
+
+def _ngram(draft: Model, settings: DraftSettings) -> Drafter:
+    return NgramDrafter(session=settings.session)
+
+
+def _hybrid(draft: Model, settings: DraftSettings) -> Drafter:
+    return HybridDrafter(
+        ModelDrafter(draft, p_min=settings.p_min, n_min=settings.n_min), NgramDrafter(session=settings.session)
+    )
+
+
+DRAFTER_KINDS: dict[DrafterKind, DrafterSpec] = {
+    spec.kind: spec
+    for spec in (
+        DrafterSpec("hybrid", "n-gram drafts on long matches, else the draft model", True, ("model", "ngram"), _hybrid),
+        DrafterSpec("model", "the draft model only", True, ("model",), _model),
+        DrafterSpec("ngram", "prompt lookup and the session n-gram cache, no draft model", False, ("ngram",), _ngram),
+    )
+}
+assert set(DRAFTER_KINDS) == set(get_args(DrafterKind)), "every kind has its row"
+DEFAULT_DRAFTER: DrafterKind = "hybrid"
+
+
+def drafter_kind(text: str, option: str = "--drafter") -> DrafterKind:
+    """A kind as the user typed it, or UsageError naming the choices."""
+    for kind in DRAFTER_KINDS:
+        if kind == text:
+            return kind
+    raise UsageError(f"{option} must be one of {', '.join(DRAFTER_KINDS)}, not {text!r}")
+
+
+def build_drafter(
+    kind: DrafterKind, draft_model: Model | None, settings: DraftSettings = DraftSettings()
+) -> Drafter | None:
+    """The drafter of this kind; None when it needs a draft model and there is none."""
+    spec = DRAFTER_KINDS[kind]
+    if spec.needs_model and draft_model is None:
+        return None
+    return spec.build(draft_model, settings)  # type: ignore[arg-type]  # a kind without a model ignores it

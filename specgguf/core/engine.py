@@ -1,0 +1,320 @@
+"""The draft/verify loop over a small model protocol.
+
+`speculate` is the whole algorithm: draft K tokens with the small model, score
+all of them with one batched verifier pass, keep the accepted prefix plus the
+verifier's own next token, roll both KV caches back, repeat. It yields one
+`StepEvent` per verify pass; rendering and statistics only read those events.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import ContextFullError, PromptError
+from .drafting import Drafter, Drafts, DraftStep, NoDrafter, Source, ingest
+from .model import Model
+from .sampling import SamplingSettings, accept_tree, accept_tree_greedy, process_logits
+
+
+class KPolicy(Protocol):
+    """Picks K before each step and learns from its event (see kpolicy.py)."""
+
+    def choose(self, source: Source = "model") -> int:
+        """K for the next step; `source` is the drafter about to propose ("model" or "ngram")."""
+
+    def keep_drafting(self, confidences: list[float]) -> bool:
+        """Asked after each draft token (its top probabilities so far): go on drafting?"""
+
+    @property
+    def branches(self) -> bool:
+        """Whether `branch` can ever say yes (else the drafter need not find runner-ups)."""
+
+    def branch(self, confidences: list[float], runner_up: float) -> bool:
+        """Asked after each draft token: add the runner-up (of this probability) as a sibling?"""
+
+    def observe(self, event: StepEvent) -> None: ...
+
+
+class FixedK:
+    branches = False  # a fixed K is a chain, as llama.cpp's --draft-max
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def choose(self, source: Source = "model") -> int:
+        return self.k
+
+    def keep_drafting(self, confidences: list[float]) -> bool:
+        return True
+
+    def branch(self, confidences: list[float], runner_up: float) -> bool:
+        return False
+
+    def observe(self, event: StepEvent) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class StepSeconds:
+    """Where one step's time went."""
+
+    draft: float  # the drafter's proposal
+    verify: float  # the verifier's batched pass
+    sample: float  # acceptance, sampling, rolling the caches back
+    prefill: float = 0.0  # prompt ingestion, on the first step only
+
+
+@dataclass
+class StepEvent:
+    """What one verify pass produced, in output order: accepted drafts, then the verifier's token."""
+
+    accepted: list[int]  # draft tokens the verifier kept (end-of-generation tokens left out)
+    rejected: list[int]  # draft tokens thrown away; the first is the one the verifier refused
+    verifier_token: int | None  # replacement or bonus token; None if generation ended before it
+    n_drafted: int
+    n_accepted: int  # counts an accepted end-of-generation draft too, for acceptance stats
+    draft_seconds: float
+    verify_seconds: float
+    sample_seconds: float
+    prefill_seconds: float = 0.0  # prompt ingestion, on the first event only
+    draft_source: Source | None = None  # who proposed the drafts: "model" or "ngram"
+    draft_confidence: list[float] = field(default_factory=list)  # the draft model's top probability per draft
+    draft_catchup_seconds: float = 0.0  # of draft_seconds: the draft reading tokens decoded without it
+    stop: str | None = None  # "eos", "max_tokens" or "context" on the last event
+    # A tree step: siblings checked beside the chain, and kept (n_drafted and n_accepted count
+    # them too), and for each sibling whose parent was kept: (runner-up probability, taken).
+    n_siblings: int = 0
+    siblings_accepted: int = 0
+    sides: list[tuple[float, bool]] = field(default_factory=list)
+    # The verifier's raw logits for each of `tokens` (row i scored token i), from the verify pass
+    # itself: log-probabilities at no extra model cost. None on an event that emitted nothing.
+    target_logits: np.ndarray | None = None
+
+    @property
+    def chain_drafted(self) -> int:
+        """Drafts along the chain the draft model proposed (siblings left out)."""
+        return self.n_drafted - self.n_siblings
+
+    @property
+    def chain_accepted(self) -> int:
+        return self.n_accepted - self.siblings_accepted
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.accepted + ([] if self.verifier_token is None else [self.verifier_token])
+
+
+def speculate(
+    *,
+    verifier: Model,
+    drafter: Drafter | None = None,
+    prompt_tokens: Sequence[int],
+    k: int | KPolicy,
+    max_tokens: int,
+    settings: SamplingSettings,
+    rng: np.random.Generator,
+) -> Generator[StepEvent, None, None]:
+    """Generate up to max_tokens with speculative decoding; k=0 (or no drafter) is plain decoding.
+
+    `drafter` proposes the drafts (drafting.py: a draft model, prompt lookup, or both);
+    `k` is a fixed number of drafts or a policy that picks one per step.
+    """
+    _check(verifier, prompt_tokens, max_tokens)
+    drafter = drafter or NoDrafter()
+    policy = FixedK(k) if isinstance(k, int) else k
+    start = time.perf_counter()
+    # Every cache holds all of the context but its newest token, which rides in
+    # the next batch: the verifier never spends a forward pass on it alone.
+    # What a cache already holds of the prompt (an earlier chat turn) is kept.
+    ingest(verifier, prompt_tokens)
+    drafter.prepare(prompt_tokens)
+    prefill_seconds = time.perf_counter() - start
+    context, n_emitted = list(prompt_tokens), 0
+    while len(context) <= verifier.n_ctx:
+        # The verifier's batch (the pending token plus the drafts) must fit, and the answer's length.
+        room = min(verifier.n_ctx - len(context), drafter.room(len(context)), max_tokens - n_emitted - 1)
+        k_step = max(0, min(policy.choose(drafter.next_source(context)), room))
+        t0 = time.perf_counter()
+        step = DraftStep(
+            n_vocab=verifier.n_vocab,
+            settings=settings,
+            rng=rng,
+            keep_drafting=policy.keep_drafting,
+            # Siblings add up to one node per draft: only where the cache has room for them.
+            branch=policy.branch if policy.branches and 2 * k_step <= verifier.n_ctx - len(context) else None,
+        )
+        drafts = drafter.propose(context, k_step, step) if k_step else Drafts()
+        t1 = time.perf_counter()
+        # One batched pass over the pending token and the draft tree: row 0 scores what
+        # follows the context, row 1 + i what follows draft node i's path (a chain: drafts[:i+1]).
+        tree = VerifyTree.build(context[verifier.n_past :], drafts)
+        target_logits = verifier.eval_tree(tree.tokens, tree.parents, n_logits=tree.n_rows)
+        t2 = time.perf_counter()
+        path, next_token = _accept(tree, target_logits, drafts, settings, rng)
+        emitted = [drafts.tokens[node] for node in path] + [next_token]
+        context += emitted
+        # Both caches keep the accepted path: all of the context but its newest token.
+        verifier.keep_path(tree.kept(path))
+        drafter.sync(context)
+        event = _event(
+            emitted,
+            drafts,
+            path,
+            target_logits[[tree.row(node) for node in [-1, *path]]],
+            tree.n_checked,
+            verifier,
+            n_emitted,
+            max_tokens,
+            StepSeconds(draft=t1 - t0, verify=t2 - t1, sample=time.perf_counter() - t2, prefill=prefill_seconds),
+        )
+        prefill_seconds, n_emitted = 0.0, n_emitted + len(event.tokens)
+        policy.observe(event)
+        yield event
+        if event.stop:
+            return
+    yield _stop_event("context", prefill_seconds)
+
+
+def _check(verifier: Model, prompt_tokens: Sequence[int], max_tokens: int) -> None:
+    if not prompt_tokens:
+        raise PromptError("the prompt is empty")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if len(prompt_tokens) >= verifier.n_ctx:
+        raise ContextFullError(
+            f"the prompt is {len(prompt_tokens)} tokens but the context holds {verifier.n_ctx};"
+            " raise -c/--ctx-size or shorten the prompt"
+        )
+
+
+@dataclass
+class VerifyTree:
+    """The verifier's batch: the pending token(s) as a chain, then the draft tree's distinct nodes
+    (a sampled sibling may repeat its parent's other draw: it is checked once)."""
+
+    tokens: list[int]
+    parents: list[int]
+    root: int  # index of the newest pending token, whose row scores what follows the context
+    rows: list[int]  # draft node -> its index in `tokens`
+
+    @classmethod
+    def build(cls, pending: list[int], drafts: Drafts) -> VerifyTree:
+        tokens, parents, root = list(pending), list(range(-1, len(pending) - 1)), len(pending) - 1
+        index: dict[tuple[int, int], int] = {}
+        rows: list[int] = []
+        for token, parent in zip(drafts.tokens, drafts.tree()):
+            key = (root if parent < 0 else rows[parent], token)
+            if key not in index:
+                index[key] = len(tokens)
+                tokens.append(token)
+                parents.append(key[0])
+            rows.append(index[key])
+        return cls(tokens, parents, root, rows)
+
+    @property
+    def n_checked(self) -> int:
+        """Distinct draft tokens in the batch."""
+        return len(self.tokens) - self.root - 1
+
+    @property
+    def n_rows(self) -> int:
+        """Logits rows needed: the newest pending token's and every node's."""
+        return len(self.tokens) - self.root
+
+    def row(self, node: int) -> int:
+        """The logits row scoring what follows draft node `node` (-1: the context)."""
+        return (self.root if node < 0 else self.rows[node]) - self.root
+
+    def kept(self, path: list[int]) -> list[int]:
+        """The batch indices to keep: the pending tokens, then the accepted path."""
+        return list(range(self.root + 1)) + [self.rows[node] for node in path]
+
+
+def _accept(
+    tree: VerifyTree, target_logits: np.ndarray, drafts: Drafts, settings: SamplingSettings, rng: np.random.Generator
+) -> tuple[list[int], int]:
+    """(accepted draft nodes, the verifier's next token): at temperature 0 the path of the
+    verifier's argmax, else the speculative sampling rule over the tree (sampling.accept_tree)
+    on the processed distributions."""
+    parents = drafts.tree()
+    if settings.greedy:
+        return accept_tree_greedy(
+            target_argmax=lambda node: int(np.argmax(target_logits[tree.row(node)])),
+            draft_tokens=drafts.tokens,
+            parents=parents,
+        )
+
+    @functools.cache
+    def target_probs(node: int) -> np.ndarray:  # only the rows the walk reaches are processed
+        return process_logits(target_logits[tree.row(node)], settings)[0]
+
+    return accept_tree(
+        target_probs=target_probs, draft_probs=drafts.probs, draft_tokens=drafts.tokens, parents=parents, rng=rng
+    )
+
+
+def _event(
+    emitted: list[int],
+    drafts: Drafts,
+    path: list[int],
+    target_logits: np.ndarray,
+    n_checked: int,
+    verifier: Model,
+    n_emitted: int,
+    max_tokens: int,
+    seconds: StepSeconds,
+) -> StepEvent:
+    """The step's event, complete: output up to an end-of-generation token, and why it stopped.
+    `target_logits` are the rows that scored `emitted`; `n_checked` is how many distinct draft
+    tokens the verifier scored."""
+    eog_at = next((i for i, token in enumerate(emitted) if verifier.is_eog(token)), None)
+    kept = emitted if eog_at is None else emitted[:eog_at]
+    stop = "eos" if eog_at is not None else "max_tokens" if n_emitted + len(kept) >= max_tokens else None
+    n_accepted, on_path, parents = len(path), set(path), drafts.tree()
+    chain = [node for node in range(len(drafts.tokens)) if node not in drafts.sides]
+    return StepEvent(
+        # At an end-of-generation token everything kept counts as accepted: the verifier's own
+        # token, if it was not the end itself, never comes.
+        accepted=kept if eog_at is not None else kept[:n_accepted],
+        rejected=[drafts.tokens[node] for node in chain if node not in on_path],
+        verifier_token=None if eog_at is not None else kept[-1],
+        n_drafted=n_checked,
+        n_accepted=n_accepted,
+        draft_seconds=seconds.draft,
+        verify_seconds=seconds.verify,
+        sample_seconds=seconds.sample,
+        prefill_seconds=seconds.prefill,
+        draft_source=drafts.source if drafts.tokens else None,
+        draft_confidence=drafts.confidence,
+        draft_catchup_seconds=drafts.catchup_seconds,
+        stop=stop,
+        target_logits=target_logits[: len(kept)],
+        n_siblings=n_checked - len(chain),
+        siblings_accepted=n_accepted - sum(node in on_path for node in chain),
+        sides=[
+            (runner_up, node in on_path)
+            for node, runner_up in drafts.sides.items()
+            if parents[node] < 0 or parents[node] in on_path
+        ],
+    )
+
+
+def _stop_event(reason: str, prefill_seconds: float) -> StepEvent:
+    return StepEvent(
+        accepted=[],
+        rejected=[],
+        verifier_token=None,
+        n_drafted=0,
+        n_accepted=0,
+        draft_seconds=0.0,
+        verify_seconds=0.0,
+        sample_seconds=0.0,
+        prefill_seconds=prefill_seconds,
+        stop=reason,
+    )

@@ -1,0 +1,356 @@
+"""A session n-gram cache: which token followed each short token sequence seen so far, to draft from.
+
+This is the Python counterpart of llama.cpp's `common/ngram-cache.{h,cpp}` (`common_ngram_cache_update`,
+`common_ngram_cache_draft`, `..._save`/`..._load`), kept to what a session needs:
+
+- `learn` counts, for every n-gram of min_n..max_n tokens in a sequence, the token that came next, for
+  continuations at positions >= `start` (llama.cpp's `nnew`), so a growing sequence is fed incrementally.
+- `lookup` drafts like `try_draft` on one cache: the longest known suffix n-gram proposes its most frequent
+  follower, which is appended, and so on up to k tokens. llama.cpp falls back to shorter n-grams when the
+  longest is unsure and also asks a minimum sample size; here the longest known n-gram decides, and an
+  unsure one (best share below `min_share`) ends the draft. There is no static corpus cache.
+- Unlike llama.cpp's cache, memory is bounded: past `max_entries` n-grams the least recently learned go.
+- Files are `.npz` read with `allow_pickle=False`, carry a format version and a key naming the
+  tokenizer/pair they were learned with, are validated before use, and are replaced atomically.
+
+Drafts are only proposals: the verifier's acceptance rule decides what is emitted, so a wrong draft costs
+time, never correctness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import zipfile
+import zlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SpecggufError
+
+FORMAT_VERSION = 1
+MAX_N = 16  # longest n-gram a cache may hold
+MAX_TOKEN_ID = 2**31 - 1  # llama_token is an int32
+MAX_COUNT = 2**62  # counts are int64 on disk
+MAX_FILE_BYTES = 1 << 30  # a file's arrays, uncompressed: a zip claiming more is not read
+
+# name -> (dtype kind, item size, ndim) of each array in a file
+_ARRAYS: dict[str, tuple[str, int, int]] = {
+    "version": ("i", 8, 0),
+    "key": ("U", 0, 0),  # item size: any
+    "ngram_lengths": ("i", 1, 1),  # n of each n-gram, oldest first
+    "ngram_tokens": ("i", 4, 1),  # their tokens, concatenated
+    "n_followers": ("i", 4, 1),  # how many distinct tokens followed each n-gram
+    "follower_tokens": ("i", 4, 1),  # those tokens, concatenated; each n-gram's best one last
+    "follower_counts": ("i", 8, 1),  # how often each followed
+}
+
+
+class NgramCacheError(SpecggufError):
+    """An n-gram cache file is missing, unreadable, corrupt, truncated, or from another model pair."""
+
+
+# An n-gram followed by one token so far (most of them) is stored as the int count << 31 | token: no
+# object per n-gram for the garbage collector to scan, and less memory. Others get a _Followers.
+_TOKEN_BITS = 31
+_TOKEN_MASK = (1 << _TOKEN_BITS) - 1
+_ONE = 1 << _TOKEN_BITS
+
+
+class _Followers:
+    """The tokens that followed one n-gram, counted, and the best one (most frequent; ties: most recently counted)."""
+
+    __slots__ = ("best", "best_count", "total", "counts")
+
+    def __init__(self, counts: dict[int, int], best: int) -> None:
+        self.counts = counts
+        self.best = best
+        self.best_count = counts[best]
+        self.total = sum(counts.values())
+
+    def add(self, token: int, count: int = 1) -> None:
+        self.total += count
+        new_count = self.counts.get(token, 0) + count
+        self.counts[token] = new_count
+        # Only the token just counted can overtake (or tie, and be more recent than) the best one.
+        if new_count >= self.best_count:
+            self.best = token
+            self.best_count = new_count
+
+
+_Entry = int | _Followers
+
+
+class SessionNgrams:
+    """Counts of the token that followed each n-gram (min_n..max_n tokens), drafting from the best-known one.
+
+    Not thread-safe: one session (one engine at a time) learns and looks up."""
+
+    def __init__(self, *, min_n: int = 2, max_n: int = 4, max_entries: int = 1_000_000, min_share: float = 0.5):
+        """min_share: the most frequent follower's share of its n-gram's counts below which drafting stops.
+
+        0.5, llama.cpp's lax threshold for n >= 2: draft a token only if it followed at least as often as all
+        the others together. A lower share drafts more tokens the verifier mostly rejects, each costing a
+        slot in the verifier's batch."""
+        if not 1 <= min_n <= max_n <= MAX_N:
+            raise ValueError(f"need 1 <= min_n <= max_n <= {MAX_N}, got min_n={min_n}, max_n={max_n}")
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be at least 1, got {max_entries}")
+        if not 0.0 < min_share <= 1.0:
+            raise ValueError(f"min_share must be in (0, 1], got {min_share}")
+        self.min_n = min_n
+        self.max_n = max_n
+        self.max_entries = max_entries
+        self.min_share = min_share
+        # n-gram -> followers, least recently learned first (keys of several lengths share the table).
+        self._table: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def learn(self, tokens: Sequence[int], *, start: int = 0) -> None:
+        """Count, for each n in min_n..max_n, the token that follows each n-gram in `tokens`, for
+        continuations at positions >= start (so a caller can feed a growing sequence incrementally
+        without counting anything twice)."""
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start}")
+        offset = max(start - self.max_n, 0)  # only the tail that new continuations can see
+        window = [int(token) for token in tokens[offset:]]
+        if not window:
+            return
+        if min(window) < 0 or max(window) > MAX_TOKEN_ID:
+            raise ValueError(f"token ids must be in 0..{MAX_TOKEN_ID}")
+        table = self._table
+        min_n, max_n = self.min_n, self.max_n
+        for i in range(max(start - offset, min_n), len(window)):
+            follower = window[i]
+            for n in range(min_n, min(max_n, i) + 1):
+                ngram = tuple(window[i - n : i])
+                entry = table.get(ngram)
+                if entry is None:
+                    table[ngram] = _ONE | follower
+                    if len(table) > self.max_entries:
+                        table.popitem(last=False)
+                    continue
+                table.move_to_end(ngram)
+                if isinstance(entry, _Followers):
+                    entry.add(follower)
+                elif entry & _TOKEN_MASK == follower:
+                    table[ngram] = entry + _ONE
+                else:
+                    only, only_count = entry & _TOKEN_MASK, entry >> _TOKEN_BITS
+                    table[ngram] = _Followers({only: only_count, follower: 1}, follower if only_count == 1 else only)
+
+    def lookup(self, context: Sequence[int], k: int) -> tuple[list[int], int]:
+        """Up to k tokens continuing `context`, and the n of the n-gram that gave the first (0 if none).
+
+        The longest suffix n-gram (max_n down to min_n) that the cache knows gives its most frequent next
+        token (ties: the most recently learned); it is appended and the search repeats, up to k tokens.
+        Drafting stops early when no n-gram matches or when that n-gram's best token has less than
+        `min_share` of its counts."""
+        table = self._table
+        tail = [int(token) for token in context[max(len(context) - self.max_n, 0) :]]
+        drafted: list[int] = []
+        first_n = 0
+        while len(drafted) < k:
+            entry = None
+            n = min(self.max_n, len(tail))
+            while n >= self.min_n:
+                entry = table.get(tuple(tail[len(tail) - n :]))
+                if entry is not None:
+                    break
+                n -= 1
+            if entry is None:
+                break
+            if isinstance(entry, _Followers):
+                if entry.best_count < self.min_share * entry.total:
+                    break
+                token = entry.best
+            else:
+                token = entry & _TOKEN_MASK  # the only follower: a share of 1
+            if not drafted:
+                first_n = n
+            drafted.append(token)
+            tail.append(token)
+        return drafted, first_n
+
+    def save(self, path: Path, *, key: str) -> None:
+        """Write the cache to `path` (.npz), atomically: a temporary file in the same folder, then os.replace.
+
+        key: what the counts are only valid for (the tokenizer / model pair); `load` refuses any other."""
+        arrays = self._to_arrays(key)
+        temp_name = None
+        try:
+            with tempfile.NamedTemporaryFile(
+                dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+            ) as temp:
+                temp_name = temp.name
+                np.savez(temp, **arrays)  # type: ignore[arg-type]  # the stub fears a key named allow_pickle
+                temp.flush()
+                os.fsync(temp.fileno())
+            os.replace(temp_name, path)
+        except OSError as error:
+            raise NgramCacheError(f"could not save the n-gram cache to {path}: {error.strerror or error}") from None
+        finally:
+            if temp_name is not None and os.path.exists(temp_name):
+                with contextlib.suppress(OSError):
+                    os.unlink(temp_name)
+
+    @classmethod
+    def load(
+        cls,
+        path: Path,
+        *,
+        key: str,
+        min_n: int = 2,
+        max_n: int = 4,
+        max_entries: int = 1_000_000,
+        min_share: float = 0.5,
+    ) -> SessionNgrams:
+        """A cache saved by `save` with the same key, with this configuration. Any problem with the file
+        (missing, not an npz, truncated, corrupt, another format version or key, n-grams outside min_n..max_n)
+        raises NgramCacheError. A file with more than max_entries n-grams keeps its newest ones."""
+        cache = cls(min_n=min_n, max_n=max_n, max_entries=max_entries, min_share=min_share)
+        arrays = _read_arrays(path)
+        problem = _check_dtypes(arrays)
+        if problem:
+            raise _rejected(path, problem)
+        if int(arrays["version"]) != FORMAT_VERSION:
+            version = int(arrays["version"])
+            raise _rejected(path, f"format version {version}, this specgguf reads version {FORMAT_VERSION}")
+        if str(arrays["key"]) != key:
+            raise _rejected(path, "learned with another model pair or tokenizer")
+        problem = _check_consistent(arrays, min_n=min_n, max_n=max_n) or cache._fill(arrays)
+        if problem:
+            raise _rejected(path, problem)
+        return cache
+
+    def _to_arrays(self, key: str) -> dict[str, np.ndarray]:
+        lengths: list[int] = []
+        ngram_tokens: list[int] = []
+        n_followers: list[int] = []
+        follower_tokens: list[int] = []
+        follower_counts: list[int] = []
+        for ngram, entry in self._table.items():
+            lengths.append(len(ngram))
+            ngram_tokens.extend(ngram)
+            if isinstance(entry, _Followers):
+                n_followers.append(len(entry.counts))
+                for token, count in entry.counts.items():
+                    if token != entry.best:
+                        follower_tokens.append(token)
+                        follower_counts.append(count)
+                # The best one last: `load` takes the last of the most frequent as the best.
+                follower_tokens.append(entry.best)
+                follower_counts.append(entry.best_count)
+            else:
+                n_followers.append(1)
+                follower_tokens.append(entry & _TOKEN_MASK)
+                follower_counts.append(entry >> _TOKEN_BITS)
+        return {
+            "version": np.array(FORMAT_VERSION, dtype=np.int64),
+            "key": np.array(key, dtype=np.str_),
+            "ngram_lengths": np.array(lengths, dtype=np.int8),
+            "ngram_tokens": np.array(ngram_tokens, dtype=np.int32),
+            "n_followers": np.array(n_followers, dtype=np.int32),
+            "follower_tokens": np.array(follower_tokens, dtype=np.int32),
+            "follower_counts": np.array(follower_counts, dtype=np.int64),
+        }
+
+    def _fill(self, arrays: dict[str, np.ndarray]) -> str | None:
+        """Rebuild the table from checked arrays, oldest first; a reason if they hold duplicates."""
+        lengths = arrays["ngram_lengths"].tolist()
+        ngram_tokens = arrays["ngram_tokens"].tolist()
+        n_followers = arrays["n_followers"].tolist()
+        follower_tokens = arrays["follower_tokens"].tolist()
+        follower_counts = arrays["follower_counts"].tolist()
+        skip = max(len(lengths) - self.max_entries, 0)  # the oldest ones that do not fit
+        table = self._table
+        token_at = follower_at = 0
+        for index, (length, n_following) in enumerate(zip(lengths, n_followers)):
+            ngram = tuple(ngram_tokens[token_at : token_at + length])
+            token_at += length
+            if n_following == 1:
+                entry: _Entry = follower_counts[follower_at] << _TOKEN_BITS | follower_tokens[follower_at]
+            else:
+                counts = dict(
+                    zip(
+                        follower_tokens[follower_at : follower_at + n_following],
+                        follower_counts[follower_at : follower_at + n_following],
+                    )
+                )
+                if len(counts) != n_following:
+                    return "an n-gram lists the same follower twice"
+                best_count = max(counts.values())
+                best = [token for token, count in counts.items() if count == best_count][-1]
+                entry = _Followers(counts, best)
+            follower_at += n_following
+            if index < skip:
+                continue
+            if ngram in table:
+                return "an n-gram is stored twice"
+            table[ngram] = entry
+        return None
+
+
+def _rejected(path: Path, reason: str) -> NgramCacheError:
+    return NgramCacheError(f"n-gram cache {path}: {reason}; delete it to start afresh")
+
+
+def _read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an .npz written by `save`, read without pickle and within MAX_FILE_BYTES."""
+    if not path.exists():
+        raise NgramCacheError(f"n-gram cache {path}: no such file")
+    if not path.is_file():  # a folder, a FIFO (which would block), a device
+        raise _rejected(path, "not a regular file")
+    expected = {f"{name}.npy" for name in _ARRAYS}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            if {member.filename for member in members} != expected or len(members) != len(expected):
+                raise _rejected(path, "not an n-gram cache (unexpected contents)")
+            if sum(member.file_size for member in members) > MAX_FILE_BYTES:
+                raise _rejected(path, f"larger than {MAX_FILE_BYTES} bytes unpacked")
+        with np.load(path, allow_pickle=False) as npz:
+            return {name: np.asarray(npz[name]) for name in _ARRAYS}
+    except NgramCacheError:
+        raise
+    except (OSError, EOFError, ValueError, KeyError, MemoryError, zipfile.BadZipFile, zlib.error) as error:
+        # BadZipFile: not a zip, truncated, or a bad CRC; ValueError: a pickled (object) array or a bad .npy header
+        raise _rejected(path, f"unreadable or corrupt ({type(error).__name__})") from None
+
+
+def _check_dtypes(arrays: dict[str, np.ndarray]) -> str | None:
+    """Why these arrays do not have the dtypes and dimensions of a cache's, or None if they do."""
+    for name, (kind, itemsize, ndim) in _ARRAYS.items():
+        array = arrays[name]
+        if array.dtype.kind != kind or (itemsize and array.dtype.itemsize != itemsize) or array.ndim != ndim:
+            return f"array {name} has dtype {array.dtype} and {array.ndim} dimensions"
+    return None
+
+
+def _check_consistent(arrays: dict[str, np.ndarray], *, min_n: int, max_n: int) -> str | None:
+    """Why these arrays (of the right dtypes) are not a consistent cache for min_n..max_n, or None."""
+    lengths, n_followers = arrays["ngram_lengths"], arrays["n_followers"]
+    if len(lengths) != len(n_followers):
+        return "n-gram lengths and follower counts disagree"
+    if len(lengths) and (lengths.min() < min_n or lengths.max() > max_n):
+        return f"it holds n-grams outside {min_n}..{max_n} tokens"
+    if int(lengths.sum(dtype=np.int64)) != len(arrays["ngram_tokens"]):
+        return "n-gram lengths and n-gram tokens disagree"
+    if len(n_followers) and n_followers.min() < 1:
+        return "an n-gram has no follower"
+    n_follower_total = int(n_followers.sum(dtype=np.int64))
+    if not n_follower_total == len(arrays["follower_tokens"]) == len(arrays["follower_counts"]):
+        return "follower lengths disagree"
+    for name in ("ngram_tokens", "follower_tokens"):
+        if len(arrays[name]) and arrays[name].min() < 0:
+            return f"negative token ids in {name}"
+    counts = arrays["follower_counts"]
+    if len(counts) and (counts.min() < 1 or counts.max() > MAX_COUNT):
+        return f"follower counts outside 1..{MAX_COUNT}"
+    return None

@@ -1,0 +1,288 @@
+"""One worker thread runs every generation, in arrival order, through `engine.speculate`.
+
+llama.cpp contexts are not thread-safe, and a pair of models can only decode one
+sequence at a time here: so the HTTP side never touches a model. It submits a
+`Job` to a bounded FIFO queue (full: `QueueFull`, answered 503) and reads the
+job's messages (`Started`, `Delta`, `Finished`, `Failed`) from an asyncio queue
+that the worker fills with `call_soon_threadsafe`.
+
+Prefix reuse: the engine keeps whatever prefix of a new prompt each model's KV
+cache already holds. For a follow-up chat turn to reuse the whole previous
+conversation, its prompt must repeat the previous answer as the very tokens that
+were generated (re-tokenizing the text need not give them back):
+`conversation.PromptCache` does that, as `chat.ChatSession` does for one user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..conversation import Message, PromptCache, Prompts
+from ..core.drafters import DRAFTER_KINDS, DrafterKind
+from ..core.drafting import common_prefix
+from ..core.engine import FixedK, KPolicy, speculate
+from ..core.ngram_cache import SessionNgrams
+from ..core.sampling import SamplingSettings
+from ..core.stats import Generation, GenerationStats
+from ..errors import ContextFullError, PromptError, SpecggufError, UsageError
+from ..prepare import KChoice, Prepared
+from .text import AnswerText, TokenLogprob, token_logprobs
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate, as typed values (built from a validated request body)."""
+
+    messages: list[Message] | None  # chat: rendered with the verifier's own template (or ChatML)
+    text: str  # completions: the raw prompt (tokenized as `run --raw` does)
+    max_tokens: int
+    settings: SamplingSettings
+    seed: int | None
+    stops: list[str]
+    k: KChoice | None = None  # None: the server's defaults
+    drafter: DrafterKind | None = None
+    p_min: float | None = None
+    n_top_logprobs: int | None = None  # None: no log-probabilities; else alternatives per token
+
+
+@dataclass(frozen=True)
+class Started:
+    n_prompt: int
+    n_cached: int  # prompt tokens the verifier's cache already held
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # for the tokens this text starts
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str  # "stop" or "length"
+    n_prompt: int
+    n_cached: int
+    n_completion: int
+    stats: GenerationStats
+    first_token_seconds: float | None  # from arrival to the first token
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: SpecggufError
+    status: int  # as HTTP would say it: 400 the request's fault, 500 the server's, 503 shutting down
+
+
+@dataclass(eq=False)  # compared by identity
+class Job:
+    request: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    messages: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    arrived: float = field(default_factory=time.perf_counter)
+
+    def send(self, message) -> None:
+        """From the worker thread to the request's coroutine."""
+        with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening any more
+            self.loop.call_soon_threadsafe(self.messages.put_nowait, message)
+
+
+class Worker:
+    """The loaded pair, the server's drafting defaults, and the worker thread."""
+
+    def __init__(self, *, prepared: Prepared, queue_size: int, metrics=None):
+        self.prepared = prepared
+        self.verifier, self.draft, self.drafting = prepared.verifier, prepared.draft, prepared.options
+        self.metrics = metrics
+        self.templates = Prompts(self.verifier)
+        self.prompts = PromptCache(self.templates)
+        self._policies: dict[tuple, tuple[KPolicy, object]] = {}  # adaptive policies keep learning
+        self._waiting: deque[Job] = deque()  # FIFO; a job whose client left is dropped from it
+        self._running: Job | None = None
+        self._queue_size = queue_size
+        self._changed = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._work, name="specgguf-generator", daemon=True)
+        self._thread.start()
+
+    def _drop_cancelled(self) -> None:
+        """(Holding the lock.) A job cancelled while waiting gives its place up at once."""
+        if any(job.cancelled.is_set() for job in self._waiting):
+            self._waiting = deque(job for job in self._waiting if not job.cancelled.is_set())
+
+    @property
+    def n_waiting(self) -> int:
+        with self._changed:
+            self._drop_cancelled()
+            return len(self._waiting)
+
+    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Job:
+        job = Job(request, loop)
+        with self._changed:
+            if self._stopping:
+                raise QueueFull("the server is shutting down")
+            self._drop_cancelled()
+            if len(self._waiting) >= self._queue_size:
+                raise QueueFull(f"{self._queue_size} requests are already waiting")
+            self._waiting.append(job)
+            self._changed.notify()
+        return job
+
+    def stop(self) -> None:
+        """Cancel every job (the running one stops after its current step) and end the worker."""
+        with self._changed:
+            self._stopping = True
+            for job in self._waiting:
+                job.cancelled.set()
+                job.send(Failed(SpecggufError("the server is shutting down"), status=503))
+            self._waiting.clear()
+            if self._running is not None:
+                self._running.cancelled.set()
+            self._changed.notify()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    # --- the worker thread ---
+    def _next_job(self) -> Job | None:
+        with self._changed:
+            self._running = None
+            while True:
+                self._drop_cancelled()
+                if self._stopping:
+                    return None
+                if self._waiting:
+                    self._running = self._waiting.popleft()
+                    return self._running
+                self._changed.wait()
+
+    def _work(self) -> None:
+        while (job := self._next_job()) is not None:
+            try:
+                self._generate(job)
+            except Exception as error:  # noqa: BLE001 - the worker must survive anything; the client hears why
+                self._forget_caches()
+                job.send(Failed(SpecggufError(f"generation failed: {type(error).__name__}: {error}"), status=500))
+
+    def _forget_caches(self) -> None:
+        """After a failure inside a model call a cache may hold tokens its `cached` list does not."""
+        for model in (self.verifier, self.draft):
+            if model is not None:
+                model.clear()
+        self.prompts.forget()
+
+    def _prepare(self, request: GenerationRequest):
+        """The prompt (text, special, tokens), drafter and K policy; a bad request raises."""
+        text, special = self._prompt_text(request)
+        prompt = self.prompts.tokens_for(text, special=special)
+        if not prompt:
+            raise PromptError("the prompt is empty")
+        if len(prompt) >= self.verifier.n_ctx:
+            raise ContextFullError(
+                f"the prompt is {len(prompt)} tokens but the context holds"
+                f" {self.verifier.n_ctx}; shorten it (or start the server with a larger -c)"
+            )
+        return text, special, prompt, *self._drafting(request)
+
+    def _generate(self, job: Job) -> None:
+        request = job.request
+        try:
+            text, special, prompt, drafter, policy = self._prepare(request)
+        except SpecggufError as error:
+            job.send(Failed(error, status=400))
+            return
+        n_cached = common_prefix(self.verifier.cached, prompt[:-1])
+        job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
+        seed = request.seed if request.seed is not None and request.seed >= 0 else secrets.randbelow(2**31)
+        answer = AnswerText(self.verifier.token_bytes, request.stops)
+        logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
+        n_top, n_logprobs_sent = request.n_top_logprobs, 0
+        generation = Generation(
+            speculate(
+                verifier=self.verifier,
+                drafter=drafter,
+                prompt_tokens=prompt,
+                k=policy,
+                max_tokens=request.max_tokens,
+                settings=request.settings,
+                rng=np.random.default_rng(seed),
+            )
+        )
+        try:
+            for event in generation:
+                if n_top is not None and event.tokens and event.target_logits is not None:
+                    logprobs += token_logprobs(
+                        event.target_logits, event.tokens, n_top=n_top, token_bytes=self.verifier.token_bytes
+                    )
+                if delta := answer.add(event.tokens):
+                    job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
+                    n_logprobs_sent = max(n_logprobs_sent, answer.n_tokens_shown())
+                if answer.stopped or job.cancelled.is_set():
+                    break
+        except SpecggufError as error:
+            self._forget_caches()
+            job.send(Failed(error, status=500))
+            return
+        finally:
+            generation.close()  # the engine stops at a step boundary: both caches stay consistent
+        stats = generation.stats
+        first_token_seconds = None if generation.first_token_at is None else generation.first_token_at - job.arrived
+        cancelled = job.cancelled.is_set() and not answer.stopped
+        if not cancelled and (delta := answer.finish()):
+            job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
+        kept_tokens, kept_text = answer.whole_tokens()
+        self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
+        finished = Finished(
+            finish_reason="stop" if answer.stopped or stats.stop == "eos" else "length",
+            n_prompt=len(prompt),
+            n_cached=n_cached,
+            n_completion=answer.n_tokens_used(answer.stopped),
+            stats=stats,
+            first_token_seconds=first_token_seconds,
+        )
+        if self.metrics is not None:
+            self.metrics.observe(finished)
+        shutdown = Failed(SpecggufError("the server is shutting down"), status=503)
+        gone = Failed(SpecggufError("the request was cancelled"), status=499)  # its client hung up
+        job.send((shutdown if self._stopping else gone) if cancelled else finished)
+
+    def _prompt_text(self, request: GenerationRequest) -> tuple[str, bool]:
+        """The prompt's text, and whether special tokens in it are parsed (chat templates write them)."""
+        if request.messages is None:
+            return request.text, False
+        return self.templates.render(request.messages), True  # a failing or looping template: PromptError
+
+    def _drafting(self, request: GenerationRequest):
+        """The drafter and K policy for a request: the server's defaults, overridden per request."""
+        kind = request.drafter or self.drafting.drafter
+        choice = request.k or self.drafting.k
+        p_min = self.drafting.p_min if request.p_min is None else request.p_min
+        if DRAFTER_KINDS[kind].needs_model and self.draft is None and not (choice.mode == "fixed" and choice.k == 0):
+            if request.drafter is not None or request.k is not None:
+                raise UsageError(
+                    f"drafter {kind!r} needs a draft model, and this server has none loaded (start"
+                    ' it with -md or --pair, or ask for "drafter": "ngram" or "k": 0)'
+                )
+            choice = KChoice("fixed", 0)
+        # A seeded request drafts without what earlier requests taught the n-gram cache: the same
+        # drafts consume the same random numbers, so the same seed gives the same answer.
+        session = SessionNgrams() if request.seed is not None else None
+        drafter = self.prepared.drafter(kind, p_min=p_min, session=session)
+        if choice.mode == "fixed":
+            return drafter, FixedK(choice.k or 0)
+        key = (choice.mode, kind, request.settings.greedy)
+        if key not in self._policies:
+            self._policies[key] = self.prepared.policy(choice, temperature=request.settings.temperature, drafter=kind)
+        return drafter, self._policies[key][0]

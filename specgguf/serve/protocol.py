@@ -1,0 +1,259 @@
+"""The server's request bodies as pydantic models, and OpenAI-style errors.
+
+Bodies are validated strictly from the raw JSON (`model_validate_json`): a wrong
+type, an unknown field or a value out of range is a 400 naming the field.
+Options OpenAI defines but specgguf does not implement (`n` > 1, tools, images,
+`logit_bias`, penalties, `logprobs`, ...) are declared here only so that they
+get a 400 naming them, never a silent ignore.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..conversation import Message, Role
+from ..core.drafters import DrafterKind
+from ..core.sampling import SamplingSettings
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def unsupported(param: str, why: str = "") -> ApiError:
+    return ApiError(
+        400,
+        f"'{param}' is not supported by specgguf{': ' + why if why else ''}",
+        param=param,
+        code="unsupported_parameter",
+    )
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Speculative(_Strict):
+    """Per-request drafting: {"k": 8 | "auto" | "adaptive", "drafter": ..., "p_min": ...}."""
+
+    k: Annotated[int, Field(ge=0, le=64)] | Literal["auto", "adaptive"] | None = None
+    drafter: DrafterKind | None = None
+    p_min: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+_StopString = Annotated[str, Field(max_length=500)]  # held-back text is checked against each, every step
+
+
+class _Common(_Strict):
+    """What chat and text completions share."""
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    seed: int | None = None  # negative: a random seed (llama.cpp's -1)
+    stop: _StopString | Annotated[list[_StopString], Field(max_length=16)] | None = None
+    speculative: Speculative | None = None
+    user: str | None = None  # an end-user id; nothing to do with generation
+    # Declared only to be refused by name (see `refuse_unsupported`).
+    n: int | None = None
+    logit_bias: dict[str, Any] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    response_format: dict[str, Any] | None = None
+
+    def refuse_unsupported(self) -> None:
+        if self.n not in (None, 1):
+            raise unsupported("n", "one choice per request")
+        if self.logit_bias:
+            raise unsupported("logit_bias")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name) not in (None, 0):
+                raise unsupported(name, "speculative sampling keeps the verifier's distribution unchanged")
+        if self.response_format and self.response_format.get("type") != "text":
+            raise unsupported("response_format", "only plain text")
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "'stream_options' needs 'stream': true", param="stream_options")
+        if any(stop == "" for stop in self.stop_strings):
+            raise ApiError(400, "'stop' strings must not be empty", param="stop")
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def sampling(self, defaults: SamplingSettings) -> SamplingSettings:
+        try:
+            return SamplingSettings(
+                temperature=defaults.temperature if self.temperature is None else self.temperature,
+                top_k=defaults.top_k if self.top_k is None else self.top_k,
+                top_p=defaults.top_p if self.top_p is None else self.top_p,
+                min_p=defaults.min_p if self.min_p is None else self.min_p,
+            )
+        except ValueError as error:
+            raise ApiError(400, str(error)) from None
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: Any = None
+    tool_call_id: Any = None
+
+    def text(self, index: int) -> str:
+        """The content as one string; text parts joined by newlines, anything else refused."""
+        where = f"messages[{index}]"
+        if self.role in ("tool", "function") or self.tool_calls is not None or self.tool_call_id is not None:
+            raise unsupported(
+                f"{where}.role" if self.role in ("tool", "function") else f"{where}.tool_calls", "no tool calls"
+            )
+        if self.content is None:
+            raise ApiError(400, f"{where}.content is missing", param=f"{where}.content")
+        if isinstance(self.content, str):
+            return self.content
+        texts = []
+        for part_index, part in enumerate(self.content):
+            param = f"{where}.content[{part_index}]"
+            if part.get("type") != "text":
+                raise unsupported(f"{param}.type", f"only text content, not {str(part.get('type'))[:40]!r}")
+            if not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+                raise ApiError(400, f'{param} must be {{"type": "text", "text": "..."}}', param=param)
+            texts.append(part["text"])
+        return "\n".join(texts)
+
+
+_TEMPLATE_ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class ChatRequest(_Common):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: bool | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        for name in ("tools", "functions"):
+            if getattr(self, name):
+                raise unsupported(name, "no tool calls")
+        for name in ("tool_choice", "function_call"):
+            if getattr(self, name) not in (None, "none", "auto"):
+                raise unsupported(name, "no tool calls")
+
+    def template_messages(self) -> list[Message]:
+        """Messages for the chat template: "developer" is the newer name for "system"."""
+        messages = []
+        for i, message in enumerate(self.messages):
+            text = message.text(i)  # refuses tool messages, for now
+            messages.append(Message(_TEMPLATE_ROLES[message.role], text))
+        return messages
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def n_top_logprobs(self) -> int | None:
+        """None: no log-probabilities; else how many alternatives per token."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionRequest(_Common):
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # the legacy API: how many alternatives
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.echo:
+            raise unsupported("echo")
+        if self.suffix:
+            raise unsupported("suffix")
+        if self.best_of not in (None, 1):
+            raise unsupported("best_of")
+        if not self.text.strip():
+            raise ApiError(400, "'prompt' is empty", param="prompt")  # as `run` refuses it
+
+    @property
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def n_top_logprobs(self) -> int | None:
+        return self.logprobs
+
+
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _param_name(loc: tuple) -> str | None:
+    """("messages", 0, "role") -> "messages[0].role", leaving out pydantic's union-member tags."""
+    name = ""
+    for part in loc:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        elif part.isidentifier() and part not in _UNION_TAGS:
+            name += f".{part}" if name else part
+    return name or None
+
+
+def parse_body(model: type[_Common], raw: bytes) -> Any:
+    """The request body as `model`, or an ApiError (400) that names the first bad field."""
+    try:
+        request = model.model_validate_json(raw)
+    except ValidationError as error:
+        # Of a union's failed branches, the deepest error says most ("stop[0]: too long", not "not a string").
+        first = max(error.errors(include_url=False), key=lambda detail: len(_param_name(detail["loc"]) or ""))
+        if first["type"] == "json_invalid":
+            raise ApiError(400, f"the body is not valid JSON: {first['msg']}") from None
+        if first["type"] == "model_type" and not first["loc"]:
+            raise ApiError(400, "the body must be a JSON object") from None
+        param = _param_name(first["loc"])
+        # A union's branches failing at the same place: say what each would have taken.
+        messages = dict.fromkeys(
+            detail["msg"] for detail in error.errors(include_url=False) if _param_name(detail["loc"]) == param
+        )
+        message = "unknown field" if first["type"] == "extra_forbidden" else "; or ".join(messages)
+        raise ApiError(400, f"'{param}': {message}" if param else message, param=param) from None
+    request.refuse_unsupported()
+    return request

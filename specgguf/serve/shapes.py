@@ -1,0 +1,149 @@
+"""OpenAI's response shapes (chat and text completions, whole or as stream chunks), plus
+llama-server's `timings` object, built from the worker's `Finished` message."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Literal
+
+from .generator import Finished
+from .text import TokenLogprob
+
+
+def usage(finished: Finished) -> dict:
+    return {
+        "prompt_tokens": finished.n_prompt,
+        "completion_tokens": finished.n_completion,
+        "total_tokens": finished.n_prompt + finished.n_completion,
+        "prompt_tokens_details": {"cached_tokens": finished.n_cached},
+    }
+
+
+def timings(finished: Finished) -> dict:
+    """llama-server's names, so tools written for it read them unchanged. prompt_n counts the prompt
+    tokens evaluated, cache_n those the verifier's cache already held; predicted_n every generated
+    token (after a stop string too); draft_n / draft_n_accepted the drafts proposed / accepted."""
+    stats = finished.stats
+    prompt_n = finished.n_prompt - finished.n_cached
+    prompt_ms, predicted_ms = stats.prefill_seconds * 1000, stats.wall_seconds * 1000
+    return {
+        "cache_n": finished.n_cached,
+        "prompt_n": prompt_n,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
+        "prompt_per_second": round(prompt_n / prompt_ms * 1000, 3) if prompt_ms > 0 else 0.0,
+        "predicted_n": stats.n_tokens,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / stats.n_tokens, 3) if stats.n_tokens else 0.0,
+        "predicted_per_second": round(stats.tokens_per_second, 3),
+        "draft_n": stats.n_drafted,
+        "draft_n_accepted": stats.n_accepted,
+    }
+
+
+class Shape:
+    """One response's id and envelope; `kind` "chat" (/v1/chat/completions) or "text" (/v1/completions)."""
+
+    def __init__(self, kind: Literal["chat", "text"], model: str, *, logprobs: bool = False):
+        self.kind, self.model, self.logprobs = kind, model, logprobs
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12)
+        self.created = int(time.time())
+        self._text_offset = 0  # where the next token starts in the text (the legacy logprobs' text_offset)
+
+    def _logprobs(self, entries: list[TokenLogprob]) -> dict | None:
+        """OpenAI's two shapes: chat's list of token objects, the legacy completions' parallel lists."""
+        if not self.logprobs:
+            return None
+        if self.kind == "chat":
+            return {
+                "content": [
+                    {
+                        **_token(entry.token, entry.logprob),
+                        "top_logprobs": [_token(token, logprob) for token, logprob in entry.top],
+                    }
+                    for entry in entries
+                ],
+                "refusal": None,
+            }
+        offsets = []
+        for entry in entries:
+            offsets.append(self._text_offset)
+            self._text_offset += len(_text(entry.token))
+        return {
+            "tokens": [_text(entry.token) for entry in entries],
+            "token_logprobs": [entry.logprob for entry in entries],
+            "top_logprobs": [{_text(token): logprob for token, logprob in entry.top} for entry in entries],
+            "text_offset": offsets,
+        }
+
+    def _envelope(self, *, chunk: bool, choices: list[dict]) -> dict:
+        if self.kind == "chat":
+            kind = "chat.completion.chunk" if chunk else "chat.completion"
+        else:
+            kind = "text_completion"
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+
+    def _choice(
+        self,
+        text: str | None,
+        finish_reason: str | None,
+        *,
+        chunk: bool,
+        role: bool = False,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> dict:
+        shaped = self._logprobs(logprobs) if logprobs is not None else None
+        if self.kind == "text":
+            return {"index": 0, "text": text or "", "logprobs": shaped, "finish_reason": finish_reason}
+        if not chunk:
+            message = {"role": "assistant", "content": text, "refusal": None}
+            return {"index": 0, "message": message, "logprobs": shaped, "finish_reason": finish_reason}
+        delta = ({"role": "assistant"} if role else {}) | ({} if text is None else {"content": text})
+        return {"index": 0, "delta": delta, "logprobs": shaped, "finish_reason": finish_reason}
+
+    def response(self, text: str, finished: Finished, logprobs: list[TokenLogprob]) -> dict:
+        choice = self._choice(text, finished.finish_reason, chunk=False, logprobs=logprobs)
+        return {**self._envelope(chunk=False, choices=[choice]), "usage": usage(finished), "timings": timings(finished)}
+
+    def _chunk(self, choices: list[dict], include_usage: bool) -> dict:
+        body = self._envelope(chunk=True, choices=choices)
+        return {**body, "usage": None} if include_usage else body
+
+    def first_chunk(self, include_usage: bool) -> dict:
+        """Chat streams open with the assistant's role (OpenAI does); text streams with empty text."""
+        return self._chunk([self._choice("", None, chunk=True, role=True)], include_usage)
+
+    def chunk(self, text: str, logprobs: list[TokenLogprob], include_usage: bool) -> dict:
+        return self._chunk([self._choice(text, None, chunk=True, logprobs=logprobs)], include_usage)
+
+    def last_chunk(self, finished: Finished, include_usage: bool) -> dict:
+        """The finish reason, with llama-server's `timings` (its streams carry them on the last chunk)."""
+        return {
+            **self._chunk([self._choice(None, finished.finish_reason, chunk=True)], include_usage),
+            "timings": timings(finished),
+        }
+
+    def usage_chunk(self, finished: Finished) -> dict:
+        """`stream_options.include_usage`: one more chunk, with no choices and the usage."""
+        return {**self._envelope(chunk=True, choices=[]), "usage": usage(finished)}
+
+    @staticmethod
+    def sse(body: dict) -> str:
+        return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _text(token: bytes) -> str:
+    return token.decode("utf-8", errors="replace")
+
+
+def _token(token: bytes, logprob: float) -> dict:
+    return {"token": _text(token), "logprob": logprob, "bytes": list(token)}
