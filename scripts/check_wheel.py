@@ -1,0 +1,57 @@
+"""Check a built wheel: every package folder of the source tree is in it (with models.yaml), and the
+wheel installed on its own (into a scratch folder, no editable install in front) runs `specgguf --help`.
+
+    python scripts/check_wheel.py build/wheel/specgguf-*.whl
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main(wheel: Path) -> int:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packages = sorted(str(p.parent.relative_to(ROOT)) for p in (ROOT / "specgguf").rglob("__init__.py"))
+    missing = [package for package in packages if f"{package}/__init__.py" not in names]
+    modules = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "specgguf").rglob("*.py"))
+    missing += [module for module in modules if module not in names]
+    if "specgguf/models.yaml" not in names:
+        missing.append("specgguf/models.yaml")
+    if missing:
+        print(f"{wheel.name} lacks: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory() as target:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target, str(wheel)], check=True
+        )
+        env = {**os.environ, "PYTHONPATH": target}
+        where = subprocess.run(
+            [sys.executable, "-c", "import specgguf; print(specgguf.__file__)"],
+            env=env,
+            cwd=target,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        if not where.startswith(target):
+            print(f"the check imported specgguf from {where}, not from the wheel", file=sys.stderr)
+            return 1
+        result = subprocess.run(
+            [sys.executable, "-m", "specgguf", "--help"], env=env, cwd=target, capture_output=True, text=True
+        )
+        if result.returncode != 0 or "Usage" not in result.stdout:
+            print(f"`specgguf --help` from the wheel failed:\n{result.stdout}{result.stderr}", file=sys.stderr)
+            return 1
+    print(f"{wheel.name}: {len(packages)} packages, {len(modules)} modules, models.yaml; `specgguf --help` runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))

@@ -1,0 +1,60 @@
+"""The layer rules in pyproject.toml hold, and a planted violation of each breaks them.
+
+`make lint` runs `lint-imports` over the package; here it runs over a copy of the package
+with one import planted, to show that the contracts catch what they say they catch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is not installed (`make install`)")
+
+
+def lint_copy(tmp_path: Path, plant: tuple[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """lint-imports over a copy of the package, with `plant` = (module file, import line) added."""
+    shutil.copytree(ROOT / "specgguf", tmp_path / "specgguf", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    if plant is not None:
+        module, line = plant
+        path = tmp_path / "specgguf" / module
+        path.write_text(path.read_text() + f"\n{line}  # planted\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # the copy, not the installed package
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_package_keeps_every_contract(tmp_path):
+    result = lint_copy(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 kept, 0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "broken"),
+    [
+        # an arrow back up: the algorithm reaching for the terminal
+        ("core/engine.py", "from ..cli import render", "cli over serve|bench"),
+        # two wings of one floor: the model files wing using the algorithm
+        ("files/registry.py", "from ..core import sampling", "cli over serve|bench"),
+        # llama.cpp outside llama/
+        ("serve/generator.py", "import llama_cpp", "nothing outside llama/ imports llama_cpp"),
+        # the algorithm with a terminal library
+        ("core/sampling.py", "import rich", "core/ is the algorithm"),
+    ],
+)
+def test_a_planted_violation_fails(tmp_path, module, line, broken):
+    result = lint_copy(tmp_path, (module, line))
+    assert result.returncode != 0
+    assert f"{broken}" in result.stdout and "BROKEN" in result.stdout
+    assert module.replace("/", ".").removesuffix(".py") in result.stdout  # the planted import is the one named
