@@ -17,7 +17,7 @@ import llama_cpp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specgguf.llama.backend import LlamaModel  # noqa: E402
+from specgguf.llama.model import LlamaModel  # noqa: E402
 
 PROMPT = list(range(1000, 1300))  # 300 tokens of context
 

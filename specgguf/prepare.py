@@ -154,7 +154,7 @@ class Prepared:
     """A loaded pair and this machine's costs for it: what every command generates with."""
 
     resolved: ResolvedPair
-    verifier: Any  # backend.LlamaModel (engine.Model)
+    verifier: Any  # llama.model.LlamaModel (core.model.Model)
     draft: Any | None
     options: DraftOptions
     on_measure: Callable[[], None] | None = None  # called before costs are measured (to say so)
@@ -217,8 +217,8 @@ class Prepared:
 
 def load_models(resolved: ResolvedPair, options: LoadOptions, *, need_draft: bool):
     """Load the verifier and (if drafting) the draft, refusing pairs llama.cpp would refuse."""
-    from .llama.backend import LlamaModel  # llama.cpp loads only when a command needs it
     from .llama.compat import ensure_compatible
+    from .llama.model import LlamaModel  # llama.cpp loads only when a command needs it
 
     verifier = LlamaModel(
         resolved.verifier,

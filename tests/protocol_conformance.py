@@ -11,7 +11,7 @@ from specgguf.core.hybrid_drafter import HybridDrafter
 from specgguf.core.kpolicy import AdaptiveK, PerSource
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.ngram_drafter import NgramDrafter
-from specgguf.llama.backend import LlamaModel
+from specgguf.llama.model import LlamaModel
 
 
 def fake_model_is_a_model(model: FakeModel) -> Model:

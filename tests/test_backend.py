@@ -12,8 +12,8 @@ from specgguf.core.engine import speculate
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.sampling import SamplingSettings, process_logits
 from specgguf.errors import IncompatibleModelsError, ModelLoadError
-from specgguf.llama.backend import LlamaModel
 from specgguf.llama.compat import compare_vocabularies, ensure_compatible
+from specgguf.llama.model import LlamaModel
 from tiny_gguf import write_tiny_llama
 
 GREEDY = SamplingSettings(temperature=0.0)

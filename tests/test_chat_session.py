@@ -9,7 +9,7 @@ from specgguf.core.engine import FixedK
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.sampling import SamplingSettings
 from specgguf.errors import ContextFullError
-from specgguf.llama.backend import LlamaModel
+from specgguf.llama.model import LlamaModel
 
 QUESTIONS = [
     "hello the cat",

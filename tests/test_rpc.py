@@ -141,11 +141,11 @@ def test_a_worker_on_another_address_warns_that_anyone_there_can_use_it(monkeypa
     from rich.console import Console
 
     from specgguf.cli import worker
-    from specgguf.llama import backend
+    from specgguf.llama import rpc_devices
 
     monkeypatch.setattr(worker, "check_listen_address", lambda host, port: None)
     calls = []
-    monkeypatch.setattr(backend, "start_rpc_server", lambda endpoint, **options: calls.append((endpoint, options)))
+    monkeypatch.setattr(rpc_devices, "start_rpc_server", lambda endpoint, **options: calls.append((endpoint, options)))
     stderr = io.StringIO()
     with pytest.raises(RpcWorkerError, match="could not serve on 192.0.2.1:50052"):
         worker.serve(
@@ -231,7 +231,8 @@ def test_models_loaded_later_do_not_reach_for_a_gone_worker(tiny_verifier, one_w
     (our own, a vocabulary, llama_cpp.Llama with its default devices) must not touch it."""
     script = f"""
 import llama_cpp
-from specgguf.llama.backend import LlamaModel, read_vocab
+from specgguf.llama.model import LlamaModel
+from specgguf.llama.vocab import read_vocab
 from specgguf.llama.rpc import RpcWorker
 remote = LlamaModel({str(tiny_verifier)!r}, n_ctx=64, rpc_workers=[RpcWorker("127.0.0.1", {one_worker.address.port})])
 remote.eval([1, 2, 3], n_logits=1)
@@ -351,7 +352,7 @@ def test_a_build_without_rpc_names_the_fix(monkeypatch, tiny_verifier):
     import llama_cpp
 
     from specgguf.errors import ModelLoadError
-    from specgguf.llama.backend import LlamaModel
+    from specgguf.llama.model import LlamaModel
 
     monkeypatch.setattr(llama_cpp, "llama_supports_rpc", lambda: False)
     with pytest.raises(ModelLoadError) as error:

@@ -104,7 +104,7 @@ def make_plan(
 
 def f16_variant(target: BenchTarget) -> BenchTarget:
     """The same pair with its verifier re-quantized to F16 (memory-bound on a CPU), cached."""
-    from ..llama.backend import convert_to_f16
+    from ..llama.convert import convert_to_f16
 
     source = target.pair.verifier
     destination = source.with_name(source.stem.rsplit("-", 1)[0] + "-f16.gguf")

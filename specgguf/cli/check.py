@@ -62,7 +62,7 @@ class Report:
 
 
 def read_side(given: str | Path, role: Role) -> Side:
-    from ..llama.backend import read_vocab  # llama.cpp loads only when a command needs it
+    from ..llama.vocab import read_vocab  # llama.cpp loads only when a command needs it
 
     path, pair = resolve_model(given, role)
     vocab, meta = read_vocab(path, metadata_keys=META_KEYS)

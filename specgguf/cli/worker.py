@@ -24,7 +24,7 @@ _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 def serve(*, host: str, port: int, n_threads: int | None, cache_dir: Path | None, err_console: Console) -> int:
     """Serve until Ctrl-C (exit status 130) or SIGTERM (0); the exit status."""
-    from ..llama.backend import rpc_server_devices, start_rpc_server  # llama.cpp loads only when needed
+    from ..llama.rpc_devices import rpc_server_devices, start_rpc_server  # llama.cpp loads only when needed
 
     if not 0 < port < 65536:
         raise UsageError(f"--port must be 1-65535, not {port}")

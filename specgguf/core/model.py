@@ -12,7 +12,7 @@ import numpy as np
 
 
 class Model(Protocol):
-    """What the loop needs from a model. `LlamaModel` in `backend` is the real one."""
+    """What the loop needs from a model. `llama.model.LlamaModel` is the real one."""
 
     n_vocab: int
     n_ctx: int

@@ -1,6 +1,6 @@
 """ggml's backend registry through ctypes: RPC devices, local devices, the RPC server.
 
-Imported only by backend.py, which hands in the directory of the libggml that
+Imported only by rpc_devices.py, which hands in the directory of the libggml that
 llama-cpp-python loaded (dlopen gives back that same, already loaded library).
 The calls are the ones llama.cpp's own tools make: `common/arg.cpp` (--rpc) looks
 up the "RPC" registry and its `ggml_backend_rpc_add_server`; `tools/rpc/rpc-server.cpp`

@@ -1,9 +1,6 @@
-"""llama.cpp through llama-cpp-python's low-level API. The only module that imports llama_cpp.
-
-`LlamaModel` implements the engine's `Model` protocol: it owns one model, one
-context and one batch, asks llama.cpp for logits only at the positions the
-loop needs (never `logits_all`), and rolls the KV cache back with
-`llama_memory_seq_rm`. Pinned to llama-cpp-python 0.3.36.
+"""`LlamaModel`: one GGUF model with its own context, the engine's `Model` through llama-cpp-python's
+low-level API. It asks llama.cpp for logits only at the positions the loop needs (never
+`logits_all`) and rolls the KV cache back with `llama_memory_seq_rm`. Pinned to llama-cpp-python 0.3.36.
 """
 
 from __future__ import annotations
@@ -11,179 +8,20 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import signal
-import sys
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING, TypeVar, cast
 
 import llama_cpp
 import numpy as np
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-from llama_cpp.llama_types import ChatCompletionRequestMessage
 
 from ..errors import ContextFullError, DecodeError, ModelLoadError, PromptError, debug_enabled
+from . import rpc_devices, template, vocab
 from .compat import VocabInfo
-from .ggml_devices import Ggml
-from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker, Watchdog, probe
+from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker
+from .runtime import check_gguf_file, interruptible, load_model, reason, recent_log, shared_governor
 from .threads import ThreadGovernor
-
-if TYPE_CHECKING:
-    from _typeshed import TraceFunction
-
-# --- logging: llama.cpp's messages go to a ring buffer, shown on failure or on request ---
-_LOG_ERROR = 3
-_recent_log: deque[str] = deque(maxlen=40)
-
-
-@llama_cpp.llama_log_callback
-def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
-    message = text.decode("utf-8", errors="replace")
-    if level == _LOG_ERROR:
-        _recent_log.append(message.strip())
-    if debug_enabled():
-        os.write(2, text)
-
-
-# --- Ctrl-C while llama.cpp loads: Python drops a KeyboardInterrupt raised inside a C callback
-# ("Exception ignored ..."), so while loading, Ctrl-C only sets a flag, the progress callback
-# asks llama.cpp to stop, and the interrupt is raised once llama.cpp has returned.
-_interrupted = threading.Event()
-
-
-@contextlib.contextmanager
-def _interruptible() -> Iterator[None]:
-    """Ctrl-C during the block stops it and raises KeyboardInterrupt afterwards, never lost."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _interrupted.clear()
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: _interrupted.set())
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if _interrupted.is_set():
-        raise KeyboardInterrupt
-
-
-def _load_model(
-    path: Path, params: llama_cpp.llama_model_params, *, on_progress: Callable[[], None] | None = None
-) -> ctypes.c_void_p | None:
-    """llama.cpp's load, abandoned at once on Ctrl-C; `on_progress` is called as it goes."""
-
-    def progress(_progress: float, _user_data: ctypes.c_void_p) -> bool:
-        if on_progress is not None:
-            on_progress()
-        return not _interrupted.is_set()  # False: llama.cpp abandons the load
-
-    callback = llama_cpp.llama_progress_callback(progress)  # referenced until the load returns
-    params.progress_callback = callback
-    with _interruptible():
-        return llama_cpp.llama_model_load_from_file(str(path).encode(), params)
-
-
-llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-llama_cpp.llama_backend_init()
-
-
-_governor: ThreadGovernor | None = None
-
-
-def _shared_governor() -> ThreadGovernor:
-    """One for the process: both models follow the same reading of the load."""
-    global _governor
-    if _governor is None:
-        _governor = ThreadGovernor()
-    return _governor
-
-
-def _reason(default: str) -> str:
-    """The last error llama.cpp logged, for a one-line message."""
-    errors = [line for line in _recent_log if line]
-    return errors[-1] if errors else default
-
-
-def check_gguf_file(path: Path) -> None:
-    """Fail with a clear message before llama.cpp sees a file that cannot be a GGUF."""
-    if not path.exists():
-        raise ModelLoadError(f"{path}: no such file")
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: not a file")
-    with path.open("rb") as handle:
-        magic = handle.read(4)
-    if magic != b"GGUF":
-        raise ModelLoadError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
-
-
-# --- RPC: layers on other machines' `specgguf worker` (or llama.cpp rpc-server) ---
-RPC_INSTALL = (
-    "this llama-cpp-python was built without llama.cpp's RPC backend; reinstall it with RPC:"
-    " CMAKE_ARGS='-DGGML_RPC=ON' pip install --no-cache-dir --force-reinstall"
-    " llama-cpp-python==0.3.36 (what `make install` does)"
-)
-_ggml: Ggml | None = None
-_watchdog: Watchdog | None = None  # set once RPC devices are registered in this process
-
-
-def _ggml_library() -> Ggml:
-    global _ggml
-    if _ggml is None:
-        _ggml = Ggml(Path(llama_cpp.__file__).parent / "lib")
-    return _ggml
-
-
-def _require_rpc() -> Ggml:
-    ggml = _ggml_library()
-    if not llama_cpp.llama_supports_rpc() or not ggml.has_rpc():
-        raise ModelLoadError(RPC_INSTALL)
-    return ggml
-
-
-def _rpc_devices(workers: Sequence[RpcWorker], timeout: float) -> list[int]:
-    """Check each worker's handshake ourselves (ggml-rpc would abort), then register its devices."""
-    global _watchdog
-    ggml = _require_rpc()
-    for worker in workers:
-        # Not once this process holds a connection to it: a worker serves one client at a time.
-        if _watchdog is None or worker not in _watchdog.workers:
-            probe(worker, timeout=min(timeout, 10.0))
-    if _watchdog is None:
-        _watchdog = watchdog = Watchdog(workers, timeout=timeout)
-        # From here on a failing worker makes ggml abort(): say which one, in one line.
-        ggml.on_abort(
-            lambda message: watchdog.fail(f"llama.cpp's RPC client failed ({message.rsplit(': ', 1)[-1].strip()})")
-        )
-    else:
-        _watchdog.workers = tuple(dict.fromkeys(_watchdog.workers + tuple(workers)))
-    devices = []
-    for worker in workers:
-        with _watchdog.guard(f"while connecting to {worker}"):
-            found = ggml.add_rpc_server(str(worker))
-        if not found:
-            raise ModelLoadError(f"RPC worker {worker} offers no device")
-        devices.extend(found)
-    return devices
-
-
-def _device_list(devices: list[int]) -> ctypes.Array:
-    """A NULL-terminated ggml_backend_dev_t array, for llama_model_params.devices."""
-    return (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
-
-
-def rpc_server_devices() -> list[tuple[int, str]]:
-    return _require_rpc().server_devices()
-
-
-def start_rpc_server(endpoint: str, *, cache_dir: str | None, n_threads: int, devices: list[int]) -> None:
-    """ggml's RPC server on this machine's devices: blocks (in C) for as long as it serves."""
-    _require_rpc().start_rpc_server(endpoint, cache_dir=cache_dir, n_threads=n_threads, devices=devices)
-
 
 MAX_TREE_LEAVES = 16  # sequences per context: the most leaves a draft tree may have
 
@@ -226,22 +64,22 @@ class LlamaModel:
         model_params = llama_cpp.llama_model_default_params()
         self._devices = None
         if rpc_workers:
-            self._devices = _device_list(_rpc_devices(rpc_workers, rpc_timeout))
+            self._devices = rpc_devices.register_workers(rpc_workers, rpc_timeout)
             n_gpu_layers = n_gpu_layers or -1  # RPC devices count as GPUs: by default, every layer
-        elif _watchdog is not None:
-            self._devices = _device_list(_ggml_library().local_offload_devices())
+        elif rpc_devices.watchdog() is not None:
+            self._devices = rpc_devices.local_devices()
         if self._devices is not None:
             model_params.devices = ctypes.addressof(self._devices)
         model_params.n_gpu_layers = n_gpu_layers
-        remote = _watchdog if rpc_workers else None
+        remote = rpc_devices.watchdog() if rpc_workers else None
         self._guard = remote.guard if remote else lambda _during: contextlib.nullcontext()
         # Loading sends the weights to the workers: time out on silence, not on size.
         feed = (lambda: remote.feed("while loading")) if remote else None
-        _recent_log.clear()
+        recent_log.clear()
         with self._guard(f"while loading {self.path.name}"):
-            self._model = _load_model(self.path, model_params, on_progress=feed)
+            self._model = load_model(self.path, model_params, on_progress=feed)
         if not self._model:
-            raise ModelLoadError(f"{self.path}: llama.cpp could not load it: {_reason('unknown error')}")
+            raise ModelLoadError(f"{self.path}: llama.cpp could not load it: {reason('unknown error')}")
         # llama.cpp offloads the last n_gpu_layers of (the repeating layers, then the output layer).
         n_layers = llama_cpp.llama_model_n_layer(self._model)
         offloaded = n_layers if n_gpu_layers < 0 else max(0, min(n_gpu_layers - 1, n_layers))
@@ -257,15 +95,15 @@ class LlamaModel:
         context_params.n_seq_max = MAX_TREE_LEAVES
         context_params.kv_unified = True
         # No -t: the thread count follows the machine's load (cores.py), checked as we decode.
-        self._governor = _shared_governor() if n_threads is None else None
-        threads = n_threads if n_threads is not None else _shared_governor().threads
+        self._governor = shared_governor() if n_threads is None else None
+        threads = n_threads if n_threads is not None else shared_governor().threads
         context_params.n_threads = context_params.n_threads_batch = threads
         self.n_threads, self.n_gpu_layers = threads, n_gpu_layers  # what its speed depends on
-        with self._guard(f"while creating {self.path.name}'s context"), _interruptible():
+        with self._guard(f"while creating {self.path.name}'s context"), interruptible():
             self._ctx = llama_cpp.llama_init_from_model(self._model, context_params)
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
-            raise ModelLoadError(f"{self.path}: could not create a context: {_reason('out of memory?')}")
+            raise ModelLoadError(f"{self.path}: could not create a context: {reason('out of memory?')}")
         # llama.cpp may round the context up and caps the batch at it: use what it
         # really has, but never more context than the user asked for.
         self.n_ctx = min(n_ctx, llama_cpp.llama_n_ctx(self._ctx))
@@ -320,7 +158,7 @@ class LlamaModel:
         with self._guard("while decoding"):
             status = llama_cpp.llama_decode(self._ctx, batch)
         if status != 0:
-            raise DecodeError(f"{self.path.name}: llama_decode failed ({status}): {_reason('')}")
+            raise DecodeError(f"{self.path.name}: llama_decode failed ({status}): {reason('')}")
 
     def _logits(self, n_logits: int, started: float) -> np.ndarray:
         """The last decode's n_logits rows; the time since `started` counts as busy."""
@@ -463,31 +301,12 @@ class LlamaModel:
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         """Render messages with the GGUF's own chat template, ready for the assistant's turn."""
-        template = self.chat_template()
-        if template is None:
+        chat_template = self.chat_template()
+        if chat_template is None:
             raise PromptError(f"{self.path.name} has no chat template; use --raw to send the text as is")
-
-        def render() -> str:
-            formatter = Jinja2ChatFormatter(
-                template=template, eos_token=self._piece_text("eos"), bos_token=self._piece_text("bos")
-            )
-            # llama-cpp-python types each role's message apart; these are plain role/content dicts.
-            return formatter(messages=cast("list[ChatCompletionRequestMessage]", messages)).prompt
-
-        # The template is code from the file: it may fail, or loop for ever. Neither may escape as
-        # a traceback or a hang.
-        try:
-            return within_time(render, seconds=TEMPLATE_SECONDS)
-        except TimeoutError:
-            raise PromptError(
-                f"{self.path.name}'s chat template did not finish within {TEMPLATE_SECONDS:g} s;"
-                " use --raw to send the text as is"
-            ) from None
-        except Exception as error:  # noqa: BLE001 - any failure of the file's own code
-            detail = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-            raise PromptError(
-                f"{self.path.name}'s chat template failed ({detail}); use --raw to send the text as is"
-            ) from None
+        return template.render(
+            chat_template, messages, eos=self._piece_text("eos"), bos=self._piece_text("bos"), name=self.path.name
+        )
 
     def _piece_text(self, which: str) -> str:
         token = getattr(llama_cpp, f"llama_vocab_{which}")(self._vocab)
@@ -495,82 +314,4 @@ class LlamaModel:
 
     # --- what the compatibility check reads ---
     def vocab_info(self) -> VocabInfo:
-        return _vocab_info(self._vocab, self.path.name)
-
-
-T = TypeVar("T")
-TEMPLATE_SECONDS = 5.0  # a real chat template renders in milliseconds
-
-
-def within_time(work: Callable[[], T], *, seconds: float) -> T:
-    """work(), stopped with TimeoutError if it runs past `seconds` (Python code only: a line tracer
-    in this thread checks the clock, so it stops loops in a Jinja template, which compiles to Python)."""
-    deadline, ticks = time.monotonic() + seconds, 0
-    previous = sys.gettrace()
-
-    def tracer(frame: FrameType, event: str, arg: object) -> TraceFunction:
-        nonlocal ticks
-        ticks += 1
-        if ticks % 256 == 0 and time.monotonic() > deadline:
-            raise TimeoutError
-        return tracer
-
-    sys.settrace(tracer)
-    try:
-        return work()
-    finally:
-        sys.settrace(previous)
-
-
-def _vocab_info(vocab: llama_cpp.llama_vocab_p, name: str) -> VocabInfo:
-    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
-    return VocabInfo(
-        name=name,
-        vocab_type=llama_cpp.llama_vocab_type(vocab),
-        n_vocab=n_vocab,
-        add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
-        add_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
-        bos=llama_cpp.llama_vocab_bos(vocab),
-        eos=llama_cpp.llama_vocab_eos(vocab),
-        token_texts=tuple(llama_cpp.llama_vocab_get_text(vocab, token) for token in range(n_vocab)),
-    )
-
-
-def read_vocab(path: str | Path, *, metadata_keys: Sequence[str] = ()) -> tuple[VocabInfo, dict[str, str]]:
-    """A GGUF's vocabulary and some metadata values, loading no weights (for `check` and `pull`)."""
-    path = Path(path)
-    check_gguf_file(path)
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    _recent_log.clear()
-    model = _load_model(path, params)
-    if not model:
-        raise ModelLoadError(f"{path}: llama.cpp could not read its vocabulary: {_reason('unknown error')}")
-    try:
-        metadata = {}
-        for key in metadata_keys:
-            buffer = ctypes.create_string_buffer(256)
-            size = llama_cpp.llama_model_meta_val_str(model, key.encode(), buffer, len(buffer))
-            if size >= len(buffer):  # chat templates are long: ask again with room for all of it
-                buffer = ctypes.create_string_buffer(size + 1)
-                size = llama_cpp.llama_model_meta_val_str(model, key.encode(), buffer, len(buffer))
-            if size >= 0:
-                metadata[key] = buffer.value.decode("utf-8", "replace")
-        return _vocab_info(llama_cpp.llama_model_get_vocab(model), path.name), metadata
-    finally:
-        llama_cpp.llama_model_free(model)
-
-
-def convert_to_f16(source: Path, destination: Path, *, n_threads: int | None = None) -> Path:
-    """Re-quantize a GGUF to F16 (e.g. to get a memory-bound verifier for benchmarks)."""
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_F16
-    params.allow_requantize = True
-    params.nthread = n_threads or (os.cpu_count() or 1)
-    partial = destination.with_name(destination.name + ".incomplete")
-    status = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params))
-    if status != 0:
-        partial.unlink(missing_ok=True)
-        raise ModelLoadError(f"could not convert {source} to F16: {_reason(str(status))}")
-    os.replace(partial, destination)
-    return destination
+        return vocab.vocab_info(self._vocab, self.path.name)

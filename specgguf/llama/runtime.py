@@ -1,0 +1,102 @@
+"""llama.cpp's process-wide state, set up once on import: its log (kept in a ring buffer, shown
+on failure or with SPECGGUF_DEBUG=1), Ctrl-C while it loads, and the thread governor."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import llama_cpp
+
+from ..errors import ModelLoadError, debug_enabled
+from .threads import ThreadGovernor
+
+# --- logging: llama.cpp's messages go to a ring buffer, shown on failure or on request ---
+_LOG_ERROR = 3
+recent_log: deque[str] = deque(maxlen=40)
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    message = text.decode("utf-8", errors="replace")
+    if level == _LOG_ERROR:
+        recent_log.append(message.strip())
+    if debug_enabled():
+        os.write(2, text)
+
+
+# --- Ctrl-C while llama.cpp loads: Python drops a KeyboardInterrupt raised inside a C callback
+# ("Exception ignored ..."), so while loading, Ctrl-C only sets a flag, the progress callback
+# asks llama.cpp to stop, and the interrupt is raised once llama.cpp has returned.
+_interrupted = threading.Event()
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Ctrl-C during the block stops it and raises KeyboardInterrupt afterwards, never lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _interrupted.clear()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: _interrupted.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if _interrupted.is_set():
+        raise KeyboardInterrupt
+
+
+def load_model(
+    path: Path, params: llama_cpp.llama_model_params, *, on_progress: Callable[[], None] | None = None
+) -> ctypes.c_void_p | None:
+    """llama.cpp's load, abandoned at once on Ctrl-C; `on_progress` is called as it goes."""
+
+    def progress(_progress: float, _user_data: ctypes.c_void_p) -> bool:
+        if on_progress is not None:
+            on_progress()
+        return not _interrupted.is_set()  # False: llama.cpp abandons the load
+
+    callback = llama_cpp.llama_progress_callback(progress)  # referenced until the load returns
+    params.progress_callback = callback
+    with interruptible():
+        return llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+
+
+llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+llama_cpp.llama_backend_init()
+
+
+_governor: ThreadGovernor | None = None
+
+
+def shared_governor() -> ThreadGovernor:
+    """One for the process: both models follow the same reading of the load."""
+    global _governor
+    if _governor is None:
+        _governor = ThreadGovernor()
+    return _governor
+
+
+def reason(default: str) -> str:
+    """The last error llama.cpp logged, for a one-line message."""
+    errors = [line for line in recent_log if line]
+    return errors[-1] if errors else default
+
+
+def check_gguf_file(path: Path) -> None:
+    """Fail with a clear message before llama.cpp sees a file that cannot be a GGUF."""
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file")
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: not a file")
+    with path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")

@@ -1,0 +1,52 @@
+"""A GGUF's vocabulary as `compat.VocabInfo`, from a loaded model or read without loading weights."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from pathlib import Path
+
+import llama_cpp
+
+from ..errors import ModelLoadError
+from .compat import VocabInfo
+from .runtime import check_gguf_file, load_model, reason, recent_log
+
+
+def vocab_info(vocab: llama_cpp.llama_vocab_p, name: str) -> VocabInfo:
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    return VocabInfo(
+        name=name,
+        vocab_type=llama_cpp.llama_vocab_type(vocab),
+        n_vocab=n_vocab,
+        add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+        add_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
+        bos=llama_cpp.llama_vocab_bos(vocab),
+        eos=llama_cpp.llama_vocab_eos(vocab),
+        token_texts=tuple(llama_cpp.llama_vocab_get_text(vocab, token) for token in range(n_vocab)),
+    )
+
+
+def read_vocab(path: str | Path, *, metadata_keys: Sequence[str] = ()) -> tuple[VocabInfo, dict[str, str]]:
+    """A GGUF's vocabulary and some metadata values, loading no weights (for `check` and `pull`)."""
+    path = Path(path)
+    check_gguf_file(path)
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    recent_log.clear()
+    model = load_model(path, params)
+    if not model:
+        raise ModelLoadError(f"{path}: llama.cpp could not read its vocabulary: {reason('unknown error')}")
+    try:
+        metadata = {}
+        for key in metadata_keys:
+            buffer = ctypes.create_string_buffer(256)
+            size = llama_cpp.llama_model_meta_val_str(model, key.encode(), buffer, len(buffer))
+            if size >= len(buffer):  # chat templates are long: ask again with room for all of it
+                buffer = ctypes.create_string_buffer(size + 1)
+                size = llama_cpp.llama_model_meta_val_str(model, key.encode(), buffer, len(buffer))
+            if size >= 0:
+                metadata[key] = buffer.value.decode("utf-8", "replace")
+        return vocab_info(llama_cpp.llama_model_get_vocab(model), path.name), metadata
+    finally:
+        llama_cpp.llama_model_free(model)
