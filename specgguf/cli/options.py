@@ -7,7 +7,9 @@ in one function, raising `UsageError`/`PromptError` that `cli.main` turns into o
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +19,7 @@ from rich.console import Console
 from ..core.drafters import DEFAULT_DRAFTER, DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
 from ..errors import PromptError, UsageError
+from ..files.resolve import ResolvedPair
 from ..prepare import DraftOptions, LoadOptions
 
 # --- options shared between commands (defined once) -------------------------------------
@@ -224,3 +227,64 @@ def progress_bar(err_console: Console):
             progress.stop()
 
     return on_progress
+
+
+class ReaderGone(Exception):
+    """stdout's reader closed the pipe (`| head -1`); not an OSError, so click leaves it to us."""
+
+
+@contextlib.contextmanager
+def reader_may_leave() -> Iterator[None]:
+    try:
+        yield
+    except BrokenPipeError:
+        raise ReaderGone from None
+
+
+def pair_setup(
+    *,
+    model: Path | None,
+    model_draft: Path | None,
+    pair: str | None,
+    draft_max: str | None,
+    drafter: str,
+    draft_p_min: float,
+    draft_min: int,
+    force_spec: bool,
+    keep_ngrams: bool,
+    draft_tree: bool,
+    ctx_size: int,
+    threads: int | None,
+    n_gpu_layers: int,
+    n_gpu_layers_draft: int,
+    rpc: str | None,
+    rpc_draft: bool,
+    rpc_timeout: float,
+    err_console: Console,
+) -> tuple[ResolvedPair, LoadOptions, DraftOptions]:
+    """What `run`, `chat` and `serve` share: the options checked, then the pair found (fetched or
+    assembled if it must be, with a progress bar)."""
+    from ..files.resolve import resolve_pair
+
+    load = load_options(
+        ctx_size=ctx_size,
+        threads=threads,
+        n_gpu_layers=n_gpu_layers,
+        n_gpu_layers_draft=n_gpu_layers_draft,
+        rpc=rpc,
+        rpc_draft=rpc_draft,
+        rpc_timeout=rpc_timeout,
+        err_console=err_console,
+    )
+    drafting = draft_options(
+        draft_max,
+        drafter,
+        draft_p_min,
+        draft_min,
+        force_spec,
+        bool(load.rpc),
+        keep_ngrams=keep_ngrams,
+        trees=draft_tree,
+    )
+    resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=progress_bar(err_console))
+    return resolved, load, drafting

@@ -1,0 +1,280 @@
+"""The commands that generate: `run`, `chat` and `serve`. Each gathers its options, turns them into
+typed values once (options.pair_setup), and calls one keyword-only function."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from ..core.drafters import DEFAULT_DRAFTER
+from .options import (
+    CtxSize,
+    Drafter,
+    DraftMax,
+    DraftMin,
+    DraftPMin,
+    DraftTree,
+    ForceSpec,
+    GpuLayers,
+    GpuLayersDraft,
+    KeepNgrams,
+    MinP,
+    Model,
+    ModelDraft,
+    PairName,
+    Rpc,
+    RpcDraft,
+    RpcTimeout,
+    Seed,
+    Temperature,
+    Threads,
+    TopK,
+    TopP,
+    consoles,
+    pair_setup,
+    parse_seed,
+    read_prompt,
+    reader_may_leave,
+    sampling_settings,
+)
+
+
+def run(
+    prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' or nothing reads standard input.")] = None,
+    model: Model = None,
+    model_draft: ModelDraft = None,
+    pair: PairName = None,
+    draft_max: DraftMax = None,
+    drafter: Drafter = DEFAULT_DRAFTER,
+    draft_p_min: DraftPMin = 0.0,
+    draft_min: DraftMin = 0,
+    force_spec: ForceSpec = False,
+    keep_ngrams: KeepNgrams = False,
+    draft_tree: DraftTree = False,
+    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Tokens to generate.")] = 512,
+    temp: Temperature = 0.8,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
+    seed: Seed = None,
+    ctx_size: CtxSize = 4096,
+    threads: Threads = None,
+    n_gpu_layers: GpuLayers = 0,
+    n_gpu_layers_draft: GpuLayersDraft = 0,
+    rpc: Rpc = None,
+    rpc_draft: RpcDraft = False,
+    rpc_timeout: RpcTimeout = 60.0,
+    system: Annotated[str | None, typer.Option("--system", help="System prompt for the chat template.")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
+    show_rejected: Annotated[bool, typer.Option("--show-rejected", help="Show rejected drafts, struck out.")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No stats line on stderr.")] = False,
+) -> None:
+    """Answer one prompt with speculative decoding."""
+    from .run import run_prompt
+
+    text = read_prompt(prompt)
+    out_console, err_console = consoles(json_output)
+    settings = sampling_settings(temp, top_k, top_p, min_p)
+    seed = parse_seed(seed)  # checked before the models load
+    resolved, load, drafting = pair_setup(
+        model=model,
+        model_draft=model_draft,
+        pair=pair,
+        draft_max=draft_max,
+        drafter=drafter,
+        draft_p_min=draft_p_min,
+        draft_min=draft_min,
+        force_spec=force_spec,
+        keep_ngrams=keep_ngrams,
+        draft_tree=draft_tree,
+        ctx_size=ctx_size,
+        threads=threads,
+        n_gpu_layers=n_gpu_layers,
+        n_gpu_layers_draft=n_gpu_layers_draft,
+        rpc=rpc,
+        rpc_draft=rpc_draft,
+        rpc_timeout=rpc_timeout,
+        err_console=err_console,
+    )
+    with reader_may_leave():
+        run_prompt(
+            prompt=text,
+            resolved=resolved,
+            max_tokens=max_tokens,
+            settings=settings,
+            drafting=drafting,
+            seed=seed,
+            load=load,
+            raw=raw,
+            system=system,
+            json_output=json_output,
+            show_rejected=show_rejected,
+            quiet=quiet,
+            out=sys.stdout,
+            out_console=out_console,
+            err_console=err_console,
+        )
+
+
+def chat(
+    model: Model = None,
+    model_draft: ModelDraft = None,
+    pair: PairName = None,
+    draft_max: DraftMax = None,
+    drafter: Drafter = DEFAULT_DRAFTER,
+    draft_p_min: DraftPMin = 0.0,
+    draft_min: DraftMin = 0,
+    force_spec: ForceSpec = False,
+    keep_ngrams: KeepNgrams = False,
+    draft_tree: DraftTree = False,
+    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Most tokens per answer.")] = 1024,
+    temp: Temperature = 0.8,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
+    seed: Seed = None,
+    ctx_size: CtxSize = 4096,
+    threads: Threads = None,
+    n_gpu_layers: GpuLayers = 0,
+    n_gpu_layers_draft: GpuLayersDraft = 0,
+    rpc: Rpc = None,
+    rpc_draft: RpcDraft = False,
+    rpc_timeout: RpcTimeout = 60.0,
+    system: Annotated[str | None, typer.Option("--system", help="System prompt for the chat template.")] = None,
+    show_rejected: Annotated[bool, typer.Option("--show-rejected", help="Show rejected drafts, struck out.")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No stats line after each answer.")] = False,
+) -> None:
+    """Talk with the pair: each turn evaluates only its new tokens. Piped input: one answer per line."""
+    from .chat import run_chat
+
+    out_console, err_console = consoles(False)
+    settings = sampling_settings(temp, top_k, top_p, min_p)
+    seed = parse_seed(seed)
+    resolved, load, drafting = pair_setup(
+        model=model,
+        model_draft=model_draft,
+        pair=pair,
+        draft_max=draft_max,
+        drafter=drafter,
+        draft_p_min=draft_p_min,
+        draft_min=draft_min,
+        force_spec=force_spec,
+        keep_ngrams=keep_ngrams,
+        draft_tree=draft_tree,
+        ctx_size=ctx_size,
+        threads=threads,
+        n_gpu_layers=n_gpu_layers,
+        n_gpu_layers_draft=n_gpu_layers_draft,
+        rpc=rpc,
+        rpc_draft=rpc_draft,
+        rpc_timeout=rpc_timeout,
+        err_console=err_console,
+    )
+    with reader_may_leave():
+        run_chat(
+            resolved=resolved,
+            drafting=drafting,
+            max_tokens=max_tokens,
+            settings=settings,
+            seed=seed,
+            load=load,
+            system=system,
+            show_rejected=show_rejected,
+            quiet=quiet,
+            stdin=sys.stdin,
+            out=sys.stdout,
+            out_console=out_console,
+            err_console=err_console,
+        )
+
+
+def serve(
+    model: Model = None,
+    model_draft: ModelDraft = None,
+    pair: PairName = None,
+    draft_max: DraftMax = None,
+    drafter: Drafter = DEFAULT_DRAFTER,
+    draft_p_min: DraftPMin = 0.0,
+    draft_min: DraftMin = 0,
+    force_spec: ForceSpec = False,
+    keep_ngrams: KeepNgrams = False,
+    draft_tree: DraftTree = False,
+    max_tokens: Annotated[
+        int,
+        typer.Option("-n", "--max-tokens", min=1, help="Most tokens per answer when a request gives no max_tokens."),
+    ] = 512,
+    temp: Temperature = 0.8,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
+    ctx_size: CtxSize = 4096,
+    threads: Threads = None,
+    n_gpu_layers: GpuLayers = 0,
+    n_gpu_layers_draft: GpuLayersDraft = 0,
+    rpc: Rpc = None,
+    rpc_draft: RpcDraft = False,
+    rpc_timeout: RpcTimeout = 60.0,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8080,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key", envvar="SPECGGUF_API_KEY", show_envvar=True, help="Require 'Authorization: Bearer KEY'."
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Allow a non-loopback --host without an API key.")
+    ] = False,
+    queue_size: Annotated[
+        int, typer.Option("--queue-size", min=1, help="Requests that may wait for the generator; more get 503.")
+    ] = 16,
+    max_body: Annotated[
+        int, typer.Option("--max-body", min=1024, help="Largest request body in bytes; larger gets 413.")
+    ] = 1 << 20,
+) -> None:
+    """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...).
+
+    Sampling and drafting options are the defaults; each request may override them.
+    """
+    from ..serve.app import check_address, run_server
+
+    check_address(host, api_key=api_key, insecure=insecure)  # before a pair is fetched or loaded
+    _, err_console = consoles(False)
+    settings = sampling_settings(temp, top_k, top_p, min_p)
+    resolved, load, drafting = pair_setup(
+        model=model,
+        model_draft=model_draft,
+        pair=pair,
+        draft_max=draft_max,
+        drafter=drafter,
+        draft_p_min=draft_p_min,
+        draft_min=draft_min,
+        force_spec=force_spec,
+        keep_ngrams=keep_ngrams,
+        draft_tree=draft_tree,
+        ctx_size=ctx_size,
+        threads=threads,
+        n_gpu_layers=n_gpu_layers,
+        n_gpu_layers_draft=n_gpu_layers_draft,
+        rpc=rpc,
+        rpc_draft=rpc_draft,
+        rpc_timeout=rpc_timeout,
+        err_console=err_console,
+    )
+    run_server(
+        resolved=resolved,
+        drafting=drafting,
+        settings=settings,
+        max_tokens=max_tokens,
+        load=load,
+        host=host,
+        port=port,
+        api_key=api_key,
+        insecure=insecure,
+        queue_size=queue_size,
+        max_body_bytes=max_body,
+        err_console=err_console,
+    )
