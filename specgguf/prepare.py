@@ -20,12 +20,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 from .core.costs import MachineCosts
 from .core.drafters import DEFAULT_DRAFTER, DRAFTER_KINDS, DrafterKind, DraftSettings, build_drafter
 from .core.drafting import Drafter, Source
-from .core.engine import FixedK, KPolicy
+from .core.engine import FixedK, KPolicy, speculate
 from .core.kpolicy import K_MAX, AdaptiveK, PerSource, PolicyConfig, adaptive_policy
 from .core.ngram_cache import SessionNgrams
+from .core.sampling import SamplingSettings
+from .core.stats import Generation
 from .errors import UsageError
 from .files.assets import cache_dir
 from .files.resolve import ResolvedPair
@@ -157,6 +161,7 @@ class Prepared:
     verifier: Any  # llama.model.LlamaModel (core.model.Model)
     draft: Any | None
     options: DraftOptions
+    load: LoadOptions = field(default_factory=LoadOptions)  # how the pair was loaded
     on_measure: Callable[[], None] | None = None  # called before costs are measured (to say so)
     _costs: MachineCosts | None = None
     # What followed each n-gram in everything this session read and generated (the n-gram and
@@ -181,6 +186,28 @@ class Prepared:
             session=self.ngrams if session is None else session,
         )
         return build_drafter(kind or self.options.drafter, self.draft, settings)
+
+    def generate(
+        self,
+        prompt_tokens: list[int],
+        *,
+        drafter: Drafter | None,
+        policy: KPolicy,
+        max_tokens: int,
+        settings: SamplingSettings,
+        seed: int,
+    ) -> Generation:
+        """One answer from the engine over the loaded pair, driven and timed (core.stats.Generation)."""
+        events = speculate(
+            verifier=self.verifier,
+            drafter=drafter,
+            prompt_tokens=prompt_tokens,
+            k=policy,
+            max_tokens=max_tokens,
+            settings=settings,
+            rng=np.random.default_rng(seed),
+        )
+        return Generation(events)
 
     def save_ngrams(self) -> Path | None:
         """With --keep-ngrams, write the session's n-gram cache back (atomically); where it went."""
@@ -254,7 +281,9 @@ def prepare(
     it (`--drafter ngram`, or `-k 0` unless `keep_draft`: chat's /k can turn drafting on later)."""
     need_draft = DRAFTER_KINDS[drafting.drafter].needs_model and (keep_draft or not drafting.plain)
     verifier, draft = load_models(resolved, load, need_draft=need_draft)
-    prepared = Prepared(resolved=resolved, verifier=verifier, draft=draft, options=drafting, on_measure=on_measure)
+    prepared = Prepared(
+        resolved=resolved, verifier=verifier, draft=draft, options=drafting, load=load, on_measure=on_measure
+    )
     if drafting.keep_ngrams:
         path, key = ngram_file(resolved.verifier, verifier.n_vocab)
         if path.exists():

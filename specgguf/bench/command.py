@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TimeElapsedColumn
 from rich.table import Table
 
 from .. import tuning
@@ -26,6 +27,7 @@ from .measure import (
     PROMPTS,
     QUICK_PROMPTS,
     VS_LLAMA_CPP_PROMPTS,
+    Setting,
     best_fixed_k,
     make_settings,
     run_bench,
@@ -146,47 +148,9 @@ def bench(
     with run_progress(err_console) as progress:
         task = progress.add_task("benchmarking", total=total_runs)
         for target, settings in zip(targets, settings_per_target):
-            progress.update(task, description=f"loading {target.label}")
-            verifier, draft = load_models(target.pair, load, need_draft=True)
-            prompts = Prompts(verifier)
-            tokens = {kind: prompts.question(PROMPTS[kind], raw=False, system=None) for kind in kinds}
-            progress.update(task, description=f"{target.label}: verify cost by batch size")
-            # Adaptive K reads this table; measured before the runs, as `run` would find it stored.
-            profile = tuning.measure_and_store(
-                verifier, max_batch=K_MAX + 1, store=store, repeats=1 if plan.quick else 3
-            )
-            machine = costs.MachineCosts(tuple(profile), tuning.measure_draft(draft, store=store))
+            result, machine = _measure_target(target, settings, plan, load, store=store, progress=says(progress, task))
+            results.append(result)
             machines.append(machine)
-            progress.update(task, description=target.label)
-            run_bench(
-                verifier=verifier,
-                draft=draft,
-                prompt_tokens=tokens,
-                settings=settings,
-                repeats=plan.repeats,
-                max_tokens=plan.max_tokens,
-                machine_costs=machine,
-                on_run=lambda: progress.advance(task),
-            )
-            best = {t: best_fixed_k(settings, t) for t in plan.temperatures}
-            if store:
-                assert target.pair.draft is not None  # load_models(need_draft=True) loaded it
-                for temperature, measurement in best.items():
-                    store_measurement(target.pair.verifier, target.pair.draft, temperature, measurement)
-            results.append(
-                {
-                    "pair": target.label,
-                    "verifier": str(target.pair.verifier),
-                    "placement": placement(verifier, draft),
-                    "where": where_line(verifier, draft),
-                    "draft": str(target.pair.draft),
-                    "settings": [s.report() for s in settings],
-                    "best_k": {str(t): b for t, b in best.items()},
-                    "verify_ms_by_batch": [round(seconds * 1000, 2) for seconds in machine.verify],
-                }
-            )
-            verifier.close()
-            draft.close()
     report = {
         "machine": {"id": machine_id(), "platform": platform.platform(), "threads": load.n_threads},
         "prompts": kinds,
@@ -197,14 +161,7 @@ def bench(
     if json_output:
         out.write(json.dumps(report) + "\n")
     else:
-        console = Console(file=out, highlight=False, width=None if out.isatty() else 150)
-        for result, machine in zip(results, machines):
-            if load.rpc:
-                console.print(result["where"])
-            console.print(_table(result))
-            if len(kinds) > 1:
-                console.print(_prompt_table(result, kinds))
-            console.print(costs.describe(list(machine.verify)))
+        _show(results, machines, kinds, out=out, where=bool(load.rpc))
         if store:
             err_console.print(
                 "stored the best K per pair for `run`/`chat -k auto` on this machine,"
@@ -218,6 +175,82 @@ def bench(
                 f"could not write the plot {plot} ({error.strerror or error}); the results above are complete"
             ) from None
     return report
+
+
+def _show(
+    results: list[dict], machines: list[costs.MachineCosts], kinds: list[str], *, out: TextIO, where: bool
+) -> None:
+    """The tables, one set per pair (and where its layers ran, with --rpc)."""
+    console = Console(file=out, highlight=False, width=None if out.isatty() else 150)
+    for result, machine in zip(results, machines):
+        if where:
+            console.print(result["where"])
+        console.print(_table(result))
+        if len(kinds) > 1:
+            console.print(_prompt_table(result, kinds))
+        console.print(costs.describe(list(machine.verify)))
+
+
+def says(progress: Progress, task: TaskID) -> Callable[[str | None], None]:
+    """A progress callback: a text becomes the bar's description, None counts one run."""
+
+    def say(text: str | None) -> None:
+        if text is None:
+            progress.advance(task)
+        else:
+            progress.update(task, description=text)
+
+    return say
+
+
+def _measure_target(
+    target: BenchTarget,
+    settings: list[Setting],
+    plan: BenchPlan,
+    load: LoadOptions,
+    *,
+    store: bool,
+    progress: Callable[[str | None], None],
+) -> tuple[dict, costs.MachineCosts]:
+    """Load one pair, measure its costs and every setting (storing the best K if `store`); its
+    result and costs. `progress(text)` says what is going on, `progress(None)` counts a run."""
+    progress(f"loading {target.label}")
+    verifier, draft = load_models(target.pair, load, need_draft=True)
+    prompts = Prompts(verifier)
+    tokens = {kind: prompts.question(PROMPTS[kind], raw=False, system=None) for kind in plan.prompts}
+    progress(f"{target.label}: verify cost by batch size")
+    # Adaptive K reads this table; measured before the runs, as `run` would find it stored.
+    profile = tuning.measure_and_store(verifier, max_batch=K_MAX + 1, store=store, repeats=1 if plan.quick else 3)
+    machine = costs.MachineCosts(tuple(profile), tuning.measure_draft(draft, store=store))
+    progress(target.label)
+    run_bench(
+        verifier=verifier,
+        draft=draft,
+        prompt_tokens=tokens,
+        settings=settings,
+        repeats=plan.repeats,
+        max_tokens=plan.max_tokens,
+        machine_costs=machine,
+        on_run=lambda: progress(None),
+    )
+    best = {t: best_fixed_k(settings, t) for t in plan.temperatures}
+    if store:
+        assert target.pair.draft is not None  # load_models(need_draft=True) loaded it
+        for temperature, measurement in best.items():
+            store_measurement(target.pair.verifier, target.pair.draft, temperature, measurement)
+    result = {
+        "pair": target.label,
+        "verifier": str(target.pair.verifier),
+        "placement": placement(verifier, draft),
+        "where": where_line(verifier, draft),
+        "draft": str(target.pair.draft),
+        "settings": [s.report() for s in settings],
+        "best_k": {str(t): b for t, b in best.items()},
+        "verify_ms_by_batch": [round(seconds * 1000, 2) for seconds in machine.verify],
+    }
+    verifier.close()
+    draft.close()
+    return result, machine
 
 
 def check_plot_path(path: Path) -> None:

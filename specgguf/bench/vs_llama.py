@@ -34,7 +34,7 @@ from ..core.sampling import SamplingSettings
 from ..errors import SpecggufError, UsageError
 from ..llama.threads import usable_cores
 from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, prepare
-from .command import BenchPlan, BenchTarget, run_progress
+from .command import BenchPlan, BenchTarget, run_progress, says
 from .llama_tools import LlamaTools, ToolRun, ToolSettings, run_plain, run_speculative
 from .measure import PROMPTS, generate
 
@@ -172,39 +172,7 @@ def compare(
     with run_progress(err_console) as progress:
         task = progress.add_task("comparing with llama.cpp", total=total)
         for target in targets:
-            progress.update(task, description=f"loading {target.label}")
-            prepared = prepare(
-                target.pair, load, DraftOptions(), on_measure=lambda: progress.update(task, description=MEASURING)
-            )
-            try:
-                progress.update(task, description=target.label)
-                tokens = {
-                    kind: Prompts(prepared.verifier).question(PROMPTS[kind], raw=False, system=None)
-                    for kind in plan.prompts
-                }
-                cells = _measure(
-                    prepared,
-                    tools,
-                    plan,
-                    order,
-                    tokens,
-                    n_threads=n_threads,
-                    n_ctx=load.n_ctx,
-                    on_run=lambda: progress.advance(task),
-                )
-            finally:
-                for model in (prepared.verifier, prepared.draft):
-                    if model is not None:
-                        model.close()
-            results.append(
-                {
-                    "pair": target.label,
-                    "verifier": str(target.pair.verifier),
-                    "draft": str(target.pair.draft),
-                    "prompt_tokens": {k: len(t) for k, t in tokens.items()},
-                    "cells": [c.report(plan.ks) for c in cells],
-                }
-            )
+            results.append(_compare_target(target, tools, plan, order, load, progress=says(progress, task)))
     report = {
         "llama_cpp": str(tools.directory),
         "threads": n_threads,
@@ -225,6 +193,46 @@ def compare(
             console.print(_ratio_table(result, plan.ks))
         console.print(MEANING, style="dim")
     return report
+
+
+def _compare_target(
+    target: BenchTarget,
+    tools: LlamaTools,
+    plan: VsPlan,
+    order: list[Column],
+    load: LoadOptions,
+    *,
+    progress: Callable[[str | None], None],
+) -> dict:
+    """One pair against llama.cpp's programs, every cell; `progress` as bench.command.says makes it."""
+    progress(f"loading {target.label}")
+    prepared = prepare(target.pair, load, DraftOptions(), on_measure=lambda: progress(MEASURING))
+    try:
+        progress(target.label)
+        prompts = Prompts(prepared.verifier)
+        tokens = {kind: prompts.question(PROMPTS[kind], raw=False, system=None) for kind in plan.prompts}
+        assert load.n_threads is not None  # compare fixed it
+        cells = _measure(
+            prepared,
+            tools,
+            plan,
+            order,
+            tokens,
+            n_threads=load.n_threads,
+            n_ctx=load.n_ctx,
+            on_run=lambda: progress(None),
+        )
+    finally:
+        for model in (prepared.verifier, prepared.draft):
+            if model is not None:
+                model.close()
+    return {
+        "pair": target.label,
+        "verifier": str(target.pair.verifier),
+        "draft": str(target.pair.draft),
+        "prompt_tokens": {k: len(t) for k, t in tokens.items()},
+        "cells": [c.report(plan.ks) for c in cells],
+    }
 
 
 def _measure(

@@ -14,6 +14,7 @@ import os
 import secrets
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
@@ -21,9 +22,11 @@ from typing import TextIO
 from rich.console import Console
 from rich.text import Text
 
+from ..core.engine import KPolicy
+from ..core.sampling import SamplingSettings
 from ..errors import SpecggufError
 from ..files.resolve import ResolvedPair
-from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare, where_line
+from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, parse_k, prepare, where_line
 from .chat_report import save_transcript, stats_report, turn_line
 from .chat_session import ChatSession
 from .render import TokenStream, legend
@@ -287,12 +290,50 @@ class ChatRepl:
             self.note(turn_line(turn), style="dim")
 
 
+def _greet(session: ChatSession, models: dict[str, str | None], err_console: Console, *, show_legend: bool) -> None:
+    """The interactive chat's first lines: the pair, where K comes from, and what is missing."""
+    names = " + ".join(name for name in models.values() if name)
+    err_console.print(
+        Text(f"specgguf chat · {names} · {session.k_source} · /help for commands, Ctrl-D to leave", style="dim")
+    )
+    if session.drafter is None:
+        err_console.print("no draft model given (-md): decoding with the verifier alone", style="yellow")
+    if not session.has_template:
+        err_console.print(f"{models['verifier']} has no chat template: using ChatML", style="yellow")
+    if show_legend:
+        err_console.print(legend())
+
+
+def _session(
+    prepared: Prepared, *, system: str | None, max_tokens: int, settings: SamplingSettings, seed: int
+) -> tuple[ChatSession, Callable[[KChoice, float], tuple[KPolicy, str]]]:
+    """The conversation over the loaded pair, and how /k and /temp choose a new K policy."""
+
+    def choose_k(choice: KChoice, temperature: float) -> tuple[KPolicy, str]:
+        policy, source = prepared.policy(choice, temperature=temperature)
+        return policy, str(source)
+
+    policy, k_source = choose_k(prepared.options.k, settings.temperature)
+    session = ChatSession(
+        verifier=prepared.verifier,
+        draft=prepared.draft,
+        policy=policy,
+        k_source=k_source,
+        drafter=prepared.drafter(),
+        system=system,
+        max_tokens=max_tokens,
+        settings=settings,
+        seed=seed,
+    )
+    return session, choose_k
+
+
 def run_chat(
     *,
     resolved: ResolvedPair,
     drafting: DraftOptions,
     max_tokens: int,
-    settings,
+    settings: SamplingSettings,
     seed: int | None,
     load: LoadOptions,
     system: str | None,
@@ -316,38 +357,13 @@ def run_chat(
     verifier, draft = prepared.verifier, prepared.draft
     if load.rpc and not quiet:
         err_console.print(Text(where_line(verifier, draft), style="dim"))
-
-    def choose_k(choice: KChoice, temperature: float):
-        policy, source = prepared.policy(choice, temperature=temperature)
-        return policy, str(source)
-
-    policy, k_source = choose_k(drafting.k, settings.temperature)
-    session = ChatSession(
-        verifier=verifier,
-        draft=draft,
-        policy=policy,
-        k_source=k_source,
-        drafter=prepared.drafter(),
-        system=system,
-        max_tokens=max_tokens,
-        settings=settings,
-        seed=seed,
-    )
+    session, choose_k = _session(prepared, system=system, max_tokens=max_tokens, settings=settings, seed=seed)
     interactive = stdin.isatty()
     models = {"verifier": resolved.verifier.name, "draft": draft.path.name if draft is not None else None}
     if interactive:
         reader: TerminalInput | PipedInput = TerminalInput(history_path())
         if not quiet:
-            names = " + ".join(name for name in models.values() if name)
-            err_console.print(
-                Text(f"specgguf chat · {names} · {k_source} · /help for commands, Ctrl-D to leave", style="dim")
-            )
-            if session.drafter is None:
-                err_console.print("no draft model given (-md): decoding with the verifier alone", style="yellow")
-            if not session.has_template:
-                err_console.print(f"{resolved.verifier.name} has no chat template: using ChatML", style="yellow")
-            if show_rejected and out_console is not None:
-                err_console.print(legend())
+            _greet(session, models, err_console, show_legend=show_rejected and out_console is not None)
     else:
         reader, out_console = PipedInput(stdin), None
     repl = ChatRepl(

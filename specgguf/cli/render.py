@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..core.engine import StepEvent
+from ..core.stats import Generation, GenerationStats
 
 STYLE_ACCEPTED = {"model": "green", "ngram": "cyan"}  # by drafter
 STYLE_VERIFIER = ""
@@ -77,6 +78,13 @@ class TokenStream:
             self._out.write(new_text)
             self._out.flush()
         return new_text
+
+    def write_all(self, generation: Generation) -> GenerationStats:
+        """Write a whole answer as it comes, then finish the stream; its stats."""
+        for event in generation:
+            self.write(event)
+        self.finish()
+        return generation.stats
 
     def finish(self) -> None:
         tail = self._decoder.decode(b"", final=True)

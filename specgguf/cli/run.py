@@ -7,17 +7,15 @@ import secrets
 from dataclasses import asdict
 from typing import TextIO
 
-import numpy as np
 from rich.console import Console
 from rich.text import Text
 
 from ..conversation import Prompts
 from ..core.drafters import DRAFTER_KINDS
-from ..core.engine import speculate
 from ..core.sampling import SamplingSettings
-from ..core.stats import Generation, GenerationStats
+from ..core.stats import GenerationStats
 from ..files.resolve import ResolvedPair
-from ..prepare import MEASURING, DraftOptions, KSource, LoadOptions, placement, prepare, where_line
+from ..prepare import MEASURING, DraftOptions, KSource, LoadOptions, Prepared, placement, prepare, where_line
 from .render import TokenStream, legend
 
 
@@ -61,42 +59,16 @@ def run_prompt(
     )
     if show_rejected and out_console is not None and not json_output:
         err_console.print(legend())
-    generation = Generation(
-        speculate(
-            verifier=verifier,
-            drafter=drafter,
-            prompt_tokens=tokens,
-            k=policy,
-            max_tokens=max_tokens,
-            settings=settings,
-            rng=np.random.default_rng(seed),
-        )
+    generation = prepared.generate(
+        tokens, drafter=drafter, policy=policy, max_tokens=max_tokens, settings=settings, seed=seed
     )
-    for event in generation:
-        stream.write(event)
-    stats = generation.stats
-    stream.finish()
+    stats = stream.write_all(generation)
     result = {
         "text": stream.text,
         **stats.as_dict(),
         "prompt_tokens": len(tokens),
         "k_source": str(k_source),
-        "settings": {
-            "model": str(resolved.verifier),
-            "model_draft": str(resolved.draft) if draft else None,
-            "pair": resolved.name,
-            "drafter": drafting.drafter if drafter else None,
-            "draft_max": drafting.k.k if drafting.k.mode == "fixed" else drafting.k.mode,
-            "draft_p_min": drafting.p_min,
-            "draft_min": drafting.n_min,
-            "max_tokens": max_tokens,
-            **asdict(settings),
-            "seed": seed,
-            **asdict(load),
-            "raw": raw,
-            "rpc": [str(worker) for worker in load.rpc],
-            "placement": placement(verifier, draft),
-        },
+        "settings": _settings(prepared, drafter is not None, settings, max_tokens=max_tokens, seed=seed, raw=raw),
     }
     if json_output:
         out.write(json.dumps(result, ensure_ascii=False) + "\n")
@@ -105,6 +77,29 @@ def run_prompt(
         _report(stats, k_source, load, err_console, where=where_line(verifier, draft) if load.rpc else None)
     prepared.save_ngrams()  # after the answer is out: a failure here loses nothing written
     return result
+
+
+def _settings(
+    prepared: Prepared, drafted: bool, settings: SamplingSettings, *, max_tokens: int, seed: int, raw: bool
+) -> dict:
+    """What --json reports of the pair, the drafting and the loading."""
+    resolved, drafting, load = prepared.resolved, prepared.options, prepared.load
+    return {
+        "model": str(resolved.verifier),
+        "model_draft": str(resolved.draft) if prepared.draft else None,
+        "pair": resolved.name,
+        "drafter": drafting.drafter if drafted else None,
+        "draft_max": drafting.k.k if drafting.k.mode == "fixed" else drafting.k.mode,
+        "draft_p_min": drafting.p_min,
+        "draft_min": drafting.n_min,
+        "max_tokens": max_tokens,
+        **asdict(settings),
+        "seed": seed,
+        **asdict(load),
+        "raw": raw,
+        "rpc": [str(worker) for worker in load.rpc],
+        "placement": placement(prepared.verifier, prepared.draft),
+    }
 
 
 def _report(

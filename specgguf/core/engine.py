@@ -141,15 +141,7 @@ def speculate(
         room = min(verifier.n_ctx - len(context), drafter.room(len(context)), max_tokens - n_emitted - 1)
         k_step = max(0, min(policy.choose(drafter.next_source(context)), room))
         t0 = time.perf_counter()
-        step = DraftStep(
-            n_vocab=verifier.n_vocab,
-            settings=settings,
-            rng=rng,
-            keep_drafting=policy.keep_drafting,
-            # Siblings add up to one node per draft: only where the cache has room for them.
-            branch=policy.branch if policy.branches and 2 * k_step <= verifier.n_ctx - len(context) else None,
-        )
-        drafts = drafter.propose(context, k_step, step) if k_step else Drafts()
+        drafts = _propose(drafter, policy, context, k_step, verifier, settings, rng)
         t1 = time.perf_counter()
         # One batched pass over the pending token and the draft tree: row 0 scores what
         # follows the context, row 1 + i what follows draft node i's path (a chain: drafts[:i+1]).
@@ -162,23 +154,37 @@ def speculate(
         # Both caches keep the accepted path: all of the context but its newest token.
         verifier.keep_path(tree.kept(path))
         drafter.sync(context)
-        event = _event(
-            emitted,
-            drafts,
-            path,
-            target_logits[[tree.row(node) for node in [-1, *path]]],
-            tree.n_checked,
-            verifier,
-            n_emitted,
-            max_tokens,
-            StepSeconds(draft=t1 - t0, verify=t2 - t1, sample=time.perf_counter() - t2, prefill=prefill_seconds),
-        )
+        seconds = StepSeconds(draft=t1 - t0, verify=t2 - t1, sample=time.perf_counter() - t2, prefill=prefill_seconds)
+        event = _event(emitted, drafts, path, tree, target_logits, verifier, max_tokens - n_emitted, seconds)
         prefill_seconds, n_emitted = 0.0, n_emitted + len(event.tokens)
         policy.observe(event)
         yield event
         if event.stop:
             return
     yield _stop_event("context", prefill_seconds)
+
+
+def _propose(
+    drafter: Drafter,
+    policy: KPolicy,
+    context: list[int],
+    k: int,
+    verifier: Model,
+    settings: SamplingSettings,
+    rng: np.random.Generator,
+) -> Drafts:
+    """The drafter's proposal of up to k tokens (none at k = 0), asking the policy as it goes."""
+    if not k:
+        return Drafts()
+    step = DraftStep(
+        n_vocab=verifier.n_vocab,
+        settings=settings,
+        rng=rng,
+        keep_drafting=policy.keep_drafting,
+        # Siblings add up to one node per draft: only where the cache has room for them.
+        branch=policy.branch if policy.branches and 2 * k <= verifier.n_ctx - len(context) else None,
+    )
+    return drafter.propose(context, k, step)
 
 
 def _check(verifier: Model, prompt_tokens: Sequence[int], max_tokens: int) -> None:
@@ -263,19 +269,17 @@ def _event(
     emitted: list[int],
     drafts: Drafts,
     path: list[int],
+    tree: VerifyTree,
     target_logits: np.ndarray,
-    n_checked: int,
     verifier: Model,
-    n_emitted: int,
-    max_tokens: int,
+    tokens_left: int,
     seconds: StepSeconds,
 ) -> StepEvent:
-    """The step's event, complete: output up to an end-of-generation token, and why it stopped.
-    `target_logits` are the rows that scored `emitted`; `n_checked` is how many distinct draft
-    tokens the verifier scored."""
+    """The step's event, complete: output up to an end-of-generation token, and why it stopped
+    (`tokens_left`: how many the answer could still take before this step)."""
     eog_at = next((i for i, token in enumerate(emitted) if verifier.is_eog(token)), None)
     kept = emitted if eog_at is None else emitted[:eog_at]
-    stop = "eos" if eog_at is not None else "max_tokens" if n_emitted + len(kept) >= max_tokens else None
+    stop = "eos" if eog_at is not None else "max_tokens" if len(kept) >= tokens_left else None
     n_accepted, on_path, parents = len(path), set(path), drafts.tree()
     chain = [node for node in range(len(drafts.tokens)) if node not in drafts.sides]
     return StepEvent(
@@ -284,7 +288,7 @@ def _event(
         accepted=kept if eog_at is not None else kept[:n_accepted],
         rejected=[drafts.tokens[node] for node in chain if node not in on_path],
         verifier_token=None if eog_at is not None else kept[-1],
-        n_drafted=n_checked,
+        n_drafted=tree.n_checked,
         n_accepted=n_accepted,
         draft_seconds=seconds.draft,
         verify_seconds=seconds.verify,
@@ -294,8 +298,9 @@ def _event(
         draft_confidence=drafts.confidence,
         draft_catchup_seconds=drafts.catchup_seconds,
         stop=stop,
-        target_logits=target_logits[: len(kept)],
-        n_siblings=n_checked - len(chain),
+        # The rows that scored `emitted`: log-probabilities at no extra model cost.
+        target_logits=target_logits[[tree.row(node) for node in [-1, *path]]][: len(kept)],
+        n_siblings=tree.n_checked - len(chain),
         siblings_accepted=n_accepted - sum(node in on_path for node in chain),
         sides=[
             (runner_up, node in on_path)

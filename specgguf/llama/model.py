@@ -88,22 +88,11 @@ class LlamaModel:
         )
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        context_params = llama_cpp.llama_context_default_params()
-        context_params.n_ctx = n_ctx
-        context_params.n_batch = context_params.n_ubatch = n_batch
-        # Draft trees: one sequence per leaf, all in one KV cache (the context's cells are shared).
-        context_params.n_seq_max = MAX_TREE_LEAVES
-        context_params.kv_unified = True
-        # No -t: the thread count follows the machine's load (cores.py), checked as we decode.
+        # No -t: the thread count follows the machine's load (threads.py), checked as we decode.
         self._governor = shared_governor() if n_threads is None else None
         threads = n_threads if n_threads is not None else shared_governor().threads
-        context_params.n_threads = context_params.n_threads_batch = threads
         self.n_threads, self.n_gpu_layers = threads, n_gpu_layers  # what its speed depends on
-        with self._guard(f"while creating {self.path.name}'s context"), interruptible():
-            self._ctx = llama_cpp.llama_init_from_model(self._model, context_params)
-        if not self._ctx:
-            llama_cpp.llama_model_free(self._model)
-            raise ModelLoadError(f"{self.path}: could not create a context: {reason('out of memory?')}")
+        self._ctx: llama_cpp.llama_context_p | None = self._new_context(n_ctx=n_ctx, n_batch=n_batch, n_threads=threads)
         # llama.cpp may round the context up and caps the batch at it: use what it
         # really has, but never more context than the user asked for.
         self.n_ctx = min(n_ctx, llama_cpp.llama_n_ctx(self._ctx))
@@ -113,6 +102,21 @@ class LlamaModel:
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.cached: list[int] = []  # the tokens in the KV cache
         self.busy_seconds = 0.0  # time spent inside llama.cpp evaluating (for overhead figures)
+
+    def _new_context(self, *, n_ctx: int, n_batch: int, n_threads: int) -> llama_cpp.llama_context_p:
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = n_batch
+        # Draft trees: one sequence per leaf, all in one KV cache (the context's cells are shared).
+        params.n_seq_max = MAX_TREE_LEAVES
+        params.kv_unified = True
+        params.n_threads = params.n_threads_batch = n_threads
+        with self._guard(f"while creating {self.path.name}'s context"), interruptible():
+            context = llama_cpp.llama_init_from_model(self._model, params)
+        if not context:
+            llama_cpp.llama_model_free(self._model)
+            raise ModelLoadError(f"{self.path}: could not create a context: {reason('out of memory?')}")
+        return context
 
     @property
     def n_past(self) -> int:

@@ -23,15 +23,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ..conversation import Message, PromptCache, Prompts
 from ..core.drafters import DRAFTER_KINDS, DrafterKind
 from ..core.drafting import common_prefix
-from ..core.engine import FixedK, KPolicy, speculate
+from ..core.engine import FixedK, KPolicy
 from ..core.ngram_cache import SessionNgrams
 from ..core.sampling import SamplingSettings
-from ..core.stats import Generation, GenerationStats
+from ..core.stats import GenerationStats
 from ..errors import ContextFullError, PromptError, SpecggufError, UsageError
 from ..prepare import KChoice, Prepared
 from .text import AnswerText, TokenLogprob, token_logprobs
@@ -209,16 +207,8 @@ class Worker:
         answer = AnswerText(self.verifier.token_bytes, request.stops)
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_top, n_logprobs_sent = request.n_top_logprobs, 0
-        generation = Generation(
-            speculate(
-                verifier=self.verifier,
-                drafter=drafter,
-                prompt_tokens=prompt,
-                k=policy,
-                max_tokens=request.max_tokens,
-                settings=request.settings,
-                rng=np.random.default_rng(seed),
-            )
+        generation = self.prepared.generate(
+            prompt, drafter=drafter, policy=policy, max_tokens=request.max_tokens, settings=request.settings, seed=seed
         )
         try:
             for event in generation:
