@@ -40,10 +40,10 @@ lint: install
 	$(VENV)/bin/lint-imports --no-cache || status=1; exit $$status
 
 # A wheel, built once, holds every wing (a subpackage setuptools missed would only fail
-# for users), and installed on its own it answers `specgguf --help`.
+# for users), and installed on its own it answers `specgguf --help` and a prompt (default pair).
 wheel-check: install
 	rm -rf build/wheel && $(PY) -m pip wheel -q --no-deps -w build/wheel .
-	$(PY) scripts/check_wheel.py build/wheel/specgguf-*.whl
+	$(PY) scripts/check_wheel.py build/wheel/specgguf-*.whl --run
 
 test: install
 	@# pytest exits 5 when it collected nothing: count that as a failure.

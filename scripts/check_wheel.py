@@ -1,7 +1,8 @@
 """Check a built wheel: every package folder of the source tree is in it (with models.yaml), and the
-wheel installed on its own (into a scratch folder, no editable install in front) runs `specgguf --help`.
+wheel installed on its own (into a scratch folder, no editable install in front) runs `specgguf --help`
+and, with --run, answers a prompt with the default pair.
 
-    python scripts/check_wheel.py build/wheel/specgguf-*.whl
+    python scripts/check_wheel.py build/wheel/specgguf-*.whl [--run]
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def main(wheel: Path) -> int:
+def main(wheel: Path, *, run: bool) -> int:
     names = set(zipfile.ZipFile(wheel).namelist())
     packages = sorted(str(p.parent.relative_to(ROOT)) for p in (ROOT / "specgguf").rglob("__init__.py"))
     missing = [package for package in packages if f"{package}/__init__.py" not in names]
@@ -49,9 +50,16 @@ def main(wheel: Path) -> int:
         if result.returncode != 0 or "Usage" not in result.stdout:
             print(f"`specgguf --help` from the wheel failed:\n{result.stdout}{result.stderr}", file=sys.stderr)
             return 1
+        if run:
+            command = [sys.executable, "-m", "specgguf", "run", "-n", "16", "--temp", "0", "Say hello."]
+            result = subprocess.run(command, env=env, cwd=target, capture_output=True, text=True)
+            if result.returncode != 0 or not result.stdout.strip():
+                print(f"`specgguf run` from the wheel failed:\n{result.stdout}{result.stderr}", file=sys.stderr)
+                return 1
+            print(f"`specgguf run` from the wheel answered: {result.stdout.strip()[:60]!r}")
     print(f"{wheel.name}: {len(packages)} packages, {len(modules)} modules, models.yaml; `specgguf --help` runs")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(main(Path(sys.argv[1]), run="--run" in sys.argv[2:]))
