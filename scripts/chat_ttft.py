@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         resolved = resolve_pair(model=args.model, model_draft=args.model_draft, pair=args.pair)
-        verifier, draft = load_models(
+        verifier, draft, _ = load_models(
             resolved, LoadOptions(n_ctx=args.ctx_size, n_threads=args.threads), need_draft=True
         )
         k = args.draft_max if args.draft_max is not None else (resolved.recommended_k or 8)

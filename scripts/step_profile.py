@@ -48,10 +48,13 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=4)
     parser.add_argument("-n", type=int, default=128)
     parser.add_argument("--temp", type=float, default=0.0)
+    parser.add_argument("--draft-variant", default="original", help="auto, original or a variant (draft_variant.py)")
     parser.add_argument("prompt")
     args = parser.parse_args()
     pair = ResolvedPair(verifier=args.m, draft=args.md, name=None, recommended_k=None)
-    verifier, draft = load_models(pair, LoadOptions(n_ctx=2048), need_draft=True)
+    verifier, loaded, _ = load_models(pair, LoadOptions(n_ctx=2048, draft_variant=args.draft_variant), need_draft=True)
+    assert loaded is not None
+    draft = loaded
     tokens = Prompts(verifier).question(args.prompt, raw=False, system=None)
     calls: dict = {}
     count_calls(verifier, calls, "verifier")

@@ -30,6 +30,7 @@ from .core.kpolicy import K_MAX, AdaptiveK, PerSource, PolicyConfig, adaptive_po
 from .core.ngram_cache import SessionNgrams
 from .core.sampling import SamplingSettings
 from .core.stats import Generation
+from .draft_variant import AUTO, ORIGINAL, DraftChoice, choose
 from .errors import UsageError
 from .files.assets import cache_dir
 from .files.resolve import ResolvedPair
@@ -80,6 +81,7 @@ class LoadOptions:
     rpc: tuple[RpcWorker, ...] = ()  # the verifier's layers go to these workers
     rpc_draft: bool = False  # ... and the draft's too
     rpc_timeout: float = DEFAULT_TIMEOUT
+    draft_variant: str = "auto"  # the draft made for this machine (draft_variant.py): auto, original or a name
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,7 @@ class Prepared:
     draft: Any | None
     options: DraftOptions
     load: LoadOptions = field(default_factory=LoadOptions)  # how the pair was loaded
+    draft_choice: DraftChoice | None = None  # which draft file loaded, and why
     on_measure: Callable[[], None] | None = None  # called before costs are measured (to say so)
     _costs: MachineCosts | None = None
     # What followed each n-gram in everything this session read and generated (the n-gram and
@@ -242,8 +245,11 @@ class Prepared:
         )
 
 
-def load_models(resolved: ResolvedPair, options: LoadOptions, *, need_draft: bool):
-    """Load the verifier and (if drafting) the draft, refusing pairs llama.cpp would refuse."""
+def load_models(
+    resolved: ResolvedPair, options: LoadOptions, *, need_draft: bool, announce: Callable[[str], None] | None = None
+) -> tuple[Any, Any | None, DraftChoice | None]:
+    """Load the verifier and (if drafting) the draft, refusing pairs llama.cpp would refuse. The draft
+    is the one made for this machine unless --draft-variant says otherwise (draft_variant.py)."""
     from .llama.compat import ensure_compatible
     from .llama.model import LlamaModel  # llama.cpp loads only when a command needs it
 
@@ -256,17 +262,27 @@ def load_models(resolved: ResolvedPair, options: LoadOptions, *, need_draft: boo
         rpc_timeout=options.rpc_timeout,
     )
     if not need_draft or resolved.draft is None:
-        return verifier, None
-    draft = LlamaModel(
-        resolved.draft,
-        n_ctx=options.n_ctx,
-        n_threads=options.n_threads,
-        n_gpu_layers=options.n_gpu_layers_draft,
-        rpc_workers=options.rpc if options.rpc_draft else (),
-        rpc_timeout=options.rpc_timeout,
-    )
-    ensure_compatible(verifier.vocab_info(), draft.vocab_info())
-    return verifier, draft
+        return verifier, None, None
+
+    def load_draft(path: Path) -> Any:
+        return LlamaModel(
+            path,
+            n_ctx=options.n_ctx,
+            n_threads=options.n_threads,
+            n_gpu_layers=options.n_gpu_layers_draft,
+            rpc_workers=options.rpc if options.rpc_draft else (),
+            rpc_timeout=options.rpc_timeout,
+        )
+
+    original = load_draft(resolved.draft)  # the user's file: it must pair before anything is derived from it
+    ensure_compatible(verifier.vocab_info(), original.vocab_info())
+    if options.rpc and options.draft_variant == AUTO:
+        choice = DraftChoice(ORIGINAL, resolved.draft, "with --rpc the draft is used as given")
+    else:
+        original.close()
+        choice = choose(verifier, resolved.draft, options.draft_variant, load=load_draft, announce=announce)
+        original = load_draft(choice.path)
+    return verifier, original, choice
 
 
 def prepare(
@@ -280,9 +296,16 @@ def prepare(
     """Load the pair and learn its costs here. The draft model loads unless nothing will draft with
     it (`--drafter ngram`, or `-k 0` unless `keep_draft`: chat's /k can turn drafting on later)."""
     need_draft = DRAFTER_KINDS[drafting.drafter].needs_model and (keep_draft or not drafting.plain)
-    verifier, draft = load_models(resolved, load, need_draft=need_draft)
+    announce = None if on_measure is None else lambda _text: on_measure()
+    verifier, draft, choice = load_models(resolved, load, need_draft=need_draft, announce=announce)
     prepared = Prepared(
-        resolved=resolved, verifier=verifier, draft=draft, options=drafting, load=load, on_measure=on_measure
+        resolved=resolved,
+        verifier=verifier,
+        draft=draft,
+        options=drafting,
+        load=load,
+        draft_choice=choice,
+        on_measure=on_measure,
     )
     if drafting.keep_ngrams:
         path, key = ngram_file(resolved.verifier, verifier.n_vocab)

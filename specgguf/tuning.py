@@ -146,6 +146,73 @@ def store_seconds(key: str, costs: list[float]) -> None:
     _update_tuning(update)
 
 
+def draft_variant_key(draft: Path, verifier) -> str:
+    """The draft made for this machine is measured against one verifier, with its thread count."""
+    return (
+        model_key("draft_variant", draft, n_threads=verifier.n_threads, n_gpu_layers=0)
+        + "|"
+        + model_key("verifier", verifier.path, n_threads=verifier.n_threads, n_gpu_layers=verifier.n_gpu_layers)
+    )
+
+
+_CANDIDATE_FIELDS = {"name": str, "ms_per_token": float, "acceptance": float, "expected_tokens_per_second": float}
+
+
+def _valid_variant(value: object) -> str | None:
+    """What is wrong with a stored draft-variant choice, or None."""
+    if not isinstance(value, dict) or not isinstance(value.get("candidates"), list) or not value["candidates"]:
+        return "expected an object with a list of candidates"
+    for candidate in value["candidates"]:
+        if not isinstance(candidate, dict) or set(candidate) != set(_CANDIDATE_FIELDS):
+            return f"a candidate must have exactly {', '.join(_CANDIDATE_FIELDS)}"
+        for field, kind in _CANDIDATE_FIELDS.items():
+            number = kind is float and type(candidate[field]) in (int, float) and math.isfinite(candidate[field])
+            if not (isinstance(candidate[field], str) if kind is str else number and candidate[field] >= 0):
+                return f"candidate field {field!r} is {candidate[field]!r}"
+    from .llama.convert import DRAFT_VARIANTS
+
+    names = [candidate["name"] for candidate in value["candidates"]]
+    if value.get("choice") not in names or any(name != "original" and name not in DRAFT_VARIANTS for name in names):
+        return f"unknown variant in {value.get('choice')!r} / {names}"
+    return None
+
+
+def stored_draft_variant(key: str) -> dict | None:
+    """The draft variant measured best here for this draft and verifier, if the entry is valid."""
+    value = _machine_entries().get(key)
+    if value is None:
+        return None
+    if problem := _valid_variant(value):
+        _warn(f"{key}: {problem}")
+        return None
+    return value
+
+
+def stored_draft_variants(draft: Path, verifier: Path) -> list[tuple[str, dict]]:
+    """Every valid choice stored here for this draft file and verifier file: (threads, entry)."""
+    head = model_key("draft_variant", draft, n_threads=0, n_gpu_layers=0).split("|threads=")[0] + "|threads="
+    verifier_part = model_key("verifier", verifier, n_threads=0, n_gpu_layers=0).split("|threads=")[0] + "|threads="
+    found = []
+    for key, value in _machine_entries().items():
+        if key.startswith(head) and verifier_part in key and _valid_variant(value) is None:
+            found.append((key[len(head) :].split("|", 1)[0], value))
+    return found
+
+
+def keep_draft_variant(key: str, value: dict) -> None:
+    """Store the measured choice; an unwritable config folder costs a warning (measured again next time)."""
+
+    def update(data: dict) -> None:
+        data.setdefault(machine_id(), {})[key] = value
+
+    try:
+        _update_tuning(update)
+    except OSError as error:
+        sys.stderr.write(
+            f"specgguf: warning: could not keep the draft's measurement ({error}); measuring again next time\n"
+        )
+
+
 def _update_tuning(update) -> None:
     """Read, change and write back tuning.json: to a temporary file, then renamed, so a crash
     never truncates it."""

@@ -18,7 +18,7 @@ from ..conversation import Prompts
 from ..core import costs
 from ..core.drafters import DrafterKind, drafter_kind
 from ..core.kpolicy import K_MAX
-from ..errors import SpecggufError, UsageError
+from ..errors import SpecggufError, UsageError, terminal_safe
 from ..files.resolve import ResolvedPair
 from ..prepare import LoadOptions, load_models, placement, where_line
 from ..tuning import machine_id, store_measurement
@@ -185,6 +185,9 @@ def _show(
     for result, machine in zip(results, machines):
         if where:
             console.print(result["where"])
+        if result["draft_variant"] is not None:
+            variant = result["draft_variant"]
+            console.print(terminal_safe(f"draft: {variant['name']} ({variant['why']})"))
         console.print(_table(result))
         if len(kinds) > 1:
             console.print(_prompt_table(result, kinds))
@@ -215,7 +218,7 @@ def _measure_target(
     """Load one pair, measure its costs and every setting (storing the best K if `store`); its
     result and costs. `progress(text)` says what is going on, `progress(None)` counts a run."""
     progress(f"loading {target.label}")
-    verifier, draft = load_models(target.pair, load, need_draft=True)
+    verifier, draft, choice = load_models(target.pair, load, need_draft=True, announce=progress)
     prompts = Prompts(verifier)
     tokens = {kind: prompts.question(PROMPTS[kind], raw=False, system=None) for kind in plan.prompts}
     progress(f"{target.label}: verify cost by batch size")
@@ -244,12 +247,14 @@ def _measure_target(
         "placement": placement(verifier, draft),
         "where": where_line(verifier, draft),
         "draft": str(target.pair.draft),
+        "draft_variant": None if choice is None else {"name": choice.name, "file": str(choice.path), "why": choice.why},
         "settings": [s.report() for s in settings],
         "best_k": {str(t): b for t, b in best.items()},
         "verify_ms_by_batch": [round(seconds * 1000, 2) for seconds in machine.verify],
     }
     verifier.close()
-    draft.close()
+    if draft is not None:
+        draft.close()
     return result, machine
 
 

@@ -31,6 +31,7 @@ from ..conversation import Message, Prompts
 from ..core.engine import FixedK
 from ..core.ngram_cache import SessionNgrams
 from ..core.sampling import SamplingSettings
+from ..draft_variant import ORIGINAL, choose
 from ..errors import SpecggufError, UsageError
 from ..llama.threads import usable_cores
 from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, prepare
@@ -44,7 +45,8 @@ MEANING = (
     "prompt ingestion), as `bench` measures. llama.cpp plain: llama-completion's decode calls after the "
     "prompt / (their time + sampling time), from its llama_perf lines. llama.cpp K: "
     "llama-speculative-simple's 'decoded N tokens in X s'. specgguf default: the hybrid drafter with adaptive K "
-    "and a new n-gram cache each run, what `run` does with no K stored by `bench`. specgguf K: the draft model alone."
+    "and a new n-gram cache each run, with the draft made for this machine (--draft-variant auto), what `run` does "
+    "with no K stored by `bench`. specgguf K: the draft model alone, the same draft file as llama.cpp's."
 )
 
 
@@ -206,14 +208,20 @@ def _compare_target(
 ) -> dict:
     """One pair against llama.cpp's programs, every cell; `progress` as bench.command.says makes it."""
     progress(f"loading {target.label}")
-    prepared = prepare(target.pair, load, DraftOptions(), on_measure=lambda: progress(MEASURING))
+    # llama.cpp's columns and our fixed-K ones draft with the user's file; our default with the
+    # draft made for this machine, as `run` does (the same file when that measured best here).
+    given = dataclasses.replace(load, draft_variant=ORIGINAL)
+    prepared = prepare(target.pair, given, DraftOptions(), on_measure=lambda: progress(MEASURING))
+    default = prepared
     try:
+        default = _default_side(prepared, load, progress)
         progress(target.label)
         prompts = Prompts(prepared.verifier)
         tokens = {kind: prompts.question(PROMPTS[kind], raw=False, system=None) for kind in plan.prompts}
         assert load.n_threads is not None  # compare fixed it
         cells = _measure(
             prepared,
+            default,
             tools,
             plan,
             order,
@@ -223,20 +231,38 @@ def _compare_target(
             on_run=lambda: progress(None),
         )
     finally:
-        for model in (prepared.verifier, prepared.draft):
-            if model is not None:
-                model.close()
+        for model in {id(m): m for m in (prepared.verifier, prepared.draft, default.draft) if m is not None}.values():
+            model.close()
+    choice = default.draft_choice
     return {
         "pair": target.label,
         "verifier": str(target.pair.verifier),
         "draft": str(target.pair.draft),
+        "default_draft": None if choice is None else {"name": choice.name, "file": str(choice.path), "why": choice.why},
         "prompt_tokens": {k: len(t) for k, t in tokens.items()},
         "cells": [c.report(plan.ks) for c in cells],
     }
 
 
+def _default_side(prepared: Prepared, load: LoadOptions, progress: Callable[[str | None], None]) -> Prepared:
+    """The pair as `run` loads it: the same verifier, the draft --draft-variant chooses."""
+    from ..llama.model import LlamaModel
+
+    if prepared.draft is None or prepared.resolved.draft is None:
+        return prepared
+
+    def load_draft(path):
+        return LlamaModel(path, n_ctx=load.n_ctx, n_threads=load.n_threads)
+
+    choice = choose(prepared.verifier, prepared.resolved.draft, load.draft_variant, load=load_draft, announce=progress)
+    if choice.name == ORIGINAL:
+        return dataclasses.replace(prepared, draft_choice=choice)
+    return dataclasses.replace(prepared, draft=load_draft(choice.path), draft_choice=choice, _costs=None)
+
+
 def _measure(
     prepared: Prepared,
+    default: Prepared,
     tools: LlamaTools,
     plan: VsPlan,
     order: list[Column],
@@ -278,7 +304,7 @@ def _measure(
                         )
                     else:
                         stats = _our_run(
-                            prepared,
+                            default if column.k is None else prepared,
                             column,
                             tokens[kind],
                             temperature=temperature,

@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
+from .. import tuning
 from ..errors import terminal_safe
 from ..files.registry import ModelFile, Pair, Registry, load_registry
 from ..files.resolve import Role, find_local, resolve_model
@@ -103,7 +104,28 @@ def _notes(draft: Side, verifier: Side) -> list[Finding]:
             )
         )
     notes.append(_template_note(draft.chat_template, verifier.chat_template))
+    notes.append(_variant_note(draft.path, verifier.path))
     return notes
+
+
+def _variant_note(draft: Path, verifier: Path) -> Finding:
+    """Which draft `run` uses for this pair on this machine (--draft-variant auto), and why."""
+    from ..draft_variant import Candidate
+
+    measured = tuning.stored_draft_variants(draft, verifier)
+    if not measured:
+        return Finding(
+            "draft variant",
+            True,
+            "not measured here yet: `specgguf run` measures the re-quantized candidates on first use"
+            " (--draft-variant auto) and keeps the fastest",
+        )
+    lines = []
+    for threads, value in measured:
+        candidates = [Candidate(**entry) for entry in value["candidates"]]
+        described = "; ".join(candidate.describe() for candidate in candidates)
+        lines.append(f"{value['choice']} with {threads} threads (measured here: {described})")
+    return Finding("draft variant", True, " · ".join(lines))
 
 
 def _template_note(draft: str | None, verifier: str | None) -> Finding:

@@ -55,6 +55,14 @@ DraftPMin = Annotated[
 DraftMin = Annotated[
     int, typer.Option("--draft-min", min=0, help="Draft at least this many tokens before --draft-p-min can stop it.")
 ]
+DraftVariantName = Annotated[
+    str,
+    typer.Option(
+        "--draft-variant",
+        help="The draft file to use: auto (default: the draft re-quantized for this machine where that measured"
+        " faster here, measured once and kept), original (the file as given) or a variant: q4_0, q4_0-q8head, iq4_nl.",
+    ),
+]
 ForceSpec = Annotated[bool, typer.Option("--force-spec", help="Keep speculating even where it measured slower.")]
 DraftTree = Annotated[
     bool,
@@ -187,7 +195,9 @@ def load_options(
     err_console: Console,
     n_gpu_layers: int = 0,
     n_gpu_layers_draft: int = 0,
+    draft_variant: str = "auto",
 ) -> LoadOptions:
+    from ..draft_variant import parse_variant
     from ..llama.rpc import parse_workers
 
     workers = parse_workers(rpc) if rpc is not None else ()
@@ -201,6 +211,7 @@ def load_options(
         rpc=workers,
         rpc_draft=rpc_draft,
         rpc_timeout=rpc_timeout,
+        draft_variant=parse_variant(draft_variant),
     )
 
 
@@ -253,6 +264,7 @@ def pair_setup(
     force_spec: bool,
     keep_ngrams: bool,
     draft_tree: bool,
+    draft_variant: str,
     ctx_size: int,
     threads: int | None,
     n_gpu_layers: int,
@@ -275,6 +287,7 @@ def pair_setup(
         rpc_draft=rpc_draft,
         rpc_timeout=rpc_timeout,
         err_console=err_console,
+        draft_variant=draft_variant,
     )
     drafting = draft_options(
         draft_max,

@@ -74,7 +74,8 @@ def run_prompt(
         out.write(json.dumps(result, ensure_ascii=False) + "\n")
         out.flush()
     elif not quiet:
-        _report(stats, k_source, load, err_console, where=where_line(verifier, draft) if load.rpc else None)
+        where = where_line(verifier, draft) if load.rpc else None
+        _report(stats, k_source, load, err_console, where=where, draft=_made_here(prepared))
     prepared.save_ngrams()  # after the answer is out: a failure here loses nothing written
     return result
 
@@ -96,18 +97,41 @@ def _settings(
         **asdict(settings),
         "seed": seed,
         **asdict(load),
+        "draft_variant": _variant(prepared),  # asked and chosen
         "raw": raw,
         "rpc": [str(worker) for worker in load.rpc],
         "placement": placement(prepared.verifier, prepared.draft),
     }
 
 
+def _made_here(prepared: Prepared) -> str | None:
+    """'draft q4_0' on the stats line when a draft made for this machine ran."""
+    choice = prepared.draft_choice
+    return f"draft {choice.name}" if choice is not None and choice.name != "original" else None
+
+
+def _variant(prepared: Prepared) -> dict | None:
+    """Which draft file ran and why (--draft-variant), for --json."""
+    choice = prepared.draft_choice
+    if choice is None:
+        return None
+    asked = prepared.load.draft_variant
+    return {"asked": asked, "name": choice.name, "file": str(choice.path), "why": choice.why}
+
+
 def _report(
-    stats: GenerationStats, k_source: KSource, load: LoadOptions, err_console: Console, *, where: str | None = None
+    stats: GenerationStats,
+    k_source: KSource,
+    load: LoadOptions,
+    err_console: Console,
+    *,
+    where: str | None = None,
+    draft: str | None = None,
 ) -> None:
     if stats.stop == "context":
         err_console.print(f"stopped: the context ({load.n_ctx} tokens) is full; raise -c/--ctx-size", style="yellow")
-    err_console.print(Text(f"{stats.summary()} · {k_source}" + (f" · {where}" if where else ""), style="dim"))
+    extras = "".join(f" · {part}" for part in (draft, where) if part)
+    err_console.print(Text(f"{stats.summary()} · {k_source}{extras}", style="dim"))
     if k_source.adaptive and not k_source.decided and stats.n_steps >= 8 and stats.n_plain_steps > stats.n_steps / 2:
         err_console.print(
             "speculation was losing on this machine: most steps decoded plain"

@@ -12,6 +12,7 @@ from rich.console import Console
 from ..errors import CheckCouldNotRun, SpecggufError, UsageError
 from .options import (
     CtxSize,
+    DraftVariantName,
     Model,
     ModelDraft,
     PairName,
@@ -80,6 +81,7 @@ def bench(
     rpc_draft: RpcDraft = False,
     rpc_timeout: RpcTimeout = 60.0,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON report.")] = False,
+    draft_variant: DraftVariantName = "auto",
 ) -> None:
     """Measure plain vs speculative decoding side by side and print the ratios."""
     from ..bench.command import BenchTarget, bench as run_benchmark, f16_variant, make_plan
@@ -101,6 +103,7 @@ def bench(
         rpc_draft=rpc_draft,
         rpc_timeout=rpc_timeout,
         err_console=err_console,
+        draft_variant=draft_variant,
     )
     plan = make_plan(
         ks=draft_max,

@@ -338,3 +338,14 @@ def adaptive_policy(
     if spec.mixed:
         return PerSource({source: AdaptiveK(costs, config, source=source) for source in spec.sources})
     return AdaptiveK(costs, config, source=spec.sources[0])
+
+
+def expected_rate(costs: MachineCosts, acceptance: float, config: PolicyConfig = PolicyConfig()) -> float:
+    """Tokens per second a draft should give at its best fixed K ≥ 1, when each draft position is
+    accepted with probability `acceptance` given the ones before it were: max over k of E(k) / T(k),
+    E(k) = 1 + a + … + a^k, T(k) = k·t_draft + t_verify(k + 1). (It may be below plain decoding's
+    1 / t_verify(1): then this draft cannot win here, and a faster one comes closer.)"""
+    ks = np.arange(1, config.k_max + 1)
+    expected = np.cumsum(float(acceptance) ** np.arange(config.k_max + 1))[1:]
+    seconds = StepCosts(costs, config, draft_seconds=costs.draft).step(ks)
+    return float((expected / seconds).max())

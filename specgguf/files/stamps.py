@@ -42,6 +42,25 @@ def is_stamped(path: Path, sha256: str, *, stamp: Path) -> bool:
     return recorded == {"sha256": sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
+def stamped_sha256(path: Path, *, stamp: Path) -> str | None:
+    """The SHA-256 `stamp` recorded for `path`, if the file has not changed since (size, mtime)."""
+    try:
+        recorded, stat = json.loads(stamp.read_text()), path.stat()
+    except (OSError, ValueError):
+        return None
+    if not isinstance(recorded, dict) or (recorded.get("size"), recorded.get("mtime_ns")) != (
+        stat.st_size,
+        stat.st_mtime_ns,
+    ):
+        return None
+    digest = recorded.get("sha256")
+    return (
+        digest
+        if isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+        else None
+    )
+
+
 def write_stamp(path: Path, sha256: str, *, stamp: Path) -> None:
     stat = path.stat()
     stamp.parent.mkdir(parents=True, exist_ok=True)

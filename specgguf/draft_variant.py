@@ -1,0 +1,192 @@
+"""A draft made for this machine: the draft re-quantized to kernels this CPU runs fast, chosen by measurement.
+
+The acceptance rule is exact for any draft distribution, so a draft may be changed freely (the
+verifier's file never is). `llama/convert.py`'s `DRAFT_VARIANTS` are the candidates; each is
+derived once from the user's draft file into the cache folder (keyed by the file's SHA-256 and the
+variant; the user's file is never touched), and `calibrate` measures, on this machine, against
+this verifier:
+
+- its cost per draft token (a batch of one, logits read: what drafting pays), and
+- its acceptance: the chance a draft position is accepted given the ones before it were, from
+  greedy speculation at K = 4 on a short calibration set (code and prose);
+
+and scores each by the tokens per second it should give at its best fixed K, E(k) / T(k) with
+E(k) = (1 − a^(k+1)) / (1 − a) and T(k) = k·t_draft + t_verify(k + 1) (core/kpolicy.expected_rate).
+The best is kept in tuning.json with the machine's other costs; `--draft-variant auto` (the default)
+uses it, `original` the file as given, a name that variant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import tuning
+from .conversation import Prompts
+from .core.costs import PROBE_CONTEXT, MachineCosts, measure
+from .core.drafters import DraftSettings, build_drafter
+from .core.engine import FixedK, speculate
+from .core.kpolicy import expected_rate
+from .core.sampling import SamplingSettings
+from .errors import UsageError
+from .files.assets import cache_dir
+from .files.stamps import sha256_hex, stamped_sha256, write_stamp
+
+ORIGINAL = "original"
+AUTO = "auto"
+# Below this size a draft is used as given: its cost is llama.cpp's per-call overhead, not its weights.
+MIN_DERIVED_BYTES = 64 << 20
+# What auto measures: every variant but those too slow to make here (IQ4_NL's quantizer takes about a
+# minute for a 0.5B model on two cores; by name it is there for whoever wants to try it).
+AUTO_CANDIDATES = ("q4_0", "q4_0-q8head")
+CALIBRATION = (
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Explain in a few sentences how a hash table works.",
+)
+CALIBRATION_TOKENS = 48
+CALIBRATION_K = 4
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str  # ORIGINAL or a DRAFT_VARIANTS key
+    ms_per_token: float
+    acceptance: float  # per position, given the earlier ones accepted
+    expected_tokens_per_second: float
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: {self.ms_per_token:.1f} ms/token, acceptance {self.acceptance:.2f}"
+            f" → {self.expected_tokens_per_second:.1f} tok/s expected at its best K"
+        )
+
+
+@dataclass(frozen=True)
+class DraftChoice:
+    """Which draft file loads, and why (for the stats line, --json, `check` and `bench`)."""
+
+    name: str
+    path: Path
+    why: str
+    candidates: tuple[Candidate, ...] = ()
+
+
+def variant_names() -> tuple[str, ...]:
+    from .llama.convert import DRAFT_VARIANTS
+
+    return (AUTO, ORIGINAL, *DRAFT_VARIANTS)
+
+
+def parse_variant(text: str) -> str:
+    if text not in variant_names():
+        raise UsageError(f"--draft-variant must be one of {', '.join(variant_names())}, not {text!r}")
+    return text
+
+
+def derived_path(source: Path, name: str) -> Path:
+    """Where the variant of `source` lives: the cache folder, by the source's SHA-256 (hashed once;
+    a stamp beside the cache remembers it while the file's size and mtime stay the same)."""
+    folder = cache_dir() / "drafts"
+    stamp = folder / f"{hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:24]}.sha256"
+    digest = stamped_sha256(source, stamp=stamp)
+    if digest is None:
+        digest = sha256_hex(source)
+        write_stamp(source, digest, stamp=stamp)
+    return folder / f"{digest[:24]}-{name}.gguf"
+
+
+def derive(source: Path, name: str) -> Path:
+    """The variant of `source` in the cache, made now if it is not there yet."""
+    from .llama.convert import DRAFT_VARIANTS, requantize
+
+    variant = DRAFT_VARIANTS[name]
+    path = derived_path(source, name)
+    if not path.is_file():
+        requantize(source, path, ftype=variant.ftype, token_embedding=variant.token_embedding)
+    return path
+
+
+def _acceptance(verifier, draft) -> float:
+    """Per-position acceptance of `draft` against `verifier`: greedy, K fixed, on the calibration set."""
+    prompts = Prompts(verifier)
+    accepted = tested = 0
+    for question in CALIBRATION:
+        tokens = prompts.question(question, raw=False, system=None)
+        events = speculate(
+            verifier=verifier,
+            drafter=build_drafter("model", draft, DraftSettings()),
+            prompt_tokens=tokens,
+            k=FixedK(CALIBRATION_K),
+            max_tokens=CALIBRATION_TOKENS,
+            settings=SamplingSettings(temperature=0.0),
+            rng=np.random.default_rng(0),
+        )
+        for event in events:
+            accepted += event.n_accepted
+            # A position is tested only if the ones before it were accepted: the first rejection ends it.
+            tested += min(event.n_accepted + 1, event.n_drafted)
+    verifier.rewind(0)
+    return accepted / tested if tested else 0.0
+
+
+def calibrate(
+    verifier,
+    source: Path,
+    verify: tuple[float, ...],
+    *,
+    names: tuple[str, ...],
+    load: Callable[[Path], Any],
+    on_step: Callable[[str], None] | None = None,
+) -> list[Candidate]:
+    """Measure the original draft and each variant in `names` here, against `verifier` (whose verify
+    costs by batch size are `verify`); `load(path)` loads a draft model (closed after)."""
+    candidates = []
+    for name in (ORIGINAL, *names):
+        if on_step is not None:
+            on_step(name)
+        path = source if name == ORIGINAL else derive(source, name)
+        draft = load(path)
+        try:
+            (seconds,) = measure(draft, max_batch=1, repeats=5, context=PROBE_CONTEXT, statistic=min)
+            acceptance = _acceptance(verifier, draft)
+        finally:
+            draft.close()
+        rate = expected_rate(MachineCosts(verify, seconds), acceptance)
+        candidates.append(Candidate(name, round(seconds * 1000, 3), round(acceptance, 4), round(rate, 2)))
+    return candidates
+
+
+def choose(
+    verifier,
+    source: Path,
+    requested: str,
+    *,
+    load: Callable[[Path], Any],
+    announce: Callable[[str], None] | None = None,
+) -> DraftChoice:
+    """The draft file to load for `requested` (auto, original or a variant's name)."""
+    if requested == ORIGINAL:
+        return DraftChoice(ORIGINAL, source, "--draft-variant original")
+    if requested != AUTO:
+        return DraftChoice(requested, derive(source, requested), f"--draft-variant {requested}")
+    if source.stat().st_size < MIN_DERIVED_BYTES:
+        return DraftChoice(ORIGINAL, source, "a small draft is used as given")
+    key = tuning.draft_variant_key(source, verifier)
+    stored = tuning.stored_draft_variant(key)
+    if stored is None:
+        if announce is not None:
+            announce("making a draft for this machine (once; measured and kept in tuning.json)")
+        verify = tuning.probe(verifier).verify
+        candidates = calibrate(verifier, source, verify, names=AUTO_CANDIDATES, load=load)
+        best = max(candidates, key=lambda candidate: candidate.expected_tokens_per_second)
+        stored = {"choice": best.name, "candidates": [vars(candidate) for candidate in candidates]}
+        tuning.keep_draft_variant(key, stored)
+    measured = tuple(Candidate(**entry) for entry in stored["candidates"])
+    best = next(candidate for candidate in measured if candidate.name == stored["choice"])
+    path = source if best.name == ORIGINAL else derive(source, best.name)
+    return DraftChoice(best.name, path, f"measured here: {best.describe()}", measured)
