@@ -1,7 +1,8 @@
 """A draft made for this machine: the draft re-quantized to kernels this CPU runs fast, chosen by measurement.
 
 The acceptance rule is exact for any draft distribution, so a draft may be changed freely (the
-verifier's file never is). `llama/convert.py`'s `DRAFT_VARIANTS` are the candidates; each is
+verifier's file never is). `llama/convert.py`'s `DRAFT_VARIANTS` are the candidates, each
+optionally with a hot vocabulary cut from it (`+hot32k`: files/hot_vocab.py); each is
 derived once from the user's draft file into the cache folder (keyed by the file's SHA-256 and the
 variant; the user's file is never touched), and `calibrate` measures, on this machine, against
 this verifier:
@@ -31,9 +32,11 @@ from .conversation import Prompts
 from .core.costs import PROBE_CONTEXT, MachineCosts, measure
 from .core.drafters import DraftSettings, build_drafter
 from .core.engine import FixedK, speculate
+from .core.hot_vocab import HotVocab
 from .core.kpolicy import expected_rate
 from .core.sampling import SamplingSettings
-from .errors import UsageError
+from .errors import ModelLoadError, UsageError
+from .files import hot_vocab
 from .files.assets import cache_dir
 from .files.stamps import sha256_hex, stamped_sha256, write_stamp
 
@@ -43,7 +46,9 @@ AUTO = "auto"
 MIN_DERIVED_BYTES = 64 << 20
 # What auto measures: every variant but those too slow to make here (IQ4_NL's quantizer takes about a
 # minute for a 0.5B model on two cores; by name it is there for whoever wants to try it).
-AUTO_CANDIDATES = ("q4_0", "q4_0-q8head")
+AUTO_CANDIDATES = ("q4_0", "q4_0-q8head", "q4_0+hot32k")
+# A hot vocabulary (files/hot_vocab.py) of this many thousand tokens may follow any base: "q4_0+hot32k".
+HOT_SIZES = (16, 32, 64)
 CALIBRATION = (
     "Write a Python function that merges two sorted lists into one sorted list.",
     "Explain in a few sentences how a hash table works.",
@@ -82,9 +87,21 @@ def variant_names() -> tuple[str, ...]:
     return (AUTO, ORIGINAL, *DRAFT_VARIANTS)
 
 
+def split(name: str) -> tuple[str, int | None]:
+    """ "q4_0+hot32k" -> ("q4_0", 32768); "q4_0" -> ("q4_0", None)."""
+    base, _, hot = name.partition("+")
+    return base, int(hot[3:-1]) * 1024 if hot else None
+
+
 def parse_variant(text: str) -> str:
-    if text not in variant_names():
-        raise UsageError(f"--draft-variant must be one of {', '.join(variant_names())}, not {text!r}")
+    base, _, hot = text.partition("+")
+    hot_ok = not hot or hot in {f"hot{size}k" for size in HOT_SIZES}
+    if base not in variant_names() or not hot_ok or (hot and base == AUTO):
+        sizes = "/".join(f"hot{size}k" for size in HOT_SIZES)
+        raise UsageError(
+            f"--draft-variant must be one of {', '.join(variant_names())}, optionally with +{sizes}"
+            f" (e.g. q4_0+hot32k), not {text!r}"
+        )
     return text
 
 
@@ -101,14 +118,27 @@ def derived_path(source: Path, name: str) -> Path:
 
 
 def derive(source: Path, name: str) -> Path:
-    """The variant of `source` in the cache, made now if it is not there yet."""
+    """The variant of `source` in the cache, made now if it is not there yet (a hot vocabulary is cut
+    from its base, which is made first)."""
     from .llama.convert import DRAFT_VARIANTS, requantize
 
-    variant = DRAFT_VARIANTS[name]
+    base, n_hot = split(name)
     path = derived_path(source, name)
+    if n_hot is not None:
+        if not path.is_file() or not hot_vocab.sidecar(path).is_file():
+            hot_vocab.build(source if base == ORIGINAL else derive(source, base), path, n_hot=n_hot)
+        return path
+    variant = DRAFT_VARIANTS[name]
     if not path.is_file():
         requantize(source, path, ftype=variant.ftype, token_embedding=variant.token_embedding)
     return path
+
+
+def open_draft(path: Path, load: Callable[[Path], Any]) -> Any:
+    """The draft model at `path`; a hot-vocabulary file is seen over the whole vocabulary."""
+    model = load(path)
+    maps = hot_vocab.load_maps(path)
+    return model if maps is None else HotVocab(model, *maps)
 
 
 def _acceptance(verifier, draft) -> float:
@@ -149,8 +179,11 @@ def calibrate(
     for name in (ORIGINAL, *names):
         if on_step is not None:
             on_step(name)
-        path = source if name == ORIGINAL else derive(source, name)
-        draft = load(path)
+        try:
+            path = source if name == ORIGINAL else derive(source, name)
+        except ModelLoadError:  # not for this file (a hot vocabulary as large as its whole vocabulary)
+            continue
+        draft = open_draft(path, load)
         try:
             (seconds,) = measure(draft, max_batch=1, repeats=5, context=PROBE_CONTEXT, statistic=min)
             acceptance = _acceptance(verifier, draft)

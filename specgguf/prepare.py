@@ -30,7 +30,7 @@ from .core.kpolicy import K_MAX, AdaptiveK, PerSource, PolicyConfig, adaptive_po
 from .core.ngram_cache import SessionNgrams
 from .core.sampling import SamplingSettings
 from .core.stats import Generation
-from .draft_variant import AUTO, ORIGINAL, DraftChoice, choose
+from .draft_variant import AUTO, ORIGINAL, DraftChoice, choose, open_draft
 from .errors import UsageError
 from .files.assets import cache_dir
 from .files.resolve import ResolvedPair
@@ -281,7 +281,7 @@ def load_models(
     else:
         original.close()
         choice = choose(verifier, resolved.draft, options.draft_variant, load=load_draft, announce=announce)
-        original = load_draft(choice.path)
+        original = open_draft(choice.path, load_draft)
     return verifier, original, choice
 
 

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -172,7 +173,8 @@ def _valid_variant(value: object) -> str | None:
     from .llama.convert import DRAFT_VARIANTS
 
     names = [candidate["name"] for candidate in value["candidates"]]
-    if value.get("choice") not in names or any(name != "original" and name not in DRAFT_VARIANTS for name in names):
+    known = "|".join(re.escape(name) for name in ("original", *DRAFT_VARIANTS))
+    if value.get("choice") not in names or not all(re.fullmatch(rf"({known})(\+hot\d+k)?", name) for name in names):
         return f"unknown variant in {value.get('choice')!r} / {names}"
     return None
 

@@ -6,14 +6,22 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 
 from specgguf import draft_variant, tuning
 from specgguf.core.costs import MachineCosts
+from specgguf.core.engine import speculate
+from specgguf.core.hot_vocab import HotVocab
 from specgguf.core.kpolicy import expected_rate
+from specgguf.core.model_drafter import ModelDrafter
+from specgguf.core.sampling import SamplingSettings
+from specgguf.errors import ModelLoadError, UsageError
+from specgguf.files import hot_vocab
 from specgguf.llama.convert import DRAFT_VARIANTS
 from specgguf.llama.model import LlamaModel
-from test_backend import _check_greedy_per_step
+from test_backend import RecordingModel, _check_greedy_per_step
+from tiny_gguf import write_tiny_llama
 
 
 @pytest.fixture
@@ -72,7 +80,8 @@ def test_auto_measures_once_keeps_the_choice_and_then_reuses_it(cache, tiny_veri
     said = []
     first = draft_variant.choose(verifier, tiny_draft, "auto", load=_load, announce=said.append)
     assert said and first.name in ("original", *draft_variant.AUTO_CANDIDATES)
-    assert {c.name for c in first.candidates} == {"original", *draft_variant.AUTO_CANDIDATES}
+    # Every candidate this file can have: its vocabulary is too small for a hot one.
+    assert {c.name for c in first.candidates} == {"original", "q4_0", "q4_0-q8head"}
     best = max(first.candidates, key=lambda c: c.expected_tokens_per_second)
     assert first.name == best.name and "measured here" in first.why
     assert all(0 <= c.acceptance <= 1 and c.ms_per_token > 0 for c in first.candidates)
@@ -121,5 +130,88 @@ def test_an_unknown_variant_is_one_line(cli, tiny_verifier, tiny_draft):
     result = cli("run", "-m", tiny_verifier, "-md", tiny_draft, "--draft-variant", "q3_x", "the")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"specgguf: error: --draft-variant must be one of auto, original, {', '.join(DRAFT_VARIANTS)}, not 'q3_x'"
+        f"specgguf: error: --draft-variant must be one of auto, original, {', '.join(DRAFT_VARIANTS)}, optionally"
+        " with +hot16k/hot32k/hot64k (e.g. q4_0+hot32k), not 'q3_x'"
     ]
+
+
+# --- a hot-vocabulary draft (files/hot_vocab.py, core/hot_vocab.py) ---
+@pytest.fixture(scope="module")
+def wide_pair(tmp_path_factory):
+    """A tiny pair with a vocabulary large enough to cut (2048 tokens)."""
+    folder = tmp_path_factory.mktemp("wide")
+    verifier = write_tiny_llama(folder / "verifier.gguf", base_seed=7, n_vocab=2048)
+    draft = write_tiny_llama(folder / "draft.gguf", base_seed=7, seed=1, noise=0.05, n_vocab=2048)
+    return verifier, draft
+
+
+def test_the_feed_map_reads_a_cold_token_as_its_longest_kept_prefix():
+    tokens = ["a", "con", "config", "configuration", "zebra", "x"]
+    ids = np.array([0, 1, 2, 5])  # "configuration" and "zebra" are cut
+    feed = hot_vocab.feed_map(tokens, ids)
+    assert feed.tolist() == [0, 1, 2, 2, 0, 3]  # "configuration" as "config"; "zebra" has no prefix: the first
+
+
+def test_a_hot_vocabulary_file_loads_keeps_the_specials_and_scores_only_its_tokens(cache, wide_pair):
+    _, draft = wide_pair
+    path = hot_vocab.build(draft, cache / "hot.gguf", n_hot=1024)
+    ids, feed = hot_vocab.load_maps(path)
+    assert len(ids) == 1024 and {0, 1, 2} <= set(ids.tolist())  # unknown, BOS, EOS kept
+    assert (ids[feed[ids]] == ids).all()  # a kept token is read as itself
+    inner = LlamaModel(path, n_ctx=128, n_threads=1)
+    assert inner.n_vocab == 1024
+    original = LlamaModel(draft, n_ctx=128, n_threads=1)
+    for token in (1, 2):
+        assert inner.token_bytes(int(feed[token])) == original.token_bytes(token)
+    model = HotVocab(inner, ids, feed)
+    logits = model.eval([1, 300, 1500], n_logits=1)[0]
+    assert logits.shape == (2048,) and np.isneginf(logits[np.setdiff1d(np.arange(2048), ids)]).all()
+    assert np.isfinite(logits[ids]).all() and model.cached == [1, 300, 1500] and inner.n_past == 3
+    assert model.is_eog(2) and not model.is_eog(1500)
+    model.close()
+    original.close()
+
+
+def test_a_hot_vocabulary_draft_is_lossless(cache, wide_pair):
+    """Greedy: every emitted token is the verifier's argmax for its context, though the draft cannot
+    propose most of the vocabulary."""
+    verifier_path, draft_path = wide_pair
+    path = hot_vocab.build(draft_path, cache / "hot.gguf", n_hot=1024)
+    verifier = RecordingModel(LlamaModel(verifier_path, n_ctx=256, n_threads=1))
+    draft = draft_variant.open_draft(path, _load)
+    tokens = verifier.tokenize("the cat was there", special=False)
+    events = list(
+        speculate(
+            verifier=verifier,
+            drafter=ModelDrafter(draft),
+            prompt_tokens=tokens,
+            k=4,
+            max_tokens=40,
+            settings=SamplingSettings(temperature=0.0),
+            rng=np.random.default_rng(0),
+        )
+    )
+    scored = {tuple(context): row for context, row in verifier.rows}
+    context = list(tokens)
+    for token in (t for event in events for t in event.tokens):
+        assert token == int(np.argmax(scored[tuple(context)]))
+        context.append(token)
+    assert sum(event.n_drafted for event in events) > 0
+    assert draft.cached == context[: draft.n_past]
+    verifier.model.close()
+    draft.close()
+
+
+def test_a_damaged_id_map_is_one_clear_error(cache, wide_pair):
+    path = hot_vocab.build(wide_pair[1], cache / "hot.gguf", n_hot=1024)
+    np.savez(hot_vocab.sidecar(path), ids=np.array([5000]), feed=np.zeros(2048, dtype=np.int64))
+    with pytest.raises(ModelLoadError, match="do not fit"):
+        hot_vocab.load_maps(path)
+
+
+def test_hot_variants_are_named_by_size(cache, tiny_draft):
+    assert draft_variant.parse_variant("q4_0+hot32k") == "q4_0+hot32k"
+    assert draft_variant.split("q4_0+hot32k") == ("q4_0", 32768)
+    for bad in ("q4_0+hot7k", "auto+hot32k", "q4_0+cold"):
+        with pytest.raises(UsageError):
+            draft_variant.parse_variant(bad)

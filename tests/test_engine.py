@@ -9,6 +9,7 @@ from scipy.stats import chisquare
 from fakes import FakeModel, one_hot_logits
 from specgguf.core.costs import MachineCosts
 from specgguf.core.engine import FixedK, speculate
+from specgguf.core.hot_vocab import HotVocab
 from specgguf.core.hybrid_drafter import HybridDrafter
 from specgguf.core.kpolicy import PolicyConfig, adaptive_policy
 from specgguf.core.model_drafter import ModelDrafter
@@ -160,6 +161,10 @@ def _markov_table(seed):
     return np.log(np.random.default_rng(seed).dirichlet(np.ones(MARKOV_VOCAB), size=MARKOV_VOCAB))
 
 
+HOT_IDS = np.array([0, 2])  # a hot-vocabulary draft: token 1 is outside it (q = 0) ...
+HOT_FEED = np.array([0, 0, 1])  # ... and read as token 0 where it is in the context
+
+
 def _drafter(kind, draft_model):
     if kind == "model":
         return ModelDrafter(draft_model)
@@ -220,7 +225,11 @@ def _sequence_p_value(kind, policy, seed, n_sequences=20_000):
     target_table, draft_table = _markov_table(1), _markov_table(2)
     settings = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     verifier = FakeModel(lambda context: target_table[context[-1]], n_vocab=MARKOV_VOCAB)
-    drafter = _drafter(kind, FakeModel(lambda context: draft_table[context[-1]], n_vocab=MARKOV_VOCAB))
+    if kind == "hot":  # the draft over HOT_IDS only, as core/hot_vocab.HotVocab shows it to the loop
+        inner = FakeModel(lambda context: draft_table[HOT_IDS[context[-1]]][HOT_IDS], n_vocab=len(HOT_IDS))
+        drafter = ModelDrafter(HotVocab(inner, HOT_IDS, HOT_FEED))
+    else:
+        drafter = _drafter(kind, FakeModel(lambda context: draft_table[context[-1]], n_vocab=MARKOV_VOCAB))
     rng = np.random.default_rng(seed)
     counts = np.zeros((MARKOV_VOCAB,) * SEQUENCE_LENGTH)
     sources = set()
@@ -248,6 +257,7 @@ def _sequence_p_value(kind, policy, seed, n_sequences=20_000):
     "kind, policy",
     [
         ("model", FixedK(3)),
+        ("hot", FixedK(3)),
         ("ngram", FixedK(3)),
         ("hybrid", FixedK(3)),
         ("model", ConfidenceStop()),
@@ -258,6 +268,7 @@ def _sequence_p_value(kind, policy, seed, n_sequences=20_000):
     ],
     ids=[
         "model",
+        "hot-vocabulary",
         "ngram",
         "hybrid",
         "model-confidence-stop",
@@ -270,7 +281,7 @@ def _sequence_p_value(kind, policy, seed, n_sequences=20_000):
 def test_sampled_sequences_follow_the_verifiers_joint_distribution(kind, policy):
     p_value, sources = _sequence_p_value(kind, policy, seed=5)
     assert p_value > 1e-4
-    assert sources == {"model": {"model"}, "ngram": {"ngram"}, "hybrid": {"model", "ngram"}}[kind]
+    assert sources == {"model": {"model"}, "hot": {"model"}, "ngram": {"ngram"}, "hybrid": {"model", "ngram"}}[kind]
     if isinstance(policy, Siblings):
         assert policy.taken == {True, False}  # siblings were both taken and refused
     elif isinstance(policy, ConfidenceStop):
@@ -316,4 +327,27 @@ def test_the_wrong_tree_rule_fails_the_loops_distribution_check(monkeypatch):
 
     monkeypatch.setattr(specgguf.core.engine, "accept_tree", _wrong_tree_rule)
     p_value, _ = _sequence_p_value("model", AlwaysBranch(3), seed=6)
+    assert p_value < 1e-12
+
+
+@pytest.mark.slow
+def test_a_verifier_masked_to_the_drafts_vocabulary_fails_the_hot_vocabulary_check(monkeypatch):
+    """The control for the hot-vocabulary case: the bug vocabulary trimming invites, the verifier's
+    distribution cut to the tokens the draft can propose, must fail the same check."""
+    import specgguf.core.engine
+    from specgguf.core.sampling import accept_tree
+
+    def masked(*, target_probs, draft_probs, draft_tokens, parents, rng):
+        support = draft_probs[0] > 0 if len(draft_probs) else True  # no drafts: nothing to cut to
+
+        def cut(node):
+            p = target_probs(node) * support
+            return p / p.sum()
+
+        return accept_tree(
+            target_probs=cut, draft_probs=draft_probs, draft_tokens=draft_tokens, parents=parents, rng=rng
+        )
+
+    monkeypatch.setattr(specgguf.core.engine, "accept_tree", masked)
+    p_value, _ = _sequence_p_value("hot", FixedK(3), seed=7)
     assert p_value < 1e-12

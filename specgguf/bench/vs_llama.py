@@ -31,7 +31,7 @@ from ..conversation import Message, Prompts
 from ..core.engine import FixedK
 from ..core.ngram_cache import SessionNgrams
 from ..core.sampling import SamplingSettings
-from ..draft_variant import ORIGINAL, choose
+from ..draft_variant import ORIGINAL, choose, open_draft
 from ..errors import SpecggufError, UsageError
 from ..llama.threads import usable_cores
 from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, prepare
@@ -257,7 +257,7 @@ def _default_side(prepared: Prepared, load: LoadOptions, progress: Callable[[str
     choice = choose(prepared.verifier, prepared.resolved.draft, load.draft_variant, load=load_draft, announce=progress)
     if choice.name == ORIGINAL:
         return dataclasses.replace(prepared, draft_choice=choice)
-    return dataclasses.replace(prepared, draft=load_draft(choice.path), draft_choice=choice, _costs=None)
+    return dataclasses.replace(prepared, draft=open_draft(choice.path, load_draft), draft_choice=choice, _costs=None)
 
 
 def _measure(

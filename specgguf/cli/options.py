@@ -60,7 +60,8 @@ DraftVariantName = Annotated[
     typer.Option(
         "--draft-variant",
         help="The draft file to use: auto (default: the draft re-quantized for this machine where that measured"
-        " faster here, measured once and kept), original (the file as given) or a variant: q4_0, q4_0-q8head, iq4_nl.",
+        " faster here, measured once and kept), original (the file as given) or a variant: q4_0, q4_0-q8head,"
+        " iq4_nl, each optionally with a hot vocabulary (+hot16k, +hot32k, +hot64k: e.g. q4_0+hot32k).",
     ),
 ]
 ForceSpec = Annotated[bool, typer.Option("--force-spec", help="Keep speculating even where it measured slower.")]

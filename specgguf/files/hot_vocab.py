@@ -1,0 +1,128 @@
+"""A hot-vocabulary draft: a copy of a draft GGUF whose vocabulary is cut to its H most frequent tokens.
+
+A small draft spends a large share of each token on its output head (151,936 rows for Qwen2.5),
+yet almost every right draft is one of a few tens of thousands of tokens. A draft that scores only
+those stays lossless: a token it cannot propose has q = 0, and the verifier still supplies it
+(FR-Spec, VocabTrim; SGLang ships it as a token map).
+
+- Which tokens: the special tokens, then the lowest ids. A BPE vocabulary's ids follow its merge
+  order, which is the tokenizer's own frequency ranking on its training corpus; how much of a
+  verifier's output the cut keeps is measured (draft_variant.py), not assumed.
+- The file: the same GGUF (gguf-py reads and writes it, tensors copied byte for byte) with
+  `token_embd.weight` and `output.weight` cut to the kept rows, the token list, types and scores
+  cut alike, and every `tokenizer.ggml.*_token_id` renumbered.
+- Beside it, `<file>.ids.npz`: `ids` (draft id -> verifier id) and `feed` (verifier id -> the draft
+  id it is read as). A token outside the hot set that appears in the context is read as the hot
+  token whose text is its longest prefix (" configuration" as " config"), else as the first kept
+  token: the draft then sees a near-miss where the text has a rare token, which costs acceptance
+  there, never correctness. (Feeding such tokens' own embedding rows through `llama_batch.embd`
+  would cost that acceptance back; it is not done.)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ModelLoadError
+
+CONTROL_TYPES = (2, 3, 4, 5)  # unknown, control, user-defined, unused: kept whatever their id
+CUT_TENSORS = ("token_embd.weight", "output.weight")
+MIN_ROWS = 1024
+
+
+def sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".ids.npz")
+
+
+def hot_ids(token_types: np.ndarray, n_hot: int) -> np.ndarray:
+    """The kept verifier ids, in order: every special token, then the lowest ids up to n_hot in all."""
+    special = np.flatnonzero(np.isin(token_types, CONTROL_TYPES))
+    rest = np.setdiff1d(np.arange(len(token_types)), special)[: max(0, n_hot - len(special))]
+    return np.union1d(special, rest).astype(np.int64)
+
+
+def feed_map(tokens: list[str], ids: np.ndarray) -> np.ndarray:
+    """verifier id -> draft id: its own where kept, else the kept token that is its longest prefix."""
+    position = {tokens[i]: d for d, i in enumerate(ids.tolist())}
+    feed = np.zeros(len(tokens), dtype=np.int64)
+    longest = max(len(text) for text in position)
+    for token, text in enumerate(tokens):
+        draft_id = position.get(text)
+        cut = min(len(text) - 1, longest)
+        while draft_id is None and cut > 0:
+            draft_id = position.get(text[:cut])
+            cut -= 1
+        feed[token] = 0 if draft_id is None else draft_id
+    return feed
+
+
+def build(source: Path, destination: Path, *, n_hot: int) -> Path:
+    """Write the hot-vocabulary copy of `source` as `destination` (and its id maps beside it), through
+    partial files renamed at the end."""
+    import gguf  # read and written with llama.cpp's own GGUF library
+
+    reader = gguf.GGUFReader(str(source))
+    fields = reader.fields
+    try:
+        tokens = [str(t) for t in fields["tokenizer.ggml.tokens"].contents()]
+        types = np.asarray(fields["tokenizer.ggml.token_type"].contents(), dtype=np.int64)
+        arch = str(fields["general.architecture"].contents())
+    except KeyError as missing:
+        raise ModelLoadError(f"{source.name}: no {missing} in its metadata; a hot vocabulary needs it") from None
+    if n_hot < MIN_ROWS or n_hot >= len(tokens):
+        raise ModelLoadError(f"{source.name}: a hot vocabulary of {n_hot} of {len(tokens)} tokens makes no sense")
+    ids = hot_ids(types, n_hot)
+    renumber = {int(old): new for new, old in enumerate(ids.tolist())}
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    partial = destination.with_name(destination.name + ".incomplete")
+    writer = gguf.GGUFWriter(str(partial), arch)
+    for field in fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        value = field.contents()
+        if field.name in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+            value = [value[i] for i in ids.tolist()]
+        elif field.name.startswith("tokenizer.ggml.") and field.name.endswith("_token_id"):
+            if int(value) not in renumber:
+                continue  # a special id outside the vocabulary it names: left out, as llama.cpp would ignore it
+            value = renumber[int(value)]
+        elif field.name == f"{arch}.vocab_size":
+            value = len(ids)
+        writer.add_key_value(field.name, value, kind, sub_type=sub)
+    tensors = [(t, t.data[ids] if t.name in CUT_TENSORS else t.data) for t in reader.tensors]
+    for tensor, data in tensors:
+        writer.add_tensor_info(tensor.name, data.shape, data.dtype, data.nbytes, tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for _, data in tensors:
+        writer.write_tensor_data(np.ascontiguousarray(data), tensor_endianess=reader.endianess)
+    writer.close()
+    maps = sidecar(destination)
+    partial_maps = maps.with_name(maps.name + ".incomplete.npz")
+    np.savez(partial_maps, ids=ids, feed=feed_map(tokens, ids))
+    os.replace(partial_maps, maps)
+    os.replace(partial, destination)
+    return destination
+
+
+def load_maps(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ids, feed) for a hot-vocabulary draft, None for any other file; a damaged map is refused."""
+    maps = sidecar(path)
+    if not maps.is_file():
+        return None
+    try:
+        with np.load(maps, allow_pickle=False) as data:
+            ids, feed = np.asarray(data["ids"], dtype=np.int64), np.asarray(data["feed"], dtype=np.int64)
+    except (OSError, KeyError, ValueError) as error:
+        raise ModelLoadError(f"{maps}: not a hot-vocabulary map ({error}); delete it to rebuild") from None
+    if ids.ndim != 1 or feed.ndim != 1 or not len(ids) or ids.min() < 0 or ids.max() >= len(feed):
+        raise ModelLoadError(f"{maps}: its ids do not fit its vocabulary; delete it to rebuild")
+    if feed.min() < 0 or feed.max() >= len(ids):
+        raise ModelLoadError(f"{maps}: its feed map points outside the hot vocabulary; delete it to rebuild")
+    return ids, feed
