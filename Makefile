@@ -64,7 +64,7 @@ bench: install
 chat-ttft: install
 	$(PY) scripts/chat_ttft.py -n 48 -t 1
 
-# llama.cpp's own programs (llama-completion, llama-speculative-simple, llama-server), built from the
+# llama.cpp's own programs (llama-completion, llama-speculative-simple, llama-server, llama-bench), built from the
 # source llama-cpp-python vendors, as docs/llama-cpp.md says: for `specgguf bench --vs-llama-cpp build/llama.cpp/bin`
 # and the test that runs it. About 15-25 minutes on 2 cores; the same AMX flags as llama-cpp-python's build above.
 LLAMA_CPP_PYTHON := 0.3.36
@@ -83,7 +83,7 @@ $(LLAMA_TOOLS_DIR)/bin/.built:
 	tar -xzf $(LLAMA_TOOLS_DIR)/sdist/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_TOOLS_DIR)/sdist
 	cmake -S $(LLAMA_TOOLS_DIR)/sdist/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp -B $(LLAMA_TOOLS_DIR) \
 		$(LLAMA_TOOLS_CMAKE_ARGS)
-	cmake --build $(LLAMA_TOOLS_DIR) -j"$$(nproc)" --target llama-server llama-completion llama-speculative-simple
+	cmake --build $(LLAMA_TOOLS_DIR) -j"$$(nproc)" --target llama-server llama-completion llama-speculative-simple llama-bench
 	touch $@
 
 clean:
