@@ -97,7 +97,8 @@ def main() -> None:
                     row["drafted"] += stats.n_drafted
     verify_ms = verify[0] * 1000
     print(
-        f"verifier token {verify_ms:.1f} ms; tok/s median over {args.repeats} repeats, ratio = median of paired ratios to plain"
+        f"verifier token {verify_ms:.1f} ms; tok/s median over {args.repeats} repeats,"
+        " ratio = median of paired ratios to plain"
     )
     report = {}
     for name in names:
@@ -114,8 +115,9 @@ def main() -> None:
         }
         r = report[name]
         print(
-            f"{name:>14}: {r['ms_per_draft_token']:6.2f} ms/draft token ({r['draft_cost_in_verifier_tokens']:.2f} of a verifier token)"
-            f" · acceptance {r['acceptance']} · {r['tokens_per_second']:.2f} tok/s · {r['ratio_to_plain']:.3f}× plain · "
+            f"{name:>14}: {r['ms_per_draft_token']:6.2f} ms/draft token"
+            f" ({r['draft_cost_in_verifier_tokens']:.2f} of a verifier token) · acceptance {r['acceptance']}"
+            f" · {r['tokens_per_second']:.2f} tok/s · {r['ratio_to_plain']:.3f}× plain · "
             + ", ".join(f"{cell} {v:.2f}×" for cell, v in ratios.items())
         )
     print(f"{'plain':>14}: {statistics.median(rows['plain']['speed']):.2f} tok/s")
