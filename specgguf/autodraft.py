@@ -94,12 +94,12 @@ def _registry_draft(verifier: Path, here: list[LocalModel]) -> DraftChoice | Non
         if pair.draft.shards or not _is(verifier, pair.verifier):
             continue
         found = find_local(pair.draft)
-        draft = found or next((model.path for model in here if _is(model.path, pair.draft)), None)
+        model = next((model for model in here if _is(model.path, pair.draft)), None)
+        draft = found or (model.path if model else None)
         if draft is not None and _confirmed(verifier, draft):
+            name = model.ref if model is not None and model.path == draft else str(draft)
             return DraftChoice(
-                draft,
-                f"draft: {draft} (the registry pairs this verifier with {pair.draft.ref}: pair {pair.name})",
-                pair,
+                draft, f"draft: {name} (the registry pairs this verifier with {pair.draft.ref}: pair {pair.name})", pair
             )
     return None
 

@@ -14,7 +14,11 @@ MODEL_LAYER = "application/vnd.ollama.image.model"
 
 def place_blob(store: Path, source: Path) -> str:
     """`source` as a blob of the store (hard-linked where it can be: the default pair is GBs), its digest."""
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    sha256 = hashlib.sha256()
+    with source.open("rb") as file:
+        while block := file.read(1 << 22):
+            sha256.update(block)
+    digest = sha256.hexdigest()
     blob = store / "blobs" / f"sha256-{digest}"
     blob.parent.mkdir(parents=True, exist_ok=True)
     if not blob.exists():

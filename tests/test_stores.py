@@ -70,6 +70,20 @@ def test_an_lmstudio_draft_is_found_for_an_ollama_verifier_and_named_by_referenc
     assert report["settings"]["model_draft"] == str(draft)
 
 
+@pytest.mark.qwen
+def test_the_default_pair_placed_in_an_ollama_store_runs_with_its_draft_found(cli, qwen_pair, stores):
+    ollama, _ = stores
+    verifier, draft = qwen_pair
+    add_ollama_model(ollama, "qwen2.5-coder", "1.5b", verifier)
+    blob = add_ollama_model(ollama, "qwen2.5-coder", "0.5b", draft)
+    result = cli("run", "-m", "ollama:qwen2.5-coder:1.5b", "-n", "8", "--temp", "0", "--json", "def add(a, b):")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["settings"]["model_draft"] == str(blob) and report["settings"]["pair"] == "qwen2.5-coder-1.5b"
+    assert report["settings"]["drafter"] == "hybrid" and report["n_tokens"] == 8
+    assert "draft: ollama:qwen2.5-coder:0.5b (the registry pairs this verifier with Qwen/" in result.stderr
+
+
 def test_without_a_compatible_draft_it_drafts_with_ngrams_alone_and_says_so(cli, ggufs, stores):
     ollama, _ = stores
     add_ollama_model(ollama, "tiny", "big", ggufs["big"])
@@ -140,7 +154,10 @@ HOSTILE_OLLAMA = {
     "blob links out": (lambda s, g, t: [_linked_out(s, g, t)], "leads outside the Ollama store"),
     "not a GGUF": (lambda s, g, t: [_layer(place_blob(s, t / "x.txt"), 4)], "is not a GGUF file"),
     "adapter": (
-        lambda s, g, t: [_layer(place_blob(s, g), g.stat().st_size), {**_layer(place_blob(s, g), 1), "mediaType": "application/vnd.ollama.image.adapter"}],
+        lambda s, g, t: [
+            _layer(place_blob(s, g), g.stat().st_size),
+            {**_layer(place_blob(s, g), 1), "mediaType": "application/vnd.ollama.image.adapter"},
+        ],
         "LoRA adapter",
     ),
     "layers not a list": (lambda s, g, t: {"layers": "x"}, "no list of layers"),

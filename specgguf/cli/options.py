@@ -315,7 +315,7 @@ def found_draft(
     if not resolved.verifier.is_file():
         return resolved, drafting  # loading it says what is wrong
     choice = find_draft(resolved.verifier)
-    err_console.print(Text(terminal_safe(choice.message), style="dim"))
+    err_console.print(Text(terminal_safe(choice.message), style="dim"), soft_wrap=True)
     if choice.draft is None:
         return resolved, replace(drafting, drafter="ngram")
     pair = choice.pair

@@ -150,22 +150,23 @@ def show_local_pairs(*, json_output: bool, console: Console, out: TextIO) -> Non
         )
         return
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("verifier", "draft", "GB", "ratio"):
-        table.add_column(column, justify="right" if column in ("GB", "ratio") else "left", overflow="fold")
+    for column in ("verifier", "draft", "sizes", "ratio"):
+        table.add_column(column, justify="right" if column == "ratio" else "left", overflow="fold")
     for pair in found:
-        ratio = Text(f"{pair.ratio:.0%}", style="green" if pair.ratio <= MAX_RATIO else "")
         table.add_row(
             Text(terminal_safe(pair.verifier.ref)),
             Text(terminal_safe(pair.draft.ref)),
-            f"{pair.verifier_size / 1e9:.2f}+{pair.draft_size / 1e9:.2f}",
-            ratio,
+            f"{size_text(pair.verifier_size)} + {size_text(pair.draft_size)}",
+            Text(f"{pair.ratio:.0%}", style="green" if pair.ratio <= MAX_RATIO else ""),
         )
-        table.add_row(Text("  " + terminal_safe(pair.command), style="dim"), "", "", "")
     console.print(table)
+    console.print()
+    for pair in found:
+        console.print(Text(terminal_safe(pair.command)), soft_wrap=True)
     console.print(
         Text(
-            f"ratio: the draft's size over the verifier's; `-m VERIFIER` alone picks the smallest draft at most"
-            f" {MAX_RATIO:.0%} of it. Each pair shares llama.cpp's vocabulary rules; run checks them again.",
+            "ratio: the draft's size over the verifier's (green: at most ~1/4, what `-m VERIFIER` alone"
+            " picks). Each pair passed llama.cpp's vocabulary rules on the files' headers; run checks again.",
             style="dim",
         )
     )
