@@ -20,7 +20,7 @@ from .files.local_models import LocalModel, local_models
 from .files.registry import ModelFile, Pair, load_registry
 from .files.resolve import find_local
 from .files.stamps import size_text
-from .llama.compat import CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE
+from .llama.compat import CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE, VocabInfo, compare_vocabularies
 
 MAX_RATIO = 0.3  # "about a quarter": a larger draft costs too much of what it saves
 assert CHECK_START_TOKEN_ID == START, "the fingerprint starts where llama.cpp's text check does"
@@ -61,16 +61,14 @@ def vocab_match(verifier: VocabSummary, draft: VocabSummary) -> bool:
     return tail_texts(verifier, checkpoint, shared) == tail_texts(draft, checkpoint, shared)
 
 
-def _confirmed(verifier: Path, draft: Path) -> bool:
-    """llama.cpp's own check over the two vocabularies (vocab-only loads: no weights), as `check` runs it."""
-    from .llama.compat import compare_vocabularies
+def _confirmed(verifier: VocabInfo, draft: Path) -> bool:
+    """llama.cpp's own check over the two vocabularies (a vocab-only load: no weights), as `check` runs it."""
     from .llama.vocab import read_vocab
 
     try:
-        findings = compare_vocabularies(read_vocab(verifier)[0], read_vocab(draft)[0])
+        return all(finding.ok for finding in compare_vocabularies(verifier, read_vocab(draft)[0]))
     except SpecggufError:
         return False
-    return all(finding.ok for finding in findings)
 
 
 def _sha256(path: Path) -> str | None:
@@ -89,14 +87,14 @@ def _is(path: Path, model: ModelFile) -> bool:
     return local is not None and local.resolve() == path.resolve()
 
 
-def _registry_draft(verifier: Path, here: list[LocalModel]) -> DraftChoice | None:
+def _registry_draft(verifier: Path, vocab: VocabInfo, here: list[LocalModel]) -> DraftChoice | None:
     for pair in load_registry().pairs.values():
         if pair.draft.shards or not _is(verifier, pair.verifier):
             continue
         found = find_local(pair.draft)
         model = next((model for model in here if _is(model.path, pair.draft)), None)
         draft = found or (model.path if model else None)
-        if draft is not None and _confirmed(verifier, draft):
+        if draft is not None and _confirmed(vocab, draft):
             name = model.ref if model is not None and model.path == draft else str(draft)
             return DraftChoice(
                 draft, f"draft: {name} (the registry pairs this verifier with {pair.draft.ref}: pair {pair.name})", pair
@@ -115,10 +113,17 @@ def scan(models: list[LocalModel], index: SummaryIndex) -> list[Found]:
     return found
 
 
-def find_draft(verifier: Path) -> DraftChoice:
-    """The draft for `verifier` (see the module's note); never raises for want of one."""
+def find_draft(verifier: Path) -> DraftChoice | None:
+    """The draft for `verifier` (see the module's note); never raises for want of one.
+    None: llama.cpp cannot read the verifier's vocabulary (loading it will say why)."""
+    from .llama.vocab import read_vocab
+
+    try:
+        vocab = read_vocab(verifier)[0]
+    except SpecggufError:
+        return None
     here = local_models()
-    if (chosen := _registry_draft(verifier, here)) is not None:
+    if (chosen := _registry_draft(verifier, vocab, here)) is not None:
         return chosen
     index = SummaryIndex()
     try:
@@ -133,7 +138,7 @@ def find_draft(verifier: Path) -> DraftChoice:
     index.save()
     small = [item for item in compatible if item.summary.size <= MAX_RATIO * ours.size]
     for item in small:
-        if _confirmed(verifier, item.model.path):
+        if _confirmed(vocab, item.model.path):
             ratio = item.summary.size / ours.size
             return DraftChoice(
                 item.model.path,

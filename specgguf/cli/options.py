@@ -315,6 +315,8 @@ def found_draft(
     if not resolved.verifier.is_file():
         return resolved, drafting  # loading it says what is wrong
     choice = find_draft(resolved.verifier)
+    if choice is None:
+        return resolved, drafting  # llama.cpp cannot read it: loading it says why, in one line
     err_console.print(Text(terminal_safe(choice.message), style="dim"), soft_wrap=True)
     if choice.draft is None:
         return resolved, replace(drafting, drafter="ngram")
