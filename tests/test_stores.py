@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fake_stores import MODEL_LAYER, add_lmstudio_model, add_ollama_model, place_blob, write_manifest
+from live_server import live_server
 from specgguf.autodraft import vocab_match
 from specgguf.files.gguf_header import SummaryIndex, summarize
 from tiny_gguf import write_tiny_llama
@@ -82,6 +83,22 @@ def test_the_default_pair_placed_in_an_ollama_store_runs_with_its_draft_found(cl
     assert report["settings"]["model_draft"] == str(blob) and report["settings"]["pair"] == "qwen2.5-coder-1.5b"
     assert report["settings"]["drafter"] == "hybrid" and report["n_tokens"] == 8
     assert "draft: ollama:qwen2.5-coder:0.5b (the registry pairs this verifier with Qwen/" in result.stderr
+
+
+def test_serve_names_an_ollama_model_as_ollama_does_and_drafts_with_the_draft_found(ggufs, stores):
+    ollama, _ = stores
+    add_ollama_model(ollama, "tiny", "big", ggufs["big"])
+    add_ollama_model(ollama, "tiny", "small", ggufs["small"])
+    with live_server("-m", "ollama:tiny:big", "-c", "256", "-t", "1", "-n", "8") as server:
+        client = server.client(api_key="none")
+        assert [model.id for model in client.models.list()] == ["tiny:big"]
+        answer = client.chat.completions.create(
+            model="tiny:big",
+            messages=[{"role": "user", "content": "the cat"}],
+            extra_body={"speculative": {"drafter": "model", "k": 2}},  # a 400 if no draft model were loaded
+        )
+        assert answer.choices[0].message.content and answer.model == "tiny:big"
+        assert server.metric("specgguf_tokens_drafted_total") > 0
 
 
 def test_without_a_compatible_draft_it_drafts_with_ngrams_alone_and_says_so(cli, ggufs, stores):

@@ -27,6 +27,7 @@ class ResolvedPair:
     draft: Path | None
     name: str | None  # registry pair name, if one was used
     recommended_k: int | None
+    label: str | None = None  # the verifier's name in its store (`qwen2.5-coder:7b`): the server's model id
 
 
 def hub_files(model: ModelFile, commit: str | None = None) -> list[hub.HubFile]:
@@ -142,4 +143,14 @@ def resolve_pair(
         draft=draft,
         name=same.name if same else None,
         recommended_k=same.recommended_k if same else None,
+        label=store_label(str(model)),
     )
+
+
+def store_label(ref: str) -> str | None:
+    """`ollama:qwen2.5-coder:7b` -> `qwen2.5-coder:7b`, `lmstudio:P/R/F.gguf` -> `F`; None for other forms."""
+    if ref.startswith(ollama.PREFIX):
+        return str(ollama.parse_name(ref)).removeprefix(ollama.PREFIX)
+    if ref.startswith(lmstudio.PREFIX):
+        return Path(ref).stem
+    return None
