@@ -121,7 +121,7 @@ def bench(
         resolved, _ = found_draft(resolved, draft_options(None, "model", 0.0, 0, False), err_console)
     if resolved.draft is None:
         raise UsageError("bench needs a draft model: give -md DRAFT or a --pair")
-    target = BenchTarget(label=resolved.name or resolved.verifier.name, pair=resolved)
+    target = BenchTarget(label=resolved.name or resolved.label or resolved.verifier.name, pair=resolved)
     targets = [f16_variant(target)] if only_f16 else [target] + ([f16_variant(target)] if f16 else [])
     if tools is not None and comparison is not None:
         compare(
@@ -201,13 +201,16 @@ def check(
     draft: Annotated[
         str,
         typer.Argument(
-            help="The draft: a GGUF path, a pair name (its draft) or a pulled OWNER/REPO/FILE.gguf.", show_default=False
+            help="The draft: a GGUF path, a pair name (its draft), a pulled OWNER/REPO/FILE.gguf,"
+            " ollama:NAME[:TAG] or lmstudio:PUBLISHER/REPO/FILE.gguf.",
+            show_default=False,
         ),
     ],
     verifier: Annotated[
         str,
         typer.Argument(
-            help="The verifier: a GGUF path, a pair name (its verifier) or a pulled OWNER/REPO/FILE.gguf.",
+            help="The verifier: a GGUF path, a pair name (its verifier), a pulled OWNER/REPO/FILE.gguf,"
+            " ollama:NAME[:TAG] or lmstudio:PUBLISHER/REPO/FILE.gguf.",
             show_default=False,
         ),
     ],
