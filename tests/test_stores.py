@@ -57,6 +57,8 @@ def test_an_ollama_verifier_alone_runs_with_the_smallest_compatible_draft_from_t
     assert report["settings"]["model_draft"] == str(draft)
     assert report["settings"]["drafter"] == "hybrid" and report["n_tokens"] == 6
     assert "draft: ollama:tiny:small" in stderr and "of the verifier" in stderr
+    checked = cli("check", "ollama:tiny:small", "ollama:tiny:big")
+    assert checked.returncode == 0 and "ollama:tiny:small" in checked.stdout and "sha256-" not in checked.stdout
 
 
 def test_an_lmstudio_draft_is_found_for_an_ollama_verifier_and_named_by_reference(cli, ggufs, stores):
