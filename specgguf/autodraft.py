@@ -56,9 +56,12 @@ def vocab_match(verifier: VocabSummary, draft: VocabSummary) -> bool:
         return True
     step = (shared - START) // STEP
     checkpoint = START + STEP * step
-    if verifier.prefix[step] != draft.prefix[step]:
+    try:
+        if verifier.prefix[step] != draft.prefix[step]:
+            return False
+        return tail_texts(verifier, checkpoint, shared) == tail_texts(draft, checkpoint, shared)
+    except (IndexError, ValueError):  # a damaged index entry: no match (and it is read again next time)
         return False
-    return tail_texts(verifier, checkpoint, shared) == tail_texts(draft, checkpoint, shared)
 
 
 def _confirmed(verifier: VocabInfo, draft: Path) -> bool:

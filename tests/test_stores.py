@@ -151,6 +151,12 @@ def test_lmstudio_folder_comes_from_its_settings(tmp_path, monkeypatch, ggufs):
     assert lmstudio.store_root() == elsewhere
     add_lmstudio_model(elsewhere, "p", "r", ggufs["small"])
     assert lmstudio.resolve("lmstudio:p/r") == elsewhere / "p" / "r" / "small.gguf"  # the one model file there
+    moved = tmp_path / "moved-home"
+    moved.mkdir()
+    (tmp_path / ".lmstudio-home-pointer").write_text(str(moved) + "\n")  # LM Studio's home, moved
+    assert lmstudio.store_root() == moved / "models"
+    monkeypatch.setenv("SPECGGUF_LMSTUDIO_MODELS", str(tmp_path / "mine"))
+    assert lmstudio.store_root() == tmp_path / "mine"
 
 
 # --- hostile store contents -----------------------------------------------------------------

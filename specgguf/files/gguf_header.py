@@ -214,6 +214,7 @@ class SummaryIndex:
         """Written atomically; a cache folder that cannot be written only costs the next scan time."""
         if not self.changed:
             return
+        self.entries = {key: entry for key, entry in self.entries.items() if Path(key.rsplit("|", 2)[0]).exists()}
         target = index_path()
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
