@@ -90,10 +90,12 @@ def _is(path: Path, model: ModelFile) -> bool:
     return local is not None and local.resolve() == path.resolve()
 
 
+def _registry_pairs(verifier: Path) -> list[Pair]:
+    return [pair for pair in load_registry().pairs.values() if _is(verifier, pair.verifier)]
+
+
 def _registry_draft(verifier: Path, vocab: VocabInfo, here: list[LocalModel]) -> DraftChoice | None:
-    for pair in load_registry().pairs.values():
-        if pair.draft.shards or not _is(verifier, pair.verifier):
-            continue
+    for pair in _registry_pairs(verifier):
         found = find_local(pair.draft)
         model = next((model for model in here if _is(model.path, pair.draft)), None)
         draft = found or (model.path if model else None)
@@ -156,10 +158,13 @@ def find_draft(verifier: Path) -> DraftChoice | None:
             f" {item.summary.size / ours.size:.0%} of its size (too large to pay; -md {item.model.ref} to try it);"
             " drafting with n-grams alone",
         )
+    pull = "".join(
+        f"; `specgguf pull {pair.name}` fetches its registry draft" for pair in _registry_pairs(verifier)[:1]
+    )
     return DraftChoice(
         None,
         f"no draft: none of the {len(others)} local models shares the verifier's vocabulary"
-        " (`specgguf pairs --local` lists pairs); drafting with n-grams alone (prompt lookup)",
+        f" (`specgguf pairs --local` lists pairs){pull}; drafting with n-grams alone (prompt lookup)",
     )
 
 

@@ -113,6 +113,16 @@ def test_without_a_compatible_draft_it_drafts_with_ngrams_alone_and_says_so(cli,
     assert "n-grams alone" in stderr
 
 
+def test_a_registry_verifier_without_its_draft_here_is_told_which_pull_fetches_it(cli, ggufs, stores, config_home):
+    (config_home / "specgguf" / "models.yaml").write_text(
+        "pairs:\n  tiny:\n    note: n\n    license: mit\n    recommended_k: 4\n"
+        "    verifier: {repo: me/Big-GGUF, file: big.gguf}\n    draft: {repo: me/Small-GGUF, file: small.gguf}\n"
+    )
+    report, stderr = run_json(cli, "-m", ggufs["big"])
+    assert report["settings"]["drafter"] == "ngram"
+    assert "`specgguf pull tiny` fetches its registry draft" in " ".join(stderr.split())
+
+
 def test_a_compatible_draft_too_large_to_pay_is_named_not_used(cli, ggufs, stores):
     ollama, _ = stores
     add_ollama_model(ollama, "tiny", "big", ggufs["big"])
