@@ -37,7 +37,7 @@ from .core.kpolicy import expected_rate
 from .core.sampling import SamplingSettings
 from .errors import ModelLoadError, UsageError
 from .files import hot_vocab
-from .files.assets import cache_dir
+from .files.assets import DERIVED_DRAFTS, cache_dir
 from .files.stamps import sha256_hex, stamped_sha256, write_stamp
 
 ORIGINAL = "original"
@@ -108,7 +108,7 @@ def parse_variant(text: str) -> str:
 def derived_path(source: Path, name: str) -> Path:
     """Where the variant of `source` lives: the cache folder, by the source's SHA-256 (hashed once;
     a stamp beside the cache remembers it while the file's size and mtime stay the same)."""
-    folder = cache_dir() / "drafts"
+    folder = cache_dir() / DERIVED_DRAFTS
     stamp = folder / f"{hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:24]}.sha256"
     digest = stamped_sha256(source, stamp=stamp)
     if digest is None:

@@ -100,6 +100,13 @@ def gemma270m() -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _isolated_stores(tmp_path_factory):
+    """Keep tests away from the user's Ollama store and LM Studio folder (where `-m` alone looks for a draft)."""
+    os.environ["OLLAMA_MODELS"] = str(tmp_path_factory.mktemp("ollama-models"))
+    os.environ["SPECGGUF_LMSTUDIO_MODELS"] = str(tmp_path_factory.mktemp("lmstudio-models"))
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _isolated_state(tmp_path_factory):
     """Keep tests away from the user's chat history ($XDG_STATE_HOME/specgguf/chat_history)."""
     os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))

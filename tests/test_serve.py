@@ -347,6 +347,7 @@ def test_a_taken_port_is_a_one_line_error(cli, tiny_verifier):
     with socket.socket() as taken:  # a new process: if the port were ever served, the timeout ends it
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        result = cli.process("serve", "-m", tiny_verifier, "--port", taken.getsockname()[1], timeout=60)
+        # -k 0: no draft is looked for (that would say so on stderr first)
+        result = cli.process("serve", "-m", tiny_verifier, "-k", "0", "--port", taken.getsockname()[1], timeout=60)
     assert result.returncode == 2
     assert result.stderr.startswith("specgguf: error: cannot listen on 127.0.0.1:") and result.stderr.count("\n") == 1

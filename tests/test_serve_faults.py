@@ -65,7 +65,7 @@ BAD_CHAT = [
     ({"messages": HELLO, "speculative": {"drafter": "oracle"}}, 400, "speculative.drafter"),
     ({"messages": HELLO, "speculative": {"depth": 3}}, 400, "speculative.depth"),
     ({"messages": HELLO, "speculative": {"drafter": "model"}}, 400, None),  # no draft model loaded
-    ({"messages": HELLO, "speculative": {"k": 4}}, 400, None),
+    ({"messages": HELLO, "speculative": {"drafter": "hybrid", "k": 4}}, 400, None),  # (the server drafts n-grams)
     ({"messages": HELLO, "model": "gpt-4"}, 404, "model"),
     ({"messages": [{"role": "user", "content": "the cat " * 400}]}, 400, None),  # longer than the context
 ]

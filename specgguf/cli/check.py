@@ -203,8 +203,9 @@ def _describe(side: Side) -> Text:
     arch = side.meta.get("general.architecture")
     details = ", ".join(part for part in (name, arch) if part)
     # Metadata and names come from the file: escaped, so that they cannot drive the terminal.
+    shown = side.given if side.given.startswith(("ollama:", "lmstudio:")) else side.path.name  # not a blob's digest
     return Text.assemble(
-        terminal_safe(side.path.name),
+        terminal_safe(shown),
         (terminal_safe(f"  ({details})") if details else "", "dim"),
         (terminal_safe(f"  [pair {side.pair.name}]") if side.pair else "", "dim"),
     )

@@ -10,21 +10,35 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from ..core.drafters import DEFAULT_DRAFTER, DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
-from ..errors import PromptError, UsageError
+from ..errors import PromptError, UsageError, terminal_safe
 from ..files.resolve import ResolvedPair
 from ..prepare import DraftOptions, LoadOptions
 
 # --- options shared between commands (defined once) -------------------------------------
-Model = Annotated[Path | None, typer.Option("-m", "--model", help="Verifier GGUF file.", show_default=False)]
-ModelDraft = Annotated[Path | None, typer.Option("-md", "--model-draft", help="Draft GGUF file.", show_default=False)]
+Model = Annotated[
+    Path | None,
+    typer.Option(
+        "-m",
+        "--model",
+        help="Verifier: a GGUF file, a pair name, a pulled OWNER/REPO/FILE.gguf, ollama:NAME[:TAG] or"
+        " lmstudio:PUBLISHER/REPO/FILE.gguf. Alone (no -md): a draft is found among the local models.",
+        show_default=False,
+    ),
+]
+ModelDraft = Annotated[
+    Path | None,
+    typer.Option("-md", "--model-draft", help="Draft: a reference as for -m.", show_default=False),
+]
 PairName = Annotated[str | None, typer.Option("--pair", help="A pair from models.yaml (see `pull`).")]
 DraftMax = Annotated[
     str | None,
@@ -301,4 +315,32 @@ def pair_setup(
         trees=draft_tree,
     )
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=progress_bar(err_console))
+    if model is not None and model_draft is None and DRAFTER_KINDS[drafting.drafter].needs_model and not drafting.plain:
+        resolved, drafting = found_draft(resolved, drafting, err_console)
     return resolved, load, drafting
+
+
+def found_draft(
+    resolved: ResolvedPair, drafting: DraftOptions, err_console: Console
+) -> tuple[ResolvedPair, DraftOptions]:
+    """-m without -md: a draft found among the local models (autodraft.py), else n-grams alone; says which."""
+    from ..autodraft import find_draft
+
+    if not resolved.verifier.is_file():
+        return resolved, drafting  # loading it says what is wrong
+    choice = find_draft(resolved.verifier)
+    if choice is None:
+        return resolved, drafting  # llama.cpp cannot read it: loading it says why, in one line
+    err_console.print(Text(terminal_safe(choice.message), style="dim"), soft_wrap=True)
+    if choice.draft is None:
+        return resolved, replace(drafting, drafter="ngram")
+    pair = choice.pair
+    return (
+        replace(
+            resolved,
+            draft=choice.draft,
+            name=pair.name if pair else None,
+            recommended_k=pair.recommended_k if pair else None,
+        ),
+        drafting,
+    )

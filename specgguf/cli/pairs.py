@@ -6,7 +6,9 @@ the acceptance rate, the speedup over plain decoding and the best K, greedy if s
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import TextIO
 
 from rich.console import Console
 from rich.table import Table
@@ -131,3 +133,40 @@ def show_pairs(*, name: str | None, console: Console) -> None:
     if any(not (pair.verifier.confirmed and pair.draft.confirmed) for pair in registry.pairs.values()):
         footer += " !: a file not confirmed against a source."
     console.print(Text(footer, style="dim"))
+
+
+def show_local_pairs(*, json_output: bool, console: Console, out: TextIO) -> None:
+    """`pairs --local`: every compatible pair among the local files, smallest ratio first per verifier."""
+    from ..autodraft import MAX_RATIO, local_pairs
+
+    found = local_pairs()
+    if json_output:
+        out.write(json.dumps([pair.as_dict() for pair in found], ensure_ascii=False) + "\n")
+        return
+    if not found:
+        console.print(
+            "no two local models share a vocabulary (looked in specgguf's cache, the Hugging Face cache,"
+            " Ollama's store and LM Studio's folder)"
+        )
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("verifier", "draft", "sizes", "ratio"):
+        table.add_column(column, justify="right" if column == "ratio" else "left", overflow="fold")
+    for pair in found:
+        table.add_row(
+            Text(terminal_safe(pair.verifier.ref)),
+            Text(terminal_safe(pair.draft.ref)),
+            f"{size_text(pair.verifier_size)} + {size_text(pair.draft_size)}",
+            Text(f"{pair.ratio:.0%}", style="green" if pair.ratio <= MAX_RATIO else ""),
+        )
+    console.print(table)
+    console.print()
+    for pair in found:
+        console.print(Text(terminal_safe(pair.command)), soft_wrap=True)
+    console.print(
+        Text(
+            "ratio: the draft's size over the verifier's (green: at most ~1/4, what `-m VERIFIER` alone"
+            " picks). Each pair passed llama.cpp's vocabulary rules on the files' headers; run checks again.",
+            style="dim",
+        )
+    )

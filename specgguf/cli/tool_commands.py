@@ -21,6 +21,8 @@ from .options import (
     RpcTimeout,
     Threads,
     consoles,
+    draft_options,
+    found_draft,
     load_options,
     progress_bar,
     reader_may_leave,
@@ -118,9 +120,11 @@ def bench(
     )
     comparison = vs_plan(plan) if tools is not None else None
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=progress_bar(err_console))
+    if resolved.draft is None and model is not None:
+        resolved, _ = found_draft(resolved, draft_options(None, "model", 0.0, 0, False), err_console)
     if resolved.draft is None:
         raise UsageError("bench needs a draft model: give -md DRAFT or a --pair")
-    target = BenchTarget(label=resolved.name or resolved.verifier.name, pair=resolved)
+    target = BenchTarget(label=resolved.name or resolved.label or resolved.verifier.name, pair=resolved)
     targets = [f16_variant(target)] if only_f16 else [target] + ([f16_variant(target)] if f16 else [])
     if tools is not None and comparison is not None:
         compare(
@@ -172,25 +176,44 @@ def pull(
 
 def pairs(
     name: Annotated[str | None, typer.Argument(help="Show this pair in full.", show_default=False)] = None,
+    local: Annotated[
+        bool,
+        typer.Option(
+            "--local",
+            help="Every compatible draft/verifier pair among the models on this machine (specgguf's and the"
+            " Hugging Face cache, Ollama, LM Studio): sizes, size ratio, the command to run it.",
+        ),
+    ] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="With --local: one JSON list.")] = False,
 ) -> None:
     """The registry's pairs: sizes, whether they are here, recommended K, and what was measured here."""
-    from .pairs import show_pairs
+    from .pairs import show_local_pairs, show_pairs
 
+    if json_output and not local:
+        raise UsageError("--json goes with --local")
+    if local and name is not None:
+        raise UsageError("--local lists every local pair: give no pair name with it")
     with reader_may_leave():
-        show_pairs(name=name, console=Console(highlight=False))
+        if local:
+            show_local_pairs(json_output=json_output, console=Console(highlight=False), out=sys.stdout)
+        else:
+            show_pairs(name=name, console=Console(highlight=False))
 
 
 def check(
     draft: Annotated[
         str,
         typer.Argument(
-            help="The draft: a GGUF path, a pair name (its draft) or a pulled OWNER/REPO/FILE.gguf.", show_default=False
+            help="The draft: a GGUF path, a pair name (its draft), a pulled OWNER/REPO/FILE.gguf,"
+            " ollama:NAME[:TAG] or lmstudio:PUBLISHER/REPO/FILE.gguf.",
+            show_default=False,
         ),
     ],
     verifier: Annotated[
         str,
         typer.Argument(
-            help="The verifier: a GGUF path, a pair name (its verifier) or a pulled OWNER/REPO/FILE.gguf.",
+            help="The verifier: a GGUF path, a pair name (its verifier), a pulled OWNER/REPO/FILE.gguf,"
+            " ollama:NAME[:TAG] or lmstudio:PUBLISHER/REPO/FILE.gguf.",
             show_default=False,
         ),
     ],

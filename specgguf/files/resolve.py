@@ -1,7 +1,8 @@
 """From command-line choices (-m/-md, --pair, nothing) to two GGUF paths.
 
 A model may be given as a path, as a registry pair name (its verifier for -m, its draft
-for -md) or as a Hugging Face `OWNER/REPO/FILE.gguf` already pulled. Nothing here goes
+for -md), as a Hugging Face `OWNER/REPO/FILE.gguf` already pulled, or as a model in a
+local store: `ollama:NAME[:TAG]` (ollama.py), `lmstudio:PUBLISHER/REPO/FILE.gguf` (lmstudio.py). Nothing here goes
 to the network: a model that is not on disk yet says which `specgguf pull` to run.
 """
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import AssetError, ModelLoadError, UsageError
-from . import hub
+from . import hub, lmstudio, ollama
 from .assets import ProgressCallback, assemble, cache_dir
 from .paths import inside
 from .registry import ModelFile, Pair, RegistryError, load_registry, parse_model_ref
@@ -26,6 +27,7 @@ class ResolvedPair:
     draft: Path | None
     name: str | None  # registry pair name, if one was used
     recommended_k: int | None
+    label: str | None = None  # the verifier's name in its store (`qwen2.5-coder:7b`): the server's model id
 
 
 def hub_files(model: ModelFile, commit: str | None = None) -> list[hub.HubFile]:
@@ -78,11 +80,16 @@ def _looks_like_hub_ref(text: str) -> bool:
 def resolve_model(
     ref: str | Path, role: Role, *, on_progress: ProgressCallback | None = None
 ) -> tuple[Path, Pair | None]:
-    """A path, a pair name (its verifier or draft) or a pulled OWNER/REPO/FILE -> a path on disk."""
+    """A path, a pair name (its verifier or draft), a pulled OWNER/REPO/FILE, `ollama:NAME[:TAG]` or
+    `lmstudio:PUBLISHER/REPO/FILE.gguf` -> a path on disk (a store's file in place)."""
+    text = str(ref)
+    if text.startswith(ollama.PREFIX):
+        return ollama.resolve(text), None
+    if text.startswith(lmstudio.PREFIX):
+        return lmstudio.resolve(text), None
     path = Path(ref)
     if path.exists():
         return path, None
-    text = str(ref)
     if "/" not in text and not text.lower().endswith(".gguf"):
         registry = load_registry()
         if text in registry.pairs:
@@ -136,4 +143,14 @@ def resolve_pair(
         draft=draft,
         name=same.name if same else None,
         recommended_k=same.recommended_k if same else None,
+        label=store_label(str(model)),
     )
+
+
+def store_label(ref: str) -> str | None:
+    """`ollama:qwen2.5-coder:7b` -> `qwen2.5-coder:7b`, `lmstudio:P/R/F.gguf` -> `F`; None for other forms."""
+    if ref.startswith(ollama.PREFIX):
+        return str(ollama.parse_name(ref)).removeprefix(ollama.PREFIX)
+    if ref.startswith(lmstudio.PREFIX):
+        return Path(ref).stem
+    return None

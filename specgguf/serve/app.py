@@ -296,7 +296,7 @@ def run_server(
         worker: Worker | None = None
         metrics = Metrics(lambda: worker.n_waiting if worker else 0)
         worker = Worker(prepared=prepared, queue_size=queue_size, metrics=metrics)
-        name = resolved.name or resolved.verifier.stem
+        name = resolved.label or resolved.name or resolved.verifier.stem
         serve(
             worker=worker,
             options=ServeOptions(
