@@ -14,6 +14,7 @@ from ..conversation import Prompts
 from ..core.drafters import DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
 from ..core.stats import GenerationStats
+from ..errors import PromptError
 from ..files.resolve import ResolvedPair
 from ..prepare import MEASURING, DraftOptions, KSource, LoadOptions, Prepared, placement, prepare, where_line
 from .render import TokenStream, legend
@@ -39,6 +40,8 @@ def run_prompt(
 ) -> dict:
     """Generate one answer; stream it (or print one JSON object) and report stats on stderr."""
     seed = seed if seed is not None else secrets.randbelow(2**31)
+    if not prompt.strip():
+        raise PromptError("the prompt is empty")  # before minutes of loading and measuring, not after
     prepared = prepare(
         resolved,
         load,
