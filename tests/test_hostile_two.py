@@ -1,0 +1,140 @@
+"""Hardening, round two (issue 24): results are never lost (bench, tuning.json under concurrency and
+full disks, chat /save), odd numbers and odd files are one line, and nothing hangs."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SPECGGUF = [sys.executable, "-m", "specgguf"]
+
+
+@pytest.fixture
+def tiny(tiny_verifier, tiny_draft):
+    return ["-m", tiny_verifier, "-md", tiny_draft, "-c", "256", "-n", "8"]
+
+
+def small_files(limit: int):
+    """`ulimit -f`: a disk that fills after `limit` bytes of any one file (Python ignores SIGXFSZ: EFBIG)."""
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+# --- temperatures ---------------------------------------------------------------------------
+def test_a_subnormal_temperature_is_greedy(cli, tiny):
+    from specgguf.core.sampling import SamplingSettings
+
+    assert SamplingSettings(temperature=1e-320).greedy and SamplingSettings(temperature=1e-320).temperature == 0.0
+    assert not SamplingSettings(temperature=0.01).greedy
+    greedy = json.loads(cli("run", *tiny, "--temp", "0", "--json", "the cat").stdout)
+    tiny_temp = cli("run", *tiny, "--temp", "1e-320", "--json", "the cat")
+    assert tiny_temp.returncode == 0, tiny_temp.stderr
+    assert json.loads(tiny_temp.stdout)["text"] == greedy["text"]
+    chat = cli("chat", *tiny, "-q", stdin="/temp 1e-320\nthe cat\n")
+    assert chat.returncode == 0 and "Traceback" not in chat.stderr, chat.stderr
+    assert greedy["text"].strip()[:10] in chat.stdout
+
+
+# --- tuning.json ----------------------------------------------------------------------------
+STORE_MANY = """
+import sys
+from specgguf import tuning
+for i in range(int(sys.argv[2])):
+    tuning.store_seconds(f"{sys.argv[1]}-{i}", [0.001 * (i + 1), 0.002])
+"""
+
+
+def test_two_processes_storing_at_once_keep_every_entry(config_home):
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    writers = [
+        subprocess.Popen([sys.executable, "-c", STORE_MANY, name, "150"], env=env, stderr=subprocess.PIPE)
+        for name in ("a", "b")
+    ]
+    for writer in writers:
+        _, stderr = writer.communicate(timeout=120)
+        assert writer.returncode == 0, stderr
+    from specgguf import tuning
+
+    entries = json.loads(tuning.tuning_path().read_text())[tuning.machine_id()]
+    assert len(entries) == 300
+    assert not list(tuning.tuning_path().parent.glob("tmp*.tmp"))
+
+
+def test_a_damaged_file_moved_aside_by_two_processes_at_once_fails_neither(config_home):
+    from specgguf import tuning
+
+    tuning.tuning_path().write_text("{damaged")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    writers = [
+        subprocess.Popen([sys.executable, "-c", STORE_MANY, name, "3"], env=env, stderr=subprocess.PIPE)
+        for name in ("a", "b")
+    ]
+    for writer in writers:
+        _, stderr = writer.communicate(timeout=120)
+        assert writer.returncode == 0 and b"Traceback" not in stderr, stderr
+    assert len(json.loads(tuning.tuning_path().read_text())[tuning.machine_id()]) == 6
+    assert tuning.tuning_path().with_name("tuning.json.damaged").read_text() == "{damaged"
+
+
+def test_a_failed_tuning_write_leaves_no_temporary_file_and_the_old_file(config_home):
+    from specgguf import tuning
+
+    tuning.store_seconds("kept", [0.5, 0.6])
+    before = tuning.tuning_path().read_text()
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    writer = subprocess.run(
+        [sys.executable, "-c", STORE_MANY, "big" * 50, "5"],
+        env=env,
+        capture_output=True,
+        preexec_fn=small_files(len(before) + 10),
+        timeout=120,
+    )
+    assert writer.returncode != 0 and b"File too large" in writer.stderr
+    assert tuning.tuning_path().read_text() == before
+    assert not list(tuning.tuning_path().parent.glob("tmp*.tmp"))
+
+
+# --- bench prints first ---------------------------------------------------------------------
+BENCH = ["bench", "--quick", "-k", "2", "--no-adaptive", "--prompts", "code"]
+
+
+def test_bench_prints_its_results_when_the_config_folder_cannot_be_written(cli, tiny_verifier, tiny_draft, tmp_path):
+    blocked = tmp_path / "config"
+    blocked.mkdir()
+    (blocked / "specgguf").write_text("a file where the folder should be")
+    env = {"XDG_CONFIG_HOME": str(blocked)}
+    result = cli(*BENCH, "-m", tiny_verifier, "-md", tiny_draft, "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["results"][0]["best_k"]
+    assert "specgguf: warning: could not store the results" in result.stderr and "Traceback" not in result.stderr
+    table = cli(*BENCH, "-m", tiny_verifier, "-md", tiny_draft, env=env)
+    assert table.returncode == 0 and "speedup" in table.stdout.lower(), table.stderr
+
+
+def test_bench_prints_its_results_when_the_disk_fills(cli, tiny_verifier, tiny_draft, tmp_path):
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    command = [*BENCH, "-m", tiny_verifier, "-md", tiny_draft, "--json"]
+    result = cli.process(*command, env=env, timeout=300, preexec_fn=small_files(64))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["results"][0]["best_k"]
+    assert "could not store the results" in result.stderr and "Traceback" not in result.stderr
+    assert not list((tmp_path / "config" / "specgguf").glob("tmp*.tmp"))
+
+
+def test_reading_back_what_bench_stored(cli, tiny_verifier, tiny_draft, config_home):
+    result = cli(*BENCH, "-m", tiny_verifier, "-md", tiny_draft, "--json")
+    assert result.returncode == 0, result.stderr
+    from specgguf import tuning
+
+    entries = json.loads(tuning.tuning_path().read_text())[tuning.machine_id()]
+    assert any(key.startswith("verify_costs|") for key in entries)
+    assert any(key.startswith("draft_costs|") for key in entries)
+    assert entries[tuning.pair_key(Path(tiny_verifier), Path(tiny_draft))]["greedy"]["k"] in (
+        0,
+        2,
+    )  # the K that was best
