@@ -138,3 +138,42 @@ def test_reading_back_what_bench_stored(cli, tiny_verifier, tiny_draft, config_h
         0,
         2,
     )  # the K that was best
+
+
+# --- chat /save -----------------------------------------------------------------------------
+def test_save_to_a_bad_path_is_one_line_and_the_chat_goes_on(cli, tiny, tmp_path):
+    questions = "/save a\x00b.md\n/save ~nosuchuser-specgguf/chat.md\n/save /proc/chat.md\nhello\n"
+    result = cli("chat", *tiny, "--temp", "0", "-q", stdin=questions)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "cannot hold a NUL byte" in result.stderr and "no such user's home folder" in result.stderr
+    assert result.stderr.count("could not save") == 3
+    assert result.stdout.strip()  # the question after them was answered
+
+
+def test_save_over_an_existing_file_on_a_full_disk_keeps_the_old_file(cli, tiny, tmp_path):
+    transcript = tmp_path / "chat.md"
+    transcript.write_text("the old transcript\n" * 200)
+    before = transcript.read_text()
+    result = cli.process(
+        "chat",
+        *tiny,
+        "--temp",
+        "0",
+        "-q",
+        stdin=f"hello\n/save {transcript}\n",
+        preexec_fn=small_files(100),
+        timeout=120,
+    )
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "could not save" in result.stderr and "File too large" in result.stderr
+    assert transcript.read_text() == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["chat.md"]  # no temporary file left
+
+
+def test_save_keeps_an_existing_files_permissions(cli, tiny, tmp_path):
+    transcript = tmp_path / "chat.json"
+    transcript.write_text("{}")
+    transcript.chmod(0o640)
+    result = cli("chat", *tiny, "--temp", "0", "-q", stdin=f"hello\n/save {transcript}\n")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(transcript.read_text())["turns"] and transcript.stat().st_mode & 0o777 == 0o640

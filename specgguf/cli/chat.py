@@ -27,7 +27,7 @@ from ..core.sampling import SamplingSettings
 from ..errors import SpecggufError
 from ..files.resolve import ResolvedPair
 from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, parse_k, prepare, where_line
-from .chat_report import save_transcript, stats_report, turn_line
+from .chat_report import save_command, stats_report, turn_line
 from .chat_session import ChatSession
 from .render import TokenStream, legend
 
@@ -225,16 +225,7 @@ class ChatRepl:
         self.note(self.session.k_source, style="dim")
 
     def save(self, argument: str) -> None:
-        if not argument:
-            self.note("usage: /save FILE (FILE.json: JSON, otherwise Markdown)")
-            return
-        path = Path(argument).expanduser()
-        try:
-            kind = save_transcript(self.session, path, models=self.models)
-        except OSError as error:
-            self.note(f"could not save {path}: {error.strerror or error}")
-            return
-        self.note(f"saved {len(self.session.transcript)} turns to {path} ({kind})", style="dim")
+        self.note(*save_command(self.session, argument, models=self.models))
 
     # --- answers ---
     def answer(self, question: str) -> None:
