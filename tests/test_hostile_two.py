@@ -177,3 +177,12 @@ def test_save_keeps_an_existing_files_permissions(cli, tiny, tmp_path):
     result = cli("chat", *tiny, "--temp", "0", "-q", stdin=f"hello\n/save {transcript}\n")
     assert result.returncode == 0, result.stderr
     assert json.loads(transcript.read_text())["turns"] and transcript.stat().st_mode & 0o777 == 0o640
+
+
+# --- files that are not what they claim ------------------------------------------------------
+@pytest.mark.parametrize("command", [["pairs"], ["run", "hi"], ["pull"]])
+def test_a_models_yaml_that_is_not_utf8_names_the_file_and_the_offset(cli, config_home, command):
+    registry = config_home / "specgguf" / "models.yaml"
+    registry.write_bytes(b"pairs:\n  mine:\n    verifier: caf\xe9/x\n")
+    line = cli(*command).error_line()
+    assert str(registry) in line and "not UTF-8" in line and "byte 0xe9 at offset 32" in line
