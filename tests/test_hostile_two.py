@@ -186,3 +186,9 @@ def test_a_models_yaml_that_is_not_utf8_names_the_file_and_the_offset(cli, confi
     registry.write_bytes(b"pairs:\n  mine:\n    verifier: caf\xe9/x\n")
     line = cli(*command).error_line()
     assert str(registry) in line and "not UTF-8" in line and "byte 0xe9 at offset 32" in line
+
+
+@pytest.mark.parametrize("host", ["a..b", ".gpu-box", "x" * 64 + ".example", "gpu-box.."])
+def test_an_rpc_host_with_an_empty_or_over_long_label_is_one_line(cli, tiny, host):
+    line = cli("run", *tiny, "--rpc", f"{host}:50052", "hi").error_line()
+    assert "--rpc" in line and "not a valid host name" in line
