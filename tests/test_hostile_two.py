@@ -8,6 +8,7 @@ import os
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,7 @@ def test_a_subnormal_temperature_is_greedy(cli, tiny):
 # --- tuning.json ----------------------------------------------------------------------------
 STORE_MANY = """
 import sys
+import time
 from specgguf import tuning
 for i in range(int(sys.argv[2])):
     tuning.store_seconds(f"{sys.argv[1]}-{i}", [0.001 * (i + 1), 0.002])
@@ -192,3 +194,48 @@ def test_a_models_yaml_that_is_not_utf8_names_the_file_and_the_offset(cli, confi
 def test_an_rpc_host_with_an_empty_or_over_long_label_is_one_line(cli, tiny, host):
     line = cli("run", *tiny, "--rpc", f"{host}:50052", "hi").error_line()
     assert "--rpc" in line and "not a valid host name" in line
+
+
+# --- n-gram stores --------------------------------------------------------------------------
+def _store(cli, tiny, tmp_path) -> tuple[list, dict, Path]:
+    env = {"SPECGGUF_CACHE": str(tmp_path / "cache")}
+    args = [*tiny, "--drafter", "ngram", "--keep-ngrams", "--temp", "0", "-q", "--raw"]
+    assert cli("run", *args, "the cat was there and the cat was here", env=env).returncode == 0
+    (saved,) = (tmp_path / "cache" / "ngrams").glob("*.npz")
+    return args, env, saved
+
+
+def test_an_ngram_store_with_ids_past_the_vocabulary_is_one_line_naming_it(cli, tiny, tmp_path):
+    import numpy as np
+
+    args, env, saved = _store(cli, tiny, tmp_path)
+    with np.load(saved) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    arrays["follower_tokens"] = np.full_like(arrays["follower_tokens"], 1_000_000)
+    with open(saved, "wb") as file:
+        np.savez(file, **arrays)
+    line = cli("run", *args, "the cat was", env=env).error_line()
+    assert str(saved) in line and "past the model's vocabulary" in line and "llama_decode" not in line
+
+
+def test_an_ngram_store_of_millions_of_entries_is_refused_at_once(cli, tiny, tmp_path):
+    import numpy as np
+
+    args, env, saved = _store(cli, tiny, tmp_path)
+    n = 42_000_000  # a few MB on disk, GBs and a minute to read
+    with np.load(saved) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    arrays.update(
+        ngram_lengths=np.full(n, 2, dtype=np.int8),
+        ngram_tokens=np.zeros(2 * n, dtype=np.int32),
+        n_followers=np.ones(n, dtype=np.int32),
+        follower_tokens=np.zeros(n, dtype=np.int32),
+        follower_counts=np.ones(n, dtype=np.int64),
+    )
+    with open(saved, "wb") as file:
+        np.savez_compressed(file, **arrays)
+    del arrays
+    started = time.monotonic()
+    line = cli("run", *args, "the cat was", env=env).error_line()
+    assert time.monotonic() - started < 20
+    assert str(saved) in line and "42000000 entries in ngram_lengths" in line
