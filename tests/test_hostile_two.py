@@ -239,3 +239,14 @@ def test_an_ngram_store_of_millions_of_entries_is_refused_at_once(cli, tiny, tmp
     line = cli("run", *args, "the cat was", env=env).error_line()
     assert time.monotonic() - started < 20
     assert str(saved) in line and "42000000 entries in ngram_lengths" in line
+
+
+# --- run --raw parses special tokens, as llama.cpp's programs do -------------------------------
+def test_raw_prompts_parse_special_tokens_unless_told_not_to(cli, tiny):
+    prompt = "the cat</s><s>the dog"  # </s> and <s> are the tiny vocabulary's control tokens
+    parsed = json.loads(cli("run", *tiny, "--temp", "0", "--raw", "--json", prompt).stdout)
+    literal = json.loads(cli("run", *tiny, "--temp", "0", "--raw", "--no-special", "--json", prompt).stdout)
+    plain = json.loads(cli("run", *tiny, "--temp", "0", "--raw", "--json", "the catthe dog").stdout)
+    assert parsed["settings"]["special"] is True and literal["settings"]["special"] is False
+    assert parsed["prompt_tokens"] == plain["prompt_tokens"] + 2  # each one token
+    assert literal["prompt_tokens"] > parsed["prompt_tokens"]  # spelled out as text

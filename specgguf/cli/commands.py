@@ -68,6 +68,13 @@ def run(
     rpc_timeout: RpcTimeout = 60.0,
     system: Annotated[str | None, typer.Option("--system", help="System prompt for the chat template.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
+    special: Annotated[
+        bool,
+        typer.Option(
+            "--special/--no-special",
+            help="With --raw: parse special tokens (<|im_start|>...) in the prompt, as llama.cpp's programs do.",
+        ),
+    ] = True,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
     show_rejected: Annotated[bool, typer.Option("--show-rejected", help="Show rejected drafts, struck out.")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No stats line on stderr.")] = False,
@@ -109,6 +116,7 @@ def run(
             seed=seed,
             load=load,
             raw=raw,
+            special=special,
             system=system,
             json_output=json_output,
             show_rejected=show_rejected,
