@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -250,3 +251,74 @@ def test_raw_prompts_parse_special_tokens_unless_told_not_to(cli, tiny):
     assert parsed["settings"]["special"] is True and literal["settings"]["special"] is False
     assert parsed["prompt_tokens"] == plain["prompt_tokens"] + 2  # each one token
     assert literal["prompt_tokens"] > parsed["prompt_tokens"]  # spelled out as text
+
+
+# --- Ctrl-C ---------------------------------------------------------------------------------
+@pytest.fixture
+def ctrl_c_mid_answer(monkeypatch):
+    """Each answer gets `n` Ctrl-Cs after its second step, back to back: as if llama.cpp computed a long
+    step meanwhile (the signals then reach Python's handler as one call)."""
+    from specgguf.cli import chat_session
+
+    def arm(n: int) -> None:
+        original = chat_session.Reply.__iter__
+
+        def interrupted(reply):
+            for index, event in enumerate(original(reply)):
+                if index == 1:
+                    for _ in range(n):
+                        os.kill(os.getpid(), signal.SIGINT)
+                yield event
+
+        monkeypatch.setattr(chat_session.Reply, "__iter__", interrupted)
+
+    yield arm
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the chat left it ignored
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ctrl_c_twice_during_a_chat_answer_leaves_with_130_and_no_traceback(cli, tiny, ctrl_c_mid_answer, n):
+    ctrl_c_mid_answer(n)
+    result = cli("chat", *tiny, "-n", "200", "--temp", "1.5", "-q", stdin="tell me a story\nand another\n")
+    assert result.returncode == 130 and "Exception ignored" not in result.stderr
+    assert result.error_line() == "specgguf: error: interrupted"
+    assert result.stderr.count("(interrupted)") == 1  # the second question was never asked
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # while the models are freed
+
+
+def test_ctrl_c_once_during_a_chat_answer_stops_only_that_answer(cli, tiny, ctrl_c_mid_answer):
+    ctrl_c_mid_answer(1)
+    result = cli("chat", *tiny, "-n", "200", "--temp", "1.5", "-q", stdin="tell me a story\nand another\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("(interrupted)") == 2  # each answer stopped, the chat went on
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_once_our_package_is_imported_is_130_with_one_line():
+    # The moment between `import specgguf` and main() taking over (python -m specgguf, the specgguf script).
+    script = (
+        "import sys, os, signal, time; sys.argv[0] = 'specgguf'; import specgguf;"
+        " os.kill(os.getpid(), signal.SIGINT); time.sleep(10)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()}
+    )
+    assert result.returncode == 130 and result.stderr == b"specgguf: error: interrupted\n", result.stderr
+    # Imported as a library (not the program), nothing is changed.
+    library = "import signal, specgguf; assert signal.getsignal(signal.SIGINT) is signal.default_int_handler"
+    assert (
+        subprocess.run([sys.executable, "-c", library], env={**os.environ, "PYTHONPATH": os.getcwd()}).returncode == 0
+    )
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.08, 0.12, 0.2, 0.4])
+def test_sigint_soon_after_start_is_never_a_traceback_through_specgguf(delay):
+    process = subprocess.Popen([*SPECGGUF, "pairs"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    stderr = err.decode()
+    # (Python's own start-up, before any line of ours runs, is out of our hands: site, runpy.)
+    assert "specgguf" not in stderr.split("Traceback", 1)[1] if "Traceback" in stderr else True, stderr
+    if process.returncode not in (0,):  # it may have finished first
+        assert process.returncode in (130, -signal.SIGINT), stderr
