@@ -174,3 +174,14 @@ def test_bad_cors_origins_and_hosts_are_one_line(cli, tiny_verifier):
     from_env = cli("serve", "-m", tiny_verifier, env={"SPECGGUF_ORIGINS": "http://a.example,ftp://b"}).error_line()
     assert "--cors-origin 'ftp://b'" in from_env
     assert "--allowed-hosts" in cli("serve", "-m", tiny_verifier, "--allowed-hosts", "a/b").error_line()
+
+
+def test_a_subnormal_temperature_is_greedy_in_the_server_too(server):
+    def answer(temperature: float) -> str:
+        body = {"prompt": "the cat", "max_tokens": 6, "temperature": temperature, "seed": 3}
+        with server.http() as http:
+            response = http.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        return response.json()["choices"][0]["text"]
+
+    assert answer(1e-320) == answer(0.0)
