@@ -185,3 +185,15 @@ def test_a_subnormal_temperature_is_greedy_in_the_server_too(server):
         return response.json()["choices"][0]["text"]
 
     assert answer(1e-320) == answer(0.0)
+
+
+def test_allowing_every_host_does_not_allow_every_origin():
+    from specgguf.serve.guard import HostPolicy
+
+    policy = HostPolicy("127.0.0.1", 8080, allowed_hosts=("*",))
+    assert policy.host_allowed("anything.example:1234")
+    assert not policy.origin_allowed("http://anything.example:1234")
+    assert policy.origin_allowed("http://localhost:8080")  # the server's own pages
+    assert HostPolicy("127.0.0.1", 8080, cors_origins=("*",)).origin_allowed("https://any.example")
+    everywhere = HostPolicy("0.0.0.0", 8080)
+    assert everywhere.host_allowed("192.168.1.20:8080") and not everywhere.host_allowed("evil.example:8080")

@@ -59,6 +59,9 @@ class HostPolicy:
     def host_allowed(self, value: str | None) -> bool:
         if value is None or "*" in self.allowed_hosts:
             return True  # no Host at all is no browser (every browser sends one)
+        return self._names_this_server(value)
+
+    def _names_this_server(self, value: str) -> bool:
         value = value.strip().lower()
         if value in {entry.lower() for entry in self.allowed_hosts if ":" in entry.strip("[]")}:
             return True  # an entry that names its port
@@ -73,7 +76,7 @@ class HostPolicy:
         if "*" in self.cors_origins or origin in self.cors_origins:
             return True
         scheme, _, rest = origin.partition("://")
-        return scheme == "http" and "/" not in rest and self.host_allowed(rest)  # same origin
+        return scheme == "http" and "/" not in rest and self._names_this_server(rest)  # same origin
 
 
 def parse_origins(values: list[str] | None) -> tuple[str, ...]:
