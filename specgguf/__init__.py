@@ -1,0 +1,24 @@
+"""specgguf: speculative decoding for llama.cpp GGUF models.
+
+Started as the program (`specgguf`, `python -m specgguf`), this runs before anything else of ours: a
+Ctrl-C from here until `__main__.main` takes over is exit 130 with one line, never a traceback.
+"""
+
+import os as _os
+import signal as _signal
+import sys as _sys
+
+
+def _interrupted_at_start(signum, frame):  # pragma: no cover - the first milliseconds of the program
+    _os.write(2, b"specgguf: error: interrupted\n")
+    _os._exit(130)
+
+
+def _started_as_program() -> bool:
+    orig = list(getattr(_sys, "orig_argv", []))
+    as_module = "-m" in orig[:-1] and orig[orig.index("-m") + 1] == "specgguf"
+    return as_module or _os.path.basename(_sys.argv[0] if _sys.argv else "") == "specgguf"
+
+
+if _started_as_program() and _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+    _signal.signal(_signal.SIGINT, _interrupted_at_start)

@@ -4,7 +4,9 @@ Every command builds its prompt here, so `run`, `chat`, `bench` and `serve` cann
 
 - A GGUF with a chat template gets it; a GGUF without one gets ChatML in every command
   (llama.cpp's fallback too: `llama-cli` and `llama-server` render ChatML for such a model).
-  `run --raw` and the server's `/v1/completions` send text as is, no template at all.
+  `run --raw` and the server's `/v1/completions` send text as is, no template at all; `run --raw`
+  parses the special tokens written in it (`<|im_start|>`...) as llama.cpp's programs do, unless
+  `--no-special`.
 - Text that continues a prompt is tokenized without the BOS a tokenizer puts in front.
 - A conversation's history is kept as the very tokens that were generated, not a
   re-tokenized copy of their text (a tokenizer need not give the same ids back), so the
@@ -73,12 +75,13 @@ class Prompts:
         tokens = self.verifier.tokenize(text, special=special)
         return tokens[len(self._bos) :] if self._bos and tokens[: len(self._bos)] == self._bos else tokens
 
-    def question(self, prompt: str, *, raw: bool, system: str | None) -> list[int]:
-        """One question's prompt (`run`, `bench`): rendered with a system prompt, unless raw."""
+    def question(self, prompt: str, *, raw: bool, system: str | None, special: bool = True) -> list[int]:
+        """One question's prompt (`run`, `bench`): rendered with a system prompt, unless raw; raw text has
+        its special tokens parsed (llama.cpp's programs do) unless not `special`."""
         if not prompt.strip():
             raise PromptError("the prompt is empty")
         if raw:
-            return self.tokens(prompt, special=False)
+            return self.tokens(prompt, special=special)
         messages = ([Message("system", system)] if system else []) + [Message("user", prompt)]
         return self.tokens(self.render(messages), special=True)
 

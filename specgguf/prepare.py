@@ -310,7 +310,7 @@ def prepare(
     if drafting.keep_ngrams:
         path, key = ngram_file(resolved.verifier, verifier.n_vocab)
         if path.exists():
-            prepared.ngrams = SessionNgrams.load(path, key=key)
+            prepared.ngrams = SessionNgrams.load(path, key=key, n_vocab=verifier.n_vocab)
     if not drafting.plain:
         _ = prepared.costs  # measured now, before the first answer, if this machine has not yet
     return prepared

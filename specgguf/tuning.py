@@ -12,6 +12,7 @@ that cannot be parsed is kept as tuning.json.damaged when it is next written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -21,6 +22,11 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: no lock there
+    fcntl = None  # type: ignore[assignment]
 
 from .core.costs import PROBE_BATCH, PROBE_CONTEXT, MachineCosts, measure
 from .files.paths import config_dir
@@ -215,21 +221,39 @@ def keep_draft_variant(key: str, value: dict) -> None:
         )
 
 
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Hold tuning.json.lock (flock) around a read-modify-write: two processes storing at once keep both."""
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _update_tuning(update) -> None:
-    """Read, change and write back tuning.json: to a temporary file, then renamed, so a crash
-    never truncates it."""
-    data, path = load_tuning(), tuning_path()
+    """Read, change and write back tuning.json, under a lock: to a temporary file, then renamed, so a
+    crash never truncates it (and a failed write leaves no temporary file behind)."""
+    path = tuning_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    if data is None:  # unreadable: keep it beside the new one rather than overwrite it
-        os.replace(path, path.with_name(path.name + ".damaged"))
-        sys.stderr.write(f"specgguf: warning: kept the damaged {path} as {path.name}.damaged\n")
-        data = {}
-    if not isinstance(data.get(machine_id(), {}), dict):
-        data[machine_id()] = {}
-    update(data)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
-        json.dump(data, handle, indent=1)
-    os.replace(handle.name, path)
+    with _locked(path):
+        data = load_tuning()
+        if data is None:  # unreadable: keep it beside the new one rather than overwrite it
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(path, path.with_name(path.name + ".damaged"))
+                sys.stderr.write(f"specgguf: warning: kept the damaged {path} as {path.name}.damaged\n")
+            data = {}
+        if not isinstance(data.get(machine_id(), {}), dict):
+            data[machine_id()] = {}
+        update(data)
+        descriptor, name = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        try:
+            with open(descriptor, "w", encoding="utf-8") as handle:
+                json.dump(data, handle, indent=1)
+            os.replace(name, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+            raise
 
 
 # --- this machine's costs for a pair, measured once and kept ---

@@ -148,11 +148,104 @@ def test_each_program_gets_our_settings_no_stdin_and_its_own_libraries(tmp_path,
 def test_a_program_that_overruns_is_stopped(tmp_path, monkeypatch):
     pid_file = tmp_path / "pid"
     tools = LlamaTools.find(fake_programs(tmp_path / "bin", f"echo $$ > {pid_file}; exec sleep 60\n"))
-    monkeypatch.setattr(llama_tools, "RUN_SECONDS", 0.5)
+    monkeypatch.setattr(llama_tools, "RUN_SECONDS", 0.1)
+    monkeypatch.setattr(llama_tools, "SECONDS_PER_TOKEN", 0.05)  # -n 8: 0.5 s
     with pytest.raises(SpecggufError, match=r"llama-completion ran past 0.5 s; stopped it"):
         run_plain(tools, model=Path("m.gguf"), prompt="hi", settings=SETTINGS)
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)
+
+
+def test_the_limit_scales_with_the_tokens_asked_for():
+    assert llama_tools.run_limit(8) < llama_tools.run_limit(128) < llama_tools.run_limit(1024)
+    assert llama_tools.run_limit(128) < 900  # the old flat limit: a hung program was 15 silent minutes
+
+
+def test_a_program_that_overruns_is_stopped_with_its_children(tmp_path, monkeypatch):
+    pid_file = tmp_path / "pid"
+    script = f"sleep 60 & echo $! > {pid_file}; exec sleep 60\n"
+    tools = LlamaTools.find(fake_programs(tmp_path / "bin", script))
+    monkeypatch.setattr(llama_tools, "RUN_SECONDS", 0.5)
+    monkeypatch.setattr(llama_tools, "SECONDS_PER_TOKEN", 0.0)
+    with pytest.raises(SpecggufError, match=r"ran past 0.5 s"):
+        run_plain(tools, model=Path("m.gguf"), prompt="hi", settings=SETTINGS)
+    assert_gone(int(pid_file.read_text()))
+
+
+TIMINGS = (
+    "common_perf_print:    sampling time =      {sampling} ms\n"
+    "common_perf_print: prompt eval time =     12.5 ms /    30 tokens\n"
+    "common_perf_print:        eval time =    {eval} ms /   {runs} runs\n"
+)
+
+
+def assert_gone(pid: int) -> None:
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        with open(f"/proc/{pid}/stat") as stat:  # a zombie (not yet reaped by init) is gone too
+            if stat.read().split()[2] == "Z":
+                return
+        assert time.monotonic() < deadline, f"process {pid} is still running"
+        time.sleep(0.05)
+
+
+def test_a_background_child_holding_the_log_open_is_not_waited_for(tmp_path):
+    pid_file = tmp_path / "pid"
+    timings = TIMINGS.format(sampling="1.0", eval="100.0", runs="7")
+    script = f"sleep 60 >&2 & echo $! > {pid_file}\nprintf '{timings}' >&2\nexit 0\n"
+    tools = LlamaTools.find(fake_programs(tmp_path / "bin", script))
+    started = time.monotonic()
+    run = run_plain(tools, model=Path("m.gguf"), prompt="hi", settings=SETTINGS)
+    assert time.monotonic() - started < 10 and run.n_tokens == 7
+    assert_gone(int(pid_file.read_text()))  # and it is not left running after us
+
+
+@pytest.mark.parametrize(
+    "sampling, eval_ms, runs, what",
+    [
+        ("0.0", "0.00", "7", "eval time"),
+        ("1.0", "1.2.3", "7", "eval time"),
+        ("1.2.3", "100.0", "7", "sampling time"),
+        ("1.0", "100.0", "0", "number of runs"),
+        ("1.0", "9" * 400, "7", "eval time"),  # overflows to inf
+    ],
+)
+def test_zero_seconds_or_malformed_numbers_are_one_error(tmp_path, sampling, eval_ms, runs, what):
+    from specgguf.bench.llama_tools import parse_completion, parse_speculative
+
+    with pytest.raises(SpecggufError, match=f"llama-completion reported its {what}"):
+        parse_completion(TIMINGS.format(sampling=sampling, eval=eval_ms, runs=runs))
+    for decoded in (
+        "decoded 9 tokens in 0.000 seconds",
+        "decoded 9 tokens in 1..5 seconds",
+        "decoded 0 tokens in 1.5 seconds",
+    ):
+        with pytest.raises(SpecggufError, match="llama-speculative-simple reported its"):
+            parse_speculative(f"encoded 30 tokens in 0.1 seconds\n{decoded}\n")
+
+
+def test_bench_with_a_program_reporting_zero_seconds_is_one_line(cli, tmp_path, tiny_verifier, tiny_draft):
+    timings = TIMINGS.format(sampling="0.0", eval="0.000", runs="4")
+    directory = fake_programs(tmp_path / "bin", f"printf '{timings}' >&2\nexit 0\n")
+    line = cli(
+        "bench", "--vs-llama-cpp", directory, "-m", tiny_verifier, "-md", tiny_draft, "-n", "4", "-k", "2",
+        "--temps", "0", "--prompts", "code", "--repeats", "1", "-t", "1",
+    ).error_line()  # fmt: skip
+    assert "llama-completion reported its eval time as '0.000'" in line
+
+
+def test_a_huge_log_is_one_capped_error_line(tmp_path):
+    script = "head -c 2000000 /dev/zero | tr '\\0' x >&2\nexit 1\n"
+    tools = LlamaTools.find(fake_programs(tmp_path / "bin", script))
+    with pytest.raises(SpecggufError) as raised:
+        run_plain(tools, model=Path("m.gguf"), prompt="hi", settings=SETTINGS)
+    message = str(raised.value)
+    assert message.startswith("llama-completion failed (exit status 1)") and len(message) < 800
+    assert "\n" not in message
 
 
 def test_ctrl_c_stops_the_running_program_too(tmp_path, tiny_verifier, tiny_draft):

@@ -145,12 +145,14 @@ def bench(
     total_runs = sum(len(s) for s in settings_per_target) * len(kinds) * plan.repeats
     results: list[dict] = []
     machines: list[costs.MachineCosts] = []  # seconds, as measured; the JSON report shows them in ms
+    stores: list[Callable[[], None]] = []  # into tuning.json, once the results are out
     with run_progress(err_console) as progress:
         task = progress.add_task("benchmarking", total=total_runs)
         for target, settings in zip(targets, settings_per_target):
-            result, machine = _measure_target(target, settings, plan, load, store=store, progress=says(progress, task))
+            result, machine, store_target = _measure_target(target, settings, plan, load, progress=says(progress, task))
             results.append(result)
             machines.append(machine)
+            stores.append(store_target)
     report = {
         "machine": {"id": machine_id(), "platform": platform.platform(), "threads": load.n_threads},
         "prompts": kinds,
@@ -162,11 +164,12 @@ def bench(
         out.write(json.dumps(report) + "\n")
     else:
         _show(results, machines, kinds, out=out, where=bool(load.rpc))
-        if store:
-            err_console.print(
-                "stored the best K per pair for `run`/`chat -k auto` on this machine,"
-                " and each verifier's verify costs for adaptive K"
-            )
+    out.flush()  # the results first, always: a store that fails below loses none of them
+    if store and _store_all(stores, err_console) and not json_output:
+        err_console.print(
+            "stored the best K per pair for `run`/`chat -k auto` on this machine,"
+            " and each verifier's verify costs for adaptive K"
+        )
     if plot is not None:  # last: a plot that fails loses no result
         try:
             save_plot(report, plot)
@@ -175,6 +178,23 @@ def bench(
                 f"could not write the plot {plot} ({error.strerror or error}); the results above are complete"
             ) from None
     return report
+
+
+def _store_all(stores: list[Callable[[], None]], err_console: Console) -> bool:
+    """Keep the results in tuning.json; a folder that cannot be written (or a full disk) is a warning."""
+    try:
+        for store_target in stores:
+            store_target()
+    except OSError as error:
+        err_console.print(
+            f"specgguf: warning: could not store the results in {tuning.tuning_path()}"
+            f" ({error.strerror or error}); `-k auto` will not use them",
+            style="yellow",
+            markup=False,
+            highlight=False,
+        )
+        return False
+    return True
 
 
 def _show(
@@ -212,19 +232,20 @@ def _measure_target(
     plan: BenchPlan,
     load: LoadOptions,
     *,
-    store: bool,
     progress: Callable[[str | None], None],
-) -> tuple[dict, costs.MachineCosts]:
-    """Load one pair, measure its costs and every setting (storing the best K if `store`); its
-    result and costs. `progress(text)` says what is going on, `progress(None)` counts a run."""
+) -> tuple[dict, costs.MachineCosts, Callable[[], None]]:
+    """Load one pair, measure its costs and every setting; its result, costs, and what stores them
+    into tuning.json (called once the results are shown). `progress(text)` says what is going on,
+    `progress(None)` counts a run."""
     progress(f"loading {target.label}")
     verifier, draft, choice = load_models(target.pair, load, need_draft=True, announce=progress)
     prompts = Prompts(verifier)
     tokens = {kind: prompts.question(PROMPTS[kind], raw=False, system=None) for kind in plan.prompts}
     progress(f"{target.label}: verify cost by batch size")
     # Adaptive K reads this table; measured before the runs, as `run` would find it stored.
-    profile = tuning.measure_and_store(verifier, max_batch=K_MAX + 1, store=store, repeats=1 if plan.quick else 3)
-    machine = costs.MachineCosts(tuple(profile), tuning.measure_draft(draft, store=store))
+    profile = tuning.measure_and_store(verifier, max_batch=K_MAX + 1, store=False, repeats=1 if plan.quick else 3)
+    machine = costs.MachineCosts(tuple(profile), tuning.measure_draft(draft, store=False))
+    verify_key, draft_key = tuning.key_for(verifier), tuning.key_for(draft, "draft_costs")
     progress(target.label)
     run_bench(
         verifier=verifier,
@@ -237,10 +258,15 @@ def _measure_target(
         on_run=lambda: progress(None),
     )
     best = {t: best_fixed_k(settings, t) for t in plan.temperatures}
-    if store:
-        assert target.pair.draft is not None  # load_models(need_draft=True) loaded it
+    assert target.pair.draft is not None  # load_models(need_draft=True) loaded it
+    pair_draft = target.pair.draft
+
+    def store_target() -> None:
+        tuning.store_seconds(verify_key, list(profile))
+        tuning.store_seconds(draft_key, [machine.draft])
         for temperature, measurement in best.items():
-            store_measurement(target.pair.verifier, target.pair.draft, temperature, measurement)
+            store_measurement(target.pair.verifier, pair_draft, temperature, measurement)
+
     result = {
         "pair": target.label,
         "verifier": str(target.pair.verifier),
@@ -255,7 +281,7 @@ def _measure_target(
     verifier.close()
     if draft is not None:
         draft.close()
-    return result, machine
+    return result, machine, store_target
 
 
 def check_plot_path(path: Path) -> None:

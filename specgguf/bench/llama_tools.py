@@ -1,7 +1,8 @@
 """llama.cpp's own programs, run as a reference: `llama-completion` (plain decoding) and
 `llama-speculative-simple` (a draft model, fixed K), from a directory the user built
-(docs/llama-cpp.md). Each run is one process with a time limit and stdin closed; it is
-killed if it overruns or if we are interrupted. Speeds come from the programs' own
+(docs/llama-cpp.md). Each run is one process group with a time limit scaled to -n and stdin
+closed; the whole group is killed if it overruns, when it ends (a background child of its own
+that keeps its log open is not waited for), or if we are interrupted. Speeds come from the programs' own
 timing lines, which this version of llama.cpp prints as:
 
     llama-completion (common_perf_print, llama_perf):
@@ -15,9 +16,13 @@ timing lines, which this version of llama.cpp prints as:
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import re
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +31,9 @@ from ..errors import SpecggufError, UsageError, terminal_safe
 
 COMPLETION = "llama-completion"
 SPECULATIVE = "llama-speculative-simple"
-RUN_SECONDS = 900.0  # one run's limit: a 128-token answer takes well under a minute on 2 cores
+RUN_SECONDS = 120.0  # one run's limit, loading the models: plus SECONDS_PER_TOKEN for each of -n
+SECONDS_PER_TOKEN = 2.0  # a 128-token answer takes well under a minute on 2 cores: 376 s is ample
+LOG_CHARS = 600  # what an error shows of a program's log, at most
 
 _SAMPLING = re.compile(r"sampling time =\s*([\d.]+) ms")
 _PROMPT_EVAL = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
@@ -129,7 +136,7 @@ def run_plain(tools: LlamaTools, *, model: Path, prompt: str, settings: ToolSett
         "--no-display-prompt",
         *settings.arguments(),
     ]
-    return parse_completion(_run(command, tools.directory))
+    return parse_completion(_run(command, tools.directory, max_tokens=settings.max_tokens))
 
 
 def run_speculative(
@@ -157,7 +164,20 @@ def run_speculative(
         prompt,
         *settings.arguments(),
     ]
-    return parse_speculative(_run(command, tools.directory))
+    return parse_speculative(_run(command, tools.directory, max_tokens=settings.max_tokens))
+
+
+def _number(text: str, program: str, what: str, log: str, *, zero: bool = False) -> float:
+    """A number from a timing line, finite and positive (or zero, if `zero`), or one error naming the program."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or value == 0 and not zero:
+        raise SpecggufError(
+            f"{program} reported {what} as {text[:40]!r}: no speed can be given; its log ends: {_tail(log)}"
+        )
+    return value
 
 
 def parse_completion(log: str) -> ToolRun:
@@ -165,7 +185,9 @@ def parse_completion(log: str) -> ToolRun:
     prompt, evals, sampling = _PROMPT_EVAL.search(log), _EVAL.search(log), _SAMPLING.search(log)
     if not (prompt and evals and sampling):
         raise SpecggufError(f"{COMPLETION} printed no timing lines (llama_perf); its log ends: {_tail(log)}")
-    eval_ms, sampling_ms = float(evals.group(1)), float(sampling.group(1))
+    eval_ms = _number(evals.group(1), COMPLETION, "its eval time", log)
+    sampling_ms = _number(sampling.group(1), COMPLETION, "its sampling time", log, zero=True)
+    _number(evals.group(2), COMPLETION, "its number of runs", log)
     # The first token comes from the prompt's logits; each later one is one decode call (a "run").
     # Sampling time covers every token; our side's time includes sampling too.
     return ToolRun(n_prompt=int(prompt.group(2)), n_tokens=int(evals.group(2)), seconds=(eval_ms + sampling_ms) / 1000)
@@ -176,19 +198,26 @@ def parse_speculative(log: str) -> ToolRun:
     encoded, decoded = _ENCODED.search(log), _DECODED.search(log)
     if not (encoded and decoded):
         raise SpecggufError(f"{SPECULATIVE} printed no 'decoded N tokens' line; its log ends: {_tail(log)}")
+    seconds = _number(decoded.group(2), SPECULATIVE, "its decoding time", log)
+    _number(decoded.group(1), SPECULATIVE, "its number of decoded tokens", log)
     accept = _ACCEPT.search(log)
     return ToolRun(
         n_prompt=int(encoded.group(1)),
         n_tokens=int(decoded.group(1)),
-        seconds=float(decoded.group(2)),
+        seconds=seconds,
         n_drafted=int(accept.group(1)) if accept else None,
         n_accepted=int(accept.group(2)) if accept else None,
     )
 
 
-def _run(command: list[str], directory: Path) -> str:
-    """Run one program to the end (stdin closed) and return its log; never leave it running."""
-    timeout = RUN_SECONDS
+def run_limit(max_tokens: int) -> float:
+    """One run's time limit: the models' loading, then time for each token asked for."""
+    return RUN_SECONDS + SECONDS_PER_TOKEN * max_tokens
+
+
+def _run(command: list[str], directory: Path, *, max_tokens: int) -> str:
+    """Run one program to the end (stdin closed) and return its log; nothing of it is left running."""
+    timeout = run_limit(max_tokens)
     env = {name: value for name, value in os.environ.items() if not name.startswith("LLAMA_ARG_")}
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(directory), env.get("LD_LIBRARY_PATH")]))
     # The answer goes to stdout (not needed); the timing lines go to stderr, which the answer
@@ -199,16 +228,12 @@ def _run(command: list[str], directory: Path) -> str:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=env,
-        start_new_session=True,
+        start_new_session=True,  # its own process group: killed whole below
     )
     try:
-        _, output = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise SpecggufError(f"{Path(command[0]).name} ran past {timeout:g} s; stopped it") from None
-    finally:  # a timeout, Ctrl-C or any error: the program does not outlive us
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        output = _collect(process, timeout, Path(command[0]).name)
+    finally:  # a timeout, Ctrl-C or any error: neither the program nor a child of its outlives us
+        _kill_group(process)
     log = output.decode("utf-8", errors="replace")
     if process.returncode != 0:
         raise SpecggufError(
@@ -217,6 +242,30 @@ def _run(command: list[str], directory: Path) -> str:
     return log
 
 
+def _collect(process: subprocess.Popen, timeout: float, name: str) -> bytes:
+    """Its stderr until it ends (not until every child of its closes the pipe), within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return process.communicate(timeout=min(0.5, max(deadline - time.monotonic(), 0.01)))[1]
+        except subprocess.TimeoutExpired:
+            if process.poll() is not None:  # it ended; something it started holds the log open
+                _kill_group(process)
+                return process.communicate()[1]
+            if time.monotonic() >= deadline:
+                raise SpecggufError(f"{name} ran past {timeout:g} s; stopped it") from None
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+
+
 def _tail(log: str, lines: int = 4) -> str:
-    """The last lines of a program's log, on one line, safe for a terminal."""
-    return " | ".join(terminal_safe(line.strip()) for line in log.strip().splitlines()[-lines:])
+    """The last lines of a program's log, on one line, safe for a terminal, at most LOG_CHARS long."""
+    parts = [terminal_safe(line.strip()[-LOG_CHARS:]) for line in log.strip().splitlines()[-lines:]]
+    text = " | ".join(parts)
+    return text if len(text) <= LOG_CHARS else "..." + text[-LOG_CHARS:]

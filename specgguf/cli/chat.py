@@ -12,7 +12,6 @@ import contextlib
 import io
 import os
 import secrets
-import signal
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,8 +26,9 @@ from ..core.sampling import SamplingSettings
 from ..errors import SpecggufError
 from ..files.resolve import ResolvedPair
 from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, parse_k, prepare, where_line
-from .chat_report import save_transcript, stats_report, turn_line
+from .chat_report import save_command, stats_report, turn_line
 from .chat_session import ChatSession
+from .ctrl_c import LeftWithCtrlC, ctrl_c_sets
 from .render import TokenStream, legend
 
 PROMPT = ">>> "
@@ -43,7 +43,7 @@ HELP = """\
 /reset        forget the conversation and the totals (the system prompt stays)
 /save FILE    write the transcript: FILE.json as JSON, anything else as Markdown
 /exit         leave (so do Ctrl-D and, at the prompt, Ctrl-C)
-Ctrl-C during an answer stops it. Start a line with // to send one that begins with /."""
+Ctrl-C during an answer stops it (twice: leaves). Start a line with // to send one that begins with /."""
 
 
 def history_path() -> Path:
@@ -108,26 +108,6 @@ class PipedInput:
     def read(self) -> str | None:
         line = self.stream.readline()
         return line.rstrip("\r\n") if line else None
-
-
-@contextlib.contextmanager
-def ctrl_c_sets(flag: threading.Event):
-    """During an answer the first Ctrl-C only sets `flag` (the answer stops after the current
-    step, the caches consistent); a second one raises KeyboardInterrupt at once."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_interrupt(signum, frame):
-        if flag.is_set():
-            raise KeyboardInterrupt
-        flag.set()
-
-    previous = signal.signal(signal.SIGINT, on_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 class ChatRepl:
@@ -225,21 +205,12 @@ class ChatRepl:
         self.note(self.session.k_source, style="dim")
 
     def save(self, argument: str) -> None:
-        if not argument:
-            self.note("usage: /save FILE (FILE.json: JSON, otherwise Markdown)")
-            return
-        path = Path(argument).expanduser()
-        try:
-            kind = save_transcript(self.session, path, models=self.models)
-        except OSError as error:
-            self.note(f"could not save {path}: {error.strerror or error}")
-            return
-        self.note(f"saved {len(self.session.transcript)} turns to {path} ({kind})", style="dim")
+        self.note(*save_command(self.session, argument, models=self.models))
 
     # --- answers ---
     def answer(self, question: str) -> None:
-        stop = threading.Event()
-        with ctrl_c_sets(stop):
+        stop, leave = threading.Event(), threading.Event()
+        with ctrl_c_sets(stop, leave):
             try:
                 reply = self.session.ask(question)
             except SpecggufError as error:  # a message too long for the context, a failing template
@@ -268,7 +239,7 @@ class ChatRepl:
                     if stop.is_set():
                         interrupted = True
                         break
-            except KeyboardInterrupt:  # a second Ctrl-C, maybe inside a model call
+            except KeyboardInterrupt:  # (not from Ctrl-C, which only sets stop/leave): drop what may be half done
                 interrupted = True
                 self.session.forget_caches()
             except SpecggufError as error:  # llama.cpp failed mid-answer: say so, keep the conversation
@@ -288,6 +259,8 @@ class ChatRepl:
             )
         if not self.quiet:
             self.note(turn_line(turn), style="dim")
+        if leave.is_set():
+            raise LeftWithCtrlC("interrupted")
 
 
 def _greet(session: ChatSession, models: dict[str, str | None], err_console: Console, *, show_legend: bool) -> None:
@@ -379,8 +352,10 @@ def run_chat(
         k_choice=drafting.k,
         choose_k=choose_k,
     )
-    repl.loop()
-    prepared.save_ngrams()
+    try:
+        repl.loop()  # a second Ctrl-C in an answer raises LeftWithCtrlC: the n-grams are kept all the same
+    finally:
+        prepared.save_ngrams()
     if repl.n_failed and not interactive:  # a script must see that some answers are missing
         raise SpecggufError(
             f"{repl.n_failed} question{'s' if repl.n_failed > 1 else ''} got no complete"

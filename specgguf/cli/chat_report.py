@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import tempfile
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
 from ..core.stats import GenerationStats
+from ..errors import terminal_safe
 from .chat_session import ChatSession, Turn
 
 
@@ -106,9 +110,47 @@ def transcript_markdown(session: ChatSession, *, models: dict[str, str | None]) 
     return "\n".join(parts)
 
 
+def save_command(session: ChatSession, argument: str, *, models: dict[str, str | None]) -> tuple[str, str]:
+    """`/save FILE`: what to tell the user (and its style); a bad path is one line and the chat goes on."""
+    if not argument:
+        return "usage: /save FILE (FILE.json: JSON, otherwise Markdown)", "yellow"
+    if "\x00" in argument:
+        return "could not save: a file name cannot hold a NUL byte", "yellow"
+    try:
+        path = Path(argument).expanduser()
+    except RuntimeError:  # ~nosuchuser/...
+        return f"could not save {terminal_safe(argument)}: no such user's home folder", "yellow"
+    try:
+        kind = save_transcript(session, path, models=models)
+    except (OSError, ValueError) as error:
+        return f"could not save {terminal_safe(str(path))}: {getattr(error, 'strerror', None) or error}", "yellow"
+    return f"saved {len(session.transcript)} turns to {terminal_safe(str(path))} ({kind})", "dim"
+
+
 def save_transcript(session: ChatSession, path: Path, *, models: dict[str, str | None]) -> str:
     """Write the transcript: JSON for a .json file, Markdown otherwise. Returns the format's name."""
     as_json = path.suffix.lower() == ".json"
     text = (transcript_json if as_json else transcript_markdown)(session, models=models)
-    path.write_text(text, encoding="utf-8")
+    write_replacing(Path(os.path.realpath(path)), text)
     return "JSON" if as_json else "Markdown"
+
+
+def write_replacing(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, renamed over it once written (a full
+    disk leaves the old file as it was, and no temporary file)."""
+    descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with open(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        try:
+            mode = path.stat().st_mode & 0o777  # an existing file keeps its permissions
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(partial, mode)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise

@@ -70,6 +70,13 @@ def run(
     rpc_timeout: RpcTimeout = 60.0,
     system: Annotated[str | None, typer.Option("--system", help="System prompt for the chat template.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
+    special: Annotated[
+        bool,
+        typer.Option(
+            "--special/--no-special",
+            help="With --raw: parse special tokens (<|im_start|>...) in the prompt, as llama.cpp's programs do.",
+        ),
+    ] = True,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
     show_rejected: Annotated[bool, typer.Option("--show-rejected", help="Show rejected drafts, struck out.")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No stats line on stderr.")] = False,
@@ -112,6 +119,7 @@ def run(
             seed=seed,
             load=load,
             raw=raw,
+            special=special,
             system=system,
             json_output=json_output,
             show_rejected=show_rejected,
@@ -240,14 +248,33 @@ def serve(
     max_body: Annotated[
         int, typer.Option("--max-body", min=1024, help="Largest request body in bytes; larger gets 413.")
     ] = 1 << 20,
+    allowed_hosts: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-hosts",
+            help="Host header values to answer besides the bound address and localhost (name, name:port, or '*').",
+        ),
+    ] = None,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--cors-origin",
+            envvar="SPECGGUF_ORIGINS",
+            show_envvar=True,
+            help="A browser origin (http://site:port, or '*') whose pages may call the API; repeat or comma-separate.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...).
 
     Sampling and drafting options are the defaults; each request may override them.
     """
     from ..serve.app import check_address, run_server
+    from ..serve.guard import check_api_key, parse_hosts, parse_origins
 
-    check_address(host, api_key=api_key, insecure=insecure)  # before a pair is fetched or loaded
+    check_api_key(api_key)  # all before a pair is fetched or loaded
+    check_address(host, api_key=api_key, insecure=insecure)
+    hosts, origins = parse_hosts(allowed_hosts), parse_origins(cors_origin)
     _, err_console = consoles(False)
     settings = sampling_settings(temp, top_k, top_p, min_p)
     resolved, load, drafting = pair_setup(
@@ -284,4 +311,6 @@ def serve(
         queue_size=queue_size,
         max_body_bytes=max_body,
         err_console=err_console,
+        allowed_hosts=hosts,
+        cors_origins=origins,
     )

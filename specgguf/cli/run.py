@@ -30,6 +30,7 @@ def run_prompt(
     seed: int | None,
     load: LoadOptions,
     raw: bool = False,
+    special: bool = True,
     system: str | None = None,
     json_output: bool = False,
     show_rejected: bool = False,
@@ -49,7 +50,7 @@ def run_prompt(
         on_measure=None if quiet or json_output else lambda: err_console.print(MEASURING, style="dim"),
     )
     verifier, draft = prepared.verifier, prepared.draft
-    tokens = Prompts(verifier).question(prompt, raw=raw, system=system)
+    tokens = Prompts(verifier).question(prompt, raw=raw, system=system, special=special)
     policy, k_source = prepared.policy(temperature=settings.temperature)
     drafter = prepared.drafter()
     if resolved.draft is None and DRAFTER_KINDS[drafting.drafter].needs_model and not quiet and not json_output:
@@ -71,7 +72,8 @@ def run_prompt(
         **stats.as_dict(),
         "prompt_tokens": len(tokens),
         "k_source": str(k_source),
-        "settings": _settings(prepared, drafter is not None, settings, max_tokens=max_tokens, seed=seed, raw=raw),
+        "settings": _settings(prepared, drafter is not None, settings, max_tokens=max_tokens, seed=seed, raw=raw)
+        | {"special": special},
     }
     if json_output:
         out.write(json.dumps(result, ensure_ascii=False) + "\n")

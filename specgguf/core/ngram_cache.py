@@ -37,6 +37,9 @@ MAX_N = 16  # longest n-gram a cache may hold
 MAX_TOKEN_ID = 2**31 - 1  # llama_token is an int32
 MAX_COUNT = 2**62  # counts are int64 on disk
 MAX_FILE_BYTES = 1 << 30  # a file's arrays, uncompressed: a zip claiming more is not read
+# Twice what a session writes (its default max_entries, 1M n-grams): a file claiming more (a few MB of zeros
+# can) would take minutes and GBs to read, and is refused from its array headers alone.
+MAX_FILE_ENTRIES = {"ngram_lengths": 2_000_000, "follower_tokens": 4_000_000}
 
 # name -> (dtype kind, item size, ndim) of each array in a file
 _ARRAYS: dict[str, tuple[str, int, int]] = {
@@ -210,10 +213,12 @@ class SessionNgrams:
         max_n: int = 4,
         max_entries: int = 1_000_000,
         min_share: float = 0.5,
+        n_vocab: int | None = None,
     ) -> SessionNgrams:
         """A cache saved by `save` with the same key, with this configuration. Any problem with the file
         (missing, not an npz, truncated, corrupt, another format version or key, n-grams outside min_n..max_n)
-        raises NgramCacheError. A file with more than max_entries n-grams keeps its newest ones."""
+        raises NgramCacheError, and so do token ids >= n_vocab (the model's vocabulary, when given) and a file
+        of more than MAX_FILE_ENTRIES. A file with more than max_entries n-grams keeps its newest ones."""
         cache = cls(min_n=min_n, max_n=max_n, max_entries=max_entries, min_share=min_share)
         arrays = _read_arrays(path)
         problem = _check_dtypes(arrays)
@@ -224,7 +229,7 @@ class SessionNgrams:
             raise _rejected(path, f"format version {version}, this specgguf reads version {FORMAT_VERSION}")
         if str(arrays["key"]) != key:
             raise _rejected(path, "learned with another model pair or tokenizer")
-        problem = _check_consistent(arrays, min_n=min_n, max_n=max_n) or cache._fill(arrays)
+        problem = _check_consistent(arrays, min_n=min_n, max_n=max_n, n_vocab=n_vocab) or cache._fill(arrays)
         if problem:
             raise _rejected(path, problem)
         return cache
@@ -315,6 +320,9 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
                 raise _rejected(path, "not an n-gram cache (unexpected contents)")
             if sum(member.file_size for member in members) > MAX_FILE_BYTES:
                 raise _rejected(path, f"larger than {MAX_FILE_BYTES} bytes unpacked")
+            for name, most in MAX_FILE_ENTRIES.items():
+                if (entries := _entries(archive, name)) > most:
+                    raise _rejected(path, f"{entries} entries in {name}, more than the {most} a cache may hold")
         with np.load(path, allow_pickle=False) as npz:
             return {name: np.asarray(npz[name]) for name in _ARRAYS}
     except NgramCacheError:
@@ -322,6 +330,15 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
     except (OSError, EOFError, ValueError, KeyError, MemoryError, zipfile.BadZipFile, zlib.error) as error:
         # BadZipFile: not a zip, truncated, or a bad CRC; ValueError: a pickled (object) array or a bad .npy header
         raise _rejected(path, f"unreadable or corrupt ({type(error).__name__})") from None
+
+
+def _entries(archive: zipfile.ZipFile, name: str) -> int:
+    """How many entries an array's .npy header claims (its data is not read)."""
+    with archive.open(f"{name}.npy") as member:
+        version = np.lib.format.read_magic(member)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape = read_header(member)[0]
+    return int(shape[0]) if len(shape) == 1 else 0
 
 
 def _check_dtypes(arrays: dict[str, np.ndarray]) -> str | None:
@@ -333,7 +350,7 @@ def _check_dtypes(arrays: dict[str, np.ndarray]) -> str | None:
     return None
 
 
-def _check_consistent(arrays: dict[str, np.ndarray], *, min_n: int, max_n: int) -> str | None:
+def _check_consistent(arrays: dict[str, np.ndarray], *, min_n: int, max_n: int, n_vocab: int | None) -> str | None:
     """Why these arrays (of the right dtypes) are not a consistent cache for min_n..max_n, or None."""
     lengths, n_followers = arrays["ngram_lengths"], arrays["n_followers"]
     if len(lengths) != len(n_followers):
@@ -350,6 +367,8 @@ def _check_consistent(arrays: dict[str, np.ndarray], *, min_n: int, max_n: int) 
     for name in ("ngram_tokens", "follower_tokens"):
         if len(arrays[name]) and arrays[name].min() < 0:
             return f"negative token ids in {name}"
+        if n_vocab is not None and len(arrays[name]) and arrays[name].max() >= n_vocab:
+            return f"token id {int(arrays[name].max())} in {name}, past the model's vocabulary of {n_vocab}"
     counts = arrays["follower_counts"]
     if len(counts) and (counts.min() < 1 or counts.max() > MAX_COUNT):
         return f"follower counts outside 1..{MAX_COUNT}"

@@ -6,7 +6,8 @@ Nothing here does I/O or keeps global state: every random choice takes the
 The processed distribution follows llama.cpp's default sampler chain
 (`common/sampling.cpp`): top-k, then top-p and min-p on the *untempered*
 logits, then temperature, then a draw from the softmax. Temperature <= 0 is
-greedy decoding: the argmax of the raw logits.
+greedy decoding: the argmax of the raw logits; so is one below MIN_TEMPERATURE
+(dividing by a subnormal overflows to inf, and the softmax would be NaN).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+MIN_TEMPERATURE = 1e-6  # below it, sampling is greedy decoding (and 1/T would overflow near 1e-308)
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class SamplingSettings:
                 raise ValueError(f"{name} must be a finite number, got {value}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.temperature < MIN_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)  # the one place: run, chat's /temp, the server
         if self.top_k < 0:
             raise ValueError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:

@@ -213,6 +213,18 @@ def parse_registry(text: str, source: str) -> tuple[dict[str, Pair], str | None]
     return pairs, default
 
 
+def _read_text(path: Path) -> str:
+    """The user's file as text: one line naming the file and the offset of a byte that is not UTF-8."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise RegistryError(f"{path}: cannot be read ({error.strerror or error})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RegistryError(f"{path}: not UTF-8 text (byte {data[error.start]:#04x} at offset {error.start})") from None
+
+
 def user_registry_path() -> Path:
     return config_dir() / "models.yaml"
 
@@ -223,7 +235,7 @@ def load_registry(extra: Path | None = None) -> Registry:
     pairs, default = parse_registry(shipped.read_text(encoding="utf-8"), "models.yaml (shipped)")
     user_path = extra or user_registry_path()
     if user_path.is_file():
-        user_pairs, user_default = parse_registry(user_path.read_text(encoding="utf-8"), str(user_path))
+        user_pairs, user_default = parse_registry(_read_text(user_path), str(user_path))
         pairs.update(user_pairs)
         default = user_default or default
     if default not in pairs:

@@ -62,6 +62,12 @@ def parse_workers(text: str) -> tuple[RpcWorker, ...]:
             raise UsageError(f"--rpc: {entry!r} is not HOST:PORT (e.g. 192.168.1.20:{DEFAULT_PORT})")
         if ":" in host or any(c.isspace() for c in host):
             raise UsageError(f"--rpc: {entry!r}: llama.cpp's RPC client takes an IPv4 address or a host name")
+        try:
+            host.encode("idna")  # what the resolver will do with it: an empty or 64+ character label fails
+        except UnicodeError:
+            raise UsageError(
+                f"--rpc: {entry!r}: not a valid host name (each dot-separated part 1 to 63 characters)"
+            ) from None
         worker = RpcWorker(host, int(port_text))
         if worker in workers:
             raise UsageError(f"--rpc: {worker} is given twice")

@@ -25,6 +25,7 @@ from ..core.sampling import SamplingSettings
 from ..files.resolve import ResolvedPair
 from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
 from .generator import Delta, Failed, Finished, GenerationRequest, QueueFull, Worker
+from .guard import Guard, HostPolicy, quiet_logs
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 from .shapes import Shape
@@ -38,6 +39,8 @@ class ServeOptions:
     settings: SamplingSettings  # the defaults a request may override
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
+    allowed_hosts: tuple[str, ...] = ()  # Host values besides the bound address and localhost
+    cors_origins: tuple[str, ...] = ()  # browser origins that may call the API
 
 
 class _ClientGone(Exception):
@@ -69,9 +72,13 @@ class _Receiver:
         self._watch.cancel()
 
 
-def create_app(*, worker: Worker, options: ServeOptions, metrics: Metrics) -> FastAPI:
+def create_app(
+    *, worker: Worker, options: ServeOptions, metrics: Metrics, bound: tuple[str, int] = ("127.0.0.1", 8080)
+) -> FastAPI:
     app = FastAPI(title="specgguf", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=options.max_body_bytes)
+    policy = HostPolicy(bound[0], bound[1], options.allowed_hosts, options.cors_origins)
+    app.add_middleware(Guard, policy=policy)  # Host, Origin, Content-Type: before any route
     app.add_middleware(CountRequests, metrics=metrics)
     created = int(time.time())
 
@@ -242,9 +249,10 @@ def _generation_request(body, messages, text: str, options: ServeOptions) -> Gen
 def serve(*, worker: Worker, options: ServeOptions, sock: socket.socket, err_console: Console) -> None:
     """Answer requests until Ctrl-C or SIGTERM; then stop the worker and return."""
     metrics = worker.metrics
-    app = create_app(worker=worker, options=options, metrics=metrics)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5, lifespan="off")
     host, port = sock.getsockname()[:2]
+    app = create_app(worker=worker, options=options, metrics=metrics, bound=(host, port))
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5, lifespan="off")
+    quiet_logs()  # after uvicorn set its logging up: one line per error, rate-limited
     shown_host = f"[{host}]" if ":" in host else host
     err_console.print(
         Text(
@@ -275,6 +283,8 @@ def run_server(
     queue_size: int,
     max_body_bytes: int,
     err_console: Console,
+    allowed_hosts: tuple[str, ...] = (),
+    cors_origins: tuple[str, ...] = (),
 ) -> None:
     """Check the address, load the pair (the same set-up as `run`), then serve until stopped."""
     check_address(host, api_key=api_key, insecure=insecure)
@@ -305,6 +315,8 @@ def run_server(
                 settings=settings,
                 api_key=api_key or None,
                 max_body_bytes=max_body_bytes,
+                allowed_hosts=allowed_hosts,
+                cors_origins=cors_origins,
             ),
             sock=sock,
             err_console=err_console,
