@@ -228,8 +228,18 @@ def worker(
             show_default=False,
         ),
     ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="SPECGGUF_WORKER_TOKEN",
+            help="Serve only clients that present this shared secret (theirs: SPECGGUF_WORKER_TOKEN).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Serve this machine's CPU (or GPUs) to `--rpc` clients: llama.cpp's RPC server, as its `rpc-server` runs it.
+    """Serve this machine's CPU (or GPUs) to `--rpc` clients: llama.cpp's RPC server, behind a relay that checks
+    every request (and the --token).
 
     Ctrl-C stops it (exit status 130), SIGTERM too (0).
     """
@@ -241,6 +251,7 @@ def worker(
             port=port,
             n_threads=threads,
             cache_dir=cache,
+            token=token,
             err_console=Console(stderr=True, highlight=False, soft_wrap=True),
         )
     )
