@@ -213,7 +213,7 @@ def worker(
         str,
         typer.Option(
             "--host",
-            help="IPv4 address to listen on; anything but loopback is reachable by others (no authentication).",
+            help="IPv4 address to listen on; anything but loopback is reachable by others (see --token).",
         ),
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 50052,
