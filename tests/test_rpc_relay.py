@@ -31,16 +31,16 @@ _HELLO_ANSWER = 8 + 28
 class LoggedWorker:
     """A `specgguf worker` on 127.0.0.1 whose stderr (its log) goes to a file that tests read as it runs."""
 
-    def __init__(self, log: Path, *extra: str, env: dict | None = None):
+    def __init__(self, log: Path, *extra: str, token: str | None = None):
         self.address = RpcWorker("127.0.0.1", free_port())
         self.log_path = log
         self.process = subprocess.Popen(
             [*SPECGGUF, "worker", "--port", str(self.address.port), "-t", "1", *extra],
             stdout=subprocess.DEVNULL,
             stderr=log.open("w"),
-            env={**os.environ, **(env or {})},
+            env={key: value for key, value in os.environ.items() if key != "SPECGGUF_WORKER_TOKEN"},
         )
-        self.wait_serving((env or {}).get("SPECGGUF_WORKER_TOKEN"))
+        self.wait_serving(token)
 
     def wait_serving(self, token: str | None = None) -> None:
         deadline = time.monotonic() + 60
@@ -182,8 +182,8 @@ def test_a_ggml_server_that_cannot_start_stops_the_worker():
 
 # --- the shared secret -------------------------------------------------------------------
 def test_only_holders_of_the_token_reach_ggml(tmp_path, cli, tiny_args):
-    env = {"SPECGGUF_WORKER_TOKEN": "s3cret"}
-    worker = LoggedWorker(tmp_path / "worker.log", env=env)
+    env = {"SPECGGUF_WORKER_TOKEN": "s3cret"}  # the client's; the worker's is its --token
+    worker = LoggedWorker(tmp_path / "worker.log", "--token", "s3cret", token="s3cret")
     try:
         assert "token required" in worker.log()
         wrong = cli.process("run", *tiny_args, "--rpc", str(worker.address), "hi", env={"SPECGGUF_WORKER_TOKEN": "x"})
