@@ -35,7 +35,13 @@ def _free_port() -> int:
 
 
 def _recv(connection: socket.socket, size: int) -> bytes:
-    return connection.recv(size, socket.MSG_WAITALL)
+    data = bytearray()
+    while len(data) < size:
+        chunk = connection.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the worker closed the connection")
+        data += chunk
+    return bytes(data)
 
 
 def _answer(connection: socket.socket) -> bytes:
@@ -114,10 +120,12 @@ def main() -> None:
         assert inner is not None, "no ggml server child"
         tunnel = TokenTunnel("127.0.0.1", port, TOKEN, timeout=10)
         tunnel_port = int(tunnel.endpoint.rsplit(":", 1)[1])
+        routes = {"ggml's server": (inner, None), "relay": (port, TOKEN), "tunnel + relay": (tunnel_port, None)}
+        for route, token in routes.values():  # warm up every path first
+            measure(route, token, max(1, args.round_trips // 10), args.set_tensor_kib)
         rows = {
-            "ggml's server": measure(inner, None, args.round_trips, args.set_tensor_kib),
-            "relay": measure(port, TOKEN, args.round_trips, args.set_tensor_kib),
-            "tunnel + relay": measure(tunnel_port, None, args.round_trips, args.set_tensor_kib),
+            label: measure(route, token, args.round_trips, args.set_tensor_kib)
+            for label, (route, token) in routes.items()
         }
     finally:
         worker.terminate()

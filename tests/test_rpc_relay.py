@@ -112,12 +112,19 @@ HOSTILE = {
 }
 
 
+def receive(connection: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size and (chunk := connection.recv(size - len(data))):
+        data += chunk
+    return data
+
+
 def send_after_hello(address: RpcWorker, data: bytes, *, hello: bool = True) -> bytes:
     """What the worker answers (until it closes) to HELLO and then `data`, sent and half-closed."""
     with socket.create_connection((address.host, address.port), timeout=10) as connection:
         if hello:
             connection.sendall(HELLO)
-            assert len(connection.recv(_HELLO_ANSWER, socket.MSG_WAITALL)) == _HELLO_ANSWER
+            assert len(receive(connection, _HELLO_ANSWER)) == _HELLO_ANSWER
         connection.sendall(data)
         connection.shutdown(socket.SHUT_WR)
         answer = b""

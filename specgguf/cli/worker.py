@@ -70,7 +70,12 @@ class InnerServer:
         if code is None:
             return None
         self._ready.clear()
-        return signal.Signals(-code).name if code < 0 else f"exit status {code}"
+        if code >= 0:
+            return f"exit status {code}"
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
 
     def connect(self) -> socket.socket:
         """A connection to it, for one client (waiting while it restarts)."""
