@@ -156,6 +156,26 @@ def test_a_hostile_request_closes_that_connection_and_the_worker_serves_on(case,
     assert "RPC server ended" not in worker.log()[len(before) :]  # ggml's server never went down
 
 
+def test_a_deep_graph_is_computed_not_a_stack_overflow(worker):
+    """A chain of 200,000 tensors (each the source of the next): ggml builds it by recursion, which
+    overflowed the 8 MiB stack of its main thread (SIGSEGV); its server runs with a deeper one."""
+    import numpy as np
+
+    n = 200_000
+    tensors = np.zeros(n, frames.TENSOR)
+    tensors["id"] = np.arange(1, n + 1)
+    tensors["src"][1:, 0] = np.arange(1, n)
+    tensors["ne"], tensors["nb"] = 1, 4
+    payload = struct.pack("<IIQI", 0, 1, n, n) + tensors.tobytes()
+    before = worker.log()
+    with socket.create_connection((worker.address.host, worker.address.port), timeout=60) as connection:
+        connection.sendall(HELLO)
+        assert len(receive(connection, _HELLO_ANSWER)) == _HELLO_ANSWER
+        connection.sendall(request(10, payload) + request(15, b""))
+        assert receive(connection, 12) == struct.pack("<QI", 4, 1)  # then DEVICE_COUNT was answered: one device
+    assert "RPC server ended" not in worker.log()[len(before) :]
+
+
 def test_the_first_request_must_be_hello(worker):
     before = worker.log()
     assert send_after_hello(worker.address, request(15, b""), hello=False) == b""

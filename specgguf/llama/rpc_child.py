@@ -13,6 +13,8 @@ import sys
 import threading
 import time
 
+_STACK = 1 << 30  # address space, touched only as deep as a graph goes
+
 
 def _leave_with_parent(parent: int) -> None:
     while os.getppid() == parent:
@@ -27,7 +29,16 @@ def main(argv: list[str]) -> int:
     cache_dir = argv[2] if len(argv) > 2 else None
     threading.Thread(target=_leave_with_parent, args=(os.getppid(),), daemon=True).start()
     devices = [device for device, _ in rpc_server_devices()]
-    start_rpc_server(f"127.0.0.1:{port}", cache_dir=cache_dir, n_threads=threads, devices=devices)
+    # ggml builds a received graph by recursion, one frame per tensor of a chain: a 256 MiB graph
+    # (the most the relay passes on) is ~900,000 tensors, past the main thread's 8 MiB of stack.
+    threading.stack_size(_STACK)
+    server = threading.Thread(
+        target=start_rpc_server,
+        args=(f"127.0.0.1:{port}",),
+        kwargs={"cache_dir": cache_dir, "n_threads": threads, "devices": devices},
+    )
+    server.start()
+    server.join()
     return 1  # it returns only when it could not serve
 
 
