@@ -176,6 +176,21 @@ def test_a_deep_graph_is_computed_not_a_stack_overflow(worker):
     assert "RPC server ended" not in worker.log()[len(before) :]
 
 
+def test_a_flood_of_connections_is_turned_away_in_one_line(worker, cli, tiny_args):
+    before = worker.log()
+    held = [socket.create_connection((worker.address.host, worker.address.port), timeout=10) for _ in range(32)]
+    try:
+        time.sleep(0.5)  # all 32 accepted: every slot taken
+        for _ in range(20):
+            with socket.create_connection((worker.address.host, worker.address.port), timeout=10) as extra:
+                assert extra.recv(1) == b""  # closed at once
+        assert worker.wait_for_log("turned away")[len(before) :].count("turned away") == 1
+    finally:
+        for connection in held:
+            connection.close()
+    serves_a_real_client(cli, tiny_args, worker.address)
+
+
 def test_the_first_request_must_be_hello(worker):
     before = worker.log()
     assert send_after_hello(worker.address, request(15, b""), hello=False) == b""

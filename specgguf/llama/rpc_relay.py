@@ -19,11 +19,13 @@ import hmac
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 
 from . import rpc_frames as frames
 from .rpc_frames import Refused
 
+_MAX_CLIENTS = 32  # connections open at once (ggml serves one; the rest wait, or are being refused)
 _TOKEN_WAIT = 10.0  # seconds a new client has to start (its token, or HELLO)
 _CHUNK = 1 << 20
 
@@ -64,6 +66,9 @@ class WorkerRelay:
     ):
         self.listener, self.connect_inner, self.limit, self.log = listener, connect_inner, limit, log
         self._token_digest = hashlib.sha256(token.encode()).digest() if token is not None else None
+        self._slots = threading.BoundedSemaphore(_MAX_CLIENTS)
+        self._turned_away = 0  # connections closed at once while all slots were taken, since the last log line
+        self._last_turned_away_log = 0.0
 
     def serve_forever(self) -> None:
         while True:
@@ -71,7 +76,20 @@ class WorkerRelay:
                 client, peer = self.listener.accept()
             except OSError:
                 return  # closed
-            threading.Thread(target=self._serve, args=(client, f"{peer[0]}:{peer[1]}"), daemon=True).start()
+            if not self._slots.acquire(blocking=False):
+                client.close()
+                self._turned_away += 1
+                if time.monotonic() - self._last_turned_away_log > 10:  # a flood is one line per 10 s
+                    self.log(f"turned away {self._turned_away} connection(s): {_MAX_CLIENTS} already open")
+                    self._turned_away, self._last_turned_away_log = 0, time.monotonic()
+                continue
+            threading.Thread(target=self._serve_in_slot, args=(client, f"{peer[0]}:{peer[1]}"), daemon=True).start()
+
+    def _serve_in_slot(self, client: socket.socket, peer: str) -> None:
+        try:
+            self._serve(client, peer)
+        finally:
+            self._slots.release()
 
     def _serve(self, client: socket.socket, peer: str) -> None:
         _nodelay(client)
