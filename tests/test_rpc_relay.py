@@ -40,7 +40,11 @@ class LoggedWorker:
             stderr=log.open("w"),
             env={key: value for key, value in os.environ.items() if key != "SPECGGUF_WORKER_TOKEN"},
         )
-        self.wait_serving(token)
+        try:
+            self.wait_serving(token)
+        except BaseException:
+            self.process.kill()
+            raise
 
     def wait_serving(self, token: str | None = None) -> None:
         deadline = time.monotonic() + 60
