@@ -59,10 +59,11 @@ class LoggedWorker:
     def log(self) -> str:
         return self.log_path.read_text()
 
-    def wait_for_log(self, text: str) -> str:
+    def wait_for_log(self, text: str, *, after: str = "") -> str:
+        """The log once `text` is in what was logged after `after` (the log as it was before)."""
         deadline = time.monotonic() + 30
-        while text not in self.log():
-            assert time.monotonic() < deadline, f"{text!r} not in the log: {self.log()}"
+        while text not in self.log()[len(after) :]:
+            assert time.monotonic() < deadline, f"{text!r} not in the log: {self.log()[len(after) :]}"
             time.sleep(0.05)
         return self.log()
 
@@ -153,7 +154,7 @@ def test_a_hostile_request_closes_that_connection_and_the_worker_serves_on(case,
     data, logged = HOSTILE[case]
     before = worker.log()
     assert send_after_hello(worker.address, data) == b""  # closed, nothing answered
-    line = worker.wait_for_log(logged)[len(before) :].strip()
+    line = worker.wait_for_log(logged, after=before)[len(before) :].strip()
     assert line.startswith("specgguf worker: refused 127.0.0.1:") and "\n" not in line
     assert worker.process.poll() is None
     serves_a_real_client(cli, tiny_args, worker.address)
@@ -188,31 +189,106 @@ def test_a_flood_of_connections_is_turned_away_in_one_line(worker, cli, tiny_arg
         for _ in range(20):
             with socket.create_connection((worker.address.host, worker.address.port), timeout=10) as extra:
                 assert extra.recv(1) == b""  # closed at once
-        assert worker.wait_for_log("turned away")[len(before) :].count("turned away") == 1
+        assert worker.wait_for_log("turned away", after=before)[len(before) :].count("turned away") == 1
     finally:
         for connection in held:
             connection.close()
     serves_a_real_client(cli, tiny_args, worker.address)
 
 
+def tensor(buffer: int, data: int, n_floats: int, *, type_: int = 0, nb0: int = 4) -> bytes:
+    return graph([], [{"id": 1, "type": type_, "buffer": buffer, "data": data, "ne": [n_floats, 1, 1, 1],
+                       "nb": [nb0, nb0 * n_floats, nb0 * n_floats, nb0 * n_floats]}])[12:]  # fmt: skip
+
+
+def in_a_buffer(address: RpcWorker, hostile, *, ask_base: bool = True) -> bytes:
+    """HELLO, a 64-byte buffer (and its base), then `hostile(buffer, base)`: what the worker answers to it."""
+    with socket.create_connection((address.host, address.port), timeout=10) as connection:
+        connection.sendall(HELLO)
+        assert len(receive(connection, _HELLO_ANSWER)) == _HELLO_ANSWER
+        connection.sendall(request(0, struct.pack("<IQ", 0, 64)))
+        buffer, _ = struct.unpack("<8xQQ", receive(connection, 24))
+        base = 0
+        if ask_base:
+            connection.sendall(request(3, struct.pack("<Q", buffer)))
+            (base,) = struct.unpack("<8xQ", receive(connection, 16))
+        connection.sendall(hostile(buffer, base))
+        connection.shutdown(socket.SHUT_WR)
+        return receive(connection, 1 << 20)
+
+
+BUFFER_CASES = {
+    "data past its buffer": (
+        lambda buffer, base: request(8, tensor(buffer, base + 4096, 16) + struct.pack("<QQ", 0, 4)),
+        "a tensor whose data is not inside its buffer",
+    ),
+    "one float too many": (
+        lambda buffer, base: request(17, tensor(buffer, base, 17) + struct.pack("<QQB", 0, 4, 1)),
+        "a tensor whose data is not inside its buffer",
+    ),
+    "data before its buffer": (
+        lambda buffer, base: request(12, tensor(buffer, base - 8, 2)),
+        "a tensor whose data is not inside its buffer",
+    ),
+    "a buffer never given": (
+        lambda buffer, base: request(8, tensor(buffer + 64, base, 2) + struct.pack("<QQ", 0, 4)),
+        "a tensor in a buffer this client was not given",
+    ),
+    "a graph tensor past its buffer": (
+        lambda buffer, base: request(10, graph([1], [{"id": 1, "buffer": buffer, "data": base + 64, "ne": [1] * 4}])),
+        "a tensor whose data is not inside its buffer",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BUFFER_CASES)
+def test_a_tensor_outside_its_buffer_is_refused(case, worker, cli, tiny_args):
+    hostile, logged = BUFFER_CASES[case]
+    before = worker.log()
+    assert in_a_buffer(worker.address, hostile) == b""
+    assert logged in worker.wait_for_log(logged, after=before)[len(before) :]
+    serves_a_real_client(cli, tiny_args, worker.address)
+    assert "RPC server ended" not in worker.log()[len(before) :]
+
+
+def test_a_tensor_in_a_buffer_whose_base_was_not_asked_is_refused(worker):
+    before = worker.log()
+    read = lambda buffer, base: request(8, tensor(buffer, 1 << 40, 2) + struct.pack("<QQ", 0, 4))  # noqa: E731
+    assert in_a_buffer(worker.address, read, ask_base=False) == b""
+    assert "whose base this client did not ask for" in worker.wait_for_log("did not ask", after=before)[len(before) :]
+
+
+def test_a_tensor_inside_its_buffer_is_served(worker):
+    write = lambda buffer, base: (  # noqa: E731
+        request(6, tensor(buffer, base, 16) + struct.pack("<BQ", 0, 0) + bytes(range(64)))
+        + request(8, tensor(buffer, base, 16) + struct.pack("<QQ", 60, 4))
+    )
+    assert in_a_buffer(worker.address, write) == struct.pack("<Q", 4) + bytes([60, 61, 62, 63])
+
+
 def test_the_first_request_must_be_hello(worker):
     before = worker.log()
     assert send_after_hello(worker.address, request(15, b""), hello=False) == b""
-    assert "the first request must be HELLO" in worker.wait_for_log("HELLO")[len(before) :]
+    assert "the first request must be HELLO" in worker.wait_for_log("HELLO", after=before)[len(before) :]
 
 
 def test_the_packets_are_real_and_a_dead_ggml_server_is_started_again(worker, cli, tiny_args):
     """Sent past the relay, straight to ggml's server: the node-id-0 graph is a SIGSEGV, which the
     worker survives by starting ggml's server again; then a plain kill, the same."""
+    before = worker.log()
     pid, port = worker.child()
     send_after_hello(RpcWorker("127.0.0.1", port), HOSTILE["node id 0"][0])
-    worker.wait_for_log("ggml's RPC server ended (SIGSEGV); starting it again")
+    worker.wait_for_log("ggml's RPC server ended (SIGSEGV); starting it again", after=before)
+    worker.wait_serving()
+    _, port = worker.child()
+    in_a_buffer(RpcWorker("127.0.0.1", port), BUFFER_CASES["data past its buffer"][0])  # ggml asserts
+    worker.wait_for_log("ggml's RPC server ended (SIGABRT); starting it again", after=before)
     worker.wait_serving()
     serves_a_real_client(cli, tiny_args, worker.address)
     new_pid, _ = worker.child()
     assert new_pid != pid
     os.kill(new_pid, signal.SIGKILL)
-    worker.wait_for_log("ggml's RPC server ended (SIGKILL); starting it again")
+    worker.wait_for_log("ggml's RPC server ended (SIGKILL); starting it again", after=before)
     worker.wait_serving()
     serves_a_real_client(cli, tiny_args, worker.address)
 

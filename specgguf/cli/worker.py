@@ -111,7 +111,7 @@ def serve(
     token: str | None = None,
 ) -> int:
     """Serve until Ctrl-C (exit status 130) or SIGTERM (0); the exit status."""
-    from ..llama.rpc_devices import rpc_server_devices  # llama.cpp loads only when needed
+    from ..llama.rpc_devices import rpc_server_devices, type_traits  # llama.cpp loads only when needed
 
     if not 0 < port < 65536:
         raise UsageError(f"--port must be 1-65535, not {port}")
@@ -144,7 +144,14 @@ def serve(
         def log(line: str) -> None:
             err_console.print(f"specgguf worker: {line}", markup=False, highlight=False)
 
-        relay = WorkerRelay(listener, connect_inner=inner.connect, token=token, limit=_memory_limit(), log=log)
+        relay = WorkerRelay(
+            listener,
+            connect_inner=inner.connect,
+            token=token,
+            limit=_memory_limit(),
+            log=log,
+            type_traits=type_traits(),
+        )
         names = ", ".join(name for _, name in devices)
         err_console.print(
             f"specgguf worker: {names} ({threads} threads) on {host}:{port}, llama.cpp RPC protocol"

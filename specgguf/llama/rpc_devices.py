@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import llama_cpp
+import numpy as np
 
 from ..errors import ModelLoadError
 from .ggml_devices import Ggml
@@ -78,6 +79,12 @@ def _device_list(devices: list[int]) -> ctypes.Array:
 
 def rpc_server_devices() -> list[tuple[int, str]]:
     return _require_rpc().server_devices()
+
+
+def type_traits() -> tuple[np.ndarray, np.ndarray]:
+    """ggml's block size and block bytes of each of its types: how the worker's relay counts a tensor's bytes."""
+    block_sizes, type_sizes = _require_rpc().type_traits(llama_cpp.GGML_TYPE_COUNT)
+    return np.array(block_sizes, np.uint64), np.array(type_sizes, np.uint64)
 
 
 def start_rpc_server(endpoint: str, *, cache_dir: str | None, n_threads: int, devices: list[int]) -> None:

@@ -98,9 +98,10 @@ def check_header(command: int, size: int, *, first: bool, limit: int) -> None:
         raise Refused(f"GRAPH_COMPUTE of {size} bytes")
 
 
-def check_graph(payload: bytes) -> None:
+def check_graph(payload: bytes) -> np.ndarray:
     """A graph ggml can build: | device u32 | n_nodes u32 | node ids u64[n_nodes] | n_tensors u32 |
-    rpc_tensor[n_tensors] |, exactly that long, every node and every source or view a tensor of the message."""
+    rpc_tensor[n_tensors] |, exactly that long, every node and every source or view a tensor of the message;
+    its tensors."""
     _, n_nodes = struct.unpack_from("<II", payload)
     tensors_at = 8 + 8 * n_nodes + 4
     if len(payload) < tensors_at:
@@ -125,6 +126,7 @@ def check_graph(payload: bytes) -> None:
     sources = np.concatenate([tensors["src"].ravel(), tensors["view_src"]])
     if _unresolved(ids, sources[sources != 0]).size:
         raise Refused("GRAPH_COMPUTE tensor whose source is no tensor of the graph")
+    return tensors
 
 
 def _unresolved(sorted_ids: np.ndarray, refs: np.ndarray) -> np.ndarray:
@@ -152,3 +154,77 @@ def present_token(connection: socket.socket, token: str) -> int | None:
     if len(answer) != len(TOKEN_MAGIC) + 1 or not answer.startswith(TOKEN_MAGIC):
         return None
     return answer[-1]
+
+
+# --- tensors' data inside their buffers ------------------------------------------------------
+# Where a request's tensors are: command -> offsets of its rpc_tensors (GET_ALLOC_SIZE: its
+# sources only where their id is nonzero, as ggml reads them).
+TENSORS_AT: dict[int, tuple[int, ...]] = {
+    SET_TENSOR: (0,),
+    7: (0,),
+    8: (0,),
+    9: (0, TENSOR_SIZE),
+    12: (0,),
+    13: tuple(4 + TENSOR_SIZE * i for i in range(1 + _MAX_SRC)),
+    17: (0,),
+}
+ALLOC_BUFFER, BUFFER_GET_BASE, FREE_BUFFER = 0, 3, 4
+ANSWERED = frozenset({HELLO, 15, ALLOC_BUFFER, 13, 1, 2, BUFFER_GET_BASE, 7, 8, 9, 11})  # commands ggml answers
+
+
+class Buffers:
+    """The buffers ggml allocated for one client (from its answers), to check every tensor's data
+    lies inside its buffer before ggml sees it: ggml asserts so, which ends its server."""
+
+    def __init__(self, block_sizes: np.ndarray, type_sizes: np.ndarray):
+        self.block_sizes, self.type_sizes = block_sizes.astype(np.uint64), type_sizes.astype(np.uint64)
+        self.sizes: dict[int, int] = {}  # remote_ptr -> size (ALLOC_BUFFER's answer)
+        self.bases: dict[int, int] = {}  # remote_ptr -> base (BUFFER_GET_BASE's answer)
+
+    def check(self, tensors: np.ndarray) -> None:
+        """Refuse a tensor of an unknown or unlocated buffer, or whose data is not inside its buffer
+        (as ggml_nbytes counts it: the span of its elements under its strides)."""
+        placed = tensors[tensors["buffer"] != 0]
+        placed = placed[placed["type"] < self.block_sizes.size]  # ggml refuses other types itself
+        placed = placed[self.block_sizes[placed["type"]] != 0]
+        if not placed.size:
+            return
+        types, blocks = placed["type"], self.block_sizes[placed["type"]]
+        ne, nb = placed["ne"].astype(np.uint64), placed["nb"].astype(np.uint64)
+        empty = (ne == 0).any(axis=1)
+        spans = (np.maximum(ne, 1) - 1) * nb  # < 2^64: both factors are 32-bit
+        first = np.where(blocks == 1, self.type_sizes[types] + spans[:, 0], ne[:, 0] * nb[:, 0] // blocks)
+        if (first.astype(np.float64) + spans[:, 1:].astype(np.float64).sum(axis=1) >= 2.0**63).any():
+            raise Refused("a tensor of 2^63 bytes or more")
+        nbytes = np.where(empty, np.uint64(0), first + spans[:, 1:].sum(axis=1, dtype=np.uint64))
+        for buffer in np.unique(placed["buffer"]).tolist():
+            if buffer not in self.sizes:
+                raise Refused("a tensor in a buffer this client was not given")
+            if buffer not in self.bases:
+                raise Refused("a tensor in a buffer whose base this client did not ask for")
+            mine = placed["buffer"] == buffer
+            start = placed["data"][mine]
+            end = start + nbytes[mine]
+            base, size = self.bases[buffer], self.sizes[buffer]
+            if (start < base).any() or (end < start).any() or (end > base + size).any():
+                raise Refused("a tensor whose data is not inside its buffer")
+
+    def check_request(self, command: int, payload: bytes) -> None:
+        if command == 13:  # GET_ALLOC_SIZE: a tensor, then its sources where their id is nonzero
+            tensors = np.frombuffer(payload, TENSOR, 1 + _MAX_SRC, 4)
+            self.check(np.concatenate([tensors[:1], tensors[1:][tensors[1:]["id"] != 0]]))
+        elif command in TENSORS_AT:
+            self.check(np.frombuffer(payload, TENSOR, len(TENSORS_AT[command]), 0))
+
+    def answered(self, command: int, request: bytes, answer: bytes) -> None:
+        if command == ALLOC_BUFFER and len(answer) == 16:
+            pointer, size = struct.unpack("<QQ", answer)
+            if pointer:
+                self.sizes[pointer] = size
+        elif command == BUFFER_GET_BASE and len(answer) == 8:
+            (self.bases[struct.unpack("<Q", request)[0]],) = struct.unpack("<Q", answer)
+
+    def freed(self, request: bytes) -> None:
+        (pointer,) = struct.unpack("<Q", request)
+        self.sizes.pop(pointer, None)
+        self.bases.pop(pointer, None)

@@ -16,11 +16,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import queue
 import socket
 import struct
 import threading
 import time
 from collections.abc import Callable
+
+import numpy as np
 
 from . import rpc_frames as frames
 from .rpc_frames import Refused
@@ -63,8 +66,10 @@ class WorkerRelay:
         token: str | None,
         limit: int,
         log: Callable[[str], None],
+        type_traits: tuple[np.ndarray, np.ndarray] | None = None,
     ):
         self.listener, self.connect_inner, self.limit, self.log = listener, connect_inner, limit, log
+        self.type_traits = type_traits  # ggml's block and type sizes: with them, tensors' data is checked
         self._token_digest = hashlib.sha256(token.encode()).digest() if token is not None else None
         self._slots = threading.BoundedSemaphore(_MAX_CLIENTS)
         self._turned_away = 0  # connections closed at once while all slots were taken, since the last log line
@@ -102,8 +107,17 @@ class WorkerRelay:
             client.settimeout(None)
             inner = self.connect_inner()
             _nodelay(inner)
-            threading.Thread(target=_pipe, args=(inner, client), daemon=True).start()
-            self._relay_requests(stream, inner)
+            buffers = frames.Buffers(*self.type_traits) if self.type_traits is not None else None
+            answers: queue.SimpleQueue[tuple[int, bytes] | None] = queue.SimpleQueue()
+            passing = threading.Thread(target=_pass_answers, args=(inner, client, answers, buffers), daemon=True)
+            passing.start()
+            try:
+                self._relay_requests(stream, inner, answers, buffers)
+            finally:
+                answers.put(None)
+            # The client is done sending: ggml finishes what it was sent, and its last answers go back.
+            inner.shutdown(socket.SHUT_WR)
+            passing.join()
         except Refused as refused:
             self.log(f"refused {peer}: {refused}")
         except TimeoutError:
@@ -141,7 +155,7 @@ class WorkerRelay:
         client.sendall(frames.TOKEN_MAGIC + bytes([frames.TOKEN_ACCEPTED]))
         return True
 
-    def _relay_requests(self, stream, inner: socket.socket) -> None:
+    def _relay_requests(self, stream, inner: socket.socket, answers, buffers: frames.Buffers | None) -> None:
         first = True
         while header := stream.read(frames.HEADER.size):
             if len(header) != frames.HEADER.size:
@@ -149,17 +163,48 @@ class WorkerRelay:
             command, size = frames.HEADER.unpack(header)
             frames.check_header(command, size, first=first, limit=self.limit)
             first = False
-            if command == frames.SET_TENSOR and size > _CHUNK:  # weights: passed on as they arrive
-                inner.sendall(header)
-                while size:
-                    data = _read(stream, min(size, _CHUNK), "SET_TENSOR")
-                    inner.sendall(data)
-                    size -= len(data)
-                continue
-            payload = _read(stream, size, frames.COMMANDS[command][0])
+            name = frames.COMMANDS[command][0]
+            streamed = command == frames.SET_TENSOR and size > _CHUNK  # weights: passed on as they arrive
+            payload = _read(stream, frames.TENSOR_SIZE if streamed else size, name)
             if command == frames.GRAPH_COMPUTE:
-                frames.check_graph(payload)
+                tensors = frames.check_graph(payload)
+                if buffers is not None:
+                    buffers.check(tensors)
+            elif buffers is not None:
+                buffers.check_request(command, payload)
+                if command == frames.FREE_BUFFER:
+                    buffers.freed(payload)
+            if command in frames.ANSWERED:
+                answers.put((command, payload))
             inner.sendall(header + payload)
+            size -= len(payload)
+            while size:
+                data = _read(stream, min(size, _CHUNK), name)
+                inner.sendall(data)
+                size -= len(data)
+
+
+def _pass_answers(inner: socket.socket, client: socket.socket, answers, buffers: frames.Buffers | None) -> None:
+    """ggml's answers, one per request that has one, to the client; the buffers they allocate and locate noted."""
+    stream = inner.makefile("rb", buffering=_CHUNK)
+    with contextlib.suppress(OSError, Refused):
+        while (expected := answers.get()) is not None:
+            command, request = expected
+            (size,) = struct.unpack("<Q", _read(stream, 8, "an answer"))
+            if size <= 16:
+                answer = _read(stream, size, "an answer")
+                if buffers is not None:
+                    buffers.answered(command, request, answer)
+                client.sendall(struct.pack("<Q", size) + answer)
+                continue
+            client.sendall(struct.pack("<Q", size))
+            while size:
+                data = _read(stream, min(size, _CHUNK), "an answer")
+                client.sendall(data)
+                size -= len(data)
+    for connection in (inner, client):
+        with contextlib.suppress(OSError):
+            connection.shutdown(socket.SHUT_RDWR)
 
 
 class TokenTunnel:
