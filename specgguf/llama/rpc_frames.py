@@ -184,8 +184,8 @@ class Buffers:
         self.bases: dict[int, int] = {}  # remote_ptr -> base (BUFFER_GET_BASE's answer)
 
     def check(self, tensors: np.ndarray) -> None:
-        """Refuse a tensor of an unknown or unlocated buffer, or whose data is not inside its buffer
-        (as ggml_nbytes counts it: the span of its elements under its strides)."""
+        """Refuse a tensor in one of this client's buffers whose base it never asked for, or whose data is not inside
+        that buffer (as ggml_nbytes counts it: the span of its elements under its strides)."""
         placed = tensors[tensors["buffer"] != 0]
         placed = placed[placed["type"] < self.block_sizes.size]  # ggml refuses other types itself
         placed = placed[self.block_sizes[placed["type"]] != 0]
@@ -201,7 +201,7 @@ class Buffers:
         nbytes = np.where(empty, np.uint64(0), first + spans[:, 1:].sum(axis=1, dtype=np.uint64))
         for buffer in np.unique(placed["buffer"]).tolist():
             if buffer not in self.sizes:
-                raise Refused("a tensor in a buffer this client was not given")
+                continue  # not (or no longer) this client's: ggml ignores it, as if none
             if buffer not in self.bases:
                 raise Refused("a tensor in a buffer whose base this client did not ask for")
             mine = placed["buffer"] == buffer
@@ -230,7 +230,7 @@ class Buffers:
         else:
             nbytes = ne[0] * nb[0] // block + sum((n - 1) * stride for n, stride in zip(ne[1:], nb[1:], strict=True))
         if buffer not in self.sizes:
-            raise Refused("a tensor in a buffer this client was not given")
+            return  # not (or no longer) this client's: ggml ignores it, as if none
         if buffer not in self.bases:
             raise Refused("a tensor in a buffer whose base this client did not ask for")
         base = self.bases[buffer]
