@@ -134,27 +134,35 @@ def test_a_worker_on_a_taken_port_says_so(cli):
 
 
 def test_a_worker_on_another_address_warns_that_anyone_there_can_use_it(monkeypatch):
-    """In process, with ggml's server call patched out (it returns at once, as when it cannot
-    serve): the warning comes first, then the failure. Nothing listens on 192.0.2.1 (TEST-NET)."""
+    """In process, with ggml's server failing to start (as when it cannot serve): the warning
+    comes first, then the failure. Nothing listens on 192.0.2.1 (TEST-NET)."""
     import io
 
     from rich.console import Console
 
     from specgguf.cli import worker
-    from specgguf.llama import rpc_devices
 
     monkeypatch.setattr(worker, "check_listen_address", lambda host, port: None)
-    calls = []
-    monkeypatch.setattr(rpc_devices, "start_rpc_server", lambda endpoint, **options: calls.append((endpoint, options)))
-    stderr = io.StringIO()
-    with pytest.raises(RpcWorkerError, match="could not serve on 192.0.2.1:50052"):
-        worker.serve(
-            host="192.0.2.1", port=50052, n_threads=1, cache_dir=None, err_console=Console(file=stderr, width=200)
-        )
-    assert "has no authentication" in stderr.getvalue() and "trusted network" in stderr.getvalue()
-    [(endpoint, options)] = calls
-    assert endpoint == "192.0.2.1:50052" and options["n_threads"] == 1 and options["cache_dir"] is None
-    assert len(options["devices"]) == 1  # this machine's CPU
+    started = []
+
+    def start(self):
+        started.append(self._command)
+        raise RpcWorkerError("ggml's RPC server could not be started (3 tries): the worker stops")
+
+    monkeypatch.setattr(worker.InnerServer, "start", start)
+    for token, warned in ((None, "has no authentication"), ("s3cret", "must present the --token")):
+        stderr = io.StringIO()
+        with pytest.raises(RpcWorkerError, match="could not be started"):
+            worker.serve(
+                host="192.0.2.1",
+                port=50052,
+                n_threads=1,
+                cache_dir=None,
+                token=token,
+                err_console=Console(file=stderr, width=200),
+            )
+        assert warned in stderr.getvalue() and "trusted network" in stderr.getvalue()
+    assert started[0][-1] == "1"  # one thread, no cache
 
 
 # --- the verifier split across two workers, the draft local ------------------------------

@@ -8,6 +8,8 @@ in one function, raising `UsageError`/`PromptError` that `cli.main` turns into o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -213,9 +215,11 @@ def load_options(
     draft_variant: str = "auto",
 ) -> LoadOptions:
     from ..draft_variant import parse_variant
-    from ..llama.rpc import parse_workers
+    from ..llama.rpc import TOKEN_ENV, parse_workers
 
     workers = parse_workers(rpc) if rpc is not None else ()
+    if token := os.environ.get(TOKEN_ENV):  # the workers' shared secret: from the environment, not the command line
+        workers = tuple(dataclasses.replace(worker, token=token) for worker in workers)
     if rpc_draft and not workers:
         raise UsageError("--rpc-draft needs --rpc HOST:PORT")
     return LoadOptions(

@@ -239,7 +239,7 @@ def worker(
         str,
         typer.Option(
             "--host",
-            help="IPv4 address to listen on; anything but loopback is reachable by others (no authentication).",
+            help="IPv4 address to listen on; anything but loopback is reachable by others (see --token).",
         ),
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 50052,
@@ -254,8 +254,18 @@ def worker(
             show_default=False,
         ),
     ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="SPECGGUF_WORKER_TOKEN",
+            help="Serve only clients that present this shared secret (theirs: SPECGGUF_WORKER_TOKEN).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Serve this machine's CPU (or GPUs) to `--rpc` clients: llama.cpp's RPC server, as its `rpc-server` runs it.
+    """Serve this machine's CPU (or GPUs) to `--rpc` clients: llama.cpp's RPC server, behind a relay that checks
+    every request (and the --token).
 
     Ctrl-C stops it (exit status 130), SIGTERM too (0).
     """
@@ -267,6 +277,7 @@ def worker(
             port=port,
             n_threads=threads,
             cache_dir=cache,
+            token=token,
             err_console=Console(stderr=True, highlight=False, soft_wrap=True),
         )
     )

@@ -38,6 +38,8 @@ class Ggml:
             ("ggml_backend_dev_name", [pointer], text),
             ("ggml_backend_dev_backend_reg", [pointer], pointer),
             ("ggml_set_abort_callback", [AbortCallback], pointer),
+            ("ggml_blck_size", [ctypes.c_int], ctypes.c_int64),
+            ("ggml_type_size", [ctypes.c_int], size),
         ):
             function = getattr(lib, name)
             function.argtypes, function.restype = argtypes, restype
@@ -104,6 +106,11 @@ class Ggml:
         start_server = self._rpc_function("ggml_backend_rpc_start_server", _StartServer)
         array = (ctypes.c_void_p * len(devices))(*devices)
         start_server(endpoint.encode(), cache_dir.encode() if cache_dir else None, n_threads, len(devices), array)
+
+    def type_traits(self, n_types: int) -> tuple[list[int], list[int]]:
+        """Each ggml type's block size (elements; 0 for a removed type) and size (bytes of a block)."""
+        types = range(n_types)
+        return [self._lib.ggml_blck_size(t) for t in types], [self._lib.ggml_type_size(t) for t in types]
 
     def on_abort(self, callback) -> None:
         """Call `callback(message)` when ggml is about to abort() the process (it cannot be stopped)."""

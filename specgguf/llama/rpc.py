@@ -22,9 +22,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import SpecggufError, UsageError
+from .rpc_frames import TOKEN_ACCEPTED, TOKEN_NOT_NEEDED, TOKEN_REFUSED, present_token
 
 # ggml-rpc.cpp / ggml-rpc.h of the vendored llama.cpp (llama-cpp-python 0.3.36).
 PROTOCOL_MAJOR = 7
@@ -35,6 +36,7 @@ _CONN_CAPS_SIZE = 24  # rpc_msg_hello_req: conn_caps[24]; the answer: major, min
 _HELLO_ANSWER_SIZE = 4 + _CONN_CAPS_SIZE
 DEFAULT_PORT = 50052
 DEFAULT_TIMEOUT = 60.0
+TOKEN_ENV = "SPECGGUF_WORKER_TOKEN"  # the shared secret, on both sides
 
 
 class RpcWorkerError(SpecggufError):
@@ -45,6 +47,7 @@ class RpcWorkerError(SpecggufError):
 class RpcWorker:
     host: str
     port: int
+    token: str | None = field(default=None, repr=False, compare=False)  # the worker's --token, if it has one
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port}"
@@ -127,6 +130,8 @@ def probe(worker: RpcWorker, *, timeout: float) -> tuple[int, int, int]:
     except OSError as error:
         raise RpcWorkerError(f"RPC worker {worker}: cannot connect ({error.strerror or error})") from None
     with connection:
+        if worker.token is not None:
+            _present_token(connection, worker, timeout)
         try:
             connection.sendall(struct.pack("<BQ", _CMD_HELLO, _CONN_CAPS_SIZE) + bytes(_CONN_CAPS_SIZE))
             header = _receive(connection, 8)
@@ -141,9 +146,10 @@ def probe(worker: RpcWorker, *, timeout: float) -> tuple[int, int, int]:
             raise RpcWorkerError(f"RPC worker {worker}: the handshake failed ({error.strerror or error})") from None
     if len(answer) != _HELLO_ANSWER_SIZE:
         heard = "closed the connection" if not header else f"answered {header[:8]!r}"
+        hint = "" if header or worker.token else f"a worker started with --token needs {TOKEN_ENV} here; "
         raise RpcWorkerError(
             f"RPC worker {worker}: {heard} instead of a llama.cpp RPC v{PROTOCOL_MAJOR}"
-            " handshake (another program, or another llama.cpp version, on that port?)"
+            f" handshake ({hint}another program, or another llama.cpp version, on that port?)"
         )
     major, minor, patch = answer[0], answer[1], answer[2]
     if major != PROTOCOL_MAJOR or minor > PROTOCOL_MINOR:
@@ -153,6 +159,26 @@ def probe(worker: RpcWorker, *, timeout: float) -> tuple[int, int, int]:
             " (the same specgguf install) on both machines"
         )
     return major, minor, patch
+
+
+def _present_token(connection: socket.socket, worker: RpcWorker, timeout: float) -> None:
+    """The shared secret before ggml's HELLO, as `specgguf worker --token` expects it."""
+    assert worker.token is not None
+    try:
+        status = present_token(connection, worker.token)
+    except TimeoutError:
+        raise RpcWorkerError(f"RPC worker {worker}: no answer to the token within {timeout:g} s") from None
+    except OSError:
+        status = None
+    if status == TOKEN_REFUSED:
+        raise RpcWorkerError(f"RPC worker {worker} refused the token: {TOKEN_ENV} is not its --token")
+    if status == TOKEN_NOT_NEEDED:
+        raise RpcWorkerError(f"RPC worker {worker} takes no token (started without --token): unset {TOKEN_ENV}")
+    if status != TOKEN_ACCEPTED:
+        raise RpcWorkerError(
+            f"RPC worker {worker} does not answer a token ({TOKEN_ENV} is set):"
+            " is it a `specgguf worker` of this version?"
+        )
 
 
 # --- after llama.cpp took over: bounded waits, one line when a worker fails ----------------

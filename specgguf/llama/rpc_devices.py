@@ -8,10 +8,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import llama_cpp
+import numpy as np
 
 from ..errors import ModelLoadError
 from .ggml_devices import Ggml
 from .rpc import RpcWorker, Watchdog, probe
+from .rpc_relay import TokenTunnel
 
 # --- RPC: layers on other machines' `specgguf worker` (or llama.cpp rpc-server) ---
 RPC_INSTALL = (
@@ -21,6 +23,7 @@ RPC_INSTALL = (
 )
 _ggml: Ggml | None = None
 _watchdog: Watchdog | None = None  # set once RPC devices are registered in this process
+_tunnels: dict[RpcWorker, TokenTunnel] = {}  # the loopback ports through which ggml reaches workers with a token
 
 
 def _ggml_library() -> Ggml:
@@ -56,8 +59,13 @@ def register_workers(workers: Sequence[RpcWorker], timeout: float) -> ctypes.Arr
         _watchdog.workers = tuple(dict.fromkeys(_watchdog.workers + tuple(workers)))
     devices = []
     for worker in workers:
+        endpoint = str(worker)
+        if worker.token is not None:  # ggml's client knows no token: it connects through a tunnel that does
+            if worker not in _tunnels:
+                _tunnels[worker] = TokenTunnel(worker.host, worker.port, worker.token, timeout=min(timeout, 10.0))
+            endpoint = _tunnels[worker].endpoint
         with _watchdog.guard(f"while connecting to {worker}"):
-            found = ggml.add_rpc_server(str(worker))
+            found = ggml.add_rpc_server(endpoint)
         if not found:
             raise ModelLoadError(f"RPC worker {worker} offers no device")
         devices.extend(found)
@@ -71,6 +79,12 @@ def _device_list(devices: list[int]) -> ctypes.Array:
 
 def rpc_server_devices() -> list[tuple[int, str]]:
     return _require_rpc().server_devices()
+
+
+def type_traits() -> tuple[np.ndarray, np.ndarray]:
+    """ggml's block size and block bytes of each of its types: how the worker's relay counts a tensor's bytes."""
+    block_sizes, type_sizes = _require_rpc().type_traits(llama_cpp.GGML_TYPE_COUNT)
+    return np.array(block_sizes, np.uint64), np.array(type_sizes, np.uint64)
 
 
 def start_rpc_server(endpoint: str, *, cache_dir: str | None, n_threads: int, devices: list[int]) -> None:
