@@ -292,9 +292,11 @@ def prepare(
     *,
     keep_draft: bool = False,
     on_measure: Callable[[], None] | None = None,
+    measure_now: bool = True,
 ) -> Prepared:
-    """Load the pair and learn its costs here. The draft model loads unless nothing will draft with
-    it (`--drafter ngram`, or `-k 0` unless `keep_draft`: chat's /k can turn drafting on later)."""
+    """Load the pair and learn its costs here (now, unless `measure_now` is False: then on first
+    need). The draft model loads unless nothing will draft with it (`--drafter ngram`, or `-k 0`
+    unless `keep_draft`: chat's /k can turn drafting on later)."""
     need_draft = DRAFTER_KINDS[drafting.drafter].needs_model and (keep_draft or not drafting.plain)
     announce = None if on_measure is None else lambda _text: on_measure()
     verifier, draft, choice = load_models(resolved, load, need_draft=need_draft, announce=announce)
@@ -311,7 +313,7 @@ def prepare(
         path, key = ngram_file(resolved.verifier, verifier.n_vocab)
         if path.exists():
             prepared.ngrams = SessionNgrams.load(path, key=key, n_vocab=verifier.n_vocab)
-    if not drafting.plain:
+    if measure_now and not drafting.plain:
         _ = prepared.costs  # measured now, before the first answer, if this machine has not yet
     return prepared
 

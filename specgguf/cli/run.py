@@ -12,6 +12,7 @@ from rich.text import Text
 
 from ..conversation import Prompts
 from ..core.drafters import DRAFTER_KINDS
+from ..core.engine import check_prompt
 from ..core.sampling import SamplingSettings
 from ..core.stats import GenerationStats
 from ..errors import PromptError
@@ -48,21 +49,16 @@ def run_prompt(
         load,
         drafting,
         on_measure=None if quiet or json_output else lambda: err_console.print(MEASURING, style="dim"),
+        measure_now=False,  # a prompt that cannot be answered is refused first
     )
     verifier, draft = prepared.verifier, prepared.draft
     tokens = Prompts(verifier).question(prompt, raw=raw, system=system, special=special)
+    check_prompt(verifier, tokens, max_tokens)
     policy, k_source = prepared.policy(temperature=settings.temperature)
     drafter = prepared.drafter()
     if resolved.draft is None and DRAFTER_KINDS[drafting.drafter].needs_model and not quiet and not json_output:
         err_console.print("no draft model given (-md): decoding with the verifier alone", style="yellow")
-    stream = TokenStream(
-        verifier.token_bytes,
-        console=None if json_output else out_console,
-        out=None if json_output else out,
-        show_rejected=show_rejected,
-    )
-    if show_rejected and out_console is not None and not json_output:
-        err_console.print(legend())
+    stream = _stream(verifier, json_output, show_rejected, out, out_console, err_console)
     generation = prepared.generate(
         tokens, drafter=drafter, policy=policy, max_tokens=max_tokens, settings=settings, seed=seed
     )
@@ -83,6 +79,20 @@ def run_prompt(
         _report(stats, k_source, load, err_console, where=where, draft=_made_here(prepared))
     prepared.save_ngrams()  # after the answer is out: a failure here loses nothing written
     return result
+
+
+def _stream(
+    verifier, json_output: bool, show_rejected: bool, out: TextIO, out_console: Console | None, err_console: Console
+) -> TokenStream:
+    """Where the answer goes: streamed to the terminal or the pipe, or only kept (--json)."""
+    if show_rejected and out_console is not None and not json_output:
+        err_console.print(legend())
+    return TokenStream(
+        verifier.token_bytes,
+        console=None if json_output else out_console,
+        out=None if json_output else out,
+        show_rejected=show_rejected,
+    )
 
 
 def _settings(

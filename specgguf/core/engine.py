@@ -125,7 +125,7 @@ def speculate(
     `drafter` proposes the drafts (drafting.py: a draft model, prompt lookup, or both);
     `k` is a fixed number of drafts or a policy that picks one per step.
     """
-    _check(verifier, prompt_tokens, max_tokens)
+    check_prompt(verifier, prompt_tokens, max_tokens)
     drafter = drafter or NoDrafter()
     policy = FixedK(k) if isinstance(k, int) else k
     start = time.perf_counter()
@@ -187,7 +187,8 @@ def _propose(
     return drafter.propose(context, k, step)
 
 
-def _check(verifier: Model, prompt_tokens: Sequence[int], max_tokens: int) -> None:
+def check_prompt(verifier: Model, prompt_tokens: Sequence[int], max_tokens: int) -> None:
+    """The prompt can be answered: not empty, and room in the context (callers may ask before `speculate`)."""
     if not prompt_tokens:
         raise PromptError("the prompt is empty")
     if max_tokens < 1:
