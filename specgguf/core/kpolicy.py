@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .costs import MachineCosts
-from .drafters import DRAFTER_KINDS, DrafterKind
+from .drafters import DRAFTER_KINDS, FORCED, DrafterKind
 from .drafting import Source
 from .engine import KPolicy, StepEvent
 
@@ -223,6 +223,8 @@ class AdaptiveK:
         return k
 
     def choose(self, source: Source = "model") -> int:
+        if source == FORCED:  # a grammar's forced tokens cost nothing: all of them
+            return self.config.k_max
         self.steps += 1
         if not self.worth_drafting:
             return 0
@@ -313,6 +315,8 @@ class PerSource:
     policies: dict[Source, KPolicy] = field(default_factory=dict)
 
     def choose(self, source: Source = "model") -> int:
+        if source not in self.policies:  # a grammar's forced tokens: free, all of them
+            return K_MAX
         return self.policies[source].choose(source)
 
     def keep_drafting(self, confidences: list[float]) -> bool:
