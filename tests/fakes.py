@@ -123,7 +123,7 @@ class TableConstraint:
         return len(tokens)
 
     def forced(self) -> list[int]:
-        state, tokens = self.state, []
+        state, tokens = self.state, list[int]()
         while len(self.table[state]) == 1 and len(tokens) < 8:
             (token,) = self.table[state]
             tokens.append(token)

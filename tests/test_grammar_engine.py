@@ -12,10 +12,10 @@ from scipy.stats import chisquare
 import specgguf.core.constraint
 import specgguf.core.engine
 from fakes import FakeModel, TableConstraint
+from specgguf.core.costs import MachineCosts
 from specgguf.core.engine import FixedK, speculate
 from specgguf.core.hybrid_drafter import HybridDrafter
 from specgguf.core.kpolicy import PolicyConfig, adaptive_policy
-from specgguf.core.costs import MachineCosts
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.ngram_drafter import NgramDrafter
 from specgguf.core.sampling import SamplingSettings
@@ -159,7 +159,9 @@ def test_masking_only_the_drafts_fails_the_check(monkeypatch):
 
 
 # Greedy: after 1 comes 2, after 2 comes 0 (then the forced 3, which it likes least), after 3 comes 1.
-GREEDY_TARGET = np.log(np.array([[0.1, 0.2, 0.3, 0.4], [0.1, 0.3, 0.5, 0.1], [0.6, 0.2, 0.1, 0.1], [0.2, 0.5, 0.2, 0.1]]))
+GREEDY_TARGET = np.log(
+    np.array([[0.1, 0.2, 0.3, 0.4], [0.1, 0.3, 0.5, 0.1], [0.6, 0.2, 0.1, 0.1], [0.2, 0.5, 0.2, 0.1]])
+)
 
 
 def test_greedy_under_a_grammar_is_masked_greedy_and_forced_tokens_are_free_drafts():

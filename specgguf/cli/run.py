@@ -15,6 +15,7 @@ from ..core.drafters import DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
 from ..core.stats import GenerationStats
 from ..files.resolve import ResolvedPair
+from ..grammar import GrammarSpec, constraint_for
 from ..prepare import MEASURING, DraftOptions, KSource, LoadOptions, Prepared, placement, prepare, where_line
 from .render import TokenStream, legend
 
@@ -33,6 +34,7 @@ def run_prompt(
     json_output: bool = False,
     show_rejected: bool = False,
     quiet: bool = False,
+    grammar: GrammarSpec | None = None,
     out: TextIO,
     out_console: Console | None,
     err_console: Console,
@@ -59,8 +61,15 @@ def run_prompt(
     )
     if show_rejected and out_console is not None and not json_output:
         err_console.print(legend())
+    constraint = None if grammar is None else constraint_for(verifier, grammar)
     generation = prepared.generate(
-        tokens, drafter=drafter, policy=policy, max_tokens=max_tokens, settings=settings, seed=seed
+        tokens,
+        drafter=drafter,
+        policy=policy,
+        max_tokens=max_tokens,
+        settings=settings,
+        seed=seed,
+        constraint=constraint,
     )
     stats = stream.write_all(generation)
     result = {
