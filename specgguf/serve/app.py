@@ -236,6 +236,7 @@ def _generation_request(body, messages, text: str, options: ServeOptions) -> Gen
         drafter=speculative.drafter if speculative else None,
         p_min=speculative.p_min if speculative else None,
         n_top_logprobs=body.n_top_logprobs,
+        grammar=body.grammar_spec(),
     )
 
 

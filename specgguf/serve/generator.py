@@ -31,6 +31,7 @@ from ..core.ngram_cache import SessionNgrams
 from ..core.sampling import SamplingSettings
 from ..core.stats import GenerationStats
 from ..errors import ContextFullError, PromptError, SpecggufError, UsageError
+from ..grammar import GrammarSpec, constraint_for
 from ..prepare import KChoice, Prepared
 from .text import AnswerText, TokenLogprob, token_logprobs
 
@@ -53,6 +54,7 @@ class GenerationRequest:
     drafter: DrafterKind | None = None
     p_min: float | None = None
     n_top_logprobs: int | None = None  # None: no log-probabilities; else alternatives per token
+    grammar: GrammarSpec | None = None  # what the answer must follow (response_format, grammar), compiled once already
 
 
 @dataclass(frozen=True)
@@ -192,12 +194,13 @@ class Worker:
                 f"the prompt is {len(prompt)} tokens but the context holds"
                 f" {self.verifier.n_ctx}; shorten it (or start the server with a larger -c)"
             )
-        return text, special, prompt, *self._drafting(request)
+        constraint = None if request.grammar is None else constraint_for(self.verifier, request.grammar)
+        return text, special, prompt, constraint, *self._drafting(request)
 
     def _generate(self, job: Job) -> None:
         request = job.request
         try:
-            text, special, prompt, drafter, policy = self._prepare(request)
+            text, special, prompt, constraint, drafter, policy = self._prepare(request)
         except SpecggufError as error:
             job.send(Failed(error, status=400))
             return
@@ -208,7 +211,13 @@ class Worker:
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_top, n_logprobs_sent = request.n_top_logprobs, 0
         generation = self.prepared.generate(
-            prompt, drafter=drafter, policy=policy, max_tokens=request.max_tokens, settings=request.settings, seed=seed
+            prompt,
+            drafter=drafter,
+            policy=policy,
+            max_tokens=request.max_tokens,
+            settings=request.settings,
+            seed=seed,
+            constraint=constraint,
         )
         try:
             for event in generation:

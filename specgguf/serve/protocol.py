@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..conversation import Message, Role
 from ..core.drafters import DrafterKind
 from ..core.sampling import SamplingSettings
+from ..grammar import MAX_GRAMMAR_CHARS, GrammarError, GrammarSpec
 
 
 class ApiError(Exception):
@@ -60,6 +61,32 @@ class Speculative(_Strict):
     p_min: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
 
 
+class JsonSchemaFormat(_Strict):
+    """OpenAI's `response_format.json_schema`: the schema the answer validates against (always enforced)."""
+
+    name: Annotated[str, Field(max_length=64)] = "response"
+    description: str | None = None
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    strict: bool | None = None  # the grammar enforces the schema either way
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def spec(self) -> GrammarSpec | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return GrammarSpec("json_object")
+        if self.json_schema is None:
+            raise ApiError(400, "'response_format.json_schema' is missing", param="response_format.json_schema")
+        return GrammarSpec.json_schema(
+            self.json_schema.schema_ if self.json_schema.schema_ is not None else {"type": "object"},
+            "'response_format.json_schema.schema'",
+        )
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
 
@@ -87,7 +114,8 @@ class _Common(_Strict):
     logit_bias: dict[str, Any] | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    grammar: Annotated[str, Field(max_length=MAX_GRAMMAR_CHARS)] | None = None  # llama-server's GBNF field
 
     def refuse_unsupported(self) -> None:
         if self.n not in (None, 1):
@@ -97,12 +125,25 @@ class _Common(_Strict):
         for name in ("frequency_penalty", "presence_penalty"):
             if getattr(self, name) not in (None, 0):
                 raise unsupported(name, "speculative sampling keeps the verifier's distribution unchanged")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise unsupported("response_format", "only plain text")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "'stream_options' needs 'stream': true", param="stream_options")
         if any(stop == "" for stop in self.stop_strings):
             raise ApiError(400, "'stop' strings must not be empty", param="stop")
+
+    def grammar_spec(self) -> GrammarSpec | None:
+        """What the answer must follow (`response_format`, or llama-server's `grammar`), checked: a
+        grammar that does not compile is a 400 naming the field and the problem."""
+        if self.grammar is not None and self.response_format is not None and self.response_format.type != "text":
+            raise ApiError(400, "give 'grammar' or a 'response_format', not both", param="grammar")
+        param = "grammar" if self.grammar is not None else "response_format"
+        try:
+            spec = GrammarSpec("gbnf", self.grammar) if self.grammar is not None else None
+            spec = spec or (self.response_format.spec() if self.response_format is not None else None)
+            if spec is not None:
+                spec.compile()
+        except GrammarError as error:
+            raise ApiError(400, f"'{param}': {error}", param=param, code="invalid_grammar") from None
+        return spec
 
     @property
     def stop_strings(self) -> list[str]:

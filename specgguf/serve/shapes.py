@@ -40,6 +40,8 @@ def timings(finished: Finished) -> dict:
         "predicted_per_second": round(stats.tokens_per_second, 3),
         "draft_n": stats.n_drafted,
         "draft_n_accepted": stats.n_accepted,
+        # specgguf's own: accepted drafts by who proposed them ("model", "ngram", "grammar": forced tokens)
+        "draft_n_accepted_by_source": dict(stats.accepted_by_source),
     }
 
 
