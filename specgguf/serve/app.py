@@ -28,6 +28,7 @@ from .generator import Delta, Failed, Finished, GenerationRequest, QueueFull, Wo
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 from .shapes import Shape
+from .tools import plan as tool_plan
 from .transport import BodyLimit, CountRequests, Server, check_address, listen
 
 
@@ -206,7 +207,7 @@ async def _events(job, shape: Shape, include_usage: bool):
         while True:
             message = await job.messages.get()
             if isinstance(message, Delta):
-                yield shape.sse(shape.chunk(message.text, message.logprobs, include_usage))
+                yield shape.sse(shape.chunk(message.text, message.logprobs, include_usage, message.tool_calls))
             elif isinstance(message, Finished):
                 yield shape.sse(shape.last_chunk(message, include_usage))
                 if include_usage:
@@ -237,6 +238,7 @@ def _generation_request(body, messages, text: str, options: ServeOptions) -> Gen
         p_min=speculative.p_min if speculative else None,
         n_top_logprobs=body.n_top_logprobs,
         grammar=body.grammar_spec(),
+        tools=tool_plan(body) if isinstance(body, ChatRequest) else None,
     )
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..conversation import Message, Role
+from ..conversation import Message, Role, ToolCall
 from ..core.drafters import DrafterKind
 from ..core.sampling import SamplingSettings
 from ..grammar import MAX_GRAMMAR_CHARS, GrammarError, GrammarSpec
@@ -161,20 +161,61 @@ class _Common(_Strict):
             raise ApiError(400, str(error)) from None
 
 
+_ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]  # OpenAI's rule for function names
+
+
+class FunctionDefinition(_Strict):
+    name: _ToolName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none: any object
+    strict: bool | None = None  # the grammar enforces the schema either way
+
+
+class ToolDefinition(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class ToolChoiceFunction(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class CalledFunction(_Strict):
+    name: str
+    arguments: str
+
+
+class MessageToolCall(_Strict):
+    id: Annotated[str, Field(max_length=256)]
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    tool_calls: Any = None
-    tool_call_id: Any = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's calls
+    tool_call_id: Annotated[str, Field(max_length=256)] | None = None  # a tool message: the call it answers
 
     def text(self, index: int) -> str:
         """The content as one string; text parts joined by newlines, anything else refused."""
         where = f"messages[{index}]"
-        if self.role in ("tool", "function") or self.tool_calls is not None or self.tool_call_id is not None:
-            raise unsupported(
-                f"{where}.role" if self.role in ("tool", "function") else f"{where}.tool_calls", "no tool calls"
+        if self.role == "function":
+            raise unsupported(f"{where}.role", "the legacy 'function' role; send 'tool' messages")
+        if self.tool_calls and self.role != "assistant":
+            raise ApiError(
+                400, f"{where}.tool_calls: only assistant messages make tool calls", param=f"{where}.tool_calls"
             )
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ApiError(400, f"{where}.tool_call_id is missing", param=f"{where}.tool_call_id")
+        if self.content is None and self.tool_calls:
+            return ""
         if self.content is None:
             raise ApiError(400, f"{where}.content is missing", param=f"{where}.content")
         if isinstance(self.content, str):
@@ -190,7 +231,13 @@ class ChatMessage(_Strict):
         return "\n".join(texts)
 
 
-_TEMPLATE_ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_TEMPLATE_ROLES: dict[str, Role] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
 
 
 class ChatRequest(_Common):
@@ -198,8 +245,8 @@ class ChatRequest(_Common):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    tools: Any = None
-    tool_choice: Any = None
+    tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
     functions: Any = None
     function_call: Any = None
     parallel_tool_calls: bool | None = None
@@ -208,19 +255,19 @@ class ChatRequest(_Common):
         super().refuse_unsupported()
         if self.top_logprobs is not None and not self.logprobs:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-        for name in ("tools", "functions"):
-            if getattr(self, name):
-                raise unsupported(name, "no tool calls")
-        for name in ("tool_choice", "function_call"):
-            if getattr(self, name) not in (None, "none", "auto"):
-                raise unsupported(name, "no tool calls")
+        for name in ("functions", "function_call"):
+            if getattr(self, name) is not None:
+                raise unsupported(name, "the legacy function-calling fields; send 'tools' and 'tool_choice'")
 
     def template_messages(self) -> list[Message]:
         """Messages for the chat template: "developer" is the newer name for "system"."""
         messages = []
         for i, message in enumerate(self.messages):
-            text = message.text(i)  # refuses tool messages, for now
-            messages.append(Message(_TEMPLATE_ROLES[message.role], text))
+            text = message.text(i)
+            calls = tuple(
+                ToolCall(call.id, call.function.name, call.function.arguments) for call in message.tool_calls or []
+            )
+            messages.append(Message(_TEMPLATE_ROLES[message.role], text, calls, message.tool_call_id))
         return messages
 
     @property

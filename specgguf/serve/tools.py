@@ -1,0 +1,190 @@
+"""Tool calling in /v1/chat/completions: the request's tools checked (`plan`), the grammar that makes
+every call's arguments follow its tool's schema (`call_constraint`: lazy, from the opener on, as
+llama-server's), and the model's text turned back into OpenAI's tool calls, streamed as
+`delta.tool_calls` (`CallStream`). The syntax of each model family: tool_syntax.py."""
+
+from __future__ import annotations
+
+import codecs
+import copy
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..core.lazy_grammar import LazyGrammar
+from ..grammar import JSON_OPTIONS, GrammarError, GrammarSpec, GuidanceConstraint, check_schema
+from .protocol import ApiError, ChatRequest
+from .tool_syntax import SYNTAXES, Family, ParsedCall, Tool, ToolSyntax
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    tools: list[Tool]
+    definitions: list[dict]  # as the chat template reads them (OpenAI's shape)
+    choice: str  # "auto", "required", "none", or the one function's name
+    parallel: bool
+
+
+def plan(body: ChatRequest) -> ToolPlan | None:
+    """The request's tools, checked: each schema compiles, names are unique, tool_choice names one of
+    them, the history calls only them. None: no tools (or tool_choice "none" without tools)."""
+    choice = body.tool_choice
+    named = None if choice is None or isinstance(choice, str) else choice.function.name
+    if not body.tools:
+        if named is not None or choice == "required":
+            raise ApiError(400, "'tool_choice' needs 'tools'", param="tool_choice")
+        return None
+    if body.response_format is not None and body.response_format.type != "text" or body.grammar is not None:
+        raise ApiError(400, "'tools' cannot be combined with 'response_format' or 'grammar'", param="tools")
+    tools = []
+    for i, definition in enumerate(body.tools):
+        function, param = definition.function, f"tools[{i}].function.parameters"
+        parameters = function.parameters if function.parameters is not None else {"type": "object"}
+        try:
+            GrammarSpec.json_schema(parameters, f"'{param}'").compile()
+        except GrammarError as error:
+            raise ApiError(400, f"{error} (tool {function.name!r})", param=param, code="invalid_tool_schema") from None
+        tools.append(Tool(function.name, function.description, parameters))
+    names = [tool.name for tool in tools]
+    if len(set(names)) < len(names):
+        duplicate = next(name for name in names if names.count(name) > 1)
+        raise ApiError(400, f"two tools are named {duplicate!r}", param="tools")
+    if named is not None and named not in names:
+        raise ApiError(400, f"'tool_choice' names {named[:64]!r}, which is not in 'tools'", param="tool_choice")
+    for i, message in enumerate(body.messages):
+        for j, call in enumerate(message.tool_calls or []):
+            if call.function.name not in names:
+                raise ApiError(
+                    400,
+                    f"messages[{i}] calls an unknown tool {call.function.name[:64]!r} (not in 'tools')",
+                    param=f"messages[{i}].tool_calls[{j}].function.name",
+                )
+    definitions = [definition.model_dump(exclude_none=True, by_alias=True) for definition in body.tools]
+    mode = named or (choice if isinstance(choice, str) else None) or "auto"
+    return ToolPlan(tools, definitions, mode, body.parallel_tool_calls is not False)
+
+
+def call_constraint(verifier: Any, tools_plan: ToolPlan, syntax: ToolSyntax) -> LazyGrammar | None:
+    """The lazy grammar for this request's calls over the verifier's vocabulary (None: no constraint,
+    where the model's opener is several tokens and the model may choose to call: parsed only)."""
+    from ..llama.guidance import guidance_tokenizer
+
+    tokenizer = guidance_tokenizer(verifier)
+    tokens = verifier.tokenize(syntax.opener, special=True) if syntax.opener else []
+    tokens = tokens[1:] if len(tokens) > 1 and not verifier.token_bytes(tokens[0]) else tokens  # a BOS
+    opener = tokens[0] if len(tokens) == 1 else None
+    if tools_plan.choice == "none":
+        return None if opener is None else _lazy(verifier, tokenizer, opener, None, required=False, parallel=False)
+    if opener is None and tools_plan.choice == "auto":
+        return None
+    tools = [t for t in tools_plan.tools if tools_plan.choice in ("auto", "required", t.name)]
+    strict = [Tool(t.name, t.description, _compact(t.parameters)) for t in tools]
+
+    def special(text: str) -> str:
+        ids = verifier.tokenize(text, special=True)
+        return f"<[{ids[-1]}]>" if len(ids) == 1 and tokenizer.is_special_token(ids[0]) else _quoted(text)
+
+    lark = syntax.call_lark(strict, special)
+    if opener is None and syntax.opener:  # the opener is text: the call's grammar starts with it
+        lark = lark.replace("start: ", f"start: {_quoted(syntax.opener)} (", 1).replace("\n", ")\n", 1)
+    grammar = GrammarSpec("lark", lark).compile()
+
+    def new_call() -> GuidanceConstraint:
+        return GuidanceConstraint(tokenizer, grammar, verifier.n_vocab)
+
+    required = tools_plan.choice != "auto"
+    return _lazy(verifier, tokenizer, opener, new_call, required=required, parallel=tools_plan.parallel)
+
+
+def _lazy(verifier: Any, tokenizer, opener: int | None, new_call, *, required: bool, parallel: bool) -> LazyGrammar:
+    end = np.zeros(verifier.n_vocab, dtype=bool)
+    between = np.zeros(verifier.n_vocab, dtype=bool)
+    end[[token for token in tokenizer.eos_tokens if token < verifier.n_vocab]] = True  # every end-of-generation token
+    for token in verifier.tokenize("\n", special=False)[-1:]:
+        between[token] = True
+    return LazyGrammar(
+        n_vocab=verifier.n_vocab,
+        opener=opener,
+        call=new_call,
+        end=end,
+        between=between,
+        required=required,
+        parallel=parallel,
+    )
+
+
+def _compact(schema: dict) -> dict:
+    """The schema with llguidance told to write compact JSON (no free whitespace to wander in)."""
+    schema = copy.deepcopy(check_schema(schema))
+    schema["x-guidance"] = {**JSON_OPTIONS, **schema.get("x-guidance", {})}
+    return schema
+
+
+def _quoted(text: str) -> str:
+    return json.dumps(text)
+
+
+class CallStream:
+    """The model's text after the first opener, as OpenAI's tool calls: `feed` returns the new
+    `delta.tool_calls` entries (a call's index, id and name first, then its argument fragments)."""
+
+    def __init__(self, family: Family, token_bytes):
+        self.syntax = SYNTAXES[family]
+        self.token_bytes = token_bytes
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""  # everything generated
+        self.ids: list[str] = []
+        self.sent: list[int] = []  # argument characters sent per call
+
+    def region(self) -> str | None:
+        """The text from the first call on; None while no call has opened."""
+        if self.syntax.opener:
+            at = self.text.find(self.syntax.opener)
+            return None if at < 0 else self.text[at:]
+        stripped = self.text.lstrip()
+        return stripped.removeprefix("<|python_tag|>") if stripped.startswith(("{", "<|python_tag|>")) else None
+
+    @property
+    def opened(self) -> bool:
+        return self.region() is not None
+
+    def feed(self, tokens: list[int]) -> list[dict]:
+        for token in tokens:
+            self.text += self._decoder.decode(self.token_bytes(token))
+        region = self.region()
+        return [] if region is None else self._deltas(self.syntax.parse(region))
+
+    def _deltas(self, calls: list[ParsedCall]) -> list[dict]:
+        deltas = []
+        for index, call in enumerate(calls):
+            if call.name is None:
+                break
+            if index == len(self.ids):
+                self.ids.append("call_" + secrets.token_hex(12))
+                self.sent.append(0)
+                deltas.append(
+                    {
+                        "index": index,
+                        "id": self.ids[index],
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": ""},
+                    }
+                )
+            if len(call.arguments) > self.sent[index]:
+                deltas.append({"index": index, "function": {"arguments": call.arguments[self.sent[index] :]}})
+                self.sent[index] = len(call.arguments)
+        return deltas
+
+    def calls(self) -> list[dict]:
+        """The complete calls, OpenAI's `message.tool_calls`."""
+        region = self.region()
+        parsed = [] if region is None else [call for call in self.syntax.parse(region) if call.complete]
+        while len(self.ids) < len(parsed):
+            self.ids.append("call_" + secrets.token_hex(12))
+        return [
+            {"id": self.ids[i], "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for i, call in enumerate(parsed)
+        ]
