@@ -13,6 +13,7 @@ import numpy as np
 from .constraint import Constraint
 
 Mode = Literal["free", "open", "call", "between", "done"]
+State = tuple[Mode, int, int]  # the mode, how many calls began, how much of the opener came (in "open")
 
 
 class CallGrammar(Constraint, Protocol):
@@ -22,70 +23,92 @@ class CallGrammar(Constraint, Protocol):
 
 
 class LazyGrammar:
-    """`mode` "free": any token (the opener starts a call; `call` None: the opener is forbidden, for
-    tool_choice "none"); "open": the opener must come now (tool_choice "required" or a named
-    function; an `opener` of None starts inside the call); "call": the call's grammar; "between":
-    after a call, an end token, or (parallel) `between` tokens (whitespace) and the opener."""
+    """`mode` "free": any token; the tokens of one of `openers` start that opener's call grammar
+    (`calls` None: the openers are forbidden, for tool_choice "none"; only single-token ones can be).
+    "open": the first opener's tokens must come now (tool_choice "required" or a named function, and
+    after "between" once its first token came; no openers: the answer starts inside a call). "call":
+    the call's grammar. "between": after a call, an end token, or (parallel) `between` tokens
+    (whitespace) and the first opener again."""
 
     def __init__(
         self,
         *,
         n_vocab: int,
-        opener: int | None,
-        call: Callable[[], CallGrammar] | None,
+        openers: Sequence[Sequence[int]],
+        calls: Sequence[Callable[[], CallGrammar]] | None,
         end: np.ndarray,
         between: np.ndarray,
         required: bool,
         parallel: bool,
     ):
-        self.n_vocab, self.opener, self.new_call, self.parallel = n_vocab, opener, call, parallel
-        self._end, self._between = end, between | end
-        if opener is not None:
-            self._between = self._between.copy()
-            self._between[opener] = parallel
+        self.n_vocab = n_vocab
+        self.openers = [tuple(opener) for opener in openers]
+        self.new_calls = list(calls) if calls is not None else None
+        self._end, self._between = end, (between | end).copy()
         self._free = np.ones(n_vocab, dtype=bool)
-        if opener is not None and call is None:
-            self._free[opener] = False
+        if self.openers:
+            self._between[self.openers[0][0]] = parallel
+            if self.new_calls is None:
+                self._free[[opener[0] for opener in self.openers if len(opener) == 1]] = False
         self.calls: list[CallGrammar] = []
+        self.tokens: list[int] = []
         self.mode: Mode = "free" if not required else "open"
-        if required and opener is None:
-            self._start_call()
-        self._log: list[tuple[Mode, int]] = []  # per token advanced: the mode before it, the calls before it
+        self.progress = 0  # in "open": the first opener's tokens so far
+        if required and not self.openers:
+            self._start_call(0)
+        self._log: list[State] = []  # per token advanced: the state before it
 
-    def _start_call(self) -> None:
-        assert self.new_call is not None
-        self.calls.append(self.new_call())
-        self.mode = "call"
+    def _start_call(self, which: int) -> None:
+        assert self.new_calls is not None
+        self.calls.append(self.new_calls[which]())
+        self.mode, self.progress = "call", 0
 
     def allowed(self) -> np.ndarray:
         if self.mode == "free":
             return self._free
-        if self.mode == "open":
-            mask = np.zeros(self.n_vocab, dtype=bool)
-            mask[self.opener] = True
-            return mask
         if self.mode == "call":
             return self.calls[-1].allowed()
-        return self._between if self.mode == "between" else self._end
+        if self.mode == "between":
+            return self._between
+        if self.mode == "done":
+            return self._end
+        mask = np.zeros(self.n_vocab, dtype=bool)
+        mask[self.openers[0][self.progress]] = True
+        return mask
 
     def advance(self, token: int) -> None:
-        self._log.append((self.mode, len(self.calls)))
+        self._log.append((self.mode, len(self.calls), self.progress))
+        self.tokens.append(token)
         if self.mode == "call":
             self.calls[-1].advance(token)
             if self.calls[-1].accepting:
                 self.mode = "between"
-        elif self.mode in ("free", "open", "between") and token == self.opener and self.new_call is not None:
-            self._start_call()
+        elif self.mode == "free" and self.new_calls is not None:
+            for which, opener in enumerate(self.openers):
+                n = len(opener)
+                if tuple(self.tokens[-n:]) == opener and all(state[0] == "free" for state in self._log[-n:]):
+                    self._start_call(which)
+                    break
+        elif self.mode == "between" and self.openers and token == self.openers[0][0]:
+            self.mode, self.progress = "open", 0
+            self._opener_token()
         elif self.mode == "between" and self._end[token]:
             self.mode = "done"
+        elif self.mode == "open":
+            self._opener_token()
+
+    def _opener_token(self) -> None:
+        self.progress += 1
+        if self.progress == len(self.openers[0]):
+            self._start_call(0)
 
     def rollback(self, n_tokens: int) -> None:
         for _ in range(n_tokens):
-            mode, n_calls = self._log.pop()
-            if mode == "call":
+            self.mode, n_calls, self.progress = self._log.pop()
+            self.tokens.pop()
+            if self.mode == "call":
                 self.calls[-1].rollback(1)
             del self.calls[n_calls:]
-            self.mode = mode
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:
         n = 0
@@ -103,6 +126,6 @@ class LazyGrammar:
         return n
 
     def forced(self) -> list[int]:
-        if self.mode == "open" and self.opener is not None:
-            return [self.opener]
+        if self.mode == "open":
+            return list(self.openers[0][self.progress :])
         return self.calls[-1].forced() if self.mode == "call" else []

@@ -219,7 +219,7 @@ class Worker:
         job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
         seed = request.seed if request.seed is not None and request.seed >= 0 else secrets.randbelow(2**31)
         calls = None if request.tools is None else CallStream(self.tool_family, self.verifier.token_bytes)
-        opener = [] if calls is None or not calls.syntax.opener else [calls.syntax.opener]
+        opener = [] if calls is None else calls.syntax.openers
         answer = AnswerText(self.verifier.token_bytes, request.stops + opener)  # content ends where a call opens
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_top, n_logprobs_sent = request.n_top_logprobs, 0

@@ -10,6 +10,7 @@ model's text back into OpenAI's tool calls. The family comes from the model's ch
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,19 +33,37 @@ class ParsedCall:
 
 
 @dataclass(frozen=True)
+class Form:
+    """One way a family writes a call: opener, then before + the call's JSON + after, then closer."""
+
+    opener: str  # "" : none, the call is the answer's start
+    before: str = ""
+    after: str = ""
+    closer: str = ""  # may be a special token
+
+
+@dataclass(frozen=True)
 class ToolSyntax:
     family: Family
-    opener: str  # the text that opens a call ("" : none, the call is the answer's start)
-    closer: str  # the text after a call's JSON ("" : none)
+    forms: tuple[Form, ...]  # the first is the family's own; others are what its models also write
     arguments_key: str  # "arguments" or "parameters"
-    wrap: Callable[[str], str]  # one call's JSON -> the text between opener and closer
 
-    def call_lark(self, tools: list[Tool], special: Callable[[str], str]) -> str:
-        """A Lark grammar (llguidance's dialect) for one call of any of `tools`: its body after the
-        opener, through the closer. `special(text)` spells text that may be a special token."""
+    @property
+    def opener(self) -> str:
+        return self.forms[0].opener
+
+    @property
+    def openers(self) -> list[str]:
+        return [form.opener for form in self.forms if form.opener]
+
+    def call_lark(self, tools: list[Tool], special: Callable[[str], str], form: Form | None = None) -> str:
+        """A Lark grammar (llguidance's dialect) for one call of any of `tools` in `form` (the
+        family's own): its body after the opener, through the closer. `special(text)` spells text
+        that may be a special token."""
+        form = form or self.forms[0]
         rules, names = [], []
-        before, after = self.wrap("\x00").split("\x00")
-        close = f" {special(self.closer)}" if self.closer else ""
+        before, after = form.before, form.after
+        close = f" {special(form.closer)}" if form.closer else ""
         for i, tool in enumerate(tools):
             head = json.dumps(f'{before}{{"name": {json.dumps(tool.name)}, "{self.arguments_key}": ')
             tail = json.dumps("}" + after)
@@ -56,7 +75,8 @@ class ToolSyntax:
     def parse(self, region: str) -> list[ParsedCall]:
         """The calls in `region` (the text from the first opener on), the last maybe incomplete."""
         calls = []
-        pieces = region.split(self.opener)[1:] if self.opener else [region]
+        openers = self.openers
+        pieces = re.split("|".join(map(re.escape, openers)), region)[1:] if openers else [region]
         for piece in pieces:
             start = piece.find("{")
             while start >= 0:
@@ -109,9 +129,12 @@ def _loose(text: str, arguments_key: str) -> tuple[ParsedCall | None, int]:
 SYNTAXES: dict[Family, ToolSyntax] = {
     syntax.family: syntax
     for syntax in (
-        ToolSyntax("hermes", "<tool_call>", "</tool_call>", "arguments", lambda call: f"\n{call}\n"),
-        ToolSyntax("llama3", "", "", "parameters", lambda call: call),
-        ToolSyntax("mistral", "[TOOL_CALLS]", "", "arguments", lambda call: f"[{call}]"),
+        # Qwen2.5-Coder often writes its call as a ```json block instead: llama.cpp's parser takes it too.
+        ToolSyntax(
+            "hermes", (Form("<tool_call>", "\n", "\n", "</tool_call>"), Form("```json\n", "", "\n```")), "arguments"
+        ),
+        ToolSyntax("llama3", (Form(""),), "parameters"),
+        ToolSyntax("mistral", (Form("[TOOL_CALLS]", "[", "]"),), "arguments"),
     )
 }
 

@@ -68,38 +68,43 @@ def plan(body: ChatRequest) -> ToolPlan | None:
 
 
 def call_constraint(verifier: Any, tools_plan: ToolPlan, syntax: ToolSyntax) -> LazyGrammar | None:
-    """The lazy grammar for this request's calls over the verifier's vocabulary (None: no constraint,
-    where the model's opener is several tokens and the model may choose to call: parsed only)."""
+    """The lazy grammar for this request's calls over the verifier's vocabulary: free text until the
+    tokens of one of the family's openers, then that form's call grammar (tool_choice "required" or a
+    named function: the first form's opener at once). None: nothing to constrain (a family without
+    an opener, tool_choice "auto": the calls are parsed from the text)."""
     from ..llama.guidance import guidance_tokenizer
 
     tokenizer = guidance_tokenizer(verifier)
-    tokens = verifier.tokenize(syntax.opener, special=True) if syntax.opener else []
-    tokens = tokens[1:] if len(tokens) > 1 and not verifier.token_bytes(tokens[0]) else tokens  # a BOS
-    opener = tokens[0] if len(tokens) == 1 else None
+    forms = [form for form in syntax.forms if form.opener]
+    openers = [_tokens(verifier, form.opener) for form in forms]
     if tools_plan.choice == "none":
-        return None if opener is None else _lazy(verifier, tokenizer, opener, None, required=False, parallel=False)
-    if opener is None and tools_plan.choice == "auto":
+        return _lazy(verifier, tokenizer, openers, None, required=False, parallel=False) if openers else None
+    if not openers and tools_plan.choice == "auto":
         return None
     tools = [t for t in tools_plan.tools if tools_plan.choice in ("auto", "required", t.name)]
     strict = [Tool(t.name, t.description, _compact(t.parameters)) for t in tools]
 
     def special(text: str) -> str:
-        ids = verifier.tokenize(text, special=True)
-        return f"<[{ids[-1]}]>" if len(ids) == 1 and tokenizer.is_special_token(ids[0]) else _quoted(text)
+        ids = _tokens(verifier, text)
+        return f"<[{ids[0]}]>" if len(ids) == 1 and tokenizer.is_special_token(ids[0]) else json.dumps(text)
 
-    lark = syntax.call_lark(strict, special)
-    if opener is None and syntax.opener:  # the opener is text: the call's grammar starts with it
-        lark = lark.replace("start: ", f"start: {_quoted(syntax.opener)} (", 1).replace("\n", ")\n", 1)
-    grammar = GrammarSpec("lark", lark).compile()
+    def factory(grammar: str):
+        return lambda: GuidanceConstraint(tokenizer, grammar, verifier.n_vocab)
 
-    def new_call() -> GuidanceConstraint:
-        return GuidanceConstraint(tokenizer, grammar, verifier.n_vocab)
-
+    grammars = [
+        GrammarSpec("lark", syntax.call_lark(strict, special, form)).compile() for form in forms or syntax.forms
+    ]
     required = tools_plan.choice != "auto"
-    return _lazy(verifier, tokenizer, opener, new_call, required=required, parallel=tools_plan.parallel)
+    calls = [factory(grammar) for grammar in grammars]
+    return _lazy(verifier, tokenizer, openers, calls, required=required, parallel=tools_plan.parallel)
 
 
-def _lazy(verifier: Any, tokenizer, opener: int | None, new_call, *, required: bool, parallel: bool) -> LazyGrammar:
+def _tokens(verifier: Any, text: str) -> list[int]:
+    tokens = verifier.tokenize(text, special=True)
+    return tokens[1:] if len(tokens) > 1 and not verifier.token_bytes(tokens[0]) else tokens  # a BOS in front
+
+
+def _lazy(verifier: Any, tokenizer, openers, calls, *, required: bool, parallel: bool) -> LazyGrammar:
     end = np.zeros(verifier.n_vocab, dtype=bool)
     between = np.zeros(verifier.n_vocab, dtype=bool)
     end[[token for token in tokenizer.eos_tokens if token < verifier.n_vocab]] = True  # every end-of-generation token
@@ -107,8 +112,8 @@ def _lazy(verifier: Any, tokenizer, opener: int | None, new_call, *, required: b
         between[token] = True
     return LazyGrammar(
         n_vocab=verifier.n_vocab,
-        opener=opener,
-        call=new_call,
+        openers=openers,
+        calls=calls,
         end=end,
         between=between,
         required=required,
@@ -117,14 +122,24 @@ def _lazy(verifier: Any, tokenizer, opener: int | None, new_call, *, required: b
 
 
 def _compact(schema: dict) -> dict:
-    """The schema with llguidance told to write compact JSON (no free whitespace to wander in)."""
-    schema = copy.deepcopy(check_schema(schema))
+    """The schema as the call's grammar follows it: compact JSON (no free whitespace to wander in) and,
+    as OpenAI's strict mode does, no properties beyond those an object lists (a small model invents
+    keys otherwise); what it writes still validates against the schema as given."""
+    schema = _closed(copy.deepcopy(check_schema(schema)))
     schema["x-guidance"] = {**JSON_OPTIONS, **schema.get("x-guidance", {})}
     return schema
 
 
-def _quoted(text: str) -> str:
-    return json.dumps(text)
+def _closed(value: Any) -> Any:
+    if isinstance(value, dict):
+        if isinstance(value.get("properties"), dict) and "additionalProperties" not in value:
+            value["additionalProperties"] = False
+        for item in value.values():
+            _closed(item)
+    elif isinstance(value, list):
+        for item in value:
+            _closed(item)
+    return value
 
 
 class CallStream:
@@ -141,9 +156,9 @@ class CallStream:
 
     def region(self) -> str | None:
         """The text from the first call on; None while no call has opened."""
-        if self.syntax.opener:
-            at = self.text.find(self.syntax.opener)
-            return None if at < 0 else self.text[at:]
+        if self.syntax.openers:
+            found = [at for at in (self.text.find(opener) for opener in self.syntax.openers) if at >= 0]
+            return self.text[min(found) :] if found else None
         stripped = self.text.lstrip()
         return stripped.removeprefix("<|python_tag|>") if stripped.startswith(("{", "<|python_tag|>")) else None
 
