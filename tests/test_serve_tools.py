@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
-import openai
 import pytest
 
 from live_server import live_server
