@@ -125,7 +125,7 @@ def test_openai_agents_sdk_runs_a_two_tool_loop(server, model):
     client = AsyncOpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
     agent = Agent(
         name="weather",
-        instructions="Answer with the tools: first get_weather, then to_fahrenheit on its result; then answer in one sentence.",
+        instructions="Use the tools: first get_weather, then to_fahrenheit on its result.",
         model=OpenAIChatCompletionsModel(model=model, openai_client=client),
         tools=[get_weather, to_fahrenheit],
         # Every turn calls a tool (the 1.5B coder, left to choose, sometimes writes its call as plain
