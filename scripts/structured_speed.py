@@ -29,11 +29,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("-n", "--max-tokens", type=int, default=200)
     args, extra = parser.parse_known_args()
-    cases = [("json_schema", prompt, schema) for schema, prompt in SCHEMA_PROMPTS[: args.only]]
+    cases: list[tuple[str, str, dict | None]] = [
+        ("json_schema", p, schema) for schema, p in SCHEMA_PROMPTS[: args.only]
+    ]
     cases += [("tools", prompt, None) for prompt in TOOL_PROMPTS[: args.only]]
     seconds: dict[str, dict[str, list[float]]] = {}  # setting -> kind -> ms per token
     rates: dict[str, list[float]] = {"spec": [], "k0": []}  # per request: tokens/s
-    ratios, sources = [], Counter()
+    ratios: list[float] = []
+    sources = Counter[str]()
     with server(extra) as url:
         client = OpenAI(base_url=url + "/v1", api_key="unused", timeout=600, max_retries=0)
         model = client.models.list().data[0].id

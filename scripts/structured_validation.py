@@ -20,18 +20,19 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from typing import Any
 
 import httpx
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 from openai import OpenAI
 
-PERSON = {
+PERSON: dict[str, Any] = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "born": {"type": "integer"}, "field": {"type": "string"}},
     "required": ["name", "born", "field"],
     "additionalProperties": False,
 }
-CITY = {
+CITY: dict[str, Any] = {
     "type": "object",
     "properties": {
         "city": {"type": "string"},
@@ -42,7 +43,7 @@ CITY = {
     "required": ["city", "country", "population_millions", "landmarks"],
     "additionalProperties": False,
 }
-FUNCTION = {
+FUNCTION: dict[str, Any] = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "pattern": "^[a-z_][a-z0-9_]*$"},
@@ -83,7 +84,7 @@ SCHEMA_PROMPTS = (
         )
     ]
 )
-TOOLS = [
+TOOLS: list[Any] = [
     {
         "type": "function",
         "function": {
@@ -184,11 +185,11 @@ def main() -> None:
     parser.add_argument("-n", "--max-tokens", type=int, default=200)
     args, extra = parser.parse_known_args()
     schema_prompts, tool_prompts = SCHEMA_PROMPTS[: args.only], TOOL_PROMPTS[: args.only]
-    rows = []
+    rows: list[tuple[str, int, int, Counter[str], Counter[str]]] = []
     with server(extra) as url:
         client = OpenAI(base_url=url + "/v1", api_key="unused", timeout=600, max_retries=0)
         model = client.models.list().data[0].id
-        valid, finish, sources = 0, Counter(), Counter()
+        valid, finish, sources = 0, Counter[str](), Counter[str]()
         for schema, prompt in schema_prompts:
             response = client.chat.completions.create(
                 model=model,
@@ -200,17 +201,17 @@ def main() -> None:
                     "json_schema": {"name": "answer", "schema": schema, "strict": True},
                 },
             )
-            text, ok = response.choices[0].message.content, True
+            text, ok = response.choices[0].message.content or "", True
             try:
                 jsonschema.validate(json.loads(text), schema)
             except (ValueError, jsonschema.ValidationError):
                 ok = False
-            valid += ok
+            valid += int(ok)
             finish[response.choices[0].finish_reason] += 1
             add_sources(sources, response)
             print(f"{'ok ' if ok else 'BAD'} json_schema  {prompt[:50]!r}: {text[:90]}")
         rows.append(("json_schema", len(schema_prompts), valid, finish, sources))
-        valid, finish, sources = 0, Counter(), Counter()
+        valid, finish, sources = 0, Counter[str](), Counter[str]()
         schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
         n_calls = 0
         for prompt in tool_prompts:
@@ -222,22 +223,23 @@ def main() -> None:
                 tools=TOOLS,
             )
             message, ok = response.choices[0].message, True
-            for call in message.tool_calls or []:
+            calls = [call.function for call in message.tool_calls or [] if call.type == "function"]
+            for call in calls:
                 n_calls += 1
                 try:
-                    jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+                    jsonschema.validate(json.loads(call.arguments), schemas[call.name])
                 except (ValueError, KeyError, jsonschema.ValidationError):
                     ok = False
-            valid += ok
+            valid += int(ok)
             finish[response.choices[0].finish_reason] += 1
             add_sources(sources, response)
-            shown = [(c.function.name, c.function.arguments) for c in message.tool_calls or []] or message.content
+            shown = [(call.name, call.arguments) for call in calls] or message.content
             print(f"{'ok ' if ok else 'BAD'} tools        {prompt[:50]!r}: {str(shown)[:90]}")
         rows.append((f"tool calls ({n_calls} calls)", len(tool_prompts), valid, finish, sources))
     print("\n| set | answers | valid | finish reasons | accepted drafts by source |\n|---|---|---|---|---|")
-    for name, n, ok, reasons, by_source in rows:
-        print(f"| {name} | {n} | {ok}/{n} | {dict(reasons)} | {dict(by_source)} |")
-    sys.exit(0 if all(ok == n for _, n, ok, _, _ in rows) else 1)
+    for name, n, n_valid, reasons, by_source in rows:
+        print(f"| {name} | {n} | {n_valid}/{n} | {dict(reasons)} | {dict(by_source)} |")
+    sys.exit(0 if all(n_valid == n for _, n, n_valid, _, _ in rows) else 1)
 
 
 if __name__ == "__main__":
