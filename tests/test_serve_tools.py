@@ -158,6 +158,11 @@ def _tool(parameters, name="broken"):
             "unknown tool 'fly'",
         ),
         (_bad(messages=[{"role": "tool", "content": "42"}]), "messages[0].tool_call_id", "is missing"),
+        (
+            _bad(messages=[{"role": "tool", "tool_call_id": "x", "content": "42"}]),
+            "messages[0].tool_call_id",
+            "no earlier",
+        ),
         (_bad(response_format={"type": "json_object"}), "tools", "cannot be combined"),
     ],
     ids=[
@@ -170,6 +175,7 @@ def _tool(parameters, name="broken"):
         "choice-no-tools",
         "unknown-call",
         "tool-no-id",
+        "tool-unasked",
         "with-format",
     ],
 )

@@ -261,9 +261,17 @@ class ChatRequest(_Common):
 
     def template_messages(self) -> list[Message]:
         """Messages for the chat template: "developer" is the newer name for "system"."""
-        messages = []
+        messages, called = [], set()
         for i, message in enumerate(self.messages):
             text = message.text(i)
+            called |= {call.id for call in message.tool_calls or []}
+            if message.role == "tool" and message.tool_call_id not in called:
+                raise ApiError(
+                    400,
+                    f"messages[{i}] answers a tool call no earlier assistant message made"
+                    f" ({str(message.tool_call_id)[:64]!r})",
+                    param=f"messages[{i}].tool_call_id",
+                )
             calls = tuple(
                 ToolCall(call.id, call.function.name, call.function.arguments) for call in message.tool_calls or []
             )
