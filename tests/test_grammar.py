@@ -134,6 +134,13 @@ def test_run_grammar_follows_a_gbnf_file(cli, tiny, tmp_path):
     assert result.stdout.strip() in ("answer: yes", "answer: no")
 
 
+def test_run_takes_one_grammar_at_most(cli, tmp_path):
+    (tmp_path / "s.json").write_text("{}")
+    (tmp_path / "g.gbnf").write_text('root ::= "a"')
+    result = cli("run", "--json-schema", tmp_path / "s.json", "--grammar", tmp_path / "g.gbnf", "hi")
+    assert "not both" in result.error_line()
+
+
 @pytest.mark.parametrize(
     "content, option, message",
     [
