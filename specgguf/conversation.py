@@ -16,9 +16,10 @@ Every command builds its prompt here, so `run`, `chat`, `bench` and `serve` cann
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from .errors import PromptError
 
@@ -26,14 +27,43 @@ Role = Literal["system", "user", "assistant", "tool"]
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function call an assistant message made (OpenAI's shape: arguments as JSON text)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class Message:
-    """One message of a conversation, typed; `as_template` is what a chat template reads."""
+    """One message of a conversation, typed; `as_template` is what a chat template reads. An assistant
+    message may carry the tool calls it made, a tool message the id of the call it answers."""
 
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
-    def as_template(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
+    def as_template(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            # Templates (Qwen2.5's, Llama 3's) write the arguments with `tojson`: an object, as
+            # Hugging Face's convention has it, not the JSON text OpenAI sends.
+            message["tool_calls"] = [
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": _arguments(call)}}
+                for call in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+def _arguments(call: ToolCall) -> Any:
+    try:
+        return json.loads(call.arguments)
+    except ValueError:
+        return call.arguments
 
 
 class Templated(Protocol):
@@ -43,12 +73,32 @@ class Templated(Protocol):
 
     def chat_template(self) -> str | None: ...
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str: ...
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str: ...
 
 
-def chatml(messages: Sequence[Message]) -> str:
-    """The template for a model whose GGUF carries none (llama.cpp's choice too)."""
-    return "".join(f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n" for m in messages) + "<|im_start|>assistant\n"
+def chatml(messages: Sequence[Message], tools: list[dict] | None = None) -> str:
+    """The template for a model whose GGUF carries none (llama.cpp's choice too); tools as Hermes
+    and Qwen2.5 write them (a system block; calls as <tool_call> JSON)."""
+    parts = [_hermes_tools(tools)] if tools else []
+    for m in messages:
+        calls = "".join(
+            f'\n<tool_call>\n{{"name": {json.dumps(c.name)}, "arguments": {c.arguments}}}\n</tool_call>'
+            for c in m.tool_calls
+        )
+        content = f"<tool_response>\n{m.content}\n</tool_response>" if m.role == "tool" else m.content
+        parts.append(f"<|im_start|>{'user' if m.role == 'tool' else m.role}\n{content}{calls}<|im_end|>\n")
+    return "".join(parts) + "<|im_start|>assistant\n"
+
+
+def _hermes_tools(tools: list[dict]) -> str:
+    signatures = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+    return (
+        "<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{signatures}\n"
+        "</tools>\n\nFor each function call, return a json object with function name and arguments within"
+        ' <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments":'
+        " <args-json-object>}\n</tool_call><|im_end|>\n"
+    )
 
 
 class Prompts:
@@ -59,12 +109,16 @@ class Prompts:
         self.has_template = verifier.chat_template() is not None
         self._bos = verifier.tokenize("", special=True)  # what tokenize puts in front of any text
 
-    def render(self, messages: Sequence[Message]) -> str:
-        """The text of a prompt ready for the assistant's turn: the model's template, else ChatML.
+    def render(self, messages: Sequence[Message], tools: list[dict] | None = None) -> str:
+        """The text of a prompt ready for the assistant's turn: the model's template, else ChatML;
+        `tools` (OpenAI's tool definitions) go to the template as `tools=`.
         A failing or looping template raises PromptError (llama/template.py)."""
         if not self.has_template:
-            return chatml(messages)
-        return self.verifier.apply_chat_template([message.as_template() for message in messages])
+            return chatml(messages, tools)
+        rendered = [message.as_template() for message in messages]
+        return (
+            self.verifier.apply_chat_template(rendered, tools) if tools else self.verifier.apply_chat_template(rendered)
+        )
 
     def tokens(self, text: str, *, special: bool = True) -> list[int]:
         """A whole prompt's tokens (BOS where the model wants one)."""

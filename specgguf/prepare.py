@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .core.constraint import Constraint
 from .core.costs import MachineCosts
 from .core.drafters import DEFAULT_DRAFTER, DRAFTER_KINDS, DrafterKind, DraftSettings, build_drafter
 from .core.drafting import Drafter, Source
@@ -199,8 +200,10 @@ class Prepared:
         max_tokens: int,
         settings: SamplingSettings,
         seed: int,
+        constraint: Constraint | None = None,
     ) -> Generation:
-        """One answer from the engine over the loaded pair, driven and timed (core.stats.Generation)."""
+        """One answer from the engine over the loaded pair, driven and timed (core.stats.Generation);
+        `constraint`: a grammar the answer follows (grammar.constraint_for)."""
         events = speculate(
             verifier=self.verifier,
             drafter=drafter,
@@ -209,6 +212,7 @@ class Prepared:
             max_tokens=max_tokens,
             settings=settings,
             rng=np.random.default_rng(seed),
+            constraint=constraint,
         )
         return Generation(events)
 

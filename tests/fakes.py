@@ -85,3 +85,47 @@ def one_hot_logits(choice: Callable[[list[int]], int], n_vocab: int) -> Callable
         return logits
 
     return next_logits
+
+
+class TableConstraint:
+    """A grammar as a small automaton (implements core.constraint.Constraint): `allowed[state]` is the
+    set of tokens allowed there, `step(state, token)` the next state."""
+
+    def __init__(self, allowed: dict[int, set[int]], step: Callable[[int, int], int], *, n_vocab: int, start: int = 0):
+        self.table, self.step, self.n_vocab = allowed, step, n_vocab
+        self.states = [start]  # the state after each token advanced (the first: the start)
+        self.mask_calls = 0
+
+    @property
+    def state(self) -> int:
+        return self.states[-1]
+
+    def allowed(self) -> np.ndarray:
+        self.mask_calls += 1
+        mask = np.zeros(self.n_vocab, dtype=bool)
+        mask[sorted(self.table[self.state])] = True
+        return mask
+
+    def advance(self, token: int) -> None:
+        assert token in self.table[self.state], f"token {token} is not allowed in state {self.state}"
+        self.states.append(self.step(self.state, token))
+
+    def rollback(self, n_tokens: int) -> None:
+        assert 0 <= n_tokens < len(self.states)
+        del self.states[len(self.states) - n_tokens :]
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        state = self.state
+        for n, token in enumerate(tokens):
+            if token not in self.table[state]:
+                return n
+            state = self.step(state, token)
+        return len(tokens)
+
+    def forced(self) -> list[int]:
+        state, tokens = self.state, list[int]()
+        while len(self.table[state]) == 1 and len(tokens) < 8:
+            (token,) = self.table[state]
+            tokens.append(token)
+            state = self.step(state, token)
+        return tokens

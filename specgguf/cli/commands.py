@@ -4,6 +4,7 @@ typed values once (options.pair_setup), and calls one keyword-only function."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -80,11 +81,19 @@ def run(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
     show_rejected: Annotated[bool, typer.Option("--show-rejected", help="Show rejected drafts, struck out.")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No stats line on stderr.")] = False,
+    json_schema: Annotated[
+        Path | None, typer.Option("--json-schema", help="Answer JSON that validates against this schema file.")
+    ] = None,
+    grammar: Annotated[
+        Path | None, typer.Option("--grammar", help="Answer text that follows this GBNF (or Lark) grammar file.")
+    ] = None,
 ) -> None:
     """Answer one prompt with speculative decoding."""
+    from ..grammar import grammar_from_files
     from .run import run_prompt
 
     text = read_prompt(prompt)
+    constraint = grammar_from_files(json_schema=json_schema, grammar=grammar)  # checked before the models load
     out_console, err_console = consoles(json_output)
     settings = sampling_settings(temp, top_k, top_p, min_p)
     seed = parse_seed(seed)  # checked before the models load
@@ -124,6 +133,7 @@ def run(
             json_output=json_output,
             show_rejected=show_rejected,
             quiet=quiet,
+            grammar=constraint,
             out=sys.stdout,
             out_console=out_console,
             err_console=err_console,

@@ -17,6 +17,7 @@ from ..core.sampling import SamplingSettings
 from ..core.stats import GenerationStats
 from ..errors import PromptError
 from ..files.resolve import ResolvedPair
+from ..grammar import GrammarSpec, constraint_for
 from ..prepare import MEASURING, DraftOptions, KSource, LoadOptions, Prepared, placement, prepare, where_line
 from .render import TokenStream, legend
 
@@ -36,6 +37,7 @@ def run_prompt(
     json_output: bool = False,
     show_rejected: bool = False,
     quiet: bool = False,
+    grammar: GrammarSpec | None = None,
     out: TextIO,
     out_console: Console | None,
     err_console: Console,
@@ -59,8 +61,15 @@ def run_prompt(
     if resolved.draft is None and DRAFTER_KINDS[drafting.drafter].needs_model and not quiet and not json_output:
         err_console.print("no draft model given (-md): decoding with the verifier alone", style="yellow")
     stream = _stream(verifier, json_output, show_rejected, out, out_console, err_console)
+    constraint = None if grammar is None else constraint_for(verifier, grammar)
     generation = prepared.generate(
-        tokens, drafter=drafter, policy=policy, max_tokens=max_tokens, settings=settings, seed=seed
+        tokens,
+        drafter=drafter,
+        policy=policy,
+        max_tokens=max_tokens,
+        settings=settings,
+        seed=seed,
+        constraint=constraint,
     )
     stats = stream.write_all(generation)
     result = {

@@ -70,6 +70,16 @@ DRAFTER_KINDS: dict[DrafterKind, DrafterSpec] = {
 assert set(DRAFTER_KINDS) == set(get_args(DrafterKind)), "every kind has its row"
 DEFAULT_DRAFTER: DrafterKind = "hybrid"
 
+# Who may propose a step's drafts, in the stats' words. Every kind drafts from FORCED too when the
+# answer follows a grammar (core/forced_drafter.py): those steps need no K policy of their own.
+FORCED: Source = "grammar"
+SOURCES: dict[Source, str] = {
+    "model": "the draft model",
+    "ngram": "prompt lookup and the session n-gram cache",
+    FORCED: "the tokens a grammar forces (structured output, tool calls)",
+}
+assert set(SOURCES) == set(get_args(Source)), "every source has its row"
+
 
 def drafter_kind(text: str, option: str = "--drafter") -> DrafterKind:
     """A kind as the user typed it, or UsageError naming the choices."""

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
 from .model import Model
 from .sampling import SamplingSettings
 
-Source = Literal["model", "ngram"]  # who proposed a step's drafts: a draft model or prompt lookup
+if TYPE_CHECKING:
+    from .constraint import Constraint
+
+# Who proposed a step's drafts: a draft model, prompt lookup, or a grammar's forced tokens (free,
+# and under the grammar's mask nearly always right: forced_drafter.py).
+Source = Literal["model", "ngram", "grammar"]
 KeepDrafting = Callable[[list[float]], bool]  # asked after each draft token: go on?
 # Asked after each draft token (the confidences so far, the runner-up's probability): add a sibling?
 Branch = Callable[[list[float], float], bool]
@@ -35,6 +40,16 @@ class Drafts:
     parents: list[int] = field(default_factory=list)
     # Siblings added beside the chain (leaves): node -> the runner-up probability that chose them.
     sides: dict[int, float] = field(default_factory=dict)
+    # Under a grammar: the masks the drafter applied, mask i before draft i (constraint.GrammarWalk reuses them).
+    masks: list[np.ndarray] = field(default_factory=list)
+
+    def cut(self, n: int) -> Drafts:
+        """The chain's first n drafts (a grammar forbids the next one)."""
+        if n >= len(self.tokens):
+            return self
+        self.tokens, self.probs, self.confidence = self.tokens[:n], self.probs[:n], self.confidence[:n]
+        self.masks = self.masks[: n + 1]
+        return self
 
     def tree(self) -> list[int]:
         """Every node's parent, a chain included."""
@@ -61,6 +76,9 @@ class DraftStep:
     rng: np.random.Generator
     keep_drafting: KeepDrafting | None = None
     branch: Branch | None = None
+    # A grammar (constraint.Constraint): a drafter masks its distribution by it at each draft and
+    # leaves it as it found it.
+    constraint: Constraint | None = None
 
 
 class Drafter(Protocol):

@@ -17,16 +17,18 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import ContextFullError, PromptError
+from .constraint import Constraint, GrammarWalk
 from .drafting import Drafter, Drafts, DraftStep, NoDrafter, Source, ingest
+from .forced_drafter import ForcedDrafter
 from .model import Model
-from .sampling import SamplingSettings, accept_tree, accept_tree_greedy, process_logits
+from .sampling import SamplingSettings, accept_tree, accept_tree_greedy, mask_logits, process_logits
 
 
 class KPolicy(Protocol):
     """Picks K before each step and learns from its event (see kpolicy.py)."""
 
     def choose(self, source: Source = "model") -> int:
-        """K for the next step; `source` is the drafter about to propose ("model" or "ngram")."""
+        """K for the next step; `source` is the drafter about to propose ("model", "ngram" or "grammar")."""
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         """Asked after each draft token (its top probabilities so far): go on drafting?"""
@@ -83,7 +85,7 @@ class StepEvent:
     verify_seconds: float
     sample_seconds: float
     prefill_seconds: float = 0.0  # prompt ingestion, on the first event only
-    draft_source: Source | None = None  # who proposed the drafts: "model" or "ngram"
+    draft_source: Source | None = None  # who proposed the drafts: "model", "ngram" or "grammar"
     draft_confidence: list[float] = field(default_factory=list)  # the draft model's top probability per draft
     draft_catchup_seconds: float = 0.0  # of draft_seconds: the draft reading tokens decoded without it
     stop: str | None = None  # "eos", "max_tokens" or "context" on the last event
@@ -119,14 +121,19 @@ def speculate(
     max_tokens: int,
     settings: SamplingSettings,
     rng: np.random.Generator,
+    constraint: Constraint | None = None,
 ) -> Generator[StepEvent, None, None]:
     """Generate up to max_tokens with speculative decoding; k=0 (or no drafter) is plain decoding.
 
     `drafter` proposes the drafts (drafting.py: a draft model, prompt lookup, or both);
-    `k` is a fixed number of drafts or a policy that picks one per step.
+    `k` is a fixed number of drafts or a policy that picks one per step. `constraint`: a grammar
+    the answer follows (constraint.py), its state at the answer's start; the output's law is then
+    the masked verifier's, and the tokens it forces are free drafts (forced_drafter.py).
     """
     check_prompt(verifier, prompt_tokens, max_tokens)
     drafter = drafter or NoDrafter()
+    if constraint is not None:
+        drafter = ForcedDrafter(drafter, constraint)
     policy = FixedK(k) if isinstance(k, int) else k
     start = time.perf_counter()
     # Every cache holds all of the context but its newest token, which rides in
@@ -141,15 +148,20 @@ def speculate(
         room = min(verifier.n_ctx - len(context), drafter.room(len(context)), max_tokens - n_emitted - 1)
         k_step = max(0, min(policy.choose(drafter.next_source(context)), room))
         t0 = time.perf_counter()
-        drafts = _propose(drafter, policy, context, k_step, verifier, settings, rng)
+        drafts = _propose(drafter, policy, context, k_step, verifier, settings, rng, constraint)
+        if constraint is not None:  # cut at the first token the grammar forbids (a prompt-lookup draft)
+            drafts = drafts.cut(constraint.valid_prefix(drafts.tokens))
+        walk = None if constraint is None else GrammarWalk(constraint, drafts)
         t1 = time.perf_counter()
         # One batched pass over the pending token and the draft tree: row 0 scores what
         # follows the context, row 1 + i what follows draft node i's path (a chain: drafts[:i+1]).
         tree = VerifyTree.build(context[verifier.n_past :], drafts)
         target_logits = verifier.eval_tree(tree.tokens, tree.parents, n_logits=tree.n_rows)
         t2 = time.perf_counter()
-        path, next_token = _accept(tree, target_logits, drafts, settings, rng)
+        path, next_token = _accept(tree, target_logits, drafts, settings, rng, walk)
         emitted = [drafts.tokens[node] for node in path] + [next_token]
+        if walk is not None:  # the grammar's state moves on by what was accepted, up to an end token
+            walk.commit(emitted[: next((i + 1 for i, t in enumerate(emitted) if verifier.is_eog(t)), None)])
         context += emitted
         # Both caches keep the accepted path: all of the context but its newest token.
         verifier.keep_path(tree.kept(path))
@@ -172,17 +184,21 @@ def _propose(
     verifier: Model,
     settings: SamplingSettings,
     rng: np.random.Generator,
+    constraint: Constraint | None = None,
 ) -> Drafts:
     """The drafter's proposal of up to k tokens (none at k = 0), asking the policy as it goes."""
     if not k:
         return Drafts()
+    trees = policy.branches and 2 * k <= verifier.n_ctx - len(context) and constraint is None
     step = DraftStep(
         n_vocab=verifier.n_vocab,
         settings=settings,
         rng=rng,
         keep_drafting=policy.keep_drafting,
-        # Siblings add up to one node per draft: only where the cache has room for them.
-        branch=policy.branch if policy.branches and 2 * k <= verifier.n_ctx - len(context) else None,
+        # Siblings add up to one node per draft: only where the cache has room for them (and a chain
+        # under a grammar).
+        branch=policy.branch if trees else None,
+        constraint=constraint,
     )
     return drafter.propose(context, k, step)
 
@@ -244,22 +260,30 @@ class VerifyTree:
 
 
 def _accept(
-    tree: VerifyTree, target_logits: np.ndarray, drafts: Drafts, settings: SamplingSettings, rng: np.random.Generator
+    tree: VerifyTree,
+    target_logits: np.ndarray,
+    drafts: Drafts,
+    settings: SamplingSettings,
+    rng: np.random.Generator,
+    walk: GrammarWalk | None = None,
 ) -> tuple[list[int], int]:
     """(accepted draft nodes, the verifier's next token): at temperature 0 the path of the
     verifier's argmax, else the speculative sampling rule over the tree (sampling.accept_tree)
-    on the processed distributions."""
+    on the processed distributions; under a grammar (`walk`), each row masked by its state there."""
     parents = drafts.tree()
+
+    def row(node: int) -> np.ndarray:
+        logits = target_logits[tree.row(node)]
+        return logits if walk is None else mask_logits(logits, walk.mask(node))
+
     if settings.greedy:
         return accept_tree_greedy(
-            target_argmax=lambda node: int(np.argmax(target_logits[tree.row(node)])),
-            draft_tokens=drafts.tokens,
-            parents=parents,
+            target_argmax=lambda node: int(np.argmax(row(node))), draft_tokens=drafts.tokens, parents=parents
         )
 
     @functools.cache
     def target_probs(node: int) -> np.ndarray:  # only the rows the walk reaches are processed
-        return process_logits(target_logits[tree.row(node)], settings)[0]
+        return process_logits(row(node), settings)[0]
 
     return accept_tree(
         target_probs=target_probs, draft_probs=drafts.probs, draft_tokens=drafts.tokens, parents=parents, rng=rng

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .costs import MachineCosts
-from .drafters import DRAFTER_KINDS, DrafterKind
+from .drafters import DRAFTER_KINDS, FORCED, DrafterKind
 from .drafting import Source
 from .engine import KPolicy, StepEvent
 
@@ -223,6 +223,8 @@ class AdaptiveK:
         return k
 
     def choose(self, source: Source = "model") -> int:
+        if source == FORCED:
+            return self.forced_k()
         self.steps += 1
         if not self.worth_drafting:
             return 0
@@ -241,6 +243,13 @@ class AdaptiveK:
         if self.steps % self.config.explore_every == 0:
             return min(k + 2, self.config.k_max)
         return k
+
+    def forced_k(self) -> int:
+        """K for a grammar's forced tokens: they cost no drafting and are (nearly) always accepted, so
+        the K that makes the most tokens per second of verifying, (k + 1) / T_verify(k) (the drafter
+        proposes no more than the grammar forces)."""
+        ks = np.arange(self.config.k_max + 1)
+        return int(np.argmax((ks + 1) / (self.costs.verify(ks) + self.costs.overhead)))
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         """Draft one more token? Asked after each draft with the draft's top probabilities so far.
@@ -313,6 +322,9 @@ class PerSource:
     policies: dict[Source, KPolicy] = field(default_factory=dict)
 
     def choose(self, source: Source = "model") -> int:
+        if source not in self.policies:  # a grammar's forced tokens: as an adaptive side says, else all
+            adaptive = [policy for policy in self.policies.values() if isinstance(policy, AdaptiveK)]
+            return adaptive[0].forced_k() if adaptive else K_MAX
         return self.policies[source].choose(source)
 
     def keep_drafting(self, confidences: list[float]) -> bool:

@@ -11,7 +11,7 @@ import numpy as np
 
 from .drafting import Drafts, DraftStep, Source, common_prefix, ingest
 from .model import Model
-from .sampling import sample_token, sparse_distribution
+from .sampling import mask_logits, sample_token, sparse_distribution
 
 
 def _align(logits: np.ndarray, n_vocab: int) -> np.ndarray:
@@ -56,9 +56,20 @@ class ModelDrafter:
             self.model.eval(feed[:-1], n_logits=0)
             drafts.catchup_seconds = time.perf_counter() - start
             feed = feed[-1:]
+        constraint = step.constraint  # a grammar: each draft masked by its state after the drafts before
+        try:
+            return self._chain(drafts, feed, k, step)
+        finally:
+            if constraint is not None:
+                constraint.rollback(len(drafts.tokens))  # left as found: the verifier decides
+
+    def _chain(self, drafts: Drafts, feed: list[int], k: int, step: DraftStep) -> Drafts:
         parent = -1  # the chain's last node (-1: the verifier's pending token)
         for _ in range(k):
             logits = _align(self.model.eval(feed, n_logits=1), step.n_vocab)[0]
+            if step.constraint is not None:
+                drafts.masks.append(step.constraint.allowed())
+                logits = mask_logits(logits, drafts.masks[-1])
             if step.settings.greedy:
                 token = int(np.argmax(logits))
                 total = np.exp(logits - logits[token]).sum()
@@ -79,6 +90,8 @@ class ModelDrafter:
                 break
             node = drafts.add(token, parent, draft_probs)
             drafts.confidence.append(top_prob)
+            if step.constraint is not None:
+                step.constraint.advance(token)
             if step.branch is not None and runner_up > 0.0 and step.branch(drafts.confidence, runner_up):
                 # A sibling from the same distribution: greedy, the runner-up; sampling, a second
                 # independent draw (a repeat of the first stays in the tree: the rule needs it).

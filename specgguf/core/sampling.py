@@ -84,6 +84,16 @@ def sparse_distribution(logits: np.ndarray, settings: SamplingSettings) -> tuple
     return candidates, _softmax(candidate_logits / settings.temperature)
 
 
+def mask_logits(logits: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
+    """A grammar's mask on one logits row: forbidden tokens get -inf, so every step of the chain
+    above (and the greedy argmax) sees only what the grammar allows, renormalised. None: no grammar."""
+    if allowed is None:
+        return logits
+    if not allowed.any():
+        raise ValueError("the grammar allows no token here")
+    return np.where(allowed[: logits.shape[-1]], logits, -np.inf)
+
+
 def process_logits(logits: np.ndarray, settings: SamplingSettings) -> np.ndarray:
     """Rows of logits (n, n_vocab) -> rows of sampling probabilities (n, n_vocab).
 

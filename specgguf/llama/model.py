@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -303,13 +304,18 @@ class LlamaModel:
         template = llama_cpp.llama_model_chat_template(self._model, None)
         return template.decode("utf-8") if template else None
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """Render messages with the GGUF's own chat template, ready for the assistant's turn."""
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str:
+        """Render messages with the GGUF's own chat template, ready for the assistant's turn (with `tools`)."""
         chat_template = self.chat_template()
         if chat_template is None:
             raise PromptError(f"{self.path.name} has no chat template; use --raw to send the text as is")
         return template.render(
-            chat_template, messages, eos=self._piece_text("eos"), bos=self._piece_text("bos"), name=self.path.name
+            chat_template,
+            messages,
+            eos=self._piece_text("eos"),
+            bos=self._piece_text("bos"),
+            name=self.path.name,
+            tools=tools,
         )
 
     def _piece_text(self, which: str) -> str:

@@ -7,10 +7,10 @@ import sys
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-from llama_cpp.llama_types import ChatCompletionRequestMessage
+from llama_cpp.llama_types import ChatCompletionRequestMessage, ChatCompletionTool
 
 from ..errors import PromptError
 
@@ -41,13 +41,18 @@ def within_time(work: Callable[[], T], *, seconds: float) -> T:
         sys.settrace(previous)
 
 
-def render(template: str, messages: list[dict[str, str]], *, eos: str, bos: str, name: str) -> str:
-    """Messages rendered with `template`, ready for the assistant's turn."""
+def render(
+    template: str, messages: list[dict[str, Any]], *, eos: str, bos: str, name: str, tools: list[dict] | None = None
+) -> str:
+    """Messages rendered with `template`, ready for the assistant's turn; `tools` as the template's `tools`."""
 
     def render() -> str:
         formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
         # llama-cpp-python types each role's message apart; these are plain role/content dicts.
-        return formatter(messages=cast("list[ChatCompletionRequestMessage]", messages)).prompt
+        return formatter(
+            messages=cast("list[ChatCompletionRequestMessage]", messages),
+            tools=cast("list[ChatCompletionTool] | None", tools),
+        ).prompt
 
     # The template is code from the file: it may fail, or loop for ever. Neither may escape as
     # a traceback or a hang.

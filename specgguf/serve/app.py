@@ -29,6 +29,7 @@ from .guard import Guard, HostPolicy, quiet_logs
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 from .shapes import Shape
+from .tools import plan as tool_plan
 from .transport import BodyLimit, CountRequests, Server, check_address, listen
 
 
@@ -213,7 +214,7 @@ async def _events(job, shape: Shape, include_usage: bool):
         while True:
             message = await job.messages.get()
             if isinstance(message, Delta):
-                yield shape.sse(shape.chunk(message.text, message.logprobs, include_usage))
+                yield shape.sse(shape.chunk(message.text, message.logprobs, include_usage, message.tool_calls))
             elif isinstance(message, Finished):
                 yield shape.sse(shape.last_chunk(message, include_usage))
                 if include_usage:
@@ -243,6 +244,8 @@ def _generation_request(body, messages, text: str, options: ServeOptions) -> Gen
         drafter=speculative.drafter if speculative else None,
         p_min=speculative.p_min if speculative else None,
         n_top_logprobs=body.n_top_logprobs,
+        grammar=body.grammar_spec(),
+        tools=tool_plan(body) if isinstance(body, ChatRequest) else None,
     )
 
 

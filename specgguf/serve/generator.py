@@ -24,6 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..conversation import Message, PromptCache, Prompts
+from ..core.constraint import Constraint
 from ..core.drafters import DRAFTER_KINDS, DrafterKind
 from ..core.drafting import common_prefix
 from ..core.engine import FixedK, KPolicy
@@ -31,8 +32,11 @@ from ..core.ngram_cache import SessionNgrams
 from ..core.sampling import SamplingSettings
 from ..core.stats import GenerationStats
 from ..errors import ContextFullError, PromptError, SpecggufError, UsageError
+from ..grammar import GrammarSpec, constraint_for
 from ..prepare import KChoice, Prepared
 from .text import AnswerText, TokenLogprob, token_logprobs
+from .tool_syntax import SYNTAXES, family_of
+from .tools import CallStream, ToolPlan, call_constraint
 
 
 class QueueFull(Exception):
@@ -53,6 +57,8 @@ class GenerationRequest:
     drafter: DrafterKind | None = None
     p_min: float | None = None
     n_top_logprobs: int | None = None  # None: no log-probabilities; else alternatives per token
+    grammar: GrammarSpec | None = None  # what the answer must follow (response_format, grammar), compiled once already
+    tools: ToolPlan | None = None  # the chat request's tools (tools.py)
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class Started:
 class Delta:
     text: str
     logprobs: list[TokenLogprob] = field(default_factory=list)  # for the tokens this text starts
+    tool_calls: list[dict] = field(default_factory=list)  # OpenAI's delta.tool_calls entries
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,7 @@ class Finished:
     n_completion: int
     stats: GenerationStats
     first_token_seconds: float | None  # from arrival to the first token
+    tool_calls: list[dict] = field(default_factory=list)  # the complete calls (finish_reason "tool_calls")
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,7 @@ class Worker:
         self.verifier, self.draft, self.drafting = prepared.verifier, prepared.draft, prepared.options
         self.metrics = metrics
         self.templates = Prompts(self.verifier)
+        self.tool_family = family_of(self.verifier.chat_template())  # how this model writes tool calls
         self.prompts = PromptCache(self.templates)
         self._policies: dict[tuple, tuple[KPolicy, object]] = {}  # adaptive policies keep learning
         self._waiting: deque[Job] = deque()  # FIFO; a job whose client left is dropped from it
@@ -192,23 +201,36 @@ class Worker:
                 f"the prompt is {len(prompt)} tokens but the context holds"
                 f" {self.verifier.n_ctx}; shorten it (or start the server with a larger -c)"
             )
-        return text, special, prompt, *self._drafting(request)
+        constraint: Constraint | None
+        if request.tools is not None:
+            constraint = call_constraint(self.verifier, request.tools, SYNTAXES[self.tool_family])
+        else:
+            constraint = None if request.grammar is None else constraint_for(self.verifier, request.grammar)
+        return text, special, prompt, constraint, *self._drafting(request)
 
     def _generate(self, job: Job) -> None:
         request = job.request
         try:
-            text, special, prompt, drafter, policy = self._prepare(request)
+            text, special, prompt, constraint, drafter, policy = self._prepare(request)
         except SpecggufError as error:
             job.send(Failed(error, status=400))
             return
         n_cached = common_prefix(self.verifier.cached, prompt[:-1])
         job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
         seed = request.seed if request.seed is not None and request.seed >= 0 else secrets.randbelow(2**31)
-        answer = AnswerText(self.verifier.token_bytes, request.stops)
+        calls = None if request.tools is None else CallStream(self.tool_family, self.verifier.token_bytes)
+        opener = [] if calls is None else calls.syntax.openers
+        answer = AnswerText(self.verifier.token_bytes, request.stops + opener)  # content ends where a call opens
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_top, n_logprobs_sent = request.n_top_logprobs, 0
         generation = self.prepared.generate(
-            prompt, drafter=drafter, policy=policy, max_tokens=request.max_tokens, settings=request.settings, seed=seed
+            prompt,
+            drafter=drafter,
+            policy=policy,
+            max_tokens=request.max_tokens,
+            settings=request.settings,
+            seed=seed,
+            constraint=constraint,
         )
         try:
             for event in generation:
@@ -216,10 +238,14 @@ class Worker:
                     logprobs += token_logprobs(
                         event.target_logits, event.tokens, n_top=n_top, token_bytes=self.verifier.token_bytes
                     )
-                if delta := answer.add(event.tokens):
+                fragments = [] if calls is None else calls.feed(event.tokens)
+                delta = answer.add(event.tokens)
+                if delta and not (calls is not None and calls.opened and not opener):  # a bare-JSON call
                     job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
                     n_logprobs_sent = max(n_logprobs_sent, answer.n_tokens_shown())
-                if answer.stopped or job.cancelled.is_set():
+                if fragments:
+                    job.send(Delta("", tool_calls=fragments))
+                if (answer.stopped and not (calls is not None and calls.opened)) or job.cancelled.is_set():
                     break
         except SpecggufError as error:
             self._forget_caches()
@@ -234,13 +260,15 @@ class Worker:
             job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
         kept_tokens, kept_text = answer.whole_tokens()
         self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
+        tool_calls = [] if calls is None else calls.calls()
         finished = Finished(
-            finish_reason="stop" if answer.stopped or stats.stop == "eos" else "length",
+            finish_reason="tool_calls" if tool_calls else "stop" if answer.stopped or stats.stop == "eos" else "length",
             n_prompt=len(prompt),
             n_cached=n_cached,
             n_completion=answer.n_tokens_used(answer.stopped),
             stats=stats,
             first_token_seconds=first_token_seconds,
+            tool_calls=tool_calls,
         )
         if self.metrics is not None:
             self.metrics.observe(finished)
@@ -252,7 +280,8 @@ class Worker:
         """The prompt's text, and whether special tokens in it are parsed (chat templates write them)."""
         if request.messages is None:
             return request.text, False
-        return self.templates.render(request.messages), True  # a failing or looping template: PromptError
+        tools = None if request.tools is None else request.tools.definitions
+        return self.templates.render(request.messages, tools), True  # a failing or looping template: PromptError
 
     def _drafting(self, request: GenerationRequest):
         """The drafter and K policy for a request: the server's defaults, overridden per request."""

@@ -13,9 +13,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..conversation import Message, Role
+from ..conversation import Message, Role, ToolCall
 from ..core.drafters import DrafterKind
 from ..core.sampling import SamplingSettings
+from ..grammar import MAX_GRAMMAR_CHARS, GrammarError, GrammarSpec
 
 
 class ApiError(Exception):
@@ -60,6 +61,32 @@ class Speculative(_Strict):
     p_min: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
 
 
+class JsonSchemaFormat(_Strict):
+    """OpenAI's `response_format.json_schema`: the schema the answer validates against (always enforced)."""
+
+    name: Annotated[str, Field(max_length=64)] = "response"
+    description: str | None = None
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    strict: bool | None = None  # the grammar enforces the schema either way
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def spec(self) -> GrammarSpec | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return GrammarSpec("json_object")
+        if self.json_schema is None:
+            raise ApiError(400, "'response_format.json_schema' is missing", param="response_format.json_schema")
+        return GrammarSpec.json_schema(
+            self.json_schema.schema_ if self.json_schema.schema_ is not None else {"type": "object"},
+            "'response_format.json_schema.schema'",
+        )
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
 
@@ -87,7 +114,8 @@ class _Common(_Strict):
     logit_bias: dict[str, Any] | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    grammar: Annotated[str, Field(max_length=MAX_GRAMMAR_CHARS)] | None = None  # llama-server's GBNF field
 
     def refuse_unsupported(self) -> None:
         if self.n not in (None, 1):
@@ -97,12 +125,25 @@ class _Common(_Strict):
         for name in ("frequency_penalty", "presence_penalty"):
             if getattr(self, name) not in (None, 0):
                 raise unsupported(name, "speculative sampling keeps the verifier's distribution unchanged")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise unsupported("response_format", "only plain text")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "'stream_options' needs 'stream': true", param="stream_options")
         if any(stop == "" for stop in self.stop_strings):
             raise ApiError(400, "'stop' strings must not be empty", param="stop")
+
+    def grammar_spec(self) -> GrammarSpec | None:
+        """What the answer must follow (`response_format`, or llama-server's `grammar`), checked: a
+        grammar that does not compile is a 400 naming the field and the problem."""
+        if self.grammar is not None and self.response_format is not None and self.response_format.type != "text":
+            raise ApiError(400, "give 'grammar' or a 'response_format', not both", param="grammar")
+        param = "grammar" if self.grammar is not None else "response_format"
+        try:
+            spec = GrammarSpec("gbnf", self.grammar) if self.grammar is not None else None
+            spec = spec or (self.response_format.spec() if self.response_format is not None else None)
+            if spec is not None:
+                spec.compile()
+        except GrammarError as error:
+            raise ApiError(400, f"'{param}': {error}", param=param, code="invalid_grammar") from None
+        return spec
 
     @property
     def stop_strings(self) -> list[str]:
@@ -120,20 +161,61 @@ class _Common(_Strict):
             raise ApiError(400, str(error)) from None
 
 
+_ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]  # OpenAI's rule for function names
+
+
+class FunctionDefinition(_Strict):
+    name: _ToolName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none: any object
+    strict: bool | None = None  # the grammar enforces the schema either way
+
+
+class ToolDefinition(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class ToolChoiceFunction(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class CalledFunction(_Strict):
+    name: str
+    arguments: str
+
+
+class MessageToolCall(_Strict):
+    id: Annotated[str, Field(max_length=256)]
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    tool_calls: Any = None
-    tool_call_id: Any = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's calls
+    tool_call_id: Annotated[str, Field(max_length=256)] | None = None  # a tool message: the call it answers
 
     def text(self, index: int) -> str:
         """The content as one string; text parts joined by newlines, anything else refused."""
         where = f"messages[{index}]"
-        if self.role in ("tool", "function") or self.tool_calls is not None or self.tool_call_id is not None:
-            raise unsupported(
-                f"{where}.role" if self.role in ("tool", "function") else f"{where}.tool_calls", "no tool calls"
+        if self.role == "function":
+            raise unsupported(f"{where}.role", "the legacy 'function' role; send 'tool' messages")
+        if self.tool_calls and self.role != "assistant":
+            raise ApiError(
+                400, f"{where}.tool_calls: only assistant messages make tool calls", param=f"{where}.tool_calls"
             )
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ApiError(400, f"{where}.tool_call_id is missing", param=f"{where}.tool_call_id")
+        if self.content is None and self.tool_calls:
+            return ""
         if self.content is None:
             raise ApiError(400, f"{where}.content is missing", param=f"{where}.content")
         if isinstance(self.content, str):
@@ -149,7 +231,13 @@ class ChatMessage(_Strict):
         return "\n".join(texts)
 
 
-_TEMPLATE_ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_TEMPLATE_ROLES: dict[str, Role] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
 
 
 class ChatRequest(_Common):
@@ -157,8 +245,8 @@ class ChatRequest(_Common):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    tools: Any = None
-    tool_choice: Any = None
+    tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
     functions: Any = None
     function_call: Any = None
     parallel_tool_calls: bool | None = None
@@ -167,19 +255,27 @@ class ChatRequest(_Common):
         super().refuse_unsupported()
         if self.top_logprobs is not None and not self.logprobs:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-        for name in ("tools", "functions"):
-            if getattr(self, name):
-                raise unsupported(name, "no tool calls")
-        for name in ("tool_choice", "function_call"):
-            if getattr(self, name) not in (None, "none", "auto"):
-                raise unsupported(name, "no tool calls")
+        for name in ("functions", "function_call"):
+            if getattr(self, name) is not None:
+                raise unsupported(name, "the legacy function-calling fields; send 'tools' and 'tool_choice'")
 
     def template_messages(self) -> list[Message]:
         """Messages for the chat template: "developer" is the newer name for "system"."""
-        messages = []
+        messages, called = [], set()
         for i, message in enumerate(self.messages):
-            text = message.text(i)  # refuses tool messages, for now
-            messages.append(Message(_TEMPLATE_ROLES[message.role], text))
+            text = message.text(i)
+            called |= {call.id for call in message.tool_calls or []}
+            if message.role == "tool" and message.tool_call_id not in called:
+                raise ApiError(
+                    400,
+                    f"messages[{i}] answers a tool call no earlier assistant message made"
+                    f" ({str(message.tool_call_id)[:64]!r})",
+                    param=f"messages[{i}].tool_call_id",
+                )
+            calls = tuple(
+                ToolCall(call.id, call.function.name, call.function.arguments) for call in message.tool_calls or []
+            )
+            messages.append(Message(_TEMPLATE_ROLES[message.role], text, calls, message.tool_call_id))
         return messages
 
     @property

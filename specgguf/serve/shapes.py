@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from .generator import Finished
 from .text import TokenLogprob
@@ -40,6 +40,8 @@ def timings(finished: Finished) -> dict:
         "predicted_per_second": round(stats.tokens_per_second, 3),
         "draft_n": stats.n_drafted,
         "draft_n_accepted": stats.n_accepted,
+        # specgguf's own: accepted drafts by who proposed them ("model", "ngram", "grammar": forced tokens)
+        "draft_n_accepted_by_source": dict(stats.accepted_by_source),
     }
 
 
@@ -100,18 +102,24 @@ class Shape:
         chunk: bool,
         role: bool = False,
         logprobs: list[TokenLogprob] | None = None,
+        tool_calls: list[dict] | None = None,
     ) -> dict:
         shaped = self._logprobs(logprobs) if logprobs is not None else None
         if self.kind == "text":
             return {"index": 0, "text": text or "", "logprobs": shaped, "finish_reason": finish_reason}
         if not chunk:
-            message = {"role": "assistant", "content": text, "refusal": None}
+            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+            if tool_calls:  # OpenAI's content beside calls: null unless the model wrote text first
+                message.update(content=text if text and text.strip() else None, tool_calls=tool_calls)
             return {"index": 0, "message": message, "logprobs": shaped, "finish_reason": finish_reason}
-        delta = ({"role": "assistant"} if role else {}) | ({} if text is None else {"content": text})
+        delta: dict[str, Any] = {"role": "assistant"} if role else {}
+        delta |= ({} if text is None else {"content": text}) | ({"tool_calls": tool_calls} if tool_calls else {})
         return {"index": 0, "delta": delta, "logprobs": shaped, "finish_reason": finish_reason}
 
     def response(self, text: str, finished: Finished, logprobs: list[TokenLogprob]) -> dict:
-        choice = self._choice(text, finished.finish_reason, chunk=False, logprobs=logprobs)
+        choice = self._choice(
+            text, finished.finish_reason, chunk=False, logprobs=logprobs, tool_calls=finished.tool_calls
+        )
         return {**self._envelope(chunk=False, choices=[choice]), "usage": usage(finished), "timings": timings(finished)}
 
     def _chunk(self, choices: list[dict], include_usage: bool) -> dict:
@@ -122,8 +130,13 @@ class Shape:
         """Chat streams open with the assistant's role (OpenAI does); text streams with empty text."""
         return self._chunk([self._choice("", None, chunk=True, role=True)], include_usage)
 
-    def chunk(self, text: str, logprobs: list[TokenLogprob], include_usage: bool) -> dict:
-        return self._chunk([self._choice(text, None, chunk=True, logprobs=logprobs)], include_usage)
+    def chunk(
+        self, text: str, logprobs: list[TokenLogprob], include_usage: bool, tool_calls: list[dict] | None = None
+    ) -> dict:
+        shown = None if tool_calls and not text else text
+        return self._chunk(
+            [self._choice(shown, None, chunk=True, logprobs=logprobs, tool_calls=tool_calls)], include_usage
+        )
 
     def last_chunk(self, finished: Finished, include_usage: bool) -> dict:
         """The finish reason, with llama-server's `timings` (its streams carry them on the last chunk)."""

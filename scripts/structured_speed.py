@@ -1,0 +1,88 @@
+"""Structured answers with speculation (the server's defaults) vs the same requests with `speculative.k = 0`
+(the verifier alone), and what the grammar's mask costs a plain step: k = 0 with the grammar vs k = 0
+without it (ms per generated token). The default pair through a live `specgguf serve`, greedy, the
+three settings interleaved per prompt and repeat. The issue's targets: >= 1.3x from forced-token
+drafts; masking <= 10% of a plain step. Quiet machine only:
+
+    .venv/bin/python scripts/structured_speed.py --repeats 3
+    .venv/bin/python scripts/structured_speed.py --only 1 --repeats 1   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+from openai import OpenAI
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from structured_validation import SCHEMA_PROMPTS, TOOL_PROMPTS, TOOLS, server  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", type=int, default=6, help="prompts of each set (json_schema, tools)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("-n", "--max-tokens", type=int, default=200)
+    args, extra = parser.parse_known_args()
+    cases: list[tuple[str, str, dict | None]] = [
+        ("json_schema", p, schema) for schema, p in SCHEMA_PROMPTS[: args.only]
+    ]
+    cases += [("tools", prompt, None) for prompt in TOOL_PROMPTS[: args.only]]
+    seconds: dict[str, dict[str, list[float]]] = {}  # setting -> kind -> ms per token
+    rates: dict[str, list[float]] = {"spec": [], "k0": []}  # per request: tokens/s
+    ratios: list[float] = []
+    sources = Counter[str]()
+    with server(extra) as url:
+        client = OpenAI(base_url=url + "/v1", api_key="unused", timeout=600, max_retries=0)
+        model = client.models.list().data[0].id
+        for _ in range(args.repeats):
+            for kind, prompt, schema in cases:
+                base = {
+                    "model": model,
+                    "messages": [{"role": "user", "content": prompt}],
+                    "temperature": 0,
+                    "max_tokens": args.max_tokens,
+                }
+                shaped = (
+                    dict(base, tools=TOOLS)
+                    if kind == "tools"
+                    else dict(
+                        base,
+                        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+                    )
+                )
+                settings = {
+                    "spec": shaped,
+                    "k0": dict(shaped, extra_body={"speculative": {"k": 0}}),
+                    "k0-free": dict(base, extra_body={"speculative": {"k": 0}}),
+                }
+                step = {}
+                for name, request in settings.items():
+                    timings = client.chat.completions.create(**request).model_extra["timings"]
+                    seconds.setdefault(name, {}).setdefault(kind, []).append(timings["predicted_per_token_ms"])
+                    step[name] = timings["predicted_per_second"]
+                    if name == "spec":
+                        sources.update(timings.get("draft_n_accepted_by_source", {}))
+                for name in rates:
+                    rates[name].append(step[name])
+                ratios.append(step["spec"] / step["k0"] if step["k0"] else 0.0)
+    print(f"{len(cases)} prompts x {args.repeats} repeats, greedy, max_tokens {args.max_tokens}\n")
+    print("| | spec (defaults) | k = 0 | spec / k = 0 (median, min-max) |\n|---|---|---|---|")
+    print(
+        f"| tok/s (median) | {statistics.median(rates['spec']):.1f} | {statistics.median(rates['k0']):.1f} |"
+        f" {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |"
+    )
+    print(f"\naccepted drafts by source (spec): {dict(sources)}\n")
+    print("| ms per token, median | k = 0 with the grammar | k = 0 without | masking's share |\n|---|---|---|---|")
+    for kind in ("json_schema", "tools"):
+        masked, free = statistics.median(seconds["k0"][kind]), statistics.median(seconds["k0-free"][kind])
+        print(f"| {kind} | {masked:.1f} | {free:.1f} | {masked / free - 1:+.1%} |")
+
+
+if __name__ == "__main__":
+    main()

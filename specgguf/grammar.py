@@ -1,0 +1,179 @@
+"""Grammars for constrained decoding: JSON schemas, `json_object`, GBNF (llama.cpp's), Lark and regular
+expressions, compiled by llguidance and served to the engine as a `core.constraint.Constraint`.
+
+Why llguidance: a maintained library (Microsoft's guidance; llama.cpp, vLLM and SGLang ship it) with
+abi3 CPU wheels, lazy Earley parsing that computes a token mask in well under a millisecond on a
+150k-token vocabulary (scripts/grammar_mask_cost.py measures it), cheap rollback (`LLMatcher.rollback`,
+which drafting needs), forced tokens (`compute_ff_tokens`: free drafts) and JSON-schema, GBNF and Lark
+front ends in one. `GrammarSpec.compile` checks a grammar without a model (the server's 400s);
+`constraint_for` binds it to the verifier's vocabulary (llama/guidance.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from llguidance import LLMatcher, LLTokenizer, grammar_from
+
+from .errors import SpecggufError, UsageError, terminal_safe
+
+GrammarKind = Literal["json_object", "json_schema", "gbnf", "lark", "regex"]
+GRAMMAR_KINDS: dict[GrammarKind, str] = {
+    "json_object": "any JSON object",
+    "json_schema": "JSON that validates against a JSON schema",
+    "gbnf": "a llama.cpp GBNF grammar (Lark syntax works too)",
+    "lark": "a Lark grammar (llguidance's syntax)",
+    "regex": "text that matches a regular expression",
+}
+JSON_OPTIONS: Any = {"whitespace_flexible": False}
+MAX_SCHEMA_DEPTH = 32  # nested objects/arrays in a schema; deeper is refused (it would be a DoS, not a use)
+MAX_GRAMMAR_CHARS = 256 * 1024
+
+
+class GrammarError(SpecggufError):
+    """A grammar or JSON schema that cannot be compiled; the message names the problem."""
+
+    exit_code = 2
+
+
+def schema_depth(value: Any, depth: int = 0) -> int:
+    """How deeply a JSON value nests (objects and arrays)."""
+    if depth > MAX_SCHEMA_DEPTH:
+        return depth
+    if isinstance(value, dict):
+        return max((schema_depth(v, depth + 1) for v in value.values()), default=depth + 1)
+    if isinstance(value, list):
+        return max((schema_depth(v, depth + 1) for v in value), default=depth + 1)
+    return depth
+
+
+def check_schema(schema: Any, what: str = "the JSON schema") -> dict:
+    """A schema as a dict, refused (GrammarError naming it) if it is not an object or nests too deep."""
+    if not isinstance(schema, dict):
+        raise GrammarError(f"{what} must be a JSON object, not {type(schema).__name__}")
+    if schema_depth(schema) > MAX_SCHEMA_DEPTH:
+        raise GrammarError(f"{what} nests deeper than {MAX_SCHEMA_DEPTH} levels")
+    return schema
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What the answer must follow: a kind and its text (a schema as JSON text, or the grammar)."""
+
+    kind: GrammarKind
+    text: str = ""
+
+    @classmethod
+    def json_schema(cls, schema: Any, what: str = "the JSON schema") -> GrammarSpec:
+        return cls("json_schema", json.dumps(check_schema(schema, what)))
+
+    def compile(self) -> str:
+        """llguidance's grammar, checked (no model needed); GrammarError says what is wrong."""
+        if len(self.text) > MAX_GRAMMAR_CHARS:
+            raise GrammarError(f"the {self.kind} is over {MAX_GRAMMAR_CHARS // 1024} KiB")
+        try:
+            if self.kind in ("json_object", "json_schema"):
+                schema = check_schema(json.loads(self.text)) if self.kind == "json_schema" else {"type": "object"}
+                # One line, llguidance's ", " and ": " between items: free whitespace is where a small
+                # model wanders off (a run of tabs), and JSON for machines needs none.
+                grammar = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+            else:
+                grammar = grammar_from(
+                    "regex" if self.kind == "regex" else "lark" if self.kind == "lark" else "gbnf", self.text
+                )
+        except (ValueError, TypeError) as error:  # a bad schema's JSON, a GBNF that does not convert
+            raise GrammarError(f"the {self.kind} is not valid: {_first_line(error)}") from None
+        problem = LLMatcher.validate_grammar(grammar)
+        if problem:
+            raise GrammarError(f"the {self.kind} is not valid: {_first_line(problem)}")
+        return grammar
+
+
+def _first_line(error: object) -> str:
+    return terminal_safe((str(error).strip().splitlines() or [type(error).__name__])[0][:300])
+
+
+class GuidanceConstraint:
+    """`core.constraint.Constraint` over an llguidance matcher for one answer."""
+
+    def __init__(self, tokenizer: LLTokenizer, grammar: str, n_vocab: int):
+        self.matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        if self.matcher.is_error():
+            raise GrammarError(f"the grammar cannot be used: {_first_line(self.matcher.get_error())}")
+        self.n_vocab = n_vocab
+        self._words = (tokenizer.vocab_size + 31) // 32
+        self._bits = np.zeros(self._words, dtype=np.int32)
+        self._eos = np.zeros(n_vocab, dtype=bool)
+        self._eos[[t for t in tokenizer.eos_tokens if t < n_vocab]] = True
+        self._past_end = 0  # tokens advanced after the grammar stopped (an end token and what follows)
+
+    def allowed(self) -> np.ndarray:
+        if self._past_end or self.matcher.is_stopped():
+            return self._eos
+        self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        mask = np.unpackbits(self._bits.view(np.uint8), bitorder="little").astype(bool)
+        return mask[: self.n_vocab] if len(mask) >= self.n_vocab else np.pad(mask, (0, self.n_vocab - len(mask)))
+
+    def advance(self, token: int) -> None:
+        if self._past_end or self.matcher.is_stopped():
+            self._past_end += 1
+            return
+        if not self.matcher.consume_token(token):
+            raise GrammarError(f"the grammar refused token {token}: {_first_line(self.matcher.get_error())}")
+
+    def rollback(self, n_tokens: int) -> None:
+        beyond = min(n_tokens, self._past_end)
+        self._past_end -= beyond
+        if n_tokens > beyond and not self.matcher.rollback(n_tokens - beyond):
+            raise GrammarError(f"the grammar could not roll back: {_first_line(self.matcher.get_error())}")
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        if self._past_end or self.matcher.is_stopped():
+            return 0
+        return self.matcher.validate_tokens(list(tokens))
+
+    def forced(self) -> list[int]:
+        if self._past_end or self.matcher.is_stopped():
+            return []
+        return self.matcher.compute_ff_tokens()
+
+    @property
+    def accepting(self) -> bool:
+        return self.matcher.is_accepting()
+
+
+def grammar_from_files(*, json_schema: Path | None, grammar: Path | None) -> GrammarSpec | None:
+    """`run --json-schema FILE` / `--grammar FILE`: the grammar, read and checked (one of them at most)."""
+    if json_schema is not None and grammar is not None:
+        raise UsageError("give --json-schema or --grammar, not both")
+    path = json_schema or grammar
+    if path is None:
+        return None
+    option = "--json-schema" if json_schema is not None else "--grammar"
+    try:
+        if path.stat().st_size > MAX_GRAMMAR_CHARS:
+            raise UsageError(f"{option}: {terminal_safe(str(path))} is over {MAX_GRAMMAR_CHARS // 1024} KiB")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"{option}: cannot read {terminal_safe(str(path))}: {_first_line(error)}") from None
+    if json_schema is not None:
+        try:
+            spec = GrammarSpec.json_schema(json.loads(text), f"{option} {terminal_safe(path.name)}")
+        except json.JSONDecodeError as error:
+            raise GrammarError(f"{option}: {terminal_safe(path.name)} is not JSON: {error}") from None
+    else:
+        spec = GrammarSpec("gbnf", text)
+    spec.compile()
+    return spec
+
+
+def constraint_for(verifier: Any, spec: GrammarSpec) -> GuidanceConstraint:
+    """The grammar bound to the verifier's vocabulary (a `llama.model.LlamaModel`)."""
+    from .llama.guidance import guidance_tokenizer  # llama.cpp loads only when a grammar is used
+
+    return GuidanceConstraint(guidance_tokenizer(verifier), spec.compile(), verifier.n_vocab)

@@ -1,0 +1,219 @@
+"""Speculation under a grammar (core/constraint.py, core/forced_drafter.py): the output follows masked
+plain decoding's law, forced tokens are free drafts, the grammar's state moves only by accepted tokens."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+import specgguf.core.constraint
+import specgguf.core.engine
+from fakes import FakeModel, TableConstraint
+from specgguf.core.costs import MachineCosts
+from specgguf.core.engine import FixedK, speculate
+from specgguf.core.hybrid_drafter import HybridDrafter
+from specgguf.core.kpolicy import PolicyConfig, adaptive_policy
+from specgguf.core.model_drafter import ModelDrafter
+from specgguf.core.ngram_drafter import NgramDrafter
+from specgguf.core.sampling import SamplingSettings
+
+VOCAB = 4
+LENGTH = 4
+PROMPT = [0, 1, 2, 0, 1]  # repeats, so prompt lookup proposes (sometimes what the grammar forbids)
+# State 0 allows 0, 1, 2; after 0 the grammar forces 3; after 1 it allows 1 or 2; then back to 0.
+ALLOWED = {0: {0, 1, 2}, 1: {3}, 2: {1, 2}}
+SAMPLING = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+
+
+def _step(state, token):
+    return {0: 1, 1: 2}.get(token, 0) if state == 0 else 0
+
+
+def _grammar():
+    return TableConstraint(ALLOWED, _step, n_vocab=VOCAB)
+
+
+def _table(seed):
+    return np.log(np.random.default_rng(seed).dirichlet(np.ones(VOCAB), size=VOCAB))
+
+
+TARGET, DRAFT = _table(11), _table(25)  # the draft under-proposes 0 somewhere: a residual 0 starts a forced step
+
+
+def _drafter(kind):
+    draft = FakeModel(lambda context: DRAFT[context[-1]], n_vocab=VOCAB)
+    if kind == "model":
+        return ModelDrafter(draft)
+    if kind == "ngram":
+        return NgramDrafter(min_ngram=1)
+    return HybridDrafter(ModelDrafter(draft), NgramDrafter(min_ngram=1), min_match=2)
+
+
+def _masked_law():
+    """The exact law of LENGTH tokens of masked plain decoding: each token from the verifier's
+    distribution masked by the grammar's state and renormalised."""
+    law = np.zeros((VOCAB,) * LENGTH)
+    target = np.exp(TARGET)
+    for sequence in itertools.product(range(VOCAB), repeat=LENGTH):
+        probability, state, previous = 1.0, 0, PROMPT[-1]
+        for token in sequence:
+            allowed = sorted(ALLOWED[state])
+            if token not in allowed:
+                probability = 0.0
+                break
+            probability *= target[previous, token] / target[previous, allowed].sum()
+            state, previous = _step(state, token), token
+        law[sequence] = probability
+    return law
+
+
+def _p_value(kind, policy, seed, n_sequences=20_000):
+    verifier = FakeModel(lambda context: TARGET[context[-1]], n_vocab=VOCAB)
+    drafter = _drafter(kind)
+    rng = np.random.default_rng(seed)
+    counts = np.zeros((VOCAB,) * LENGTH)
+    sources = set()
+    for _ in range(n_sequences):
+        grammar = _grammar()
+        events = list(
+            speculate(
+                verifier=verifier,
+                drafter=drafter,
+                prompt_tokens=PROMPT,
+                k=policy,
+                max_tokens=LENGTH,
+                settings=SAMPLING,
+                rng=rng,
+                constraint=grammar,
+            )
+        )
+        output = [t for event in events for t in event.tokens]
+        counts[tuple(output)] += 1
+        sources.update(event.draft_source for event in events if event.n_drafted)
+        assert len(grammar.states) == LENGTH + 1  # advanced by the output only, rolled back elsewhere
+    law = _masked_law()
+    support = law > 0
+    assert counts[~support].sum() == 0, "the output broke the grammar"
+    return chisquare(counts[support], law[support] * n_sequences).pvalue, sources
+
+
+# The forced 3 after a 0 is a free draft where a step starts there (the model's chain drafts it
+# itself, masked, when the 0 was its own draft).
+EXPECTED_SOURCES = {
+    "model": {"model", "grammar"},
+    "ngram": {"ngram", "grammar"},
+    "hybrid": {"model", "ngram", "grammar"},
+    "plain": set(),
+}
+CHEAP_DRAFTS = MachineCosts((0.03, 0.04, 0.05, 0.06), draft=0.001)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kind, policy",
+    [
+        ("model", FixedK(3)),
+        ("ngram", FixedK(3)),
+        ("hybrid", FixedK(3)),
+        ("hybrid", adaptive_policy("hybrid", CHEAP_DRAFTS, PolicyConfig(k_max=3, k_min=1))),
+        ("model", FixedK(0)),
+    ],
+    ids=["model", "ngram", "hybrid", "hybrid-adaptive", "plain"],
+)
+def test_sampled_answers_under_a_grammar_follow_masked_plain_decodings_law(kind, policy):
+    p_value, sources = _p_value(kind, policy, seed=21)
+    assert p_value > 1e-4
+    assert sources == EXPECTED_SOURCES[kind if policy.choose("model") else "plain"]
+
+
+def _stale_mask(self, node):
+    """Planted wrong rule: every row masked by the state at the step's start (not advanced along
+    the drafted prefix)."""
+    if -1 not in self._masks:
+        self._masks[-1] = self.constraint.allowed()
+    return self._masks[-1]
+
+
+@pytest.mark.slow
+def test_a_mask_not_advanced_along_the_draft_fails_the_check(monkeypatch):
+    monkeypatch.setattr(specgguf.core.constraint.GrammarWalk, "mask", _stale_mask)
+    monkeypatch.setattr(specgguf.core.constraint.GrammarWalk, "commit", _commit_all)
+    with pytest.raises(AssertionError, match="broke the grammar|not allowed"):
+        _p_value("model", FixedK(3), seed=22, n_sequences=4000)
+
+
+def _commit_all(self, emitted):
+    for token in emitted:
+        self.constraint.advance(token)
+
+
+@pytest.mark.slow
+def test_masking_only_the_drafts_fails_the_check(monkeypatch):
+    """Planted wrong rule: the draft masked and cut by the grammar, the verifier's rows not."""
+    monkeypatch.setattr(specgguf.core.engine, "mask_logits", lambda logits, allowed: logits)
+    with pytest.raises(AssertionError, match="broke the grammar|not allowed"):
+        _p_value("model", FixedK(3), seed=23, n_sequences=4000)
+
+
+# Greedy: after 1 comes 2, after 2 comes 0 (then the forced 3, which it likes least), after 3 comes 1.
+GREEDY_TARGET = np.log(
+    np.array([[0.1, 0.2, 0.3, 0.4], [0.1, 0.3, 0.5, 0.1], [0.6, 0.2, 0.1, 0.1], [0.2, 0.5, 0.2, 0.1]])
+)
+
+
+def test_greedy_under_a_grammar_is_masked_greedy_and_forced_tokens_are_free_drafts():
+    verifier = FakeModel(lambda context: GREEDY_TARGET[context[-1]], n_vocab=VOCAB)
+    grammar = _grammar()
+    events = list(
+        speculate(
+            verifier=verifier,
+            drafter=_drafter("model"),
+            prompt_tokens=PROMPT,
+            k=FixedK(4),
+            max_tokens=12,
+            settings=SamplingSettings(temperature=0.0),
+            rng=np.random.default_rng(0),
+            constraint=grammar,
+        )
+    )
+    output = [t for event in events for t in event.tokens]
+    expected, state, previous = [], 0, 1
+    for _ in range(12):
+        allowed = sorted(ALLOWED[state])
+        token = allowed[int(np.argmax(GREEDY_TARGET[previous, allowed]))]
+        expected.append(token)
+        state, previous = _step(state, token), token
+    assert output == expected
+    assert grammar.states[1:] == _states(expected)
+    forced = [event for event in events if event.draft_source == "grammar"]
+    assert forced and all(event.n_accepted == event.n_drafted for event in forced)
+
+
+def _states(tokens):
+    state, states = 0, []
+    for token in tokens:
+        state = _step(state, token)
+        states.append(state)
+    return states
+
+
+def test_a_prompt_lookup_draft_is_cut_at_its_first_forbidden_token():
+    verifier = FakeModel(lambda context: TARGET[context[-1]], n_vocab=VOCAB)
+    # The grammar forbids 2 at the start: the lookup's proposal after [.., 0, 1] is [2, 0, 1, ...].
+    grammar = TableConstraint({0: {0, 1, 3}, 1: {0, 1, 3}}, lambda state, token: 1, n_vocab=VOCAB)
+    events = list(
+        speculate(
+            verifier=verifier,
+            drafter=NgramDrafter(min_ngram=1),
+            prompt_tokens=PROMPT,
+            k=FixedK(3),
+            max_tokens=1,
+            settings=SamplingSettings(temperature=0.0),
+            rng=np.random.default_rng(0),
+            constraint=grammar,
+        )
+    )
+    assert events[0].n_drafted == 0 and events[0].tokens[0] != 2

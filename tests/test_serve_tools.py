@@ -1,0 +1,188 @@
+"""Tool calling through the server with the real openai SDK, on the tiny GGUF pair (whose vocabulary has no
+`<tool_call>` token: a call is the grammar's from the start when tool_choice asks for one) — the live
+tests with the default pair (test_agents_live.py) see the model choose."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+
+from live_server import live_server
+
+MODEL = "verifier"
+WEATHER: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Paris", "Rome"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+        },
+    },
+}
+ADD: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer", "minimum": 0, "maximum": 99},
+                "b": {"type": "integer", "minimum": 0, "maximum": 99},
+            },
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}
+SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in (WEATHER, ADD)}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_verifier, tiny_draft):
+    with live_server("-m", tiny_verifier, "-md", tiny_draft, "-c", "1024", "-t", "1", "-n", "96") as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
+
+def _ask(client, messages=None, **options):
+    options.setdefault("extra_body", {"speculative": {"k": 3}})
+    messages = messages or [{"role": "user", "content": "the weather in the city"}]
+    return client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, ADD], **options)
+
+
+def _check(call):
+    assert call.type == "function" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+@pytest.mark.parametrize("temperature", [0, 0.9])
+def test_required_tool_calls_parse_and_validate(client, temperature):
+    for seed in range(3):
+        response = _ask(client, tool_choice="required", temperature=temperature, seed=seed)
+        choice = response.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+        for call in choice.message.tool_calls:
+            _check(call)
+
+
+def test_a_named_function_is_the_one_called(client):
+    response = _ask(client, tool_choice={"type": "function", "function": {"name": "add"}}, parallel_tool_calls=False)
+    (call,) = response.choices[0].message.tool_calls
+    assert call.function.name == "add"
+    _check(call)
+    assert response.model_extra["timings"]["draft_n_accepted_by_source"].get("grammar", 0) > 0
+
+
+def test_streamed_tool_calls_rebuild_the_whole_answers_calls(client):
+    # One call: a parallel one the tiny model may leave unfinished at max_tokens (streamed in part).
+    options = {"tool_choice": "required", "temperature": 0.7, "seed": 3, "parallel_tool_calls": False}
+    whole = _ask(client, **options).choices[0].message.tool_calls
+    calls: dict[int, dict] = {}
+    finish = []
+    for chunk in _ask(client, stream=True, **options):
+        if not chunk.choices:
+            continue
+        finish.append(chunk.choices[0].finish_reason)
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            entry = calls.setdefault(delta.index, {"id": delta.id, "name": delta.function.name, "arguments": ""})
+            entry["arguments"] += delta.function.arguments or ""
+    assert [finish_reason for finish_reason in finish if finish_reason] == ["tool_calls"]
+    assert [(c["name"], c["arguments"]) for c in calls.values()] == [
+        (call.function.name, call.function.arguments) for call in whole
+    ]
+
+
+def test_a_conversation_with_tool_results_goes_on(client):
+    first = _ask(client, tool_choice="required", temperature=0).choices[0].message
+    history = [
+        {"role": "user", "content": "the weather in the city"},
+        first.model_dump(exclude_none=True),
+        *[{"role": "tool", "tool_call_id": call.id, "content": "sunny"} for call in first.tool_calls],
+    ]
+    answer = _ask(client, history, tool_choice="none", max_tokens=8, temperature=0)
+    assert answer.choices[0].finish_reason in ("stop", "length") and answer.choices[0].message.tool_calls is None
+
+
+def _bad(tools=None, **fields):
+    return {"tools": tools if tools is not None else [WEATHER], **fields}
+
+
+def _deep(depth):
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+def _tool(parameters, name="broken"):
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+@pytest.mark.parametrize(
+    "body, param, message",
+    [
+        (_bad([_tool({"type": "nonsense"})]), "tools[0].function.parameters", "is not valid"),
+        (_bad([_tool([1, 2])]), "tools[0].function.parameters", "should be an object"),
+        (_bad([_tool(_deep(40))]), "tools[0].function.parameters", "deeper than 32"),
+        (_bad([_tool({}, name="bad name!")]), "tools[0].function.name", "pattern"),
+        (_bad([WEATHER, WEATHER]), "tools", "two tools are named 'get_weather'"),
+        (_bad(tool_choice={"type": "function", "function": {"name": "fly"}}), "tool_choice", "'fly', which is not in"),
+        ({"tool_choice": "required"}, "tool_choice", "needs 'tools'"),
+        (
+            _bad(
+                messages=[
+                    {"role": "user", "content": "hi"},
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {"id": "c1", "type": "function", "function": {"name": "fly", "arguments": "{}"}}
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "done"},
+                ]
+            ),
+            "messages[1].tool_calls[0].function.name",
+            "unknown tool 'fly'",
+        ),
+        (_bad(messages=[{"role": "tool", "content": "42"}]), "messages[0].tool_call_id", "is missing"),
+        (
+            _bad(messages=[{"role": "tool", "tool_call_id": "x", "content": "42"}]),
+            "messages[0].tool_call_id",
+            "no earlier",
+        ),
+        (_bad(response_format={"type": "json_object"}), "tools", "cannot be combined"),
+    ],
+    ids=[
+        "bad-schema",
+        "schema-not-object",
+        "too-deep",
+        "bad-name",
+        "duplicate",
+        "unknown-choice",
+        "choice-no-tools",
+        "unknown-call",
+        "tool-no-id",
+        "tool-unasked",
+        "with-format",
+    ],
+)
+def test_bad_tools_are_400s_naming_the_problem(server, body, param, message):
+    body = {"messages": [{"role": "user", "content": "hi"}], **body}
+    with server.http() as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and message in error["message"], error
