@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import ContextFullError, PromptError
 from .drafting import Drafter, Drafts, DraftStep, NoDrafter, Source, ingest
 from .model import Model
-from .sampling import SamplingSettings, accept_tree, accept_tree_greedy, process_logits
+from .sampling import SamplingSettings, accept_tree, accept_tree_greedy, apply_penalties, process_logits
 
 
 class KPolicy(Protocol):
@@ -148,7 +148,7 @@ def speculate(
         tree = VerifyTree.build(context[verifier.n_past :], drafts)
         target_logits = verifier.eval_tree(tree.tokens, tree.parents, n_logits=tree.n_rows)
         t2 = time.perf_counter()
-        path, next_token = _accept(tree, target_logits, drafts, settings, rng)
+        path, next_token = _accept(tree, target_logits, drafts, settings, rng, context)
         emitted = [drafts.tokens[node] for node in path] + [next_token]
         context += emitted
         # Both caches keep the accepted path: all of the context but its newest token.
@@ -243,26 +243,49 @@ class VerifyTree:
 
 
 def _accept(
-    tree: VerifyTree, target_logits: np.ndarray, drafts: Drafts, settings: SamplingSettings, rng: np.random.Generator
+    tree: VerifyTree,
+    target_logits: np.ndarray,
+    drafts: Drafts,
+    settings: SamplingSettings,
+    rng: np.random.Generator,
+    context: list[int],
 ) -> tuple[list[int], int]:
     """(accepted draft nodes, the verifier's next token): at temperature 0 the path of the
     verifier's argmax, else the speculative sampling rule over the tree (sampling.accept_tree)
-    on the processed distributions."""
+    on the processed distributions. Penalties and logit bias (sampling.apply_penalties) are
+    applied to each row with that row's own context: the step's context plus the node's path."""
     parents = drafts.tree()
+
+    @functools.cache
+    def row(node: int) -> np.ndarray:
+        logits = target_logits[tree.row(node)]
+        if not settings.penalties.active:
+            return logits
+        return apply_penalties(logits, _path_context(context, drafts, parents, node), settings)
+
     if settings.greedy:
         return accept_tree_greedy(
-            target_argmax=lambda node: int(np.argmax(target_logits[tree.row(node)])),
+            target_argmax=lambda node: int(np.argmax(row(node))),
             draft_tokens=drafts.tokens,
             parents=parents,
         )
 
     @functools.cache
     def target_probs(node: int) -> np.ndarray:  # only the rows the walk reaches are processed
-        return process_logits(target_logits[tree.row(node)], settings)[0]
+        return process_logits(row(node), settings)[0]
 
     return accept_tree(
         target_probs=target_probs, draft_probs=drafts.probs, draft_tokens=drafts.tokens, parents=parents, rng=rng
     )
+
+
+def _path_context(context: list[int], drafts: Drafts, parents: list[int], node: int) -> list[int]:
+    """The tokens before the position that follows draft node `node` (-1: the context itself)."""
+    path = []
+    while node >= 0:
+        path.append(drafts.tokens[node])
+        node = parents[node]
+    return context + path[::-1]
 
 
 def _event(

@@ -11,7 +11,7 @@ import numpy as np
 
 from .drafting import Drafts, DraftStep, Source, common_prefix, ingest
 from .model import Model
-from .sampling import sample_token, sparse_distribution
+from .sampling import apply_penalties, sample_token, sparse_distribution
 
 
 def _align(logits: np.ndarray, n_vocab: int) -> np.ndarray:
@@ -57,8 +57,12 @@ class ModelDrafter:
             drafts.catchup_seconds = time.perf_counter() - start
             feed = feed[-1:]
         parent = -1  # the chain's last node (-1: the verifier's pending token)
+        chain: list[int] = []  # the chain's tokens so far: with the context, what penalties count
+        penalised = step.settings.penalties.active
         for _ in range(k):
             logits = _align(self.model.eval(feed, n_logits=1), step.n_vocab)[0]
+            if penalised:  # the very processing the verifier's row for this position gets
+                logits = apply_penalties(logits, context + chain, step.settings)
             if step.settings.greedy:
                 token = int(np.argmax(logits))
                 total = np.exp(logits - logits[token]).sum()
@@ -89,6 +93,7 @@ class ModelDrafter:
             ):
                 break
             feed, parent = [token], node
+            chain.append(token)
         if not drafts.sides:
             drafts.parents = []  # a chain
         return drafts
