@@ -234,6 +234,10 @@ def serve(
     max_body: Annotated[
         int, typer.Option("--max-body", min=1024, help="Largest request body in bytes; larger gets 413.")
     ] = 1 << 20,
+    strict_model: Annotated[
+        bool,
+        typer.Option("--strict-model", help="A request naming another model gets 404 (else any name means this one)."),
+    ] = False,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...).
 
@@ -277,4 +281,5 @@ def serve(
         queue_size=queue_size,
         max_body_bytes=max_body,
         err_console=err_console,
+        strict_model=strict_model,
     )

@@ -25,6 +25,7 @@ from ..core.sampling import SamplingSettings
 from ..files.resolve import ResolvedPair
 from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
 from .generator import Delta, Failed, Finished, GenerationRequest, QueueFull, Worker
+from .jobs import ClientGone, Receiver
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 from .shapes import Shape
@@ -38,35 +39,7 @@ class ServeOptions:
     settings: SamplingSettings  # the defaults a request may override
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
-
-
-class _ClientGone(Exception):
-    pass
-
-
-class _Receiver:
-    """A job's messages, watching for the client to hang up while it waits (queued, or not streaming)."""
-
-    def __init__(self, job, request: Request):
-        self.job = job
-        self._watch = asyncio.ensure_future(self._wait_for_disconnect(request))
-
-    @staticmethod
-    async def _wait_for_disconnect(request: Request) -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    async def next(self):
-        getter = asyncio.ensure_future(self.job.messages.get())
-        await asyncio.wait({getter, self._watch}, return_when=asyncio.FIRST_COMPLETED)
-        if getter.done():
-            return getter.result()
-        getter.cancel()
-        self.job.cancelled.set()
-        raise _ClientGone
-
-    def close(self) -> None:
-        self._watch.cancel()
+    strict_model: bool = False  # an unknown `model` is a 404 (else any name means the loaded model)
 
 
 def create_app(*, worker: Worker, options: ServeOptions, metrics: Metrics) -> FastAPI:
@@ -109,11 +82,21 @@ def create_app(*, worker: Worker, options: ServeOptions, metrics: Metrics) -> Fa
 
     the_model = {"id": options.model_name, "object": "model", "created": created, "owned_by": "specgguf"}
 
-    @app.get("/v1/models", dependencies=[Depends(check_key)])
+    def route(method: str, path: str):
+        """OpenAI's routes answer under /v1 and, as llama-server's do, without it."""
+
+        def register(endpoint):
+            for prefix in ("/v1", ""):
+                app.add_api_route(prefix + path, endpoint, methods=[method], dependencies=[Depends(check_key)])
+            return endpoint
+
+        return register
+
+    @route("GET", "/models")
     async def models():
         return {"object": "list", "data": [the_model]}
 
-    @app.get("/v1/models/{model_id:path}", dependencies=[Depends(check_key)])
+    @route("GET", "/models/{model_id:path}")
     async def model(model_id: str):
         if model_id != options.model_name:
             raise ApiError(404, f"unknown model {model_id[:200]!r}", param="model", code="model_not_found")
@@ -123,7 +106,7 @@ def create_app(*, worker: Worker, options: ServeOptions, metrics: Metrics) -> Fa
     async def prometheus():
         return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
+    @route("POST", "/chat/completions")
     async def chat_completions(request: Request):
         body = parse_body(ChatRequest, await request.body())
         return await _answer(
@@ -135,7 +118,7 @@ def create_app(*, worker: Worker, options: ServeOptions, metrics: Metrics) -> Fa
             options=options,
         )
 
-    @app.post("/v1/completions", dependencies=[Depends(check_key)])
+    @route("POST", "/completions")
     async def completions(request: Request):
         body = parse_body(CompletionRequest, await request.body())
         return await _answer(
@@ -154,7 +137,7 @@ async def _answer(
     request: Request, body, generation: GenerationRequest, shape: Shape, *, worker: Worker, options: ServeOptions
 ):
     """Queue one request; answer it whole, or return the stream of its events."""
-    if body.model is not None and body.model != options.model_name:
+    if options.strict_model and body.model is not None and body.model != options.model_name:
         raise ApiError(
             404,
             f"unknown model {body.model[:200]!r}: this server serves {options.model_name!r} (see GET /v1/models)",
@@ -171,7 +154,7 @@ async def _answer(
             code="queue_full",
             headers={"Retry-After": "1"},
         ) from None
-    receiver = _Receiver(job, request)
+    receiver = Receiver(job, request)
     try:
         first = await receiver.next()
         if isinstance(first, Failed):
@@ -180,7 +163,7 @@ async def _answer(
             )
         if body.stream:
             receiver.close()
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            include_usage = body.stream_options is not None and bool(body.stream_options.include_usage)
             return StreamingResponse(
                 _events(job, shape, include_usage),
                 media_type="text/event-stream",
@@ -193,7 +176,7 @@ async def _answer(
         if isinstance(message, Failed):
             raise ApiError(message.status, str(message.error), kind="server_error")
         return JSONResponse(shape.response("".join(parts), message, logprobs))
-    except _ClientGone:
+    except ClientGone:
         return Response(status_code=499)  # nginx's "client closed request": nobody reads it
     finally:
         receiver.close()
@@ -236,6 +219,7 @@ def _generation_request(body, messages, text: str, options: ServeOptions) -> Gen
         drafter=speculative.drafter if speculative else None,
         p_min=speculative.p_min if speculative else None,
         n_top_logprobs=body.n_top_logprobs,
+        prompt_tokens=getattr(body, "tokens", None),
     )
 
 
@@ -275,6 +259,7 @@ def run_server(
     queue_size: int,
     max_body_bytes: int,
     err_console: Console,
+    strict_model: bool = False,
 ) -> None:
     """Check the address, load the pair (the same set-up as `run`), then serve until stopped."""
     check_address(host, api_key=api_key, insecure=insecure)
@@ -305,6 +290,7 @@ def run_server(
                 settings=settings,
                 api_key=api_key or None,
                 max_body_bytes=max_body_bytes,
+                strict_model=strict_model,
             ),
             sock=sock,
             err_console=err_console,

@@ -53,6 +53,7 @@ class GenerationRequest:
     drafter: DrafterKind | None = None
     p_min: float | None = None
     n_top_logprobs: int | None = None  # None: no log-probabilities; else alternatives per token
+    prompt_tokens: list[int] | None = None  # the prompt as token ids (then `text` is not read)
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,11 @@ class Worker:
     def _prepare(self, request: GenerationRequest):
         """The prompt (text, special, tokens), drafter and K policy; a bad request raises."""
         text, special = self._prompt_text(request)
-        prompt = self.prompts.tokens_for(text, special=special)
+        if request.prompt_tokens is not None:
+            prompt = list(request.prompt_tokens)
+        else:
+            prompt = self.prompts.tokens_for(text, special=special)
+        self._check_token_ids(request, prompt)
         if not prompt:
             raise PromptError("the prompt is empty")
         if len(prompt) >= self.verifier.n_ctx:
@@ -193,6 +198,13 @@ class Worker:
                 f" {self.verifier.n_ctx}; shorten it (or start the server with a larger -c)"
             )
         return text, special, prompt, *self._drafting(request)
+
+    def _check_token_ids(self, request: GenerationRequest, prompt: list[int]) -> None:
+        n_vocab = self.verifier.n_vocab
+        if request.prompt_tokens is not None and (bad := [t for t in prompt if t >= n_vocab]):
+            raise UsageError(f"prompt: token id {bad[0]} is not in the model's vocabulary ({n_vocab} tokens)")
+        if bad := [token for token, _ in request.settings.penalties.bias if token >= n_vocab]:
+            raise UsageError(f"logit_bias: token id {bad[0]} is not in the model's vocabulary ({n_vocab} tokens)")
 
     def _generate(self, job: Job) -> None:
         request = job.request
@@ -233,7 +245,10 @@ class Worker:
         if not cancelled and (delta := answer.finish()):
             job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
         kept_tokens, kept_text = answer.whole_tokens()
-        self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
+        if request.prompt_tokens is None:
+            self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
+        else:  # no text stands for these tokens (the caches still reuse their common prefix)
+            self.prompts.forget()
         finished = Finished(
             finish_reason="stop" if answer.stopped or stats.stop == "eos" else "length",
             n_prompt=len(prompt),

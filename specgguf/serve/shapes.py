@@ -11,6 +11,9 @@ from typing import Literal
 from .generator import Finished
 from .text import TokenLogprob
 
+# OpenAI's backend configuration id (a string in its schema): the server and its version.
+SYSTEM_FINGERPRINT = "fp_specgguf_0.1"
+
 
 def usage(finished: Finished) -> dict:
     return {
@@ -88,7 +91,7 @@ class Shape:
             "object": kind,
             "created": self.created,
             "model": self.model,
-            "system_fingerprint": None,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
             "choices": choices,
         }
 
@@ -105,7 +108,7 @@ class Shape:
         if self.kind == "text":
             return {"index": 0, "text": text or "", "logprobs": shaped, "finish_reason": finish_reason}
         if not chunk:
-            message = {"role": "assistant", "content": text, "refusal": None}
+            message: dict = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
             return {"index": 0, "message": message, "logprobs": shaped, "finish_reason": finish_reason}
         delta = ({"role": "assistant"} if role else {}) | ({} if text is None else {"content": text})
         return {"index": 0, "delta": delta, "logprobs": shaped, "finish_reason": finish_reason}

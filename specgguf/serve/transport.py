@@ -69,6 +69,7 @@ class CountRequests:
             await self.app(scope, receive, recording_send)
         finally:
             path = scope["path"]
+            path = "/v1" + path if "/v1" + path in ENDPOINTS else path  # OpenAI's routes without /v1
             endpoint = path if path in ENDPOINTS else "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
             self.metrics.requests.labels(endpoint, str(status)).inc()
 
