@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import ContextFullError, DecodeError, ModelLoadError, PromptError, debug_enabled
 from . import rpc_devices, template, vocab
 from .compat import VocabInfo
+from .info import FimTokens, ModelInfo, fim_tokens, model_info
 from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker
 from .runtime import check_gguf_file, interruptible, load_model, reason, recent_log, shared_governor
 from .threads import ThreadGovernor
@@ -315,6 +316,15 @@ class LlamaModel:
     def _piece_text(self, which: str) -> str:
         token = getattr(llama_cpp, f"llama_vocab_{which}")(self._vocab)
         return "" if token < 0 else llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
+
+    def info(self) -> ModelInfo:
+        """Description, size and architecture (the server's model listings)."""
+        assert self._model is not None, "the model is closed"
+        return model_info(self._model)
+
+    def fim_tokens(self) -> FimTokens | None:
+        """The fill-in-the-middle tokens (prefix, suffix, middle), None if the model has none."""
+        return fim_tokens(self._vocab)
 
     # --- what the compatibility check reads ---
     def vocab_info(self) -> VocabInfo:

@@ -24,6 +24,7 @@ from ..core.drafters import DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
 from ..files.resolve import ResolvedPair
 from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
+from . import ollama
 from .generator import Delta, Failed, Finished, GenerationRequest, QueueFull, Worker
 from .jobs import ClientGone, Receiver
 from .metrics import CONTENT_TYPE, Metrics
@@ -50,19 +51,20 @@ def create_app(*, worker: Worker, options: ServeOptions, metrics: Metrics) -> Fa
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, error: ApiError):
-        return JSONResponse(error.body(), error.status, headers=error.headers)
+        return JSONResponse(error_body(request, error), error.status, headers=error.headers)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, error: HTTPException):  # unknown routes, wrong methods
         return JSONResponse(
-            ApiError(error.status_code, str(error.detail)).body(),
+            error_body(request, ApiError(error.status_code, str(error.detail))),
             error.status_code,
             headers=getattr(error, "headers", None),
         )
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, error: Exception):  # never a traceback in a body
-        return JSONResponse(ApiError(500, f"internal error ({type(error).__name__})", kind="server_error").body(), 500)
+        bug = ApiError(500, f"internal error ({type(error).__name__})", kind="server_error")
+        return JSONResponse(error_body(request, bug), 500)
 
     async def check_key(request: Request) -> None:
         if options.api_key is None:
@@ -91,6 +93,8 @@ def create_app(*, worker: Worker, options: ServeOptions, metrics: Metrics) -> Fa
             return endpoint
 
         return register
+
+    ollama.add_routes(app, worker=worker, options=options, dependencies=[Depends(check_key)])
 
     @route("GET", "/models")
     async def models():
@@ -131,6 +135,15 @@ def create_app(*, worker: Worker, options: ServeOptions, metrics: Metrics) -> Fa
         )
 
     return app
+
+
+# Each API answers errors in its own shape: the routes under these prefixes, the rest OpenAI's.
+ERROR_SHAPES = (("/api/", ollama.error_body),)
+
+
+def error_body(request: Request, error: ApiError) -> dict:
+    path = request.url.path
+    return next((shape(error) for prefix, shape in ERROR_SHAPES if path.startswith(prefix)), error.body())
 
 
 async def _answer(
