@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from typing import Any
 
 import llama_cpp
 
@@ -31,7 +32,7 @@ class FimTokens:
     rep: int = -1
 
 
-def meta_value(model: llama_cpp.llama_model_p, key: str) -> str | None:
+def meta_value(model: Any, key: str) -> str | None:
     buffer = ctypes.create_string_buffer(256)
     size = llama_cpp.llama_model_meta_val_str(model, key.encode(), buffer, len(buffer))
     if size >= len(buffer):
@@ -40,7 +41,7 @@ def meta_value(model: llama_cpp.llama_model_p, key: str) -> str | None:
     return buffer.value.decode("utf-8", "replace") if size >= 0 else None
 
 
-def model_info(model: llama_cpp.llama_model_p) -> ModelInfo:
+def model_info(model: Any) -> ModelInfo:  # a llama_model_p
     buffer = ctypes.create_string_buffer(256)
     llama_cpp.llama_model_desc(model, buffer, len(buffer))
     return ModelInfo(
