@@ -20,11 +20,12 @@ from rich.console import Console
 from rich.text import Text
 from starlette.exceptions import HTTPException
 
+from ..conversation import FimRequest
 from ..core.drafters import DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
 from ..files.resolve import ResolvedPair
 from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
-from . import ollama
+from . import infill, ollama
 from .generator import Delta, Failed, Finished, GenerationRequest, QueueFull, Worker
 from .jobs import ClientGone, Receiver
 from .metrics import CONTENT_TYPE, Metrics
@@ -94,7 +95,8 @@ def create_app(*, worker: Worker, options: ServeOptions, metrics: Metrics) -> Fa
 
         return register
 
-    ollama.add_routes(app, worker=worker, options=options, dependencies=[Depends(check_key)])
+    for api in (ollama, infill):  # the other APIs, each in its module over the same worker
+        api.add_routes(app, worker=worker, options=options, dependencies=[Depends(check_key)])
 
     @route("GET", "/models")
     async def models():
@@ -138,7 +140,7 @@ def create_app(*, worker: Worker, options: ServeOptions, metrics: Metrics) -> Fa
 
 
 # Each API answers errors in its own shape: the routes under these prefixes, the rest OpenAI's.
-ERROR_SHAPES = (("/api/", ollama.error_body),)
+ERROR_SHAPES = (("/api/", ollama.error_body), ("/infill", infill.error_body))
 
 
 def error_body(request: Request, error: ApiError) -> dict:
@@ -233,6 +235,8 @@ def _generation_request(body, messages, text: str, options: ServeOptions) -> Gen
         p_min=speculative.p_min if speculative else None,
         n_top_logprobs=body.n_top_logprobs,
         prompt_tokens=getattr(body, "tokens", None),
+        # A completion with a suffix fills in the middle (as Ollama and OpenAI's instruct models do).
+        fim=FimRequest(text, body.suffix) if getattr(body, "suffix", None) is not None else None,
     )
 
 

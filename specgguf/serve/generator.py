@@ -23,7 +23,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..conversation import Message, PromptCache, Prompts
+from ..conversation import FimRequest, Message, PromptCache, Prompts, fill_in_middle
 from ..core.drafters import DRAFTER_KINDS, DrafterKind
 from ..core.drafting import common_prefix
 from ..core.engine import FixedK, KPolicy
@@ -54,6 +54,9 @@ class GenerationRequest:
     p_min: float | None = None
     n_top_logprobs: int | None = None  # None: no log-probabilities; else alternatives per token
     prompt_tokens: list[int] | None = None  # the prompt as token ids (then `text` is not read)
+    fim: FimRequest | None = None  # fill in the middle, framed with the model's FIM tokens
+    n_indent: int = 0  # FIM: stop at a later line indented less than this (llama-server's n_indent)
+    t_max_predict_ms: int = 0  # FIM: past this time, stop at the next new line (0: no limit)
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,8 @@ class Worker:
         text, special = self._prompt_text(request)
         if request.prompt_tokens is not None:
             prompt = list(request.prompt_tokens)
+        elif request.fim is not None:
+            prompt = self._fim_prompt(request)
         else:
             prompt = self.prompts.tokens_for(text, special=special)
         self._check_token_ids(request, prompt)
@@ -198,6 +203,18 @@ class Worker:
                 f" {self.verifier.n_ctx}; shorten it (or start the server with a larger -c)"
             )
         return text, special, prompt, *self._drafting(request)
+
+    def _fim_prompt(self, request: GenerationRequest) -> list[int]:
+        framing = self.verifier.fim_tokens()
+        if framing is None:
+            raise PromptError(
+                "this model has no fill-in-the-middle tokens (FIM prefix/suffix/middle): infill needs"
+                " a code model that has them, such as Qwen2.5-Coder"
+            )
+        assert request.fim is not None
+        return fill_in_middle(
+            self.templates, request.fim, framing, n_ctx=self.verifier.n_ctx, n_predict=request.max_tokens
+        )
 
     def _check_token_ids(self, request: GenerationRequest, prompt: list[int]) -> None:
         n_vocab = self.verifier.n_vocab
@@ -216,7 +233,7 @@ class Worker:
         n_cached = common_prefix(self.verifier.cached, prompt[:-1])
         job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
         seed = request.seed if request.seed is not None and request.seed >= 0 else secrets.randbelow(2**31)
-        answer = AnswerText(self.verifier.token_bytes, request.stops)
+        answer = AnswerText(self.verifier.token_bytes, request.stops, n_indent=request.n_indent)
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_top, n_logprobs_sent = request.n_top_logprobs, 0
         generation = self.prepared.generate(
@@ -233,6 +250,8 @@ class Worker:
                     n_logprobs_sent = max(n_logprobs_sent, answer.n_tokens_shown())
                 if answer.stopped or job.cancelled.is_set():
                     break
+                if request.t_max_predict_ms and self._new_line_after(request, generation, event.tokens):
+                    break  # FIM's time limit: the answer ends at this line's end ("length")
         except SpecggufError as error:
             self._forget_caches()
             job.send(Failed(error, status=500))
@@ -245,7 +264,7 @@ class Worker:
         if not cancelled and (delta := answer.finish()):
             job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
         kept_tokens, kept_text = answer.whole_tokens()
-        if request.prompt_tokens is None:
+        if request.prompt_tokens is None and request.fim is None:
             self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
         else:  # no text stands for these tokens (the caches still reuse their common prefix)
             self.prompts.forget()
@@ -262,6 +281,12 @@ class Worker:
         shutdown = Failed(SpecggufError("the server is shutting down"), status=503)
         gone = Failed(SpecggufError("the request was cancelled"), status=499)  # its client hung up
         job.send((shutdown if self._stopping else gone) if cancelled else finished)
+
+    def _new_line_after(self, request: GenerationRequest, generation, tokens: list[int]) -> bool:
+        """Whether the time limit (from the first token) has passed and these tokens end a line."""
+        started = generation.first_token_at
+        elapsed_ms = (time.perf_counter() - started) * 1000 if started is not None else 0.0
+        return elapsed_ms > request.t_max_predict_ms and any(b"\n" in self.verifier.token_bytes(t) for t in tokens)
 
     def _prompt_text(self, request: GenerationRequest) -> tuple[str, bool]:
         """The prompt's text, and whether special tokens in it are parsed (chat templates write them)."""

@@ -12,6 +12,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
@@ -19,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..conversation import Message
+from ..conversation import FimRequest, Message
 from ..core.sampling import Penalties, SamplingSettings
 from .generator import Delta, Failed, Finished, GenerationRequest, Worker
 from .jobs import ClientGone, messages, started, whole
@@ -268,9 +269,9 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
         body: GenerateBody = _parse(GenerateBody, await request.body())
         if not body.prompt and not body.suffix:  # Ollama: load the model, answer nothing
             return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
-        if body.suffix:
-            raise unsupported("suffix", "fill-in-the-middle is served by /infill and /v1/completions")
-        if body.raw:
+        if body.suffix:  # fill in the middle, framed with the model's FIM tokens
+            job = replace(generation(body, None, ""), fim=FimRequest(body.prompt or "", body.suffix))
+        elif body.raw:
             job = generation(body, None, body.prompt or "")
         else:
             turns = ([Message("system", body.system)] if body.system else []) + [Message("user", body.prompt or "")]

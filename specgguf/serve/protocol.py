@@ -234,8 +234,8 @@ class CompletionRequest(_Common):
         super().refuse_unsupported()
         if self.echo:
             raise unsupported("echo")
-        if self.suffix:
-            raise unsupported("suffix")
+        if self.suffix is not None and self.tokens is not None:
+            raise unsupported("suffix", "with a text prompt only")
         if self.best_of not in (None, 0, 1):
             raise unsupported("best_of")
         several = isinstance(self.prompt, list) and not isinstance(self.prompt[0] if self.prompt else 0, int)
