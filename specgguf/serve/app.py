@@ -25,7 +25,7 @@ from ..core.drafters import DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
 from ..files.resolve import ResolvedPair
 from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
-from . import infill, ollama
+from . import anthropic, infill, ollama
 from .generator import Delta, Failed, Finished, GenerationRequest, QueueFull, Worker
 from .jobs import ClientGone, Receiver
 from .metrics import CONTENT_TYPE, Metrics
@@ -71,7 +71,9 @@ def create_app(*, worker: Worker, options: ServeOptions, metrics: Metrics) -> Fa
         if options.api_key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), options.api_key.encode()):
+        if scheme.lower() != "bearer":  # Anthropic's clients send the key as x-api-key
+            token = request.headers.get("x-api-key", "")
+        if not secrets.compare_digest(token.strip().encode(), options.api_key.encode()):
             raise ApiError(
                 401,
                 "missing or wrong API key: send 'Authorization: Bearer <key>'",
@@ -95,7 +97,7 @@ def create_app(*, worker: Worker, options: ServeOptions, metrics: Metrics) -> Fa
 
         return register
 
-    for api in (ollama, infill):  # the other APIs, each in its module over the same worker
+    for api in (ollama, infill, anthropic):  # the other APIs, each in its module over the same worker
         api.add_routes(app, worker=worker, options=options, dependencies=[Depends(check_key)])
 
     @route("GET", "/models")
@@ -140,7 +142,11 @@ def create_app(*, worker: Worker, options: ServeOptions, metrics: Metrics) -> Fa
 
 
 # Each API answers errors in its own shape: the routes under these prefixes, the rest OpenAI's.
-ERROR_SHAPES = (("/api/", ollama.error_body), ("/infill", infill.error_body))
+ERROR_SHAPES = (
+    ("/api/", ollama.error_body),
+    ("/infill", infill.error_body),
+    ("/v1/messages", anthropic.error_body),
+)
 
 
 def error_body(request: Request, error: ApiError) -> dict:

@@ -79,6 +79,7 @@ class Finished:
     n_completion: int
     stats: GenerationStats
     first_token_seconds: float | None  # from arrival to the first token
+    stop_string: str | None = None  # the stop string that ended the answer
 
 
 @dataclass(frozen=True)
@@ -275,6 +276,7 @@ class Worker:
             n_completion=answer.n_tokens_used(answer.stopped),
             stats=stats,
             first_token_seconds=first_token_seconds,
+            stop_string=answer.matched,
         )
         if self.metrics is not None:
             self.metrics.observe(finished)

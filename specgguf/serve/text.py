@@ -58,6 +58,7 @@ class AnswerText:
         self.sent = 0  # characters of `text` handed out
         self.sent_bytes = 0  # ... and their length in UTF-8
         self.stopped = False  # a stop string was found
+        self.matched: str | None = None  # ... which one (None: the indentation rule, or none)
         self.tokens: list[int] = []
         self._ends: list[int] = []  # byte offset where each token ends
 
@@ -84,6 +85,8 @@ class AnswerText:
         longest = max((len(stop) for stop in self.stops), default=0)
         search_from = max(0, self.sent - longest + 1)
         found = [at for at in (self.text.find(stop, search_from) for stop in self.stops) if at >= 0]
+        hits = {self.text.find(stop, search_from): stop for stop in reversed(self.stops)}
+        self.matched = hits.get(min(found)) if found else None  # the stop string that ended it
         if self.n_indent and (cut := self._indent_cut()) is not None:
             found.append(cut)
         if found:
