@@ -130,7 +130,7 @@ def test_oversized_bodies_get_413_with_or_without_a_length(server):
 def test_unknown_routes_and_methods(server):
     with server.http() as http:
         assert_error(http.get(CHAT), 405, None)
-        assert_error(http.post("/v1/embeddings", json={}), 404, None)
+        assert_error(http.post("/v1/nothing", json={}), 404, None)
 
 
 # --- a slower model, so that a generation lasts long enough to hang up on or queue behind ---

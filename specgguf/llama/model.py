@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import ContextFullError, DecodeError, ModelLoadError, PromptError, debug_enabled
 from . import rpc_devices, template, vocab
 from .compat import VocabInfo
+from .embedding import Embedder
 from .info import FimTokens, ModelInfo, fim_tokens, model_info
 from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker
 from .runtime import check_gguf_file, interruptible, load_model, reason, recent_log, shared_governor
@@ -126,6 +127,8 @@ class LlamaModel:
     def close(self) -> None:
         if getattr(self, "_ctx", None):
             with self._guard("while freeing the model"):
+                if getattr(self, "_embedder", None) is not None:
+                    self._embedder.close()  # its context before the weights it reads
                 llama_cpp.llama_batch_free(self._batch)
                 llama_cpp.llama_free(self._ctx)
                 llama_cpp.llama_model_free(self._model)
@@ -321,6 +324,13 @@ class LlamaModel:
         """Description, size and architecture (the server's model listings)."""
         assert self._model is not None, "the model is closed"
         return model_info(self._model)
+
+    def embedder(self) -> Embedder:
+        """A pooled embedding context on the same weights, made on first use (then kept)."""
+        if getattr(self, "_embedder", None) is None:
+            assert self._model is not None, "the model is closed"
+            self._embedder = Embedder(self._model, n_ctx=self.n_ctx, n_threads=self.n_threads, name=self.path.name)
+        return self._embedder
 
     def fim_tokens(self) -> FimTokens | None:
         """The fill-in-the-middle tokens (prefix, suffix, middle), None if the model has none."""

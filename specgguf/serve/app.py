@@ -25,7 +25,7 @@ from ..core.drafters import DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
 from ..files.resolve import ResolvedPair
 from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
-from . import anthropic, infill, ollama, responses
+from . import anthropic, embeddings, infill, ollama, responses
 from .generator import Delta, Failed, Finished, GenerationRequest, QueueFull, Worker
 from .jobs import ClientGone, Receiver
 from .metrics import CONTENT_TYPE, Metrics
@@ -97,7 +97,13 @@ def create_app(*, worker: Worker, options: ServeOptions, metrics: Metrics) -> Fa
 
         return register
 
-    for api in (ollama, infill, anthropic, responses):  # the other APIs, each in its module over the same worker
+    for api in (
+        ollama,
+        infill,
+        anthropic,
+        responses,
+        embeddings,
+    ):  # the other APIs, each in its module over the same worker
         api.add_routes(app, worker=worker, options=options, dependencies=[Depends(check_key)])
 
     @route("GET", "/models")

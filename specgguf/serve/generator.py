@@ -60,6 +60,19 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
+class EmbeddingRequest:
+    """Texts (or token ids) to embed with the verifier's pooled embedding context."""
+
+    inputs: list[str] | list[list[int]]
+
+
+@dataclass(frozen=True)
+class Embedded:
+    vectors: list[list[float]]
+    n_tokens: int
+
+
+@dataclass(frozen=True)
 class Started:
     n_prompt: int
     n_cached: int  # prompt tokens the verifier's cache already held
@@ -90,7 +103,7 @@ class Failed:
 
 @dataclass(eq=False)  # compared by identity
 class Job:
-    request: GenerationRequest
+    request: GenerationRequest | EmbeddingRequest
     loop: asyncio.AbstractEventLoop
     messages: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -131,7 +144,7 @@ class Worker:
             self._drop_cancelled()
             return len(self._waiting)
 
-    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Job:
+    def submit(self, request: GenerationRequest | EmbeddingRequest, loop: asyncio.AbstractEventLoop) -> Job:
         job = Job(request, loop)
         with self._changed:
             if self._stopping:
@@ -174,10 +187,33 @@ class Worker:
     def _work(self) -> None:
         while (job := self._next_job()) is not None:
             try:
-                self._generate(job)
+                if isinstance(job.request, EmbeddingRequest):
+                    self._embed(job, job.request)
+                else:
+                    self._generate(job)
             except Exception as error:  # noqa: BLE001 - the worker must survive anything; the client hears why
                 self._forget_caches()
                 job.send(Failed(SpecggufError(f"generation failed: {type(error).__name__}: {error}"), status=500))
+
+    def _embed(self, job: Job, request: EmbeddingRequest) -> None:
+        """On the worker thread too: the embedding context shares the weights with the generating one."""
+        try:
+            tokens = [self.verifier.tokenize(item) if isinstance(item, str) else item for item in request.inputs]
+            for index, item in enumerate(tokens):
+                if not item:
+                    raise PromptError(f"input[{index}] is empty")
+                if len(item) > self.verifier.n_ctx:
+                    raise ContextFullError(
+                        f"input[{index}] is {len(item)} tokens but the context holds {self.verifier.n_ctx}"
+                    )
+                if max(item) >= self.verifier.n_vocab:
+                    raise UsageError(f"input[{index}]: a token id is not in the model's vocabulary")
+            embedder = self.verifier.embedder()  # made on first use
+        except SpecggufError as error:
+            job.send(Failed(error, status=400))
+            return
+        vectors = [embedder.embed(item).tolist() for item in tokens]
+        job.send(Embedded(vectors, sum(len(item) for item in tokens)))
 
     def _forget_caches(self) -> None:
         """After a failure inside a model call a cache may hold tokens its `cached` list does not."""
@@ -226,6 +262,7 @@ class Worker:
 
     def _generate(self, job: Job) -> None:
         request = job.request
+        assert isinstance(request, GenerationRequest)
         try:
             text, special, prompt, drafter, policy = self._prepare(request)
         except SpecggufError as error:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from .generator import Delta, Failed, Finished, GenerationRequest, Job, QueueFull, Worker
+from .generator import Delta, EmbeddingRequest, Failed, Finished, GenerationRequest, Job, QueueFull, Worker
 from .text import TokenLogprob
 
 ErrorFactory = Callable[[int, str], Exception]  # (HTTP status, message) -> the API's own error
@@ -45,7 +45,7 @@ class Receiver:
         self._watch.cancel()
 
 
-def submit(worker: Worker, generation: GenerationRequest, errors: ErrorFactory) -> Job:
+def submit(worker: Worker, generation: GenerationRequest | EmbeddingRequest, errors: ErrorFactory) -> Job:
     try:
         return worker.submit(generation, asyncio.get_running_loop())
     except QueueFull as error:
