@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import openai
 import pytest
 
 from live_server import live_server
