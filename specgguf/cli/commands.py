@@ -238,6 +238,12 @@ def serve(
         bool,
         typer.Option("--strict-model", help="A request naming another model gets 404 (else any name means this one)."),
     ] = False,
+    cache_slots: Annotated[
+        int,
+        typer.Option(
+            "--cache-slots", min=1, max=64, help="Conversations whose caches are kept (parked as saved state, LRU)."
+        ),
+    ] = 4,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...).
 
@@ -282,4 +288,5 @@ def serve(
         max_body_bytes=max_body,
         err_console=err_console,
         strict_model=strict_model,
+        cache_slots=cache_slots,
     )

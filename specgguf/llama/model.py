@@ -23,6 +23,7 @@ from .embedding import Embedder
 from .info import FimTokens, ModelInfo, fim_tokens, model_info
 from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker
 from .runtime import check_gguf_file, interruptible, load_model, reason, recent_log, shared_governor
+from .state import load_sequence, save_sequence
 from .threads import ThreadGovernor
 
 MAX_TREE_LEAVES = 16  # sequences per context: the most leaves a draft tree may have
@@ -274,6 +275,18 @@ class LlamaModel:
             llama_cpp.llama_memory_clear(self._memory, True)
         self.cached.clear()
         self._tree = None
+
+    def save_state(self) -> tuple[bytes, list[int]]:
+        """The KV cache as bytes, and the tokens it holds (for the server's cache slots)."""
+        with self._guard("while saving the cache"):
+            return save_sequence(self._ctx) if self.cached else b"", list(self.cached)
+
+    def load_state(self, state: bytes, tokens: list[int]) -> None:
+        """Replace the KV cache with a saved one (`save_state`'s bytes and tokens)."""
+        self.clear()
+        with self._guard("while restoring the cache"):
+            load_sequence(self._ctx, state, self.path.name)
+        self.cached = list(tokens)
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))

@@ -289,6 +289,7 @@ def run_server(
     max_body_bytes: int,
     err_console: Console,
     strict_model: bool = False,
+    cache_slots: int = 4,
 ) -> None:
     """Check the address, load the pair (the same set-up as `run`), then serve until stopped."""
     check_address(host, api_key=api_key, insecure=insecure)
@@ -309,7 +310,7 @@ def run_server(
             )
         worker: Worker | None = None
         metrics = Metrics(lambda: worker.n_waiting if worker else 0)
-        worker = Worker(prepared=prepared, queue_size=queue_size, metrics=metrics)
+        worker = Worker(prepared=prepared, queue_size=queue_size, metrics=metrics, cache_slots=cache_slots)
         name = resolved.name or resolved.verifier.stem
         serve(
             worker=worker,

@@ -10,7 +10,8 @@ Prefix reuse: the engine keeps whatever prefix of a new prompt each model's KV
 cache already holds. For a follow-up chat turn to reuse the whole previous
 conversation, its prompt must repeat the previous answer as the very tokens that
 were generated (re-tokenizing the text need not give them back):
-`conversation.PromptCache` does that, as `chat.ChatSession` does for one user.
+`conversation.PromptCache` does that, as `chat.ChatSession` does for one user; with
+`--cache-slots N`, for N conversations (cache_slots.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..conversation import FimRequest, Message, PromptCache, Prompts, fill_in_middle
+from ..conversation import FimRequest, Message, Prompts, fill_in_middle
 from ..core.drafters import DRAFTER_KINDS, DrafterKind
 from ..core.drafting import common_prefix
 from ..core.engine import FixedK, KPolicy
@@ -32,6 +33,7 @@ from ..core.sampling import SamplingSettings
 from ..core.stats import GenerationStats
 from ..errors import ContextFullError, PromptError, SpecggufError, UsageError
 from ..prepare import KChoice, Prepared
+from .cache_slots import CacheSlots
 from .text import AnswerText, TokenLogprob, token_logprobs
 
 
@@ -118,12 +120,12 @@ class Job:
 class Worker:
     """The loaded pair, the server's drafting defaults, and the worker thread."""
 
-    def __init__(self, *, prepared: Prepared, queue_size: int, metrics=None):
+    def __init__(self, *, prepared: Prepared, queue_size: int, metrics=None, cache_slots: int = 1):
         self.prepared = prepared
         self.verifier, self.draft, self.drafting = prepared.verifier, prepared.draft, prepared.options
         self.metrics = metrics
         self.templates = Prompts(self.verifier)
-        self.prompts = PromptCache(self.templates)
+        self.prompts = CacheSlots(self.templates, [self.verifier, self.draft], cache_slots)
         self._policies: dict[tuple, tuple[KPolicy, object]] = {}  # adaptive policies keep learning
         self._waiting: deque[Job] = deque()  # FIFO; a job whose client left is dropped from it
         self._running: Job | None = None
@@ -268,6 +270,7 @@ class Worker:
         except SpecggufError as error:
             job.send(Failed(error, status=400))
             return
+        self.prompts.select(prompt)  # the cached conversation this prompt continues, if one is parked
         n_cached = common_prefix(self.verifier.cached, prompt[:-1])
         job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
         seed = request.seed if request.seed is not None and request.seed >= 0 else secrets.randbelow(2**31)
