@@ -42,9 +42,7 @@ def test_two_alternating_clients_reread_only_their_new_tokens(tiny_verifier, tin
     with live_server(*args, "--cache-slots", "1") as fresh:  # fresh: reused prefixes may round differently
         alone = _alternate(fresh, one_after_the_other=True)
     for name in ("A", "B"):
-        for (prompt, cached, _, _), (previous_prompt, _, previous_completion, answer) in zip(
-            seen[name][1:], seen[name]
-        ):
+        for (_, cached, _, _), (previous_prompt, _, previous_completion, answer) in zip(seen[name][1:], seen[name]):
             assert cached >= previous_prompt, seen[name]  # at least every earlier turn's prompt
             if "\ufffd" in answer:
                 continue  # an answer that is not whole UTF-8 cannot be repeated as its tokens
