@@ -192,7 +192,7 @@ def _stats(finished: Finished) -> dict:
         "done_reason": "stop" if finished.finish_reason == "stop" else "length",
         "total_duration": int((stats.wall_seconds + stats.prefill_seconds) * ns),
         "load_duration": 0,
-        "prompt_eval_count": finished.n_prompt - finished.n_cached,
+        "prompt_eval_count": finished.n_prompt,  # Ollama: the prompt's tokens (cached ones too)
         "prompt_eval_duration": int(stats.prefill_seconds * ns),
         "eval_count": finished.n_completion,
         "eval_duration": int(stats.wall_seconds * ns),
