@@ -12,6 +12,8 @@ Every command builds its prompt here, so `run`, `chat`, `bench` and `serve` cann
   re-tokenized copy of their text (a tokenizer need not give the same ids back), so the
   engine's prefix reuse finds the whole history in both models' KV caches.
 - `PromptCache` keeps the last prompt + answer as text and tokens, for the server.
+- `fill_in_middle` frames a code-completion request with the model's FIM tokens, as
+  llama-server's /infill does (repository-level FIM for the extra chunks).
 """
 
 from __future__ import annotations
@@ -109,6 +111,11 @@ class Prompts:
         self.has_template = verifier.chat_template() is not None
         self._bos = verifier.tokenize("", special=True)  # what tokenize puts in front of any text
 
+    @property
+    def bos(self) -> list[int]:
+        """What the tokenizer puts in front of any text (BOS, or nothing)."""
+        return list(self._bos)
+
     def render(self, messages: Sequence[Message], tools: list[dict] | None = None) -> str:
         """The text of a prompt ready for the assistant's turn: the model's template, else ChatML;
         `tools` (OpenAI's tool definitions) go to the template as `tools=`.
@@ -157,6 +164,61 @@ class Prompts:
             covered = text + answer
             messages.append(Message("assistant", answer))
         return tokens
+
+
+@dataclass(frozen=True)
+class FimRequest:
+    """A fill-in-the-middle request: the text before and after the cursor, nearby files'
+    chunks as (filename, text), and `prompt`, text the middle starts with (after the prefix)."""
+
+    prefix: str
+    suffix: str
+    extra: tuple[tuple[str, str], ...] = ()
+    prompt: str = ""
+
+
+class FimFraming(Protocol):
+    """The model's FIM tokens (`llama.info.FimTokens`); -1 where it has none."""
+
+    @property
+    def prefix(self) -> int: ...
+    @property
+    def suffix(self) -> int: ...
+    @property
+    def middle(self) -> int: ...
+    @property
+    def sep(self) -> int: ...
+    @property
+    def rep(self) -> int: ...
+
+
+_SNIPPET = "\n\n--- snippet ---\n\n"  # llama-server's chunk separator for models without FIM_SEP
+
+
+def fill_in_middle(
+    prompts: Prompts, fim: FimRequest, framing: FimFraming, *, n_ctx: int, n_predict: int, n_batch: int = 2048
+) -> list[int]:
+    """The prompt tokens for `fim`, placed as llama-server's `format_infill` places them:
+    [FIM_REP]myproject\n [FIM_SEP]file\n chunk ... [FIM_SEP]filename\n (the extra context, cut
+    from the front to fit), then [BOS] [FIM_PRE] prefix prompt [FIM_SUF] suffix [FIM_MID]; the
+    prefix keeps its last 3/4 of a batch (2048 tokens, at most half the context), the suffix its
+    first quarter."""
+    text = lambda value: prompts.continuation(value, special=False) if value else []  # noqa: E731
+    n_batch = min(n_batch, n_ctx // 2)  # a small context still leaves the extra chunks room
+    extra: list[int] = []
+    if framing.rep >= 0:
+        extra += [framing.rep, *text("myproject\n")]
+    for filename, chunk in fim.extra:
+        extra += [framing.sep, *text(filename + "\n")] if framing.sep >= 0 else text(_SNIPPET)
+        extra += text(chunk)
+    if framing.sep >= 0:
+        extra += [framing.sep, *text("filename\n")]
+    prefix, suffix, prompt = text(fim.prefix), text(fim.suffix), text(fim.prompt)
+    prefix = prefix[len(prefix) - min(len(prefix), 3 * (n_batch // 4)) :]
+    suffix = suffix[: min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))]
+    n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra))
+    head = extra[len(extra) - n_extra :] + prompts.bos
+    return [*head, framing.prefix, *prefix, *prompt, framing.suffix, *suffix, framing.middle]
 
 
 class PromptCache:

@@ -43,7 +43,7 @@ BAD_CHAT = [
     ({"messages": HELLO, "max_completion_tokens": -5}, 400, "max_completion_tokens"),
     ({"messages": HELLO, "temperature": -1}, 400, "temperature"),
     ({"messages": HELLO, "temperature": "hot"}, 400, "temperature"),
-    ({"messages": HELLO, "top_p": 0}, 400, "top_p"),
+    ({"messages": HELLO, "top_p": -0.1}, 400, "top_p"),
     ({"messages": HELLO, "top_k": -3}, 400, "top_k"),
     ({"messages": HELLO, "min_p": 2}, 400, "min_p"),
     ({"messages": HELLO, "stream": "yes"}, 400, "stream"),
@@ -56,11 +56,13 @@ BAD_CHAT = [
     ({"messages": HELLO, "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, 400, None),
     ({"messages": HELLO, "tool_choice": {"type": "function", "function": {"name": "f"}}}, 400, "tool_choice"),
     ({"messages": HELLO, "functions": [{"name": "f"}]}, 400, "functions"),
-    ({"messages": HELLO, "logit_bias": {"1": 5}}, 400, "logit_bias"),
+    ({"messages": HELLO, "logit_bias": {"one": 5}}, 400, "logit_bias.one"),
+    ({"messages": HELLO, "logit_bias": {"1": 500}}, 400, "logit_bias"),
     ({"messages": HELLO, "logprobs": "yes"}, 400, "logprobs"),
     ({"messages": HELLO, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ({"messages": HELLO, "top_logprobs": 3}, 400, "top_logprobs"),
-    ({"messages": HELLO, "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"messages": HELLO, "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ({"messages": HELLO, "frequency_penalty": "high"}, 400, "frequency_penalty"),
     ({"messages": HELLO, "response_format": {"type": "xml"}}, 400, "response_format.type"),
     ({"messages": HELLO, "response_format": {"type": "json_schema"}}, 400, "response_format.json_schema"),
     ({"messages": HELLO, "grammar": "root ::= ("}, 400, "grammar"),
@@ -72,12 +74,12 @@ BAD_CHAT = [
     ({"messages": HELLO, "speculative": {"depth": 3}}, 400, "speculative.depth"),
     ({"messages": HELLO, "speculative": {"drafter": "model"}}, 400, None),  # no draft model loaded
     ({"messages": HELLO, "speculative": {"drafter": "hybrid", "k": 4}}, 400, None),  # (the server drafts n-grams)
-    ({"messages": HELLO, "model": "gpt-4"}, 404, "model"),
     ({"messages": [{"role": "user", "content": "the cat " * 400}]}, 400, None),  # longer than the context
 ]
 BAD_COMPLETION = [
     ({}, 400, "prompt"),
-    ({"prompt": [1, 2, 3]}, 400, "prompt"),
+    ({"prompt": [-2]}, 400, "prompt[0]"),
+    ({"prompt": [[1], [2]]}, 400, "prompt"),
     ({"prompt": ["a", "b"]}, 400, "prompt"),
     ({"prompt": "hi", "echo": True}, 400, "echo"),
     ({"prompt": "hi", "logprobs": -1}, 400, "logprobs"),
@@ -134,7 +136,7 @@ def test_oversized_bodies_get_413_with_or_without_a_length(server):
 def test_unknown_routes_and_methods(server):
     with server.http() as http:
         assert_error(http.get(CHAT), 405, None)
-        assert_error(http.post("/v1/embeddings", json={}), 404, None)
+        assert_error(http.post("/v1/nothing", json={}), 404, None)
 
 
 # --- a slower model, so that a generation lasts long enough to hang up on or queue behind ---

@@ -104,3 +104,10 @@ def test_token_logprobs_are_the_log_softmax_of_the_raw_logits():
     assert entries[0].top == [(b"Hello", pytest.approx(expected[0])), (b" wor", pytest.approx(expected[1]))]
     assert entries[1].logprob == pytest.approx(-np.log(9))
     assert token_logprobs(rows, [1, 3], n_top=0, token_bytes=token_bytes)[0].top == []
+
+
+def test_the_stop_string_that_ended_the_answer_is_named():
+    _, answer = stream([[0, 1, 2], [4, 7, 8]], ["xyz", " STOP", "world"])
+    assert answer.stopped and answer.text == "Hello " and answer.matched == "world"  # the earliest one
+    _, plain = stream([[0, 1, 2]], ["xyz"])
+    assert plain.matched is None

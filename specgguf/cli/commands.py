@@ -274,6 +274,16 @@ def serve(
             help="A browser origin (http://site:port, or '*') whose pages may call the API; repeat or comma-separate.",
         ),
     ] = None,
+    strict_model: Annotated[
+        bool,
+        typer.Option("--strict-model", help="A request naming another model gets 404 (else any name means this one)."),
+    ] = False,
+    cache_slots: Annotated[
+        int,
+        typer.Option(
+            "--cache-slots", min=1, max=64, help="Conversations whose caches are kept (parked as saved state, LRU)."
+        ),
+    ] = 4,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...).
 
@@ -323,4 +333,6 @@ def serve(
         err_console=err_console,
         allowed_hosts=hosts,
         cors_origins=origins,
+        strict_model=strict_model,
+        cache_slots=cache_slots,
     )

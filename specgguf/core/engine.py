@@ -21,7 +21,14 @@ from .constraint import Constraint, GrammarWalk
 from .drafting import Drafter, Drafts, DraftStep, NoDrafter, Source, ingest
 from .forced_drafter import ForcedDrafter
 from .model import Model
-from .sampling import SamplingSettings, accept_tree, accept_tree_greedy, mask_logits, process_logits
+from .sampling import (
+    SamplingSettings,
+    accept_tree,
+    accept_tree_greedy,
+    apply_penalties,
+    mask_logits,
+    process_logits,
+)
 
 
 class KPolicy(Protocol):
@@ -158,7 +165,7 @@ def speculate(
         tree = VerifyTree.build(context[verifier.n_past :], drafts)
         target_logits = verifier.eval_tree(tree.tokens, tree.parents, n_logits=tree.n_rows)
         t2 = time.perf_counter()
-        path, next_token = _accept(tree, target_logits, drafts, settings, rng, walk)
+        path, next_token = _accept(tree, target_logits, drafts, settings, rng, context, walk)
         emitted = [drafts.tokens[node] for node in path] + [next_token]
         if walk is not None:  # the grammar's state moves on by what was accepted, up to an end token
             walk.commit(emitted[: next((i + 1 for i, t in enumerate(emitted) if verifier.is_eog(t)), None)])
@@ -265,20 +272,28 @@ def _accept(
     drafts: Drafts,
     settings: SamplingSettings,
     rng: np.random.Generator,
+    context: list[int],
     walk: GrammarWalk | None = None,
 ) -> tuple[list[int], int]:
     """(accepted draft nodes, the verifier's next token): at temperature 0 the path of the
     verifier's argmax, else the speculative sampling rule over the tree (sampling.accept_tree)
-    on the processed distributions; under a grammar (`walk`), each row masked by its state there."""
+    on the processed distributions. Each row gets the processing the draft's row for that position
+    got: penalties and logit bias (sampling.apply_penalties) with that row's own context (the
+    step's context plus the node's path), then, under a grammar (`walk`), the mask of its state there."""
     parents = drafts.tree()
 
+    @functools.cache
     def row(node: int) -> np.ndarray:
         logits = target_logits[tree.row(node)]
+        if settings.penalties.active:
+            logits = apply_penalties(logits, _path_context(context, drafts, parents, node), settings)
         return logits if walk is None else mask_logits(logits, walk.mask(node))
 
     if settings.greedy:
         return accept_tree_greedy(
-            target_argmax=lambda node: int(np.argmax(row(node))), draft_tokens=drafts.tokens, parents=parents
+            target_argmax=lambda node: int(np.argmax(row(node))),
+            draft_tokens=drafts.tokens,
+            parents=parents,
         )
 
     @functools.cache
@@ -288,6 +303,15 @@ def _accept(
     return accept_tree(
         target_probs=target_probs, draft_probs=drafts.probs, draft_tokens=drafts.tokens, parents=parents, rng=rng
     )
+
+
+def _path_context(context: list[int], drafts: Drafts, parents: list[int], node: int) -> list[int]:
+    """The tokens before the position that follows draft node `node` (-1: the context itself)."""
+    path = []
+    while node >= 0:
+        path.append(drafts.tokens[node])
+        node = parents[node]
+    return context + path[::-1]
 
 
 def _event(

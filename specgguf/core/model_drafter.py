@@ -11,7 +11,7 @@ import numpy as np
 
 from .drafting import Drafts, DraftStep, Source, common_prefix, ingest
 from .model import Model
-from .sampling import mask_logits, sample_token, sparse_distribution
+from .sampling import apply_penalties, mask_logits, sample_token, sparse_distribution
 
 
 def _align(logits: np.ndarray, n_vocab: int) -> np.ndarray:
@@ -58,15 +58,19 @@ class ModelDrafter:
             feed = feed[-1:]
         constraint = step.constraint  # a grammar: each draft masked by its state after the drafts before
         try:
-            return self._chain(drafts, feed, k, step)
+            return self._chain(drafts, context, feed, k, step)
         finally:
             if constraint is not None:
                 constraint.rollback(len(drafts.tokens))  # left as found: the verifier decides
 
-    def _chain(self, drafts: Drafts, feed: list[int], k: int, step: DraftStep) -> Drafts:
+    def _chain(self, drafts: Drafts, context: list[int], feed: list[int], k: int, step: DraftStep) -> Drafts:
         parent = -1  # the chain's last node (-1: the verifier's pending token)
+        chain: list[int] = []  # the chain's tokens so far: with the context, what penalties count
+        penalised = step.settings.penalties.active
         for _ in range(k):
             logits = _align(self.model.eval(feed, n_logits=1), step.n_vocab)[0]
+            if penalised:  # the very processing the verifier's row for this position gets
+                logits = apply_penalties(logits, context + chain, step.settings)
             if step.constraint is not None:
                 drafts.masks.append(step.constraint.allowed())
                 logits = mask_logits(logits, drafts.masks[-1])
@@ -102,6 +106,7 @@ class ModelDrafter:
             ):
                 break
             feed, parent = [token], node
+            chain.append(token)
         if not drafts.sides:
             drafts.parents = []  # a chain
         return drafts

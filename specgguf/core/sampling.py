@@ -14,11 +14,44 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 MIN_TEMPERATURE = 1e-6  # below it, sampling is greedy decoding (and 1/T would overflow near 1e-308)
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """Logit bias and llama.cpp's penalties sampler (`llama_sampler_init_penalties`), which run
+    before the rest of the chain. Over the last `last_n` tokens of the context (prompt included,
+    as llama-server counts them), a token seen `count` times gets its logit divided by `repeat`
+    (multiplied, if it is negative), then `count * frequency + presence` subtracted; `bias` adds a
+    fixed amount to a token's logit first (OpenAI's `logit_bias`; -inf bans the token)."""
+
+    frequency: float = 0.0
+    presence: float = 0.0
+    repeat: float = 1.0
+    last_n: int = 64
+    bias: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        for name, value in (("frequency penalty", self.frequency), ("presence penalty", self.presence)):
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
+        if not (math.isfinite(self.repeat) and self.repeat > 0):
+            raise ValueError(f"repeat penalty must be > 0, got {self.repeat}")
+        if self.last_n < 0:
+            raise ValueError(f"the penalty window must be >= 0 tokens, got {self.last_n}")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.bias) or (
+            self.last_n > 0 and (self.frequency != 0.0 or self.presence != 0.0 or self.repeat != 1.0)
+        )
+
+
+NO_PENALTIES = Penalties()
 
 
 @dataclass(frozen=True)
@@ -29,6 +62,7 @@ class SamplingSettings:
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    penalties: Penalties = field(default=NO_PENALTIES)
 
     def __post_init__(self) -> None:
         for name, value in (("temperature", self.temperature), ("top-p", self.top_p), ("min-p", self.min_p)):
@@ -48,6 +82,29 @@ class SamplingSettings:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+def apply_penalties(logits: np.ndarray, context: Sequence[int], settings: SamplingSettings) -> np.ndarray:
+    """One logits row after the logit bias and the penalties for what `context` (every token before
+    this position) holds. The engine applies it to the verifier's rows and the draft model to its
+    own, each with its row's own context, so drafts are drawn from, and judged against, the
+    penalised distributions and speculation stays exact for them. Unchanged (the same array)
+    when nothing is set."""
+    penalties = settings.penalties
+    if not penalties.active:
+        return logits
+    logits = logits.astype(np.float64, copy=True)
+    for token, bias in penalties.bias:
+        if token < logits.shape[0]:
+            logits[token] += bias
+    window = np.asarray(context[-penalties.last_n :] if penalties.last_n else [], dtype=np.int64)
+    window = window[(window >= 0) & (window < logits.shape[0])]
+    if window.size:
+        tokens, counts = np.unique(window, return_counts=True)
+        seen = logits[tokens]
+        seen = np.where(seen <= 0, seen * penalties.repeat, seen / penalties.repeat)
+        logits[tokens] = seen - counts * penalties.frequency - penalties.presence
+    return logits
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

@@ -20,8 +20,11 @@ import numpy as np
 from ..errors import ContextFullError, DecodeError, ModelLoadError, PromptError, debug_enabled
 from . import rpc_devices, template, vocab
 from .compat import VocabInfo
+from .embedding import Embedder
+from .info import FimTokens, ModelInfo, fim_tokens, model_info
 from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker
 from .runtime import check_gguf_file, interruptible, load_model, reason, recent_log, shared_governor
+from .state import load_sequence, save_sequence
 from .threads import ThreadGovernor
 
 MAX_TREE_LEAVES = 16  # sequences per context: the most leaves a draft tree may have
@@ -126,6 +129,8 @@ class LlamaModel:
     def close(self) -> None:
         if getattr(self, "_ctx", None):
             with self._guard("while freeing the model"):
+                if getattr(self, "_embedder", None) is not None:
+                    self._embedder.close()  # its context before the weights it reads
                 llama_cpp.llama_batch_free(self._batch)
                 llama_cpp.llama_free(self._ctx)
                 llama_cpp.llama_model_free(self._model)
@@ -272,6 +277,18 @@ class LlamaModel:
         self.cached.clear()
         self._tree = None
 
+    def save_state(self) -> tuple[bytes, list[int]]:
+        """The KV cache as bytes, and the tokens it holds (for the server's cache slots)."""
+        with self._guard("while saving the cache"):
+            return save_sequence(self._ctx) if self.cached else b"", list(self.cached)
+
+    def load_state(self, state: bytes, tokens: list[int]) -> None:
+        """Replace the KV cache with a saved one (`save_state`'s bytes and tokens)."""
+        self.clear()
+        with self._guard("while restoring the cache"):
+            load_sequence(self._ctx, state, self.path.name)
+        self.cached = list(tokens)
+
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
@@ -321,6 +338,22 @@ class LlamaModel:
     def _piece_text(self, which: str) -> str:
         token = getattr(llama_cpp, f"llama_vocab_{which}")(self._vocab)
         return "" if token < 0 else llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
+
+    def info(self) -> ModelInfo:
+        """Description, size and architecture (the server's model listings)."""
+        assert self._model is not None, "the model is closed"
+        return model_info(self._model)
+
+    def embedder(self) -> Embedder:
+        """A pooled embedding context on the same weights, made on first use (then kept)."""
+        if getattr(self, "_embedder", None) is None:
+            assert self._model is not None, "the model is closed"
+            self._embedder = Embedder(self._model, n_ctx=self.n_ctx, n_threads=self.n_threads, name=self.path.name)
+        return self._embedder
+
+    def fim_tokens(self) -> FimTokens | None:
+        """The fill-in-the-middle tokens (prefix, suffix, middle), None if the model has none."""
+        return fim_tokens(self._vocab)
 
     # --- what the compatibility check reads ---
     def vocab_info(self) -> VocabInfo:

@@ -20,12 +20,15 @@ from rich.console import Console
 from rich.text import Text
 from starlette.exceptions import HTTPException
 
+from ..conversation import FimRequest
 from ..core.drafters import DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
 from ..files.resolve import ResolvedPair
 from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
+from . import anthropic, embeddings, infill, ollama, responses
 from .generator import Delta, Failed, Finished, GenerationRequest, QueueFull, Worker
 from .guard import Guard, HostPolicy, quiet_logs
+from .jobs import ClientGone, Receiver
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 from .shapes import Shape
@@ -42,35 +45,7 @@ class ServeOptions:
     max_body_bytes: int = 1 << 20
     allowed_hosts: tuple[str, ...] = ()  # Host values besides the bound address and localhost
     cors_origins: tuple[str, ...] = ()  # browser origins that may call the API
-
-
-class _ClientGone(Exception):
-    pass
-
-
-class _Receiver:
-    """A job's messages, watching for the client to hang up while it waits (queued, or not streaming)."""
-
-    def __init__(self, job, request: Request):
-        self.job = job
-        self._watch = asyncio.ensure_future(self._wait_for_disconnect(request))
-
-    @staticmethod
-    async def _wait_for_disconnect(request: Request) -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    async def next(self):
-        getter = asyncio.ensure_future(self.job.messages.get())
-        await asyncio.wait({getter, self._watch}, return_when=asyncio.FIRST_COMPLETED)
-        if getter.done():
-            return getter.result()
-        getter.cancel()
-        self.job.cancelled.set()
-        raise _ClientGone
-
-    def close(self) -> None:
-        self._watch.cancel()
+    strict_model: bool = False  # an unknown `model` is a 404 (else any name means the loaded model)
 
 
 def create_app(
@@ -85,25 +60,28 @@ def create_app(
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, error: ApiError):
-        return JSONResponse(error.body(), error.status, headers=error.headers)
+        return JSONResponse(error_body(request, error), error.status, headers=error.headers)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, error: HTTPException):  # unknown routes, wrong methods
         return JSONResponse(
-            ApiError(error.status_code, str(error.detail)).body(),
+            error_body(request, ApiError(error.status_code, str(error.detail))),
             error.status_code,
             headers=getattr(error, "headers", None),
         )
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, error: Exception):  # never a traceback in a body
-        return JSONResponse(ApiError(500, f"internal error ({type(error).__name__})", kind="server_error").body(), 500)
+        bug = ApiError(500, f"internal error ({type(error).__name__})", kind="server_error")
+        return JSONResponse(error_body(request, bug), 500)
 
     async def check_key(request: Request) -> None:
         if options.api_key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), options.api_key.encode()):
+        if scheme.lower() != "bearer":  # Anthropic's clients send the key as x-api-key
+            token = request.headers.get("x-api-key", "")
+        if not secrets.compare_digest(token.strip().encode(), options.api_key.encode()):
             raise ApiError(
                 401,
                 "missing or wrong API key: send 'Authorization: Bearer <key>'",
@@ -117,11 +95,30 @@ def create_app(
 
     the_model = {"id": options.model_name, "object": "model", "created": created, "owned_by": "specgguf"}
 
-    @app.get("/v1/models", dependencies=[Depends(check_key)])
+    def route(method: str, path: str):
+        """OpenAI's routes answer under /v1 and, as llama-server's do, without it."""
+
+        def register(endpoint):
+            for prefix in ("/v1", ""):
+                app.add_api_route(prefix + path, endpoint, methods=[method], dependencies=[Depends(check_key)])
+            return endpoint
+
+        return register
+
+    for api in (
+        ollama,
+        infill,
+        anthropic,
+        responses,
+        embeddings,
+    ):  # the other APIs, each in its module over the same worker
+        api.add_routes(app, worker=worker, options=options, dependencies=[Depends(check_key)])
+
+    @route("GET", "/models")
     async def models():
         return {"object": "list", "data": [the_model]}
 
-    @app.get("/v1/models/{model_id:path}", dependencies=[Depends(check_key)])
+    @route("GET", "/models/{model_id:path}")
     async def model(model_id: str):
         if model_id != options.model_name:
             raise ApiError(404, f"unknown model {model_id[:200]!r}", param="model", code="model_not_found")
@@ -131,7 +128,7 @@ def create_app(
     async def prometheus():
         return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
+    @route("POST", "/chat/completions")
     async def chat_completions(request: Request):
         body = parse_body(ChatRequest, await request.body())
         return await _answer(
@@ -143,7 +140,7 @@ def create_app(
             options=options,
         )
 
-    @app.post("/v1/completions", dependencies=[Depends(check_key)])
+    @route("POST", "/completions")
     async def completions(request: Request):
         body = parse_body(CompletionRequest, await request.body())
         return await _answer(
@@ -158,11 +155,24 @@ def create_app(
     return app
 
 
+# Each API answers errors in its own shape: the routes under these prefixes, the rest OpenAI's.
+ERROR_SHAPES = (
+    ("/api/", ollama.error_body),
+    ("/infill", infill.error_body),
+    ("/v1/messages", anthropic.error_body),
+)
+
+
+def error_body(request: Request, error: ApiError) -> dict:
+    path = request.url.path
+    return next((shape(error) for prefix, shape in ERROR_SHAPES if path.startswith(prefix)), error.body())
+
+
 async def _answer(
     request: Request, body, generation: GenerationRequest, shape: Shape, *, worker: Worker, options: ServeOptions
 ):
     """Queue one request; answer it whole, or return the stream of its events."""
-    if body.model is not None and body.model != options.model_name:
+    if options.strict_model and body.model is not None and body.model != options.model_name:
         raise ApiError(
             404,
             f"unknown model {body.model[:200]!r}: this server serves {options.model_name!r} (see GET /v1/models)",
@@ -179,7 +189,7 @@ async def _answer(
             code="queue_full",
             headers={"Retry-After": "1"},
         ) from None
-    receiver = _Receiver(job, request)
+    receiver = Receiver(job, request)
     try:
         first = await receiver.next()
         if isinstance(first, Failed):
@@ -188,7 +198,7 @@ async def _answer(
             )
         if body.stream:
             receiver.close()
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            include_usage = body.stream_options is not None and bool(body.stream_options.include_usage)
             return StreamingResponse(
                 _events(job, shape, include_usage),
                 media_type="text/event-stream",
@@ -201,7 +211,7 @@ async def _answer(
         if isinstance(message, Failed):
             raise ApiError(message.status, str(message.error), kind="server_error")
         return JSONResponse(shape.response("".join(parts), message, logprobs))
-    except _ClientGone:
+    except ClientGone:
         return Response(status_code=499)  # nginx's "client closed request": nobody reads it
     finally:
         receiver.close()
@@ -246,6 +256,9 @@ def _generation_request(body, messages, text: str, options: ServeOptions) -> Gen
         n_top_logprobs=body.n_top_logprobs,
         grammar=body.grammar_spec(),
         tools=tool_plan(body) if isinstance(body, ChatRequest) else None,
+        prompt_tokens=getattr(body, "tokens", None),
+        # A completion with a suffix fills in the middle (as Ollama and OpenAI's instruct models do).
+        fim=FimRequest(text, body.suffix) if getattr(body, "suffix", None) is not None else None,
     )
 
 
@@ -288,6 +301,8 @@ def run_server(
     err_console: Console,
     allowed_hosts: tuple[str, ...] = (),
     cors_origins: tuple[str, ...] = (),
+    strict_model: bool = False,
+    cache_slots: int = 4,
 ) -> None:
     """Check the address, load the pair (the same set-up as `run`), then serve until stopped."""
     check_address(host, api_key=api_key, insecure=insecure)
@@ -308,7 +323,7 @@ def run_server(
             )
         worker: Worker | None = None
         metrics = Metrics(lambda: worker.n_waiting if worker else 0)
-        worker = Worker(prepared=prepared, queue_size=queue_size, metrics=metrics)
+        worker = Worker(prepared=prepared, queue_size=queue_size, metrics=metrics, cache_slots=cache_slots)
         name = resolved.label or resolved.name or resolved.verifier.stem
         serve(
             worker=worker,
@@ -320,6 +335,7 @@ def run_server(
                 max_body_bytes=max_body_bytes,
                 allowed_hosts=allowed_hosts,
                 cors_origins=cors_origins,
+                strict_model=strict_model,
             ),
             sock=sock,
             err_console=err_console,

@@ -10,7 +10,8 @@ Prefix reuse: the engine keeps whatever prefix of a new prompt each model's KV
 cache already holds. For a follow-up chat turn to reuse the whole previous
 conversation, its prompt must repeat the previous answer as the very tokens that
 were generated (re-tokenizing the text need not give them back):
-`conversation.PromptCache` does that, as `chat.ChatSession` does for one user.
+`conversation.PromptCache` does that, as `chat.ChatSession` does for one user; with
+`--cache-slots N`, for N conversations (cache_slots.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..conversation import Message, PromptCache, Prompts
+from ..conversation import FimRequest, Message, Prompts, fill_in_middle
 from ..core.constraint import Constraint
 from ..core.drafters import DRAFTER_KINDS, DrafterKind
 from ..core.drafting import common_prefix
@@ -34,6 +35,7 @@ from ..core.stats import GenerationStats
 from ..errors import ContextFullError, PromptError, SpecggufError, UsageError
 from ..grammar import GrammarSpec, constraint_for
 from ..prepare import KChoice, Prepared
+from .cache_slots import CacheSlots
 from .text import AnswerText, TokenLogprob, token_logprobs
 from .tool_syntax import SYNTAXES, family_of
 from .tools import CallStream, ToolPlan, call_constraint
@@ -59,6 +61,23 @@ class GenerationRequest:
     n_top_logprobs: int | None = None  # None: no log-probabilities; else alternatives per token
     grammar: GrammarSpec | None = None  # what the answer must follow (response_format, grammar), compiled once already
     tools: ToolPlan | None = None  # the chat request's tools (tools.py)
+    prompt_tokens: list[int] | None = None  # the prompt as token ids (then `text` is not read)
+    fim: FimRequest | None = None  # fill in the middle, framed with the model's FIM tokens
+    n_indent: int = 0  # FIM: stop at a later line indented less than this (llama-server's n_indent)
+    t_max_predict_ms: int = 0  # FIM: past this time, stop at the next new line (0: no limit)
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """Texts (or token ids) to embed with the verifier's pooled embedding context."""
+
+    inputs: list[str] | list[list[int]]
+
+
+@dataclass(frozen=True)
+class Embedded:
+    vectors: list[list[float]]
+    n_tokens: int
 
 
 @dataclass(frozen=True)
@@ -83,6 +102,7 @@ class Finished:
     stats: GenerationStats
     first_token_seconds: float | None  # from arrival to the first token
     tool_calls: list[dict] = field(default_factory=list)  # the complete calls (finish_reason "tool_calls")
+    stop_string: str | None = None  # the stop string that ended the answer
 
 
 @dataclass(frozen=True)
@@ -93,7 +113,7 @@ class Failed:
 
 @dataclass(eq=False)  # compared by identity
 class Job:
-    request: GenerationRequest
+    request: GenerationRequest | EmbeddingRequest
     loop: asyncio.AbstractEventLoop
     messages: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -108,13 +128,13 @@ class Job:
 class Worker:
     """The loaded pair, the server's drafting defaults, and the worker thread."""
 
-    def __init__(self, *, prepared: Prepared, queue_size: int, metrics=None):
+    def __init__(self, *, prepared: Prepared, queue_size: int, metrics=None, cache_slots: int = 1):
         self.prepared = prepared
         self.verifier, self.draft, self.drafting = prepared.verifier, prepared.draft, prepared.options
         self.metrics = metrics
         self.templates = Prompts(self.verifier)
         self.tool_family = family_of(self.verifier.chat_template())  # how this model writes tool calls
-        self.prompts = PromptCache(self.templates)
+        self.prompts = CacheSlots(self.templates, [self.verifier, self.draft], cache_slots)
         self._policies: dict[tuple, tuple[KPolicy, object]] = {}  # adaptive policies keep learning
         self._waiting: deque[Job] = deque()  # FIFO; a job whose client left is dropped from it
         self._running: Job | None = None
@@ -135,7 +155,7 @@ class Worker:
             self._drop_cancelled()
             return len(self._waiting)
 
-    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Job:
+    def submit(self, request: GenerationRequest | EmbeddingRequest, loop: asyncio.AbstractEventLoop) -> Job:
         job = Job(request, loop)
         with self._changed:
             if self._stopping:
@@ -178,10 +198,33 @@ class Worker:
     def _work(self) -> None:
         while (job := self._next_job()) is not None:
             try:
-                self._generate(job)
+                if isinstance(job.request, EmbeddingRequest):
+                    self._embed(job, job.request)
+                else:
+                    self._generate(job)
             except Exception as error:  # noqa: BLE001 - the worker must survive anything; the client hears why
                 self._forget_caches()
                 job.send(Failed(SpecggufError(f"generation failed: {type(error).__name__}: {error}"), status=500))
+
+    def _embed(self, job: Job, request: EmbeddingRequest) -> None:
+        """On the worker thread too: the embedding context shares the weights with the generating one."""
+        try:
+            tokens = [self.verifier.tokenize(item) if isinstance(item, str) else item for item in request.inputs]
+            for index, item in enumerate(tokens):
+                if not item:
+                    raise PromptError(f"input[{index}] is empty")
+                if len(item) > self.verifier.n_ctx:
+                    raise ContextFullError(
+                        f"input[{index}] is {len(item)} tokens but the context holds {self.verifier.n_ctx}"
+                    )
+                if max(item) >= self.verifier.n_vocab:
+                    raise UsageError(f"input[{index}]: a token id is not in the model's vocabulary")
+            embedder = self.verifier.embedder()  # made on first use
+        except SpecggufError as error:
+            job.send(Failed(error, status=400))
+            return
+        vectors = [embedder.embed(item).tolist() for item in tokens]
+        job.send(Embedded(vectors, sum(len(item) for item in tokens)))
 
     def _forget_caches(self) -> None:
         """After a failure inside a model call a cache may hold tokens its `cached` list does not."""
@@ -193,7 +236,13 @@ class Worker:
     def _prepare(self, request: GenerationRequest):
         """The prompt (text, special, tokens), drafter and K policy; a bad request raises."""
         text, special = self._prompt_text(request)
-        prompt = self.prompts.tokens_for(text, special=special)
+        if request.prompt_tokens is not None:
+            prompt = list(request.prompt_tokens)
+        elif request.fim is not None:
+            prompt = self._fim_prompt(request)
+        else:
+            prompt = self.prompts.tokens_for(text, special=special)
+        self._check_token_ids(request, prompt)
         if not prompt:
             raise PromptError("the prompt is empty")
         if len(prompt) >= self.verifier.n_ctx:
@@ -208,19 +257,41 @@ class Worker:
             constraint = None if request.grammar is None else constraint_for(self.verifier, request.grammar)
         return text, special, prompt, constraint, *self._drafting(request)
 
+    def _fim_prompt(self, request: GenerationRequest) -> list[int]:
+        framing = self.verifier.fim_tokens()
+        if framing is None:
+            raise PromptError(
+                "this model has no fill-in-the-middle tokens (FIM prefix/suffix/middle): infill needs"
+                " a code model that has them, such as Qwen2.5-Coder"
+            )
+        assert request.fim is not None
+        return fill_in_middle(
+            self.templates, request.fim, framing, n_ctx=self.verifier.n_ctx, n_predict=request.max_tokens
+        )
+
+    def _check_token_ids(self, request: GenerationRequest, prompt: list[int]) -> None:
+        n_vocab = self.verifier.n_vocab
+        if request.prompt_tokens is not None and (bad := [t for t in prompt if t >= n_vocab]):
+            raise UsageError(f"prompt: token id {bad[0]} is not in the model's vocabulary ({n_vocab} tokens)")
+        if bad := [token for token, _ in request.settings.penalties.bias if token >= n_vocab]:
+            raise UsageError(f"logit_bias: token id {bad[0]} is not in the model's vocabulary ({n_vocab} tokens)")
+
     def _generate(self, job: Job) -> None:
         request = job.request
+        assert isinstance(request, GenerationRequest)
         try:
             text, special, prompt, constraint, drafter, policy = self._prepare(request)
         except SpecggufError as error:
             job.send(Failed(error, status=400))
             return
+        self.prompts.select(prompt)  # the cached conversation this prompt continues, if one is parked
         n_cached = common_prefix(self.verifier.cached, prompt[:-1])
         job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
         seed = request.seed if request.seed is not None and request.seed >= 0 else secrets.randbelow(2**31)
         calls = None if request.tools is None else CallStream(self.tool_family, self.verifier.token_bytes)
         opener = [] if calls is None else calls.syntax.openers
-        answer = AnswerText(self.verifier.token_bytes, request.stops + opener)  # content ends where a call opens
+        # content ends where a call opens
+        answer = AnswerText(self.verifier.token_bytes, request.stops + opener, n_indent=request.n_indent)
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_top, n_logprobs_sent = request.n_top_logprobs, 0
         generation = self.prepared.generate(
@@ -247,6 +318,8 @@ class Worker:
                     job.send(Delta("", tool_calls=fragments))
                 if (answer.stopped and not (calls is not None and calls.opened)) or job.cancelled.is_set():
                     break
+                if request.t_max_predict_ms and self._new_line_after(request, generation, event.tokens):
+                    break  # FIM's time limit: the answer ends at this line's end ("length")
         except SpecggufError as error:
             self._forget_caches()
             job.send(Failed(error, status=500))
@@ -259,7 +332,10 @@ class Worker:
         if not cancelled and (delta := answer.finish()):
             job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
         kept_tokens, kept_text = answer.whole_tokens()
-        self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
+        if request.prompt_tokens is None and request.fim is None:
+            self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
+        else:  # no text stands for these tokens (the caches still reuse their common prefix)
+            self.prompts.forget()
         tool_calls = [] if calls is None else calls.calls()
         finished = Finished(
             finish_reason="tool_calls" if tool_calls else "stop" if answer.stopped or stats.stop == "eos" else "length",
@@ -269,12 +345,19 @@ class Worker:
             stats=stats,
             first_token_seconds=first_token_seconds,
             tool_calls=tool_calls,
+            stop_string=answer.matched if answer.matched not in opener else None,
         )
         if self.metrics is not None:
             self.metrics.observe(finished)
         shutdown = Failed(SpecggufError("the server is shutting down"), status=503)
         gone = Failed(SpecggufError("the request was cancelled"), status=499)  # its client hung up
         job.send((shutdown if self._stopping else gone) if cancelled else finished)
+
+    def _new_line_after(self, request: GenerationRequest, generation, tokens: list[int]) -> bool:
+        """Whether the time limit (from the first token) has passed and these tokens end a line."""
+        started = generation.first_token_at
+        elapsed_ms = (time.perf_counter() - started) * 1000 if started is not None else 0.0
+        return elapsed_ms > request.t_max_predict_ms and any(b"\n" in self.verifier.token_bytes(t) for t in tokens)
 
     def _prompt_text(self, request: GenerationRequest) -> tuple[str, bool]:
         """The prompt's text, and whether special tokens in it are parsed (chat templates write them)."""

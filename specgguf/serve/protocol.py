@@ -1,10 +1,11 @@
 """The server's request bodies as pydantic models, and OpenAI-style errors.
 
 Bodies are validated strictly from the raw JSON (`model_validate_json`): a wrong
-type, an unknown field or a value out of range is a 400 naming the field.
-Options OpenAI defines but specgguf does not implement (`n` > 1, tools, images,
-`logit_bias`, penalties, `logprobs`, ...) are declared here only so that they
-get a 400 naming them, never a silent ignore.
+type, an unknown field or a value out of range is a 400 naming the field. Every
+field OpenAI's API reference defines is declared: those that have no meaning for a
+local server are accepted and ignored (openai_fields.py lists them), those that
+would change the answer and are not done (`n` > 1, images, audio, ...) get a 400
+naming them, never a silent ignore.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..conversation import Message, Role, ToolCall
 from ..core.drafters import DrafterKind
-from ..core.sampling import SamplingSettings
+from ..core.sampling import Penalties, SamplingSettings
 from ..grammar import MAX_GRAMMAR_CHARS, GrammarError, GrammarSpec
+from .openai_fields import ChatIgnored, CommonIgnored, MessageFields, refuse_chat_extras
 
 
 class ApiError(Exception):
@@ -88,44 +90,44 @@ class ResponseFormat(_Strict):
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = False
+    include_usage: bool | None = False
+    include_obfuscation: bool | None = None  # OpenAI's padding against side channels: ignored
 
 
 _StopString = Annotated[str, Field(max_length=500)]  # held-back text is checked against each, every step
 
 
-class _Common(_Strict):
+_Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+_TokenId = Annotated[str, Field(pattern=r"^[0-9]{1,9}$")]
+
+
+class _Common(CommonIgnored, _Strict):
     """What chat and text completions share."""
 
     model: str | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None  # 0: only the top token (greedy)
     top_k: Annotated[int, Field(ge=0)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     seed: int | None = None  # negative: a random seed (llama.cpp's -1)
     stop: _StopString | Annotated[list[_StopString], Field(max_length=16)] | None = None
     speculative: Speculative | None = None
-    user: str | None = None  # an end-user id; nothing to do with generation
+    # Applied identically to the verifier's and the draft's logits (core/sampling.apply_penalties).
+    logit_bias: dict[_TokenId, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    frequency_penalty: _Penalty | None = None
+    presence_penalty: _Penalty | None = None
     # Declared only to be refused by name (see `refuse_unsupported`).
-    n: int | None = None
-    logit_bias: dict[str, Any] | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
+    n: Annotated[int, Field(ge=1, le=128)] | None = None
     response_format: ResponseFormat | None = None
     grammar: Annotated[str, Field(max_length=MAX_GRAMMAR_CHARS)] | None = None  # llama-server's GBNF field
 
     def refuse_unsupported(self) -> None:
         if self.n not in (None, 1):
             raise unsupported("n", "one choice per request")
-        if self.logit_bias:
-            raise unsupported("logit_bias")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(self, name) not in (None, 0):
-                raise unsupported(name, "speculative sampling keeps the verifier's distribution unchanged")
-        if self.stream_options is not None and not self.stream:
+        if self.stream_options is not None and self.stream_options.include_usage and not self.stream:
             raise ApiError(400, "'stream_options' needs 'stream': true", param="stream_options")
         if any(stop == "" for stop in self.stop_strings):
             raise ApiError(400, "'stop' strings must not be empty", param="stop")
@@ -150,15 +152,30 @@ class _Common(_Strict):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def sampling(self, defaults: SamplingSettings) -> SamplingSettings:
+        temperature = defaults.temperature if self.temperature is None else self.temperature
+        top_p = defaults.top_p if self.top_p is None else self.top_p
+        if top_p == 0.0:  # only the most likely token: greedy decoding
+            temperature, top_p = 0.0, 1.0
         try:
             return SamplingSettings(
-                temperature=defaults.temperature if self.temperature is None else self.temperature,
+                temperature=temperature,
                 top_k=defaults.top_k if self.top_k is None else self.top_k,
-                top_p=defaults.top_p if self.top_p is None else self.top_p,
+                top_p=top_p,
                 min_p=defaults.min_p if self.min_p is None else self.min_p,
+                penalties=self.penalties(defaults.penalties),
             )
         except ValueError as error:
             raise ApiError(400, str(error)) from None
+
+    def penalties(self, defaults: Penalties) -> Penalties:
+        bias = tuple(sorted((int(token), value) for token, value in (self.logit_bias or {}).items()))
+        return Penalties(
+            frequency=defaults.frequency if self.frequency_penalty is None else self.frequency_penalty,
+            presence=defaults.presence if self.presence_penalty is None else self.presence_penalty,
+            repeat=defaults.repeat,
+            last_n=defaults.last_n,
+            bias=bias or defaults.bias,
+        )
 
 
 _ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]  # OpenAI's rule for function names
@@ -196,7 +213,7 @@ class MessageToolCall(_Strict):
     function: CalledFunction
 
 
-class ChatMessage(_Strict):
+class ChatMessage(MessageFields, _Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -212,10 +229,13 @@ class ChatMessage(_Strict):
             raise ApiError(
                 400, f"{where}.tool_calls: only assistant messages make tool calls", param=f"{where}.tool_calls"
             )
+        self.refuse_extras(where)
         if self.role == "tool" and self.tool_call_id is None:
             raise ApiError(400, f"{where}.tool_call_id is missing", param=f"{where}.tool_call_id")
         if self.content is None and self.tool_calls:
             return ""
+        if self.content is None and self.refusal is not None:
+            return self.refusal  # an assistant turn that refused: its words are the turn's text
         if self.content is None:
             raise ApiError(400, f"{where}.content is missing", param=f"{where}.content")
         if isinstance(self.content, str):
@@ -223,6 +243,13 @@ class ChatMessage(_Strict):
         texts = []
         for part_index, part in enumerate(self.content):
             param = f"{where}.content[{part_index}]"
+            if (
+                part.get("type") == "refusal"
+                and isinstance(part.get("refusal"), str)
+                and set(part) == {"type", "refusal"}
+            ):
+                texts.append(part["refusal"])
+                continue
             if part.get("type") != "text":
                 raise unsupported(f"{param}.type", f"only text content, not {str(part.get('type'))[:40]!r}")
             if not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
@@ -240,10 +267,10 @@ _TEMPLATE_ROLES: dict[str, Role] = {
 }
 
 
-class ChatRequest(_Common):
+class ChatRequest(ChatIgnored, _Common):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
@@ -253,6 +280,7 @@ class ChatRequest(_Common):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
+        refuse_chat_extras(self)
         if self.top_logprobs is not None and not self.logprobs:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         for name in ("functions", "function_call"):
@@ -288,27 +316,42 @@ class ChatRequest(_Common):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
+_TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
 class CompletionRequest(_Common):
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+    prompt: str | list[str] | _TokenIds | list[_TokenIds]  # a list of several prompts is refused
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # the legacy API: how many alternatives
-    echo: bool = False
+    echo: bool | None = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Annotated[int, Field(ge=0, le=20)] | None = None
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
         if self.echo:
             raise unsupported("echo")
-        if self.suffix:
-            raise unsupported("suffix")
-        if self.best_of not in (None, 1):
+        if self.suffix is not None and self.tokens is not None:
+            raise unsupported("suffix", "with a text prompt only")
+        if self.best_of not in (None, 0, 1):
             raise unsupported("best_of")
-        if not self.text.strip():
+        several = isinstance(self.prompt, list) and not isinstance(self.prompt[0] if self.prompt else 0, int)
+        if several and len(self.prompt) != 1:
+            raise unsupported("prompt", "one prompt per request (a list of one is fine)")
+        if self.tokens is None and not self.text.strip():
             raise ApiError(400, "'prompt' is empty", param="prompt")  # as `run` refuses it
 
     @property
     def text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        if isinstance(self.prompt, str):
+            return self.prompt
+        return self.prompt[0] if isinstance(self.prompt[0], str) else ""
+
+    @property
+    def tokens(self) -> list[int] | None:
+        """The prompt as token ids, when it was sent so (one list, or a list of one list)."""
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], str):
+            return None
+        return self.prompt if isinstance(self.prompt[0], int) else self.prompt[0]
 
     @property
     def token_limit(self) -> int | None:

@@ -11,6 +11,9 @@ from typing import Any, Literal
 from .generator import Finished
 from .text import TokenLogprob
 
+# OpenAI's backend configuration id (a string in its schema): the server and its version.
+SYSTEM_FINGERPRINT = "fp_specgguf_0.1"
+
 
 def usage(finished: Finished) -> dict:
     return {
@@ -90,7 +93,7 @@ class Shape:
             "object": kind,
             "created": self.created,
             "model": self.model,
-            "system_fingerprint": None,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
             "choices": choices,
         }
 
@@ -108,7 +111,7 @@ class Shape:
         if self.kind == "text":
             return {"index": 0, "text": text or "", "logprobs": shaped, "finish_reason": finish_reason}
         if not chunk:
-            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
             if tool_calls:  # OpenAI's content beside calls: null unless the model wrote text first
                 message.update(content=text if text and text.strip() else None, tool_calls=tool_calls)
             return {"index": 0, "message": message, "logprobs": shaped, "finish_reason": finish_reason}

@@ -49,14 +49,16 @@ def token_logprobs(
 
 
 class AnswerText:
-    def __init__(self, token_bytes: Callable[[int], bytes], stops: list[str]):
+    def __init__(self, token_bytes: Callable[[int], bytes], stops: list[str], *, n_indent: int = 0):
         self._token_bytes = token_bytes
+        self.n_indent = n_indent  # FIM: a later line indented less than this ends the answer before it
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.stops = stops
         self.text = ""  # decoded so far; after a stop string, only the part before it
         self.sent = 0  # characters of `text` handed out
         self.sent_bytes = 0  # ... and their length in UTF-8
         self.stopped = False  # a stop string was found
+        self.matched: str | None = None  # ... which one (None: the indentation rule, or none)
         self.tokens: list[int] = []
         self._ends: list[int] = []  # byte offset where each token ends
 
@@ -83,6 +85,10 @@ class AnswerText:
         longest = max((len(stop) for stop in self.stops), default=0)
         search_from = max(0, self.sent - longest + 1)
         found = [at for at in (self.text.find(stop, search_from) for stop in self.stops) if at >= 0]
+        hits = {self.text.find(stop, search_from): stop for stop in reversed(self.stops)}
+        self.matched = hits.get(min(found)) if found else None  # the stop string that ended it
+        if self.n_indent and (cut := self._indent_cut()) is not None:
+            found.append(cut)
         if found:
             self.stopped = True
             self.text = self.text[: min(found)]
@@ -93,6 +99,19 @@ class AnswerText:
         self.sent = max(self.sent, end)
         self.sent_bytes += len(delta.encode("utf-8"))
         return delta
+
+    def _indent_cut(self) -> int | None:
+        """llama-server's n_indent rule: after the first new line, a line whose first non-blank
+        character comes at less than `n_indent` spaces/tabs ends the answer right there."""
+        at = self.text.find("\n")
+        while at >= 0:
+            start = end = at + 1
+            while end < len(self.text) and self.text[end] in " \t":
+                end += 1
+            if end < len(self.text) and end - start < self.n_indent:
+                return end
+            at = self.text.find("\n", start)
+        return None
 
     def n_tokens_shown(self) -> int:
         """Tokens whose text has started to be handed out (a token cut by a stop string counts)."""

@@ -16,7 +16,25 @@ from ..errors import UsageError
 from .metrics import Metrics
 from .protocol import ApiError
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+ENDPOINTS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    # the other APIs (issue 26)
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/infill",
+    "/api/chat",
+    "/api/generate",
+    "/api/tags",
+    "/api/show",
+    "/api/ps",
+    "/api/version",
+)
 
 
 class BodyLimit:
@@ -69,6 +87,7 @@ class CountRequests:
             await self.app(scope, receive, recording_send)
         finally:
             path = scope["path"]
+            path = "/v1" + path if "/v1" + path in ENDPOINTS else path  # OpenAI's routes without /v1
             endpoint = path if path in ENDPOINTS else "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
             self.metrics.requests.labels(endpoint, str(status)).inc()
 

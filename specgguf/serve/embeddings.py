@@ -1,0 +1,68 @@
+"""OpenAI's /v1/embeddings from the verifier: a pooled embedding context beside the generating one
+(llama/embedding.py), made on the first request; the worker thread runs it between generations."""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import FastAPI, Request
+from pydantic import Field
+
+from .generator import Embedded, EmbeddingRequest, Failed, Worker
+from .jobs import Receiver, submit
+from .openai_fields import _Fields
+from .protocol import ApiError, parse_body, unsupported
+
+_Tokens = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
+class EmbeddingsBody(_Fields):
+    input: str | Annotated[list[str], Field(min_length=1, max_length=2048)] | _Tokens | list[_Tokens]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] | None = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = None
+
+    def refuse_unsupported(self) -> None:
+        if any(isinstance(item, str) and not item for item in self.inputs()):
+            raise ApiError(400, "'input' must not hold an empty string", param="input")
+
+    def inputs(self) -> list[Any]:
+        if isinstance(self.input, str):
+            return [self.input]
+        return [self.input] if isinstance(self.input[0], int) else list(self.input)
+
+
+def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> None:
+    def errors(status: int, message: str) -> Exception:
+        return ApiError(status, message, kind="invalid_request_error" if status < 500 else "server_error")
+
+    async def embeddings(request: Request):
+        body: EmbeddingsBody = parse_body(EmbeddingsBody, await request.body())  # type: ignore[arg-type]
+        if options.strict_model and body.model not in (None, options.model_name):
+            raise ApiError(404, f"unknown model {str(body.model)[:200]!r}", param="model", code="model_not_found")
+        n_embd = worker.verifier.info().n_embd
+        if body.dimensions not in (None, n_embd):
+            raise unsupported("dimensions", f"this model's embeddings have {n_embd}")
+        receiver = Receiver(submit(worker, EmbeddingRequest(body.inputs()), errors), request)
+        try:
+            result = await receiver.next()
+        finally:
+            receiver.close()
+        if isinstance(result, Failed):
+            raise errors(result.status, str(result.error))
+        assert isinstance(result, Embedded)
+        data = []
+        for index, vector in enumerate(result.vectors):
+            if body.encoding_format == "base64":
+                encoded: Any = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
+            else:
+                encoded = vector
+            data.append({"object": "embedding", "index": index, "embedding": encoded})
+        usage = {"prompt_tokens": result.n_tokens, "total_tokens": result.n_tokens}
+        return {"object": "list", "data": data, "model": body.model or options.model_name, "usage": usage}
+
+    for path in ("/v1/embeddings", "/embeddings"):
+        app.add_api_route(path, embeddings, methods=["POST"], dependencies=dependencies)

@@ -1,0 +1,355 @@
+"""Ollama's API over the same engine: /api/chat, /api/generate (NDJSON streams, as Ollama streams by
+default, or one body), /api/tags, /api/show, /api/ps, /api/version.
+
+Its errors are Ollama's `{"error": "..."}` (app.py shapes every error under /api/ so). Any model
+name means the loaded model (unless --strict-model); `keep_alive` is accepted and ignored (the
+model stays loaded while the server runs). `options` map to our sampling as llama.cpp's do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..conversation import FimRequest, Message
+from ..core.sampling import Penalties, SamplingSettings
+from .generator import Delta, Failed, Finished, GenerationRequest, Worker
+from .jobs import ClientGone, messages, started, whole
+from .protocol import ApiError, unsupported
+
+OLLAMA_VERSION = "0.12.0"  # the Ollama API this server speaks (clients check it)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    def refuse_unsupported(self) -> None:
+        pass
+
+
+class Options(_Body):
+    """Ollama's options. Load-time ones (num_ctx, num_gpu, ...) are fixed when the server starts:
+    accepted and ignored; samplers specgguf does not have are refused unless they are off."""
+
+    num_predict: int | None = None  # -1: as long as the context allows, -2: fill the context
+    temperature: Annotated[float, Field(ge=0.0)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    repeat_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    repeat_last_n: Annotated[int, Field(ge=-1)] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    typical_p: float | None = None
+    tfs_z: float | None = None
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    penalize_newline: bool | None = None
+    # Load time: ignored.
+    num_keep: int | None = None
+    numa: bool | None = None
+    num_ctx: int | None = None
+    num_batch: int | None = None
+    num_gpu: int | None = None
+    main_gpu: int | None = None
+    low_vram: bool | None = None
+    f16_kv: bool | None = None
+    logits_all: bool | None = None
+    vocab_only: bool | None = None
+    use_mmap: bool | None = None
+    use_mlock: bool | None = None
+    embedding_only: bool | None = None
+    num_thread: int | None = None
+
+    def refuse_unsupported(self) -> None:
+        for name, off in (("typical_p", 1.0), ("tfs_z", 1.0), ("mirostat", 0)):
+            if getattr(self, name) not in (None, off):
+                raise unsupported(f"options.{name}", "specgguf samples with top-k, top-p, min-p and temperature")
+
+    def sampling(self, defaults: SamplingSettings, n_ctx: int) -> SamplingSettings:
+        temperature = defaults.temperature if self.temperature is None else self.temperature
+        top_p = defaults.top_p if self.top_p is None else self.top_p
+        if top_p == 0.0:
+            temperature, top_p = 0.0, 1.0
+        last_n = defaults.penalties.last_n if self.repeat_last_n is None else self.repeat_last_n
+        try:
+            return SamplingSettings(
+                temperature=temperature,
+                top_k=defaults.top_k if self.top_k is None else self.top_k,
+                top_p=top_p,
+                min_p=defaults.min_p if self.min_p is None else self.min_p,
+                penalties=Penalties(
+                    frequency=self.frequency_penalty or 0.0,
+                    presence=self.presence_penalty or 0.0,
+                    repeat=1.0 if self.repeat_penalty is None else self.repeat_penalty,
+                    last_n=n_ctx if last_n == -1 else last_n,
+                ),
+            )
+        except ValueError as error:
+            raise ApiError(400, str(error)) from None
+
+    def max_tokens(self, default: int, n_ctx: int) -> int:
+        if self.num_predict is None or self.num_predict == 0:
+            return default
+        return n_ctx if self.num_predict < 0 else self.num_predict
+
+
+_Format = Literal["", "json"] | dict[str, Any] | None
+_KeepAlive = float | int | str | None
+
+
+class _Generating(_Body):
+    model: Annotated[str, Field(min_length=1)]
+    stream: bool | None = None  # Ollama streams unless told not to
+    options: Options | None = None
+    format: _Format = None
+    keep_alive: _KeepAlive = None
+    think: bool | str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    truncate: bool | None = None
+    shift: bool | None = None
+
+    def refuse_unsupported(self) -> None:
+        if self.options is not None:
+            self.options.refuse_unsupported()
+        if self.format:
+            raise unsupported("format", "plain text only")
+        if self.think not in (None, False):
+            raise unsupported("think", "no thinking mode")
+        if self.logprobs:
+            raise unsupported("logprobs", "use /v1/chat/completions for log-probabilities")
+
+
+class OllamaMessage(_Body):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = ""
+    images: list[str] | None = None
+    thinking: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_name: str | None = None
+
+
+class ChatBody(_Generating):
+    messages: list[OllamaMessage] = []
+    tools: list[Any] | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.tools:
+            raise unsupported("tools", "no tool calls")
+        for index, message in enumerate(self.messages):
+            if message.images:
+                raise unsupported(f"messages[{index}].images", "text only")
+            if message.role == "tool" or message.tool_calls:
+                raise unsupported(f"messages[{index}].role", "no tool calls")
+
+
+class GenerateBody(_Generating):
+    prompt: str | None = None
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    raw: bool | None = None
+    images: list[str] | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.images:
+            raise unsupported("images", "text only")
+        if self.template:
+            raise unsupported("template", "the model's own chat template is used")
+        if self.context:
+            raise unsupported("context", "send the conversation to /api/chat instead")
+
+
+class ShowBody(_Body):
+    model: str | None = None
+    name: str | None = None  # the older spelling
+    verbose: bool | None = None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _stats(finished: Finished) -> dict:
+    stats, ns = finished.stats, 1_000_000_000
+    return {
+        "done_reason": "stop" if finished.finish_reason == "stop" else "length",
+        "total_duration": int((stats.wall_seconds + stats.prefill_seconds) * ns),
+        "load_duration": 0,
+        "prompt_eval_count": finished.n_prompt,  # Ollama: the prompt's tokens (cached ones too)
+        "prompt_eval_duration": int(stats.prefill_seconds * ns),
+        "eval_count": finished.n_completion,
+        "eval_duration": int(stats.wall_seconds * ns),
+    }
+
+
+def _parse(model: type[_Body], raw: bytes) -> Any:
+    from .protocol import parse_body
+
+    return parse_body(model, raw)  # type: ignore[arg-type]
+
+
+def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> None:
+    """Ollama's routes on `app`; `options` is app.ServeOptions, `dependencies` the API-key check."""
+    n_ctx = worker.verifier.n_ctx
+
+    def errors(status: int, message: str) -> Exception:
+        return ApiError(status, message)
+
+    def generation(body: _Generating, messages_: list[Message] | None, text: str) -> GenerationRequest:
+        opts = body.options or Options()
+        if options.strict_model and body.model != options.model_name:
+            raise ApiError(404, f"model {body.model[:200]!r} not found, try pulling it first")
+        return GenerationRequest(
+            messages=messages_,
+            text=text,
+            max_tokens=opts.max_tokens(options.max_tokens, n_ctx),
+            settings=opts.sampling(options.settings, n_ctx),
+            seed=opts.seed,
+            stops=[stop for stop in opts.stop or [] if stop],
+        )
+
+    async def answer(request: Request, body: _Generating, job: GenerationRequest, shape: Callable[[str], dict]):
+        receiver = await started(worker, job, request, errors)
+        if body.stream is False:
+            try:
+                result = await whole(receiver, errors)
+            except ClientGone:
+                return JSONResponse({"error": "the client hung up"}, 499)
+            return JSONResponse({**shape(result.text), "done": True, **_stats(result.finished)})
+        receiver.close()
+
+        async def lines():
+            async for message in messages(receiver.job):
+                if isinstance(message, Delta):
+                    yield json.dumps({**shape(message.text), "done": False}) + "\n"
+                elif isinstance(message, Finished):
+                    yield json.dumps({**shape(""), "done": True, **_stats(message)}) + "\n"
+                elif isinstance(message, Failed):
+                    yield json.dumps({"error": str(message.error)}) + "\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    @app.post("/api/chat", dependencies=dependencies)
+    async def chat(request: Request):
+        body: ChatBody = _parse(ChatBody, await request.body())
+        if not body.messages:  # Ollama loads the model and answers nothing
+            return {"model": body.model, "created_at": _now(), "message": {"role": "assistant", "content": ""},
+                    "done_reason": "load", "done": True}  # fmt: skip
+        history = [Message(m.role, m.content or "") for m in body.messages]
+        return await answer(
+            request,
+            body,
+            generation(body, history, ""),
+            lambda text: {
+                "model": body.model,
+                "created_at": _now(),
+                "message": {"role": "assistant", "content": text},
+            },
+        )
+
+    @app.post("/api/generate", dependencies=dependencies)
+    async def generate(request: Request):
+        body: GenerateBody = _parse(GenerateBody, await request.body())
+        if not body.prompt and not body.suffix:  # Ollama: load the model, answer nothing
+            return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
+        if body.suffix:  # fill in the middle, framed with the model's FIM tokens
+            job = replace(generation(body, None, ""), fim=FimRequest(body.prompt or "", body.suffix))
+        elif body.raw:
+            job = generation(body, None, body.prompt or "")
+        else:
+            turns = ([Message("system", body.system)] if body.system else []) + [Message("user", body.prompt or "")]
+            job = generation(body, turns, "")
+        return await answer(
+            request,
+            body,
+            job,
+            lambda text: {"model": body.model, "created_at": _now(), "response": text},
+        )
+
+    info_cache: dict[str, dict] = {}
+
+    def entry() -> dict:
+        if not info_cache:
+            info = worker.verifier.info()
+            path = worker.verifier.path
+            stat = path.stat()
+            words = info.description.split()
+            info_cache["entry"] = {
+                "name": options.model_name,
+                "model": options.model_name,
+                "modified_at": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat(),
+                "size": stat.st_size,
+                # Not the file's hash (hashing gigabytes at start-up is not worth it): its name, size and time.
+                "digest": hashlib.sha256(f"{path.name}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest(),
+                "details": {
+                    "parent_model": "",
+                    "format": "gguf",
+                    "family": info.architecture,
+                    "families": [info.architecture],
+                    "parameter_size": words[1] if len(words) > 2 else str(info.n_params),
+                    "quantization_level": words[-1] if len(words) > 2 else "",
+                },
+                "_info": info,
+            }
+        return {key: value for key, value in info_cache["entry"].items() if key != "_info"}
+
+    @app.get("/api/tags", dependencies=dependencies)
+    async def tags():
+        return {"models": [entry()]}
+
+    @app.get("/api/ps", dependencies=dependencies)
+    async def ps():
+        listed = entry()
+        far = datetime.fromtimestamp(time.time() + 10 * 365 * 86400, timezone.utc).isoformat()
+        return {"models": [{**listed, "expires_at": far, "size_vram": 0, "context_length": n_ctx}]}
+
+    @app.post("/api/show", dependencies=dependencies)
+    async def show(request: Request):
+        body: ShowBody = _parse(ShowBody, await request.body())
+        name = body.model or body.name
+        if not name:
+            raise ApiError(400, "'model' is required", param="model")
+        if options.strict_model and name != options.model_name:
+            raise ApiError(404, f"model {name[:200]!r} not found")
+        listed = entry()
+        info = info_cache["entry"]["_info"]
+        return {
+            "modelfile": f"FROM {worker.verifier.path.name}\n",
+            "parameters": "",
+            "template": worker.verifier.chat_template() or "",
+            "details": listed["details"],
+            "model_info": {
+                "general.architecture": info.architecture,
+                "general.parameter_count": info.n_params,
+                f"{info.architecture}.context_length": info.n_ctx_train,
+                f"{info.architecture}.embedding_length": info.n_embd,
+            },
+            "capabilities": ["completion"],
+            "modified_at": listed["modified_at"],
+        }
+
+    @app.get("/api/version", dependencies=dependencies)
+    async def version():
+        return {"version": OLLAMA_VERSION}
+
+
+def error_body(error: ApiError) -> dict:
+    """Ollama's error shape."""
+    return {"error": error.message}
