@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.text import Text
 
 from ..conversation import Prompts
-from ..core.drafters import DRAFTER_KINDS
 from ..core.engine import check_prompt
 from ..core.sampling import SamplingSettings
 from ..core.stats import GenerationStats
@@ -58,11 +57,9 @@ def run_prompt(
     check_prompt(verifier, tokens, max_tokens)
     policy, k_source = prepared.policy(temperature=settings.temperature)
     drafter = prepared.drafter()
-    if resolved.draft is None and DRAFTER_KINDS[drafting.drafter].needs_model and not quiet and not json_output:
-        err_console.print("no draft model given (-md): decoding with the verifier alone", style="yellow")
     stream = _stream(verifier, json_output, show_rejected, out, out_console, err_console)
     constraint = None if grammar is None else constraint_for(verifier, grammar)
-    generation = prepared.generate(
+    answer = prepared.generate(
         tokens,
         drafter=drafter,
         policy=policy,
@@ -71,14 +68,14 @@ def run_prompt(
         seed=seed,
         constraint=constraint,
     )
-    stats = stream.write_all(generation)
+    stats = stream.write_all(answer)
+    json_settings = _settings(prepared, drafter is not None, settings, max_tokens=max_tokens, seed=seed, raw=raw)
     result = {
         "text": stream.text,
         **stats.as_dict(),
         "prompt_tokens": len(tokens),
         "k_source": str(k_source),
-        "settings": _settings(prepared, drafter is not None, settings, max_tokens=max_tokens, seed=seed, raw=raw)
-        | {"special": special},
+        "settings": json_settings | {"special": special},
     }
     if json_output:
         out.write(json.dumps(result, ensure_ascii=False) + "\n")

@@ -126,15 +126,7 @@ def serve(
     devices = rpc_server_devices()
     threads = n_threads or max(1, (os.cpu_count() or 2) // 2)  # rpc-server's default
     if not is_loopback(host):
-        what = (
-            "clients must present the --token, but nothing is encrypted: anyone on the path can read what it computes"
-            if token is not None
-            else "llama.cpp's RPC protocol has no authentication and no encryption: anyone who reaches"
-            " this port can use this machine's devices and read what it computes (--token requires a shared secret)"
-        )
-        err_console.print(
-            f"warning: serving on {host}:{port}. {what}. Expose it only on a trusted network.", style="bold yellow"
-        )
+        _warn_exposed(host, port, token is not None, err_console)
     inner = InnerServer(n_threads=threads, cache_dir=cache_dir)
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)  # threads and the child inherit the mask
     try:
@@ -164,6 +156,18 @@ def serve(
     finally:
         inner.stop()
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _warn_exposed(host: str, port: int, with_token: bool, err_console: Console) -> None:
+    what = (
+        "clients must present the --token, but nothing is encrypted: anyone on the path can read what it computes"
+        if with_token
+        else "llama.cpp's RPC protocol has no authentication and no encryption: anyone who reaches"
+        " this port can use this machine's devices and read what it computes (--token requires a shared secret)"
+    )
+    err_console.print(
+        f"warning: serving on {host}:{port}. {what}. Expose it only on a trusted network.", style="bold yellow"
+    )
 
 
 def _supervise(inner: InnerServer, log) -> int:

@@ -155,10 +155,7 @@ def speculate(
         room = min(verifier.n_ctx - len(context), drafter.room(len(context)), max_tokens - n_emitted - 1)
         k_step = max(0, min(policy.choose(drafter.next_source(context)), room))
         t0 = time.perf_counter()
-        drafts = _propose(drafter, policy, context, k_step, verifier, settings, rng, constraint)
-        if constraint is not None:  # cut at the first token the grammar forbids (a prompt-lookup draft)
-            drafts = drafts.cut(constraint.valid_prefix(drafts.tokens))
-        walk = None if constraint is None else GrammarWalk(constraint, drafts)
+        drafts, walk = _propose(drafter, policy, context, k_step, verifier, settings, rng, constraint)
         t1 = time.perf_counter()
         # One batched pass over the pending token and the draft tree: row 0 scores what
         # follows the context, row 1 + i what follows draft node i's path (a chain: drafts[:i+1]).
@@ -168,7 +165,7 @@ def speculate(
         path, next_token = _accept(tree, target_logits, drafts, settings, rng, context, walk)
         emitted = [drafts.tokens[node] for node in path] + [next_token]
         if walk is not None:  # the grammar's state moves on by what was accepted, up to an end token
-            walk.commit(emitted[: next((i + 1 for i, t in enumerate(emitted) if verifier.is_eog(t)), None)])
+            walk.commit(_through_end(emitted, verifier))
         context += emitted
         # Both caches keep the accepted path: all of the context but its newest token.
         verifier.keep_path(tree.kept(path))
@@ -192,10 +189,33 @@ def _propose(
     settings: SamplingSettings,
     rng: np.random.Generator,
     constraint: Constraint | None = None,
+) -> tuple[Drafts, GrammarWalk | None]:
+    """The drafter's proposal of up to k tokens (none at k = 0), asking the policy as it goes; under
+    a grammar, cut at its first forbidden token (a prompt-lookup draft), with the grammar's walk
+    along it (the masks of every position)."""
+    drafts = _drafts(drafter, policy, context, k, verifier, settings, rng, constraint) if k else Drafts()
+    if constraint is None:
+        return drafts, None
+    drafts = drafts.cut(constraint.valid_prefix(drafts.tokens))
+    return drafts, GrammarWalk(constraint, drafts)
+
+
+def _through_end(emitted: list[int], verifier: Model) -> list[int]:
+    """The emitted tokens up to and with the first end-of-generation token."""
+    end = next((i + 1 for i, token in enumerate(emitted) if verifier.is_eog(token)), None)
+    return emitted[:end]
+
+
+def _drafts(
+    drafter: Drafter,
+    policy: KPolicy,
+    context: list[int],
+    k: int,
+    verifier: Model,
+    settings: SamplingSettings,
+    rng: np.random.Generator,
+    constraint: Constraint | None,
 ) -> Drafts:
-    """The drafter's proposal of up to k tokens (none at k = 0), asking the policy as it goes."""
-    if not k:
-        return Drafts()
     trees = policy.branches and 2 * k <= verifier.n_ctx - len(context) and constraint is None
     step = DraftStep(
         n_vocab=verifier.n_vocab,

@@ -31,7 +31,7 @@ from ..core.drafting import common_prefix
 from ..core.engine import FixedK, KPolicy
 from ..core.ngram_cache import SessionNgrams
 from ..core.sampling import SamplingSettings
-from ..core.stats import GenerationStats
+from ..core.stats import Generation, GenerationStats
 from ..errors import ContextFullError, PromptError, SpecggufError, UsageError
 from ..grammar import GrammarSpec, constraint_for
 from ..prepare import KChoice, Prepared
@@ -288,10 +288,7 @@ class Worker:
         n_cached = common_prefix(self.verifier.cached, prompt[:-1])
         job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
         seed = request.seed if request.seed is not None and request.seed >= 0 else secrets.randbelow(2**31)
-        calls = None if request.tools is None else CallStream(self.tool_family, self.verifier.token_bytes)
-        opener = [] if calls is None else calls.syntax.openers
-        # content ends where a call opens
-        answer = AnswerText(self.verifier.token_bytes, request.stops + opener, n_indent=request.n_indent)
+        calls, opener, answer = self._answer_text(request)
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_top, n_logprobs_sent = request.n_top_logprobs, 0
         generation = self.prepared.generate(
@@ -326,8 +323,6 @@ class Worker:
             return
         finally:
             generation.close()  # the engine stops at a step boundary: both caches stay consistent
-        stats = generation.stats
-        first_token_seconds = None if generation.first_token_at is None else generation.first_token_at - job.arrived
         cancelled = job.cancelled.is_set() and not answer.stopped
         if not cancelled and (delta := answer.finish()):
             job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
@@ -336,22 +331,19 @@ class Worker:
             self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
         else:  # no text stands for these tokens (the caches still reuse their common prefix)
             self.prompts.forget()
-        tool_calls = [] if calls is None else calls.calls()
-        finished = Finished(
-            finish_reason="tool_calls" if tool_calls else "stop" if answer.stopped or stats.stop == "eos" else "length",
-            n_prompt=len(prompt),
-            n_cached=n_cached,
-            n_completion=answer.n_tokens_used(answer.stopped),
-            stats=stats,
-            first_token_seconds=first_token_seconds,
-            tool_calls=tool_calls,
-            stop_string=answer.matched if answer.matched not in opener else None,
-        )
+        finished = _finished(job, prompt, n_cached, answer, calls, opener, generation)
         if self.metrics is not None:
             self.metrics.observe(finished)
         shutdown = Failed(SpecggufError("the server is shutting down"), status=503)
         gone = Failed(SpecggufError("the request was cancelled"), status=499)  # its client hung up
         job.send((shutdown if self._stopping else gone) if cancelled else finished)
+
+    def _answer_text(self, request: GenerationRequest) -> tuple[CallStream | None, list[str], AnswerText]:
+        """The answer's text as it comes (stop strings held back), and its tool calls: the content
+        ends where a call opens."""
+        calls = None if request.tools is None else CallStream(self.tool_family, self.verifier.token_bytes)
+        opener = [] if calls is None else calls.syntax.openers
+        return calls, opener, AnswerText(self.verifier.token_bytes, request.stops + opener, n_indent=request.n_indent)
 
     def _new_line_after(self, request: GenerationRequest, generation, tokens: list[int]) -> bool:
         """Whether the time limit (from the first token) has passed and these tokens end a line."""
@@ -388,3 +380,21 @@ class Worker:
         if key not in self._policies:
             self._policies[key] = self.prepared.policy(choice, temperature=request.settings.temperature, drafter=kind)
         return drafter, self._policies[key][0]
+
+
+def _finished(
+    job: Job, prompt: list[int], n_cached: int, answer: AnswerText, calls, opener: list[str], generation: Generation
+) -> Finished:
+    """How an answer ended, with its counts and times."""
+    stats = generation.stats
+    tool_calls = [] if calls is None else calls.calls()
+    return Finished(
+        finish_reason="tool_calls" if tool_calls else "stop" if answer.stopped or stats.stop == "eos" else "length",
+        n_prompt=len(prompt),
+        n_cached=n_cached,
+        n_completion=answer.n_tokens_used(answer.stopped),
+        stats=stats,
+        first_token_seconds=None if generation.first_token_at is None else generation.first_token_at - job.arrived,
+        tool_calls=tool_calls,
+        stop_string=answer.matched if answer.matched not in opener else None,
+    )
