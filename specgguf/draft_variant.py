@@ -216,10 +216,17 @@ def choose(
             announce("making a draft for this machine (once; measured and kept in tuning.json)")
         verify = tuning.probe(verifier).verify
         candidates = calibrate(verifier, source, verify, names=AUTO_CANDIDATES, load=load)
-        best = max(candidates, key=lambda candidate: candidate.expected_tokens_per_second)
-        stored = {"choice": best.name, "candidates": [vars(candidate) for candidate in candidates]}
+        stored = {"choice": pick(candidates, verify), "candidates": [vars(candidate) for candidate in candidates]}
         tuning.keep_draft_variant(key, stored)
     measured = tuple(Candidate(**entry) for entry in stored["candidates"])
     best = next(candidate for candidate in measured if candidate.name == stored["choice"])
     path = source if best.name == ORIGINAL else derive(source, best.name)
     return DraftChoice(best.name, path, f"measured here: {best.describe()}", measured)
+
+
+def pick(candidates: list[Candidate], verify: tuple[float, ...]) -> str:
+    """The candidate with the most expected tokens per second, where one beats plain decoding here
+    (1 / t_verify(1)); else the original: where no draft model can win, the K policy leaves it out
+    anyway, and a cheaper draft only tempts the policy's probes into losing steps (docs/benchmarks.md)."""
+    best = max(candidates, key=lambda candidate: candidate.expected_tokens_per_second)
+    return best.name if best.expected_tokens_per_second > 1.0 / verify[0] else ORIGINAL

@@ -215,3 +215,12 @@ def test_hot_variants_are_named_by_size(cache, tiny_draft):
     for bad in ("q4_0+hot7k", "auto+hot32k", "q4_0+cold"):
         with pytest.raises(UsageError):
             draft_variant.parse_variant(bad)
+
+
+def test_where_no_draft_can_beat_plain_decoding_the_original_is_kept():
+    verify = (0.035, 0.06, 0.08, 0.1, 0.12)  # compute-bound: a batch of 5 is 3.4x one token
+    fast = draft_variant.Candidate("q4_0+hot32k", 10.0, 0.81, 27.0)
+    slow = draft_variant.Candidate("original", 21.8, 0.83, 22.0)
+    assert draft_variant.pick([slow, fast], verify) == "original"  # 27 tok/s < 1 / 0.035 s = 28.6
+    winning = draft_variant.Candidate("q4_0+hot32k", 10.0, 0.81, 31.0)
+    assert draft_variant.pick([slow, winning], verify) == "q4_0+hot32k"
