@@ -193,7 +193,17 @@ def _propose(
     """The drafter's proposal of up to k tokens (none at k = 0), asking the policy as it goes; under
     a grammar, cut at its first forbidden token (a prompt-lookup draft), with the grammar's walk
     along it (the masks of every position)."""
-    drafts = _drafts(drafter, policy, context, k, verifier, settings, rng, constraint) if k else Drafts()
+    # Siblings add up to one node per draft: only where the cache has room for them (and a chain under a grammar).
+    trees = policy.branches and 2 * k <= verifier.n_ctx - len(context) and constraint is None
+    step = DraftStep(
+        n_vocab=verifier.n_vocab,
+        settings=settings,
+        rng=rng,
+        keep_drafting=policy.keep_drafting,
+        branch=policy.branch if trees else None,
+        constraint=constraint,
+    )
+    drafts = drafter.propose(context, k, step) if k else Drafts()
     if constraint is None:
         return drafts, None
     drafts = drafts.cut(constraint.valid_prefix(drafts.tokens))
@@ -204,30 +214,6 @@ def _through_end(emitted: list[int], verifier: Model) -> list[int]:
     """The emitted tokens up to and with the first end-of-generation token."""
     end = next((i + 1 for i, token in enumerate(emitted) if verifier.is_eog(token)), None)
     return emitted[:end]
-
-
-def _drafts(
-    drafter: Drafter,
-    policy: KPolicy,
-    context: list[int],
-    k: int,
-    verifier: Model,
-    settings: SamplingSettings,
-    rng: np.random.Generator,
-    constraint: Constraint | None,
-) -> Drafts:
-    trees = policy.branches and 2 * k <= verifier.n_ctx - len(context) and constraint is None
-    step = DraftStep(
-        n_vocab=verifier.n_vocab,
-        settings=settings,
-        rng=rng,
-        keep_drafting=policy.keep_drafting,
-        # Siblings add up to one node per draft: only where the cache has room for them (and a chain
-        # under a grammar).
-        branch=policy.branch if trees else None,
-        constraint=constraint,
-    )
-    return drafter.propose(context, k, step)
 
 
 def check_prompt(verifier: Model, prompt_tokens: Sequence[int], max_tokens: int) -> None:

@@ -21,8 +21,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..conversation import FimRequest, Message
-from ..core.sampling import Penalties, SamplingSettings
+from ..core.sampling import SamplingSettings
 from .generator import Delta, Failed, Finished, GenerationRequest, Worker
+from .infill import llama_sampling
 from .jobs import ClientGone, messages, started, whole
 from .protocol import ApiError, unsupported
 
@@ -79,26 +80,7 @@ class Options(_Body):
                 raise unsupported(f"options.{name}", "specgguf samples with top-k, top-p, min-p and temperature")
 
     def sampling(self, defaults: SamplingSettings, n_ctx: int) -> SamplingSettings:
-        temperature = defaults.temperature if self.temperature is None else self.temperature
-        top_p = defaults.top_p if self.top_p is None else self.top_p
-        if top_p == 0.0:
-            temperature, top_p = 0.0, 1.0
-        last_n = defaults.penalties.last_n if self.repeat_last_n is None else self.repeat_last_n
-        try:
-            return SamplingSettings(
-                temperature=temperature,
-                top_k=defaults.top_k if self.top_k is None else self.top_k,
-                top_p=top_p,
-                min_p=defaults.min_p if self.min_p is None else self.min_p,
-                penalties=Penalties(
-                    frequency=self.frequency_penalty or 0.0,
-                    presence=self.presence_penalty or 0.0,
-                    repeat=1.0 if self.repeat_penalty is None else self.repeat_penalty,
-                    last_n=n_ctx if last_n == -1 else last_n,
-                ),
-            )
-        except ValueError as error:
-            raise ApiError(400, str(error)) from None
+        return llama_sampling(self, defaults, n_ctx)
 
     def max_tokens(self, default: int, n_ctx: int) -> int:
         if self.num_predict is None or self.num_predict == 0:
