@@ -190,8 +190,13 @@ def test_routes_answer_without_the_v1_prefix(server):
 def test_logit_bias_and_penalties_reach_verifier_and_draft_alike(server):
     client = server.client()
     forced = client.completions.create(
-        model="verifier", prompt="the cat", max_tokens=8, temperature=0, logprobs=0,
-        logit_bias={"50": 100}, extra_body={"speculative": SPEC},
+        model="verifier",
+        prompt="the cat",
+        max_tokens=8,
+        temperature=0,
+        logprobs=0,
+        logit_bias={"50": 100},
+        extra_body={"speculative": {**SPEC, "drafter": "model"}},
     )  # fmt: skip
     tokens = forced.choices[0].logprobs.tokens
     assert len(tokens) == 8 and len(set(tokens)) == 1  # token 50, every time
