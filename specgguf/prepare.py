@@ -281,12 +281,12 @@ def load_models(
     original = load_draft(resolved.draft)  # the user's file: it must pair before anything is derived from it
     ensure_compatible(verifier.vocab_info(), original.vocab_info())
     if options.rpc and options.draft_variant == AUTO:
-        choice = DraftChoice(ORIGINAL, resolved.draft, "with --rpc the draft is used as given")
-    else:
-        original.close()
-        choice = choose(verifier, resolved.draft, options.draft_variant, load=load_draft, announce=announce)
-        original = open_draft(choice.path, load_draft)
-    return verifier, original, choice
+        return verifier, original, DraftChoice(ORIGINAL, resolved.draft, "with --rpc the draft is used as given")
+    choice = choose(verifier, resolved.draft, options.draft_variant, load=load_draft, announce=announce)
+    if choice.name == ORIGINAL:
+        return verifier, original, choice  # loaded once: the file as given is the one chosen
+    original.close()
+    return verifier, open_draft(choice.path, load_draft), choice
 
 
 def prepare(
