@@ -20,6 +20,7 @@ from specgguf.core.sampling import (
     children_of,
     process_logits,
     sample_token,
+    sparse_distribution,
 )
 
 N_DRAWS = 100_000
@@ -261,3 +262,21 @@ def test_greedy_tree_follows_the_verifiers_argmax_through_siblings():
     assert accept_tree_greedy(target_argmax=wanted.__getitem__, draft_tokens=tokens, parents=parents) == ([1, 4], 1)
     wanted[-1] = 3  # nothing drafted matches: the verifier's own token
     assert accept_tree_greedy(target_argmax=wanted.__getitem__, draft_tokens=tokens, parents=parents) == ([], 3)
+
+
+def test_masked_entries_are_set_aside_before_top_k_and_never_survive():
+    """A row with most entries −inf (a grammar's mask, a hot-vocabulary draft) gives the distribution
+    of its finite entries alone, mapped back to their ids."""
+    rng = np.random.default_rng(3)
+    settings = SamplingSettings(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+    row = np.full(5000, -np.inf)
+    kept = np.sort(rng.choice(5000, size=300, replace=False))
+    row[kept] = rng.normal(size=300) * 3
+    tokens, probs = sparse_distribution(row, settings)
+    sub_tokens, sub_probs = sparse_distribution(row[kept], settings)
+    assert tokens.tolist() == kept[sub_tokens].tolist()
+    np.testing.assert_allclose(probs, sub_probs)
+    few = np.full(5000, -np.inf)
+    few[[7, 4000]] = [1.0, 2.0]  # fewer finite entries than top_k: all of them
+    tokens, probs = sparse_distribution(few, SamplingSettings(temperature=1.0, top_k=40, top_p=1.0, min_p=0.0))
+    assert tokens.tolist() == [4000, 7] and np.isclose(probs.sum(), 1.0)

@@ -115,18 +115,22 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 def sparse_distribution(logits: np.ndarray, settings: SamplingSettings) -> tuple[np.ndarray, np.ndarray]:
     """One logits row -> (token ids, their probabilities): the support of the processed
     distribution, which the chain keeps small (top-k), so draws need not scan the vocabulary."""
-    n_vocab = logits.shape[0]
+    # Masked entries (-inf: a grammar's forbidden tokens, tokens a draft cannot propose) never
+    # survive; set aside first, as a partition over many equal values is slow (24 ms, not 1).
+    finite = np.isfinite(logits)
+    pool = None if finite.all() else np.flatnonzero(finite)
+    values = logits if pool is None else logits[pool]
+    n_values = values.shape[0]
     # top-k: keep the k largest logits (0 disables).
-    if 0 < settings.top_k < n_vocab:
-        candidates = np.argpartition(logits, n_vocab - settings.top_k)[n_vocab - settings.top_k :]
+    if 0 < settings.top_k < n_values:
+        candidates = np.argpartition(values, n_values - settings.top_k)[n_values - settings.top_k :]
     else:
-        candidates = np.arange(n_vocab)
-    candidate_logits = logits[candidates].astype(np.float64)
+        candidates = np.arange(n_values)
+    candidate_logits = values[candidates].astype(np.float64)
     order = np.argsort(-candidate_logits, kind="stable")
     candidates, candidate_logits = candidates[order], candidate_logits[order]
-    # Masked entries (-inf, e.g. draft tokens the verifier does not have) never survive.
-    finite = np.isfinite(candidate_logits)
-    candidates, candidate_logits = candidates[finite], candidate_logits[finite]
+    if pool is not None:
+        candidates = pool[candidates]
     # top-p: the shortest prefix (by descending probability, untempered) whose mass
     # reaches p; the token that crosses p is kept, as llama.cpp does.
     if settings.top_p < 1.0:
