@@ -40,6 +40,19 @@ def cpu_model() -> str:
         return platform.processor() or "unknown"
 
 
+def open_named(name: str, draft: Path, verifier, load):
+    """A draft by its variant name; for a hot vocabulary, "@ids" ranks by id alone (no verifier counts)
+    and "@near-miss" reads cold context tokens as near-misses (no embedding rows)."""
+    variant, _, how = name.partition("@")
+    if variant == "original":
+        return load(draft)
+    path = draft_variant.derive(draft, variant, None if how == "ids" else verifier)
+    model = draft_variant.open_draft(path, load)
+    if how == "near-miss":
+        model.rows = None
+    return model
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-m", type=Path, required=True)
@@ -60,10 +73,7 @@ def main() -> None:
     verifier = load(args.m)
     verify = tuning.probe(verifier).verify
     names = args.variants.split(",")
-    drafts = {
-        name: draft_variant.open_draft(args.md if name == "original" else draft_variant.derive(args.md, name), load)
-        for name in names
-    }
+    drafts = {name: open_named(name, args.md, verifier, load) for name in names}
     cost = {
         name: min(measure(d, max_batch=1, repeats=5, context=PROBE_CONTEXT, statistic=min))
         for name, d in drafts.items()

@@ -20,6 +20,7 @@ uses it, `original` the file as given, a name that variant.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,16 @@ CALIBRATION = (
 )
 CALIBRATION_TOKENS = 48
 CALIBRATION_K = 4
+# What a hot vocabulary's ranking counts: the verifier's own answers, code and prose (none of them is
+# a `bench` prompt, which measure it).
+HOT_CALIBRATION = (
+    *CALIBRATION,
+    "Write a JavaScript function that debounces another function, and show how to use it.",
+    "Write a SQL query that returns the ten customers with the most orders last month.",
+    "Describe the water cycle for a ten-year-old.",
+    "Write a short, friendly email asking a colleague to review a pull request.",
+)
+HOT_CALIBRATION_TOKENS = 96
 
 
 @dataclass(frozen=True)
@@ -106,29 +117,76 @@ def parse_variant(text: str) -> str:
     return text
 
 
-def derived_path(source: Path, name: str) -> Path:
+def derived_path(source: Path, name: str, verifier: Path | None = None) -> Path:
     """Where the variant of `source` lives: the cache folder, by the source's SHA-256 (hashed once;
-    a stamp beside the cache remembers it while the file's size and mtime stay the same)."""
+    a stamp beside the cache remembers it while the file's size and mtime stay the same), and for a
+    hot vocabulary counted on a verifier's answers, that verifier (its name and size)."""
     folder = cache_dir() / DERIVED_DRAFTS
     stamp = folder / f"{hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:24]}.sha256"
     digest = stamped_sha256(source, stamp=stamp)
     if digest is None:
         digest = sha256_hex(source)
         write_stamp(source, digest, stamp=stamp)
-    return folder / f"{digest[:24]}-{name}.gguf"
+    if verifier is None:
+        return folder / f"{digest[:24]}-{name}.gguf"
+    return folder / f"{digest[:24]}-{name}-for-{_verifier_id(verifier)}.gguf"
 
 
-def derive(source: Path, name: str) -> Path:
+def _verifier_id(verifier: Path) -> str:
+    return hashlib.sha256(f"{verifier.name}|{verifier.stat().st_size}".encode()).hexdigest()[:12]
+
+
+def written_counts(verifier) -> np.ndarray:
+    """How often `verifier` writes each token, greedy, on the hot-vocabulary calibration set (its
+    answers, drafted by n-grams alone: the same tokens, sooner); kept in the cache folder."""
+    kept = cache_dir() / DERIVED_DRAFTS / f"written-by-{_verifier_id(Path(verifier.path))}.npy"
+    try:
+        counts = np.load(kept, allow_pickle=False)
+        if counts.shape == (verifier.n_vocab,) and counts.dtype == np.int64 and counts.min() >= 0:
+            return counts
+    except (OSError, ValueError):
+        pass  # not there yet, or damaged: counted again
+    counts = _count_answers(verifier)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    partial = kept.with_name(kept.name + ".incomplete.npy")
+    np.save(partial, counts)
+    os.replace(partial, kept)
+    return counts
+
+
+def _count_answers(verifier) -> np.ndarray:
+    counts = np.zeros(verifier.n_vocab, dtype=np.int64)
+    prompts = Prompts(verifier)
+    for question in HOT_CALIBRATION:
+        events = speculate(
+            verifier=verifier,
+            drafter=build_drafter("ngram", None),
+            prompt_tokens=prompts.question(question, raw=False, system=None),
+            k=FixedK(CALIBRATION_K),
+            max_tokens=HOT_CALIBRATION_TOKENS,
+            settings=SamplingSettings(temperature=0.0),
+            rng=np.random.default_rng(0),
+        )
+        for event in events:
+            np.add.at(counts, np.asarray(event.tokens, dtype=np.int64), 1)
+    verifier.rewind(0)
+    return counts
+
+
+def derive(source: Path, name: str, verifier=None) -> Path:
     """The variant of `source` in the cache, made now if it is not there yet (a hot vocabulary is cut
-    from its base, which is made first)."""
+    from its base, which is made first, with the tokens `verifier` writes ranked first where given)."""
     from .llama.convert import DRAFT_VARIANTS, requantize
 
     base, n_hot = split(name)
-    path = derived_path(source, name)
     if n_hot is not None:
-        if not path.is_file() or not hot_vocab.sidecar(path).is_file():
-            hot_vocab.build(source if base == ORIGINAL else derive(source, base), path, n_hot=n_hot)
+        path = derived_path(source, name, None if verifier is None else Path(verifier.path))
+        if not all(p.is_file() for p in (path, hot_vocab.sidecar(path), hot_vocab.rows_file(path))):
+            counts = None if verifier is None else written_counts(verifier)
+            cut_from = source if base == ORIGINAL else derive(source, base)
+            hot_vocab.build(cut_from, path, n_hot=n_hot, counts=counts)
         return path
+    path = derived_path(source, name)
     variant = DRAFT_VARIANTS[name]
     if not path.is_file():
         requantize(source, path, ftype=variant.ftype, token_embedding=variant.token_embedding)
@@ -139,7 +197,7 @@ def open_draft(path: Path, load: Callable[[Path], Any]) -> Any:
     """The draft model at `path`; a hot-vocabulary file is seen over the whole vocabulary."""
     model = load(path)
     maps = hot_vocab.load_maps(path)
-    return model if maps is None else HotVocab(model, *maps)
+    return model if maps is None else HotVocab(model, maps.ids, maps.feed, maps.rows)
 
 
 def _acceptance(verifier, draft) -> float:
@@ -181,7 +239,7 @@ def calibrate(
         if on_step is not None:
             on_step(name)
         try:
-            path = source if name == ORIGINAL else derive(source, name)
+            path = source if name == ORIGINAL else derive(source, name, verifier)
         except ModelLoadError:  # not for this file (a hot vocabulary as large as its whole vocabulary)
             continue
         draft = open_draft(path, load)
@@ -207,7 +265,7 @@ def choose(
     if requested == ORIGINAL:
         return DraftChoice(ORIGINAL, source, "--draft-variant original")
     if requested != AUTO:
-        return DraftChoice(requested, derive(source, requested), f"--draft-variant {requested}")
+        return DraftChoice(requested, derive(source, requested, verifier), f"--draft-variant {requested}")
     if source.stat().st_size < MIN_DERIVED_BYTES:
         return DraftChoice(ORIGINAL, source, "a small draft is used as given")
     key = tuning.draft_variant_key(source, verifier)
@@ -221,7 +279,7 @@ def choose(
         tuning.keep_draft_variant(key, stored)
     measured = tuple(Candidate(**entry) for entry in stored["candidates"])
     best = next(candidate for candidate in measured if candidate.name == stored["choice"])
-    path = source if best.name == ORIGINAL else derive(source, best.name)
+    path = source if best.name == ORIGINAL else derive(source, best.name, verifier)
     return DraftChoice(best.name, path, f"measured here: {best.describe()}", measured)
 
 

@@ -18,6 +18,7 @@ from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.sampling import SamplingSettings
 from specgguf.errors import ModelLoadError, UsageError
 from specgguf.files import hot_vocab
+from specgguf.files.hot_vocab import hot_ids
 from specgguf.llama.convert import DRAFT_VARIANTS
 from specgguf.llama.model import LlamaModel
 from test_backend import RecordingModel, _check_greedy_per_step
@@ -155,7 +156,8 @@ def test_the_feed_map_reads_a_cold_token_as_its_longest_kept_prefix():
 def test_a_hot_vocabulary_file_loads_keeps_the_specials_and_scores_only_its_tokens(cache, wide_pair):
     _, draft = wide_pair
     path = hot_vocab.build(draft, cache / "hot.gguf", n_hot=1024)
-    ids, feed = hot_vocab.load_maps(path)
+    maps = hot_vocab.load_maps(path)
+    ids, feed = maps.ids, maps.feed
     assert len(ids) == 1024 and {0, 1, 2} <= set(ids.tolist())  # unknown, BOS, EOS kept
     assert (ids[feed[ids]] == ids).all()  # a kept token is read as itself
     inner = LlamaModel(path, n_ctx=128, n_threads=1)
@@ -170,6 +172,55 @@ def test_a_hot_vocabulary_file_loads_keeps_the_specials_and_scores_only_its_toke
     assert model.is_eog(2) and not model.is_eog(1500)
     model.close()
     original.close()
+
+
+def test_a_cold_token_in_the_context_is_fed_as_its_own_embedding_row(cache, wide_pair):
+    """1500 is outside the hot set: fed as its row of the whole table, the cut draft scores its kept
+    tokens as the uncut file does; read as its near-miss, it does not."""
+    _, draft = wide_pair
+    path = hot_vocab.build(draft, cache / "hot.gguf", n_hot=1024)
+    maps = hot_vocab.load_maps(path)
+    assert maps.rows is not None and 1500 not in set(maps.ids.tolist())
+    original = LlamaModel(draft, n_ctx=128, n_threads=1)
+    expected = original.eval([1, 300, 1500, 7], n_logits=2)[:, maps.ids]
+    fed = HotVocab(LlamaModel(path, n_ctx=128, n_threads=1), maps.ids, maps.feed, maps.rows)
+    fed.eval([1, 300], n_logits=1)  # all hot: read as tokens
+    got = fed.eval([1500, 7], n_logits=2)[:, maps.ids]  # a cold one: the call as rows
+    assert fed.n_fed_rows == 1 and fed.cached == [1, 300, 1500, 7]
+    np.testing.assert_allclose(got, expected, atol=1e-3)
+    near_miss = HotVocab(LlamaModel(path, n_ctx=128, n_threads=1), maps.ids, maps.feed)
+    missed = near_miss.eval([1, 300, 1500, 7], n_logits=2)[:, maps.ids]
+    assert near_miss.n_fed_rows == 0 and np.abs(missed - expected).max() > 1e-2
+    for model in (original, fed, near_miss):
+        model.close()
+
+
+def test_a_hot_vocabulary_keeps_the_tokens_its_verifier_writes(cache, wide_pair, monkeypatch):
+    """The verifier's greedy answers on the calibration set are counted once (kept in the cache
+    folder), and every token they hold is in the hot set, whatever its id."""
+    verifier = LlamaModel(wide_pair[0], n_ctx=1024, n_threads=1)
+    counts = draft_variant.written_counts(verifier)
+    assert counts.shape == (2048,) and 0 < counts.sum() <= len(draft_variant.HOT_CALIBRATION) * 96
+    assert verifier.n_past == 0  # left as found
+    monkeypatch.setattr(draft_variant, "_count_answers", lambda _verifier: pytest.fail("counted twice"))
+    assert (draft_variant.written_counts(verifier) == counts).all()
+    written = set(np.flatnonzero(counts).tolist())
+    assert any(token >= 1024 for token in written)  # by id alone, some of them would be cut
+    path = hot_vocab.build(wide_pair[1], cache / "hot.gguf", n_hot=1024, counts=counts)
+    assert written <= set(hot_vocab.load_maps(path).ids.tolist())
+    assert draft_variant.derived_path(wide_pair[1], "q4_0+hot16k", wide_pair[0]).name.endswith(
+        f"-q4_0+hot16k-for-{draft_variant._verifier_id(wide_pair[0])}.gguf"
+    )
+    verifier.close()
+
+
+def test_the_hot_set_ranks_what_the_verifier_wrote_before_the_lowest_ids():
+    types = np.ones(10, dtype=np.int64)
+    types[9] = 3  # a control token: always kept
+    counts = np.zeros(10, dtype=np.int64)
+    counts[[7, 8]] = [5, 2]
+    assert hot_ids(types, 4).tolist() == [0, 1, 2, 9]
+    assert hot_ids(types, 4, counts).tolist() == [0, 7, 8, 9]  # 7 and 8 were written, then id 0
 
 
 def test_a_hot_vocabulary_draft_is_lossless(cache, wide_pair):
@@ -206,6 +257,10 @@ def test_a_damaged_id_map_is_one_clear_error(cache, wide_pair):
     path = hot_vocab.build(wide_pair[1], cache / "hot.gguf", n_hot=1024)
     np.savez(hot_vocab.sidecar(path), ids=np.array([5000]), feed=np.zeros(2048, dtype=np.int64))
     with pytest.raises(ModelLoadError, match="do not fit"):
+        hot_vocab.load_maps(path)
+    hot_vocab.build(wide_pair[1], cache / "hot.gguf", n_hot=1024)
+    np.save(hot_vocab.rows_file(path), np.zeros((100, 8), dtype=np.uint8))
+    with pytest.raises(ModelLoadError, match="100 rows for 2048 tokens"):
         hot_vocab.load_maps(path)
 
 

@@ -4,12 +4,15 @@ The draft file scores only its kept tokens (files/hot_vocab.py). Here its logits
 full vocabulary with −inf everywhere else, so its distribution q is zero outside the hot set and
 the acceptance rule, untouched, stays exact: where the verifier wants a token the draft cannot
 propose, the draft is rejected there and the verifier's token is drawn from max(0, p − q) = p.
-Context tokens are read through `feed` (verifier id -> draft id), the near-miss map of the file.
+A context token outside the hot set is fed as its own embedding row (`rows`, the whole table of
+the file it was cut from) through the model's `eval_embeddings`, so the draft reads the text as it
+is; a tree's batch, or a model without rows, reads it through `feed` (verifier id -> draft id), the
+file's near-miss map.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,10 +21,18 @@ from .model import Model
 
 
 class HotVocab:
-    def __init__(self, model: Model, ids: np.ndarray, feed: np.ndarray):
+    def __init__(
+        self,
+        model: Model,
+        ids: np.ndarray,
+        feed: np.ndarray,
+        rows: Callable[[list[int]], np.ndarray] | None = None,
+    ):
         self.model = model
         self.ids = ids  # draft id -> verifier id
         self.feed = feed  # verifier id -> draft id
+        self.rows = rows if hasattr(model, "eval_embeddings") else None  # verifier ids -> embedding rows
+        self.n_fed_rows = 0  # context tokens fed as embedding rows (stats, tests)
         self.n_vocab = len(feed)
         self.n_ctx = model.n_ctx
         self.cached: list[int] = []  # verifier ids, as the loop sees them
@@ -43,7 +54,14 @@ class HotVocab:
         return self.feed[np.asarray(tokens, dtype=np.int64)].tolist()
 
     def eval(self, tokens: Sequence[int], *, n_logits: int) -> np.ndarray:
-        logits = self.model.eval(self._draft_ids(tokens), n_logits=n_logits)
+        draft_ids = self._draft_ids(tokens)
+        n_cold = 0 if self.rows is None else int((self.ids[draft_ids] != np.asarray(tokens)).sum())
+        if n_cold:  # the whole call as embedding rows: a batch holds tokens or rows, not both
+            rows = self.rows(list(tokens))  # type: ignore[misc]
+            logits = self.model.eval_embeddings(draft_ids, rows, n_logits=n_logits)  # type: ignore[attr-defined]
+            self.n_fed_rows += n_cold
+        else:
+            logits = self.model.eval(draft_ids, n_logits=n_logits)
         self.cached.extend(tokens)
         return self._full(logits)
 

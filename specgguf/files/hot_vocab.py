@@ -5,23 +5,26 @@ yet almost every right draft is one of a few tens of thousands of tokens. A draf
 those stays lossless: a token it cannot propose has q = 0, and the verifier still supplies it
 (FR-Spec, VocabTrim; SGLang ships it as a token map).
 
-- Which tokens: the special tokens, then the lowest ids. A BPE vocabulary's ids follow its merge
-  order, which is the tokenizer's own frequency ranking on its training corpus; how much of a
-  verifier's output the cut keeps is measured (draft_variant.py), not assumed.
+- Which tokens: the special tokens, then the tokens the verifier itself wrote on a calibration set
+  (code and prose, draft_variant.py), most frequent first, then the lowest ids: a BPE vocabulary's
+  ids follow its merge order, the tokenizer's own frequency ranking on its training corpus. (By id
+  alone, Qwen2.5's 32k cut lacks "```", which opens every code answer.)
 - The file: the same GGUF (gguf-py reads and writes it, tensors copied byte for byte) with
   `token_embd.weight` and `output.weight` cut to the kept rows, the token list, types and scores
   cut alike, and every `tokenizer.ggml.*_token_id` renumbered.
-- Beside it, `<file>.ids.npz`: `ids` (draft id -> verifier id) and `feed` (verifier id -> the draft
-  id it is read as). A token outside the hot set that appears in the context is read as the hot
-  token whose text is its longest prefix (" configuration" as " config"), else as the first kept
-  token: the draft then sees a near-miss where the text has a rare token, which costs acceptance
-  there, never correctness. (Feeding such tokens' own embedding rows through `llama_batch.embd`
-  would cost that acceptance back; it is not done.)
+- Beside it, `<file>.ids.npz`: `ids` (draft id -> verifier id), `feed` (verifier id -> the draft
+  id it is read as) and `row_type`; and `<file>.rows.npy`, the source's whole token embedding as
+  stored (quantized rows, memory-mapped). A token outside the hot set that appears in the context
+  is fed as its own embedding row through `llama_batch.embd` (`EmbeddingRows`), so the draft reads
+  the text as it is. Where a model cannot take embeddings (a tree's batch), it is read as the hot
+  token whose text is its longest prefix (" configuration" as " config"), else the first kept token:
+  a near-miss, which costs acceptance there, never correctness.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,11 +40,50 @@ def sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".ids.npz")
 
 
-def hot_ids(token_types: np.ndarray, n_hot: int) -> np.ndarray:
-    """The kept verifier ids, in order: every special token, then the lowest ids up to n_hot in all."""
+def rows_file(path: Path) -> Path:
+    return path.with_name(path.name + ".rows.npy")
+
+
+def hot_ids(token_types: np.ndarray, n_hot: int, counts: np.ndarray | None = None) -> np.ndarray:
+    """The kept verifier ids, sorted: every special token, then the tokens `counts` saw (most often
+    first), then the lowest ids, up to n_hot in all."""
     special = np.flatnonzero(np.isin(token_types, CONTROL_TYPES))
-    rest = np.setdiff1d(np.arange(len(token_types)), special)[: max(0, n_hot - len(special))]
+    order = np.arange(len(token_types))
+    if counts is not None:
+        seen = np.flatnonzero(counts > 0)
+        seen = seen[np.argsort(-counts[seen], kind="stable")]
+        order = np.concatenate([seen, np.setdiff1d(order, seen)])
+    rest = order[~np.isin(order, special)][: max(0, n_hot - len(special))]
     return np.union1d(special, rest).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class HotMaps:
+    ids: np.ndarray  # draft id -> verifier id
+    feed: np.ndarray  # verifier id -> the draft id it is read as where no embedding row can be fed
+    rows: EmbeddingRows | None  # the whole vocabulary's input embedding (None: a map from before it)
+
+
+class EmbeddingRows:
+    """The source draft's token embedding, every row, read from a memory map and dequantized on demand
+    (gguf-py's own dequantizers): what a cold token in the context is fed as."""
+
+    def __init__(self, path: Path, row_type: int):
+        import gguf
+
+        try:
+            self._raw = np.load(path, mmap_mode="r", allow_pickle=False)
+            self._type = gguf.GGMLQuantizationType(row_type)
+        except (OSError, ValueError) as error:
+            raise ModelLoadError(f"{path}: not an embedding table ({error}); delete it to rebuild") from None
+        self._dequantize = gguf.quants.dequantize
+        if self._raw.ndim != 2:
+            raise ModelLoadError(f"{path}: not an embedding table (shape {self._raw.shape}); delete it to rebuild")
+        self.n_vocab = self._raw.shape[0]
+
+    def __call__(self, tokens: list[int]) -> np.ndarray:
+        """float32 rows, one per token, in order."""
+        return np.ascontiguousarray(self._dequantize(self._raw[np.asarray(tokens)], self._type), dtype=np.float32)
 
 
 def feed_map(tokens: list[str], ids: np.ndarray) -> np.ndarray:
@@ -59,9 +101,10 @@ def feed_map(tokens: list[str], ids: np.ndarray) -> np.ndarray:
     return feed
 
 
-def build(source: Path, destination: Path, *, n_hot: int) -> Path:
-    """Write the hot-vocabulary copy of `source` as `destination` (and its id maps beside it), through
-    partial files renamed at the end."""
+def build(source: Path, destination: Path, *, n_hot: int, counts: np.ndarray | None = None) -> Path:
+    """Write the hot-vocabulary copy of `source` as `destination` (its id maps and whole embedding
+    table beside it), through partial files renamed at the end; `counts[token]`: how often the
+    verifier wrote each token on the calibration set (None: by id alone)."""
     import gguf  # read and written with llama.cpp's own GGUF library
 
     reader = gguf.GGUFReader(str(source))
@@ -74,7 +117,9 @@ def build(source: Path, destination: Path, *, n_hot: int) -> Path:
         raise ModelLoadError(f"{source.name}: no {missing} in its metadata; a hot vocabulary needs it") from None
     if n_hot < MIN_ROWS or n_hot >= len(tokens):
         raise ModelLoadError(f"{source.name}: a hot vocabulary of {n_hot} of {len(tokens)} tokens makes no sense")
-    ids = hot_ids(types, n_hot)
+    if counts is not None and len(counts) != len(tokens):
+        counts = None  # counted in another vocabulary: by id alone
+    ids = hot_ids(types, n_hot, counts)
     renumber = {int(old): new for new, old in enumerate(ids.tolist())}
     destination.parent.mkdir(parents=True, exist_ok=True)
     partial = destination.with_name(destination.name + ".incomplete")
@@ -103,26 +148,37 @@ def build(source: Path, destination: Path, *, n_hot: int) -> Path:
     for _, data in tensors:
         writer.write_tensor_data(np.ascontiguousarray(data), tensor_endianess=reader.endianess)
     writer.close()
+    embedding = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    table = rows_file(destination)
+    partial_table = table.with_name(table.name + ".incomplete.npy")
+    np.save(partial_table, np.asarray(embedding.data))
     maps = sidecar(destination)
     partial_maps = maps.with_name(maps.name + ".incomplete.npz")
-    np.savez(partial_maps, ids=ids, feed=feed_map(tokens, ids))
+    np.savez(partial_maps, ids=ids, feed=feed_map(tokens, ids), row_type=int(embedding.tensor_type))
+    os.replace(partial_table, table)
     os.replace(partial_maps, maps)
     os.replace(partial, destination)
     return destination
 
 
-def load_maps(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
-    """(ids, feed) for a hot-vocabulary draft, None for any other file; a damaged map is refused."""
+def load_maps(path: Path) -> HotMaps | None:
+    """The maps of a hot-vocabulary draft, None for any other file; a damaged map is refused."""
     maps = sidecar(path)
     if not maps.is_file():
         return None
     try:
         with np.load(maps, allow_pickle=False) as data:
             ids, feed = np.asarray(data["ids"], dtype=np.int64), np.asarray(data["feed"], dtype=np.int64)
-    except (OSError, KeyError, ValueError) as error:
+            row_type = int(data["row_type"]) if "row_type" in data.files else None
+    except (OSError, KeyError, ValueError, TypeError) as error:
         raise ModelLoadError(f"{maps}: not a hot-vocabulary map ({error}); delete it to rebuild") from None
     if ids.ndim != 1 or feed.ndim != 1 or not len(ids) or ids.min() < 0 or ids.max() >= len(feed):
         raise ModelLoadError(f"{maps}: its ids do not fit its vocabulary; delete it to rebuild")
     if feed.min() < 0 or feed.max() >= len(ids):
         raise ModelLoadError(f"{maps}: its feed map points outside the hot vocabulary; delete it to rebuild")
-    return ids, feed
+    rows = None
+    if row_type is not None and rows_file(path).is_file():
+        rows = EmbeddingRows(rows_file(path), row_type)
+        if rows.n_vocab != len(feed):
+            raise ModelLoadError(f"{rows_file(path)}: {rows.n_vocab} rows for {len(feed)} tokens; delete it to rebuild")
+    return HotMaps(ids, feed, rows)

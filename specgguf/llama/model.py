@@ -92,6 +92,7 @@ class LlamaModel:
         )
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.n_embd = llama_cpp.llama_model_n_embd(self._model)
         # No -t: the thread count follows the machine's load (threads.py), checked as we decode.
         self._governor = shared_governor() if n_threads is None else None
         threads = n_threads if n_threads is not None else shared_governor().threads
@@ -102,6 +103,7 @@ class LlamaModel:
         self.n_ctx = min(n_ctx, llama_cpp.llama_n_ctx(self._ctx))
         self.n_batch = min(n_batch, llama_cpp.llama_n_batch(self._ctx), llama_cpp.llama_n_ubatch(self._ctx))
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, MAX_TREE_LEAVES)
+        self._embd_batch: Any = None  # for eval_embeddings, made on first use
         self._tree: _PendingTree | None = None
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.cached: list[int] = []  # the tokens in the KV cache
@@ -132,6 +134,8 @@ class LlamaModel:
                 if getattr(self, "_embedder", None) is not None:
                     self._embedder.close()  # its context before the weights it reads
                 llama_cpp.llama_batch_free(self._batch)
+                if self._embd_batch is not None:
+                    llama_cpp.llama_batch_free(self._embd_batch)
                 llama_cpp.llama_free(self._ctx)
                 llama_cpp.llama_model_free(self._model)
             self._ctx = None
@@ -149,12 +153,33 @@ class LlamaModel:
         if self._governor is not None:
             self._follow_load(self._governor)
         started = time.perf_counter()
-        batch = self._batch
+        self._eval_chunks(tokens, n_logits, self._batch, None)
+        return self._logits(n_logits, started)
+
+    def eval_embeddings(self, tokens: Sequence[int], rows: np.ndarray, *, n_logits: int) -> np.ndarray:
+        """`eval`, with each position read as its row of `rows` (n, n_embd float32) instead of its token's
+        embedding (a hot-vocabulary draft reading a token it has no row for); the cache records `tokens`."""
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ContextFullError(f"context overflow: {self.n_past} + {len(tokens)} tokens > {self.n_ctx}")
+        if rows.shape != (len(tokens), self.n_embd) or n_logits > min(len(tokens), self.n_batch):
+            raise ValueError(f"{rows.shape} embedding rows, {n_logits} logits rows for {len(tokens)} tokens")
+        if self._embd_batch is None:
+            self._embd_batch = llama_cpp.llama_batch_init(self.n_batch, self.n_embd, 1)
+        started = time.perf_counter()
+        self._eval_chunks(tokens, n_logits, self._embd_batch, np.ascontiguousarray(rows, dtype=np.float32))
+        return self._logits(n_logits, started)
+
+    def _eval_chunks(self, tokens: Sequence[int], n_logits: int, batch: Any, rows: np.ndarray | None) -> None:
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             first_output = len(tokens) - n_logits - start  # index in this chunk
-            for i, token in enumerate(chunk):
-                batch.token[i] = token
+            if rows is None:
+                for i, token in enumerate(chunk):
+                    batch.token[i] = token
+            else:
+                part = rows[start : start + len(chunk)]
+                ctypes.memmove(batch.embd, part.ctypes.data, part.nbytes)
+            for i in range(len(chunk)):
                 batch.pos[i] = self.n_past + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
@@ -162,7 +187,6 @@ class LlamaModel:
             batch.n_tokens = len(chunk)
             self._decode(batch)
             self.cached.extend(chunk)
-        return self._logits(n_logits, started)
 
     def _decode(self, batch: llama_cpp.llama_batch) -> None:
         with self._guard("while decoding"):
