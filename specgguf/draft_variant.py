@@ -46,8 +46,8 @@ AUTO = "auto"
 # Below this size a draft is used as given: its cost is llama.cpp's per-call overhead, not its weights.
 MIN_DERIVED_BYTES = 64 << 20
 # What auto measures: the variants that won in the ablation (docs/benchmarks.md). IQ4_NL's quantizer
-# takes about a minute for a 0.5B model on two cores, and a hot vocabulary lost more acceptance at
-# T = 0.8 and on prose than this short greedy calibration shows: both are there by name.
+# takes about a minute for a 0.5B model on two cores, and a hot vocabulary only matched q4_0 end to
+# end (for a verifier run's counting and a second file): both are there by name.
 AUTO_CANDIDATES = ("q4_0", "q4_0-q8head")
 # A hot vocabulary (files/hot_vocab.py) of this many thousand tokens may follow any base: "q4_0+hot32k".
 HOT_SIZES = (16, 32, 64)

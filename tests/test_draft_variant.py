@@ -249,6 +249,7 @@ def test_a_hot_vocabulary_draft_is_lossless(cache, wide_pair):
         context.append(token)
     assert sum(event.n_drafted for event in events) > 0
     assert draft.cached == context[: draft.n_past]
+    assert draft.n_fed_rows > 0  # cold tokens in the context went in as their own embedding rows
     verifier.model.close()
     draft.close()
 
