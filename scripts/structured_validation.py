@@ -2,7 +2,7 @@
 every json_schema answer must validate against its schema, every tool call's arguments must parse and
 validate against its tool's schema (the issue's target: 100%, on >= 20 prompts each).
 
-    .venv/bin/python scripts/structured_validation.py            # all prompts (about 10 min on 2 cores)
+    .venv/bin/python scripts/structured_validation.py            # all prompts (about 75 s on 2 cores)
     .venv/bin/python scripts/structured_validation.py --only 3   # a smoke run
 
 Prints one line per answer and a table: answers, valid, finish reasons, and accepted drafts by source
