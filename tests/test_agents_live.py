@@ -95,7 +95,8 @@ def test_langchain_bind_tools(server, model):
     assert "paris" in message.tool_calls[0]["args"]["city"].lower()
 
 
-def test_openai_agents_sdk_runs_a_two_tool_loop(server, model):
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
+def test_openai_agents_sdk_runs_a_two_tool_loop(server, model, tool_choice):
     from agents import (
         Agent,
         ModelSettings,
@@ -128,9 +129,10 @@ def test_openai_agents_sdk_runs_a_two_tool_loop(server, model):
         instructions="Use the tools: first get_weather, then to_fahrenheit on its result.",
         model=OpenAIChatCompletionsModel(model=model, openai_client=client),
         tools=[get_weather, to_fahrenheit],
-        # Every turn calls a tool (the 1.5B coder, left to choose, sometimes writes its call as plain
-        # text after a long agent prompt); the loop ends with the conversion's result.
-        model_settings=ModelSettings(tool_choice="required"),
+        # auto: the 1.5B coder, left to choose, writes its call bare in the doubled braces its template
+        # shows (`{{"name": …}}}`), a form the hermes syntax opens and parses (serve/tool_syntax.py);
+        # required: every turn calls a tool. The loop ends with the conversion's result.
+        model_settings=ModelSettings(tool_choice=tool_choice),
         reset_tool_choice=False,
         tool_use_behavior=StopAtTools(stop_at_tool_names=["to_fahrenheit"]),
     )

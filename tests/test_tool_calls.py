@@ -117,6 +117,11 @@ TOOLS = [Tool("add", None, {"type": "object"}), Tool("get_weather", None, {"type
             [ParsedCall("add", '{"a": 2}', True)],
         ),
         (
+            "hermes",
+            'Sure. {{"name": "add", "arguments": {"a": 2}}}\n{{"name": "get_weather", "arguments": {}}}',
+            [ParsedCall("add", '{"a": 2}', True), ParsedCall("get_weather", "{}", True)],
+        ),
+        (
             "llama3",
             '{"name": "add", "parameters": {"a": 1}}; {"name": "get_weather", "parameters": {"city": "Rome"}}',
             [ParsedCall("add", '{"a": 1}', True), ParsedCall("get_weather", '{"city": "Rome"}', True)],
@@ -127,7 +132,7 @@ TOOLS = [Tool("add", None, {"type": "object"}), Tool("get_weather", None, {"type
             [ParsedCall("add", '{"a": 1}', True), ParsedCall("add", '{"a": 3}', True)],
         ),
     ],
-    ids=["hermes", "qwen-coder-json-block", "llama3", "mistral"],
+    ids=["hermes", "qwen-coder-json-block", "qwen-coder-doubled-braces", "llama3", "mistral"],
 )
 def test_each_family_parses_its_calls(family, text, calls):
     syntax = SYNTAXES[family]
@@ -147,3 +152,7 @@ def test_the_call_grammar_names_each_tool_and_its_schema():
     assert lark.startswith("start: call_0 | call_1\n")
     assert '"\\n{\\"name\\": \\"add\\", \\"arguments\\": " args_0 "}\\n" <[7]>' in lark
     assert 'args_1: %json {"type": "object"}' in lark
+    # The doubled-brace form: its opener wrote '{"name": "' already; the grammar writes the rest.
+    doubled = SYNTAXES["hermes"].forms[2]
+    lark = SYNTAXES["hermes"].call_lark(TOOLS, lambda text: "<[7]>", doubled)
+    assert doubled.opener == '{{"name": "' and 'call_0: "add\\", \\"arguments\\": " args_0 "}}"' in lark

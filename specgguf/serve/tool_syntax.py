@@ -3,6 +3,7 @@ one call (Lark, with the tool's JSON schema inline, for llguidance), and the par
 model's text back into OpenAI's tool calls. The family comes from the model's chat template.
 
 - hermes (Qwen2.5, Hermes, ChatML without a template): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
+  (Qwen2.5-Coder also: a ```json block, or `{{"name": ..., "arguments": {...}}}` as its template shows it)
 - llama3 (Llama 3.1-3.3): `{"name": ..., "parameters": {...}}` (after `<|python_tag|>` where it has one)
 - mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}]`
 """
@@ -40,6 +41,7 @@ class Form:
     before: str = ""
     after: str = ""
     closer: str = ""  # may be a special token
+    lead: str = ""  # the start of the call's JSON that the opener already wrote ('{"name": "')
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,8 @@ class ToolSyntax:
         before, after = form.before, form.after
         close = f" {special(form.closer)}" if form.closer else ""
         for i, tool in enumerate(tools):
-            head = json.dumps(f'{before}{{"name": {json.dumps(tool.name)}, "{self.arguments_key}": ')
+            head = f'{before}{{"name": {json.dumps(tool.name)}, "{self.arguments_key}": '
+            head = json.dumps(head.removeprefix(form.lead))
             tail = json.dumps("}" + after)
             rules.append(f"call_{i}: {head} args_{i} {tail}{close}")
             rules.append(f"args_{i}: %json {json.dumps(tool.parameters)}")
@@ -75,8 +78,12 @@ class ToolSyntax:
     def parse(self, region: str) -> list[ParsedCall]:
         """The calls in `region` (the text from the first opener on), the last maybe incomplete."""
         calls = []
-        openers = self.openers
-        pieces = re.split("|".join(map(re.escape, openers)), region)[1:] if openers else [region]
+        leads = {form.opener: form.lead for form in self.forms if form.opener}
+        if leads:  # the split keeps each opener (a group), so a piece gets back its form's lead
+            parts = re.split("(" + "|".join(map(re.escape, leads)) + ")", region)[1:]
+            pieces = [leads[opener] + piece for opener, piece in zip(parts[::2], parts[1::2])]
+        else:
+            pieces = [region]
         for piece in pieces:
             start = piece.find("{")
             while start >= 0:
@@ -129,9 +136,16 @@ def _loose(text: str, arguments_key: str) -> tuple[ParsedCall | None, int]:
 SYNTAXES: dict[Family, ToolSyntax] = {
     syntax.family: syntax
     for syntax in (
-        # Qwen2.5-Coder often writes its call as a ```json block instead: llama.cpp's parser takes it too.
+        # Qwen2.5-Coder often writes its call as a ```json block instead, llama.cpp's parser takes it
+        # too; or bare, in the doubled braces its own template shows it (`{{"name": <function-name>, …}}`).
         ToolSyntax(
-            "hermes", (Form("<tool_call>", "\n", "\n", "</tool_call>"), Form("```json\n", "", "\n```")), "arguments"
+            "hermes",
+            (
+                Form("<tool_call>", "\n", "\n", "</tool_call>"),
+                Form("```json\n", "", "\n```"),
+                Form('{{"name": "', "", "}", lead='{"name": "'),
+            ),
+            "arguments",
         ),
         ToolSyntax("llama3", (Form(""),), "parameters"),
         ToolSyntax("mistral", (Form("[TOOL_CALLS]", "[", "]"),), "arguments"),
