@@ -173,22 +173,27 @@ def _count_answers(verifier) -> np.ndarray:
     return counts
 
 
-def derive(source: Path, name: str, verifier=None) -> Path:
+def derive(source: Path, name: str, verifier=None, announce: Callable[[str], None] | None = None) -> Path:
     """The variant of `source` in the cache, made now if it is not there yet (a hot vocabulary is cut
-    from its base, which is made first, with the tokens `verifier` writes ranked first where given)."""
+    from its base, which is made first, with the tokens `verifier` writes ranked first where given);
+    `announce(text)` is told before anything is made."""
     from .llama.convert import DRAFT_VARIANTS, requantize
 
     base, n_hot = split(name)
     if n_hot is not None:
         path = derived_path(source, name, None if verifier is None else Path(verifier.path))
         if not all(p.is_file() for p in (path, hot_vocab.sidecar(path), hot_vocab.rows_file(path))):
+            if announce is not None:
+                announce(f"making the {name} draft (once; the verifier's answers are counted first)")
             counts = None if verifier is None else written_counts(verifier)
-            cut_from = source if base == ORIGINAL else derive(source, base)
+            cut_from = source if base == ORIGINAL else derive(source, base, announce=announce)
             hot_vocab.build(cut_from, path, n_hot=n_hot, counts=counts)
         return path
     path = derived_path(source, name)
     variant = DRAFT_VARIANTS[name]
     if not path.is_file():
+        if announce is not None:
+            announce(f"making the {name} draft (once)")
         requantize(source, path, ftype=variant.ftype, token_embedding=variant.token_embedding)
     return path
 
@@ -265,7 +270,8 @@ def choose(
     if requested == ORIGINAL:
         return DraftChoice(ORIGINAL, source, "--draft-variant original")
     if requested != AUTO:
-        return DraftChoice(requested, derive(source, requested, verifier), f"--draft-variant {requested}")
+        path = derive(source, requested, verifier, announce)
+        return DraftChoice(requested, path, f"--draft-variant {requested}")
     if source.stat().st_size < MIN_DERIVED_BYTES:
         return DraftChoice(ORIGINAL, source, "a small draft is used as given")
     key = tuning.draft_variant_key(source, verifier)

@@ -296,13 +296,15 @@ def prepare(
     *,
     keep_draft: bool = False,
     on_measure: Callable[[], None] | None = None,
+    on_announce: Callable[[str], None] | None = None,
     measure_now: bool = True,
 ) -> Prepared:
     """Load the pair and learn its costs here (now, unless `measure_now` is False: then on first
     need). The draft model loads unless nothing will draft with it (`--drafter ngram`, or `-k 0`
-    unless `keep_draft`: chat's /k can turn drafting on later)."""
+    unless `keep_draft`: chat's /k can turn drafting on later). `on_announce(text)` hears what is
+    made once before loading (a draft for this machine); without it, `on_measure` is called."""
     need_draft = DRAFTER_KINDS[drafting.drafter].needs_model and (keep_draft or not drafting.plain)
-    announce = None if on_measure is None else lambda _text: on_measure()
+    announce = on_announce or (None if on_measure is None else lambda _text: on_measure())
     verifier, draft, choice = load_models(resolved, load, need_draft=need_draft, announce=announce)
     prepared = Prepared(
         resolved=resolved,

@@ -109,6 +109,15 @@ def test_a_damaged_stored_choice_is_a_warning_and_measured_again(cache, tiny_ver
     verifier.close()
 
 
+def test_a_variant_by_name_is_announced_while_it_is_made_and_not_after(cache, tiny_verifier, tiny_draft):
+    verifier = _load(tiny_verifier)
+    said: list[str] = []
+    first = draft_variant.choose(verifier, tiny_draft, "q4_0", load=_load, announce=said.append)
+    again = draft_variant.choose(verifier, tiny_draft, "q4_0", load=_load, announce=said.append)
+    assert said == ["making the q4_0 draft (once)"] and first == again and first.path.is_file()
+    verifier.close()
+
+
 def test_a_small_draft_is_used_as_given(tiny_verifier, tiny_draft):
     verifier = _load(tiny_verifier)
     choice = draft_variant.choose(verifier, tiny_draft, "auto", load=_load)

@@ -326,6 +326,7 @@ def run_chat(
         drafting,
         keep_draft=True,
         on_measure=None if quiet else lambda: err_console.print(MEASURING, style="dim"),
+        on_announce=None if quiet else lambda text: err_console.print(text, style="dim"),
     )
     verifier, draft = prepared.verifier, prepared.draft
     if load.rpc and not quiet:

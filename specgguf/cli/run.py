@@ -50,6 +50,7 @@ def run_prompt(
         load,
         drafting,
         on_measure=None if quiet or json_output else lambda: err_console.print(MEASURING, style="dim"),
+        on_announce=None if quiet or json_output else lambda text: err_console.print(text, style="dim"),
         measure_now=False,  # a prompt that cannot be answered is refused first
     )
     verifier, draft = prepared.verifier, prepared.draft

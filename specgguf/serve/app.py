@@ -314,6 +314,7 @@ def run_server(
             drafting,
             keep_draft=True,  # a request may ask for drafting
             on_measure=lambda: err_console.print(MEASURING, style="dim"),
+            on_announce=lambda text: err_console.print(text, style="dim"),
         )
         if prepared.draft is None and DRAFTER_KINDS[drafting.drafter].needs_model:
             err_console.print(
