@@ -116,6 +116,18 @@ def common_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
     return n
 
 
+def fixed_drafts(tokens: list[int], step: DraftStep, source: Source) -> Drafts:
+    """Deterministic proposals (n-gram lookups, a grammar's forced tokens): when sampling, each
+    token's draft distribution is one-hot, q = 1 on it, as the acceptance rule needs."""
+    probs = []
+    if not step.settings.greedy:
+        for token in tokens:
+            one_hot = np.zeros(step.n_vocab)
+            one_hot[token] = 1.0
+            probs.append(one_hot)
+    return Drafts(tokens=tokens, probs=probs, source=source)
+
+
 def ingest(model: Model, prompt_tokens: Sequence[int]) -> None:
     """Bring a model's cache to prompt[:-1], keeping whatever prefix it already holds."""
     n_reused = common_prefix(model.cached, prompt_tokens[:-1])

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from .constraint import Constraint
-from .drafting import Drafter, Drafts, DraftStep, Source
+from .drafting import Drafter, Drafts, DraftStep, Source, fixed_drafts
 
 
 class ForcedDrafter:
@@ -35,13 +33,7 @@ class ForcedDrafter:
         forced = self.constraint.forced()[:k]
         if not forced:
             return self.inner.propose(context, k, step)
-        probs = []
-        if not step.settings.greedy:
-            for token in forced:
-                one_hot = np.zeros(step.n_vocab)
-                one_hot[token] = 1.0
-                probs.append(one_hot)
-        return Drafts(tokens=forced, probs=probs, source=self.source)
+        return fixed_drafts(forced, step, self.source)
 
     def sync(self, context: list[int]) -> None:
         self.inner.sync(context)

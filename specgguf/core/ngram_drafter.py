@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .drafting import Drafts, DraftStep, Source, common_prefix
+from .drafting import Drafts, DraftStep, Source, common_prefix, fixed_drafts
 from .ngram_cache import SessionNgrams
 
 
@@ -70,13 +70,7 @@ class NgramDrafter:
 
     def drafts(self, tokens: list[int], step: DraftStep) -> Drafts:
         """Deterministic proposals: when sampling, each a one-hot draft distribution."""
-        probs = []
-        if not step.settings.greedy:
-            for token in tokens:
-                one_hot = np.zeros(step.n_vocab)
-                one_hot[token] = 1.0
-                probs.append(one_hot)
-        return Drafts(tokens=tokens, probs=probs, source=self.source)
+        return fixed_drafts(tokens, step, self.source)
 
     def sync(self, context: list[int]) -> None:
         self.learn(context)
