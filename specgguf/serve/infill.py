@@ -21,7 +21,7 @@ from ..core.sampling import Penalties, SamplingSettings
 from ..prepare import KChoice, parse_k
 from .generator import Delta, Failed, Finished, GenerationRequest, Worker
 from .jobs import ClientGone, messages, started, whole
-from .protocol import ApiError, Speculative, parse_body, unsupported
+from .protocol import ApiError, Speculative, parse_body, sampling_from, unsupported
 from .shapes import timings
 
 
@@ -81,26 +81,17 @@ class InfillBody(_Body):
 def llama_sampling(options: Any, defaults: SamplingSettings, n_ctx: int) -> SamplingSettings:
     """Sampling from llama.cpp-style fields (llama-server's and Ollama's `options`): temperature, top_k,
     top_p (0: greedy), min_p, repeat/frequency/presence penalties and repeat_last_n (-1: the context)."""
-    temperature = defaults.temperature if options.temperature is None else options.temperature
-    top_p = defaults.top_p if options.top_p is None else options.top_p
-    if top_p == 0.0:
-        temperature, top_p = 0.0, 1.0
     last_n = defaults.penalties.last_n if options.repeat_last_n is None else options.repeat_last_n
-    try:
-        return SamplingSettings(
-            temperature=temperature,
-            top_k=defaults.top_k if options.top_k is None else options.top_k,
-            top_p=top_p,
-            min_p=defaults.min_p if options.min_p is None else options.min_p,
-            penalties=Penalties(
-                frequency=options.frequency_penalty or 0.0,
-                presence=options.presence_penalty or 0.0,
-                repeat=1.0 if options.repeat_penalty is None else options.repeat_penalty,
-                last_n=n_ctx if last_n == -1 else last_n,
-            ),
-        )
-    except ValueError as error:
-        raise ApiError(400, str(error)) from None
+    return sampling_from(
+        options,
+        defaults,
+        lambda: Penalties(
+            frequency=options.frequency_penalty or 0.0,
+            presence=options.presence_penalty or 0.0,
+            repeat=1.0 if options.repeat_penalty is None else options.repeat_penalty,
+            last_n=n_ctx if last_n == -1 else last_n,
+        ),
+    )
 
 
 def error_body(error: ApiError) -> dict:

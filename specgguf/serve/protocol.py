@@ -10,6 +10,7 @@ naming them, never a silent ignore.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -49,6 +50,26 @@ def unsupported(param: str, why: str = "") -> ApiError:
         param=param,
         code="unsupported_parameter",
     )
+
+
+def sampling_from(fields: Any, defaults: SamplingSettings, penalties: Callable[[], Penalties]) -> SamplingSettings:
+    """A request's `temperature`, `top_k`, `top_p` and `min_p` over the server's defaults (None: the
+    default; top_p 0: only the most likely token, greedy decoding) with `penalties()`; a value out
+    of range is a 400."""
+    temperature = defaults.temperature if fields.temperature is None else fields.temperature
+    top_p = defaults.top_p if fields.top_p is None else fields.top_p
+    if top_p == 0.0:
+        temperature, top_p = 0.0, 1.0
+    try:
+        return SamplingSettings(
+            temperature=temperature,
+            top_k=defaults.top_k if fields.top_k is None else fields.top_k,
+            top_p=top_p,
+            min_p=defaults.min_p if fields.min_p is None else fields.min_p,
+            penalties=penalties(),
+        )
+    except ValueError as error:
+        raise ApiError(400, str(error)) from None
 
 
 class _Strict(BaseModel):
@@ -152,20 +173,7 @@ class _Common(CommonIgnored, _Strict):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def sampling(self, defaults: SamplingSettings) -> SamplingSettings:
-        temperature = defaults.temperature if self.temperature is None else self.temperature
-        top_p = defaults.top_p if self.top_p is None else self.top_p
-        if top_p == 0.0:  # only the most likely token: greedy decoding
-            temperature, top_p = 0.0, 1.0
-        try:
-            return SamplingSettings(
-                temperature=temperature,
-                top_k=defaults.top_k if self.top_k is None else self.top_k,
-                top_p=top_p,
-                min_p=defaults.min_p if self.min_p is None else self.min_p,
-                penalties=self.penalties(defaults.penalties),
-            )
-        except ValueError as error:
-            raise ApiError(400, str(error)) from None
+        return sampling_from(self, defaults, lambda: self.penalties(defaults.penalties))
 
     def penalties(self, defaults: Penalties) -> Penalties:
         bias = tuple(sorted((int(token), value) for token, value in (self.logit_bias or {}).items()))
