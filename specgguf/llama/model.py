@@ -146,6 +146,18 @@ class LlamaModel:
     # --- the engine's protocol ---
     def eval(self, tokens: Sequence[int], *, n_logits: int) -> np.ndarray:
         """Append tokens to the cache in chunks of n_batch; logits only for the last n_logits."""
+        return self._append(tokens, n_logits, self._batch, None)
+
+    def eval_embeddings(self, tokens: Sequence[int], rows: np.ndarray, *, n_logits: int) -> np.ndarray:
+        """`eval`, with each position read as its row of `rows` (n, n_embd float32) instead of its token's
+        embedding (a hot-vocabulary draft reading a token it has no row for); the cache records `tokens`."""
+        if rows.shape != (len(tokens), self.n_embd):
+            raise ValueError(f"{rows.shape} embedding rows for {len(tokens)} tokens of width {self.n_embd}")
+        if self._embd_batch is None:
+            self._embd_batch = llama_cpp.llama_batch_init(self.n_batch, self.n_embd, 1)
+        return self._append(tokens, n_logits, self._embd_batch, np.ascontiguousarray(rows, dtype=np.float32))
+
+    def _append(self, tokens: Sequence[int], n_logits: int, batch: Any, rows: np.ndarray | None) -> np.ndarray:
         if self.n_past + len(tokens) > self.n_ctx:
             raise ContextFullError(f"context overflow: {self.n_past} + {len(tokens)} tokens > {self.n_ctx}")
         if n_logits > min(len(tokens), self.n_batch):
@@ -153,20 +165,7 @@ class LlamaModel:
         if self._governor is not None:
             self._follow_load(self._governor)
         started = time.perf_counter()
-        self._eval_chunks(tokens, n_logits, self._batch, None)
-        return self._logits(n_logits, started)
-
-    def eval_embeddings(self, tokens: Sequence[int], rows: np.ndarray, *, n_logits: int) -> np.ndarray:
-        """`eval`, with each position read as its row of `rows` (n, n_embd float32) instead of its token's
-        embedding (a hot-vocabulary draft reading a token it has no row for); the cache records `tokens`."""
-        if self.n_past + len(tokens) > self.n_ctx:
-            raise ContextFullError(f"context overflow: {self.n_past} + {len(tokens)} tokens > {self.n_ctx}")
-        if rows.shape != (len(tokens), self.n_embd) or n_logits > min(len(tokens), self.n_batch):
-            raise ValueError(f"{rows.shape} embedding rows, {n_logits} logits rows for {len(tokens)} tokens")
-        if self._embd_batch is None:
-            self._embd_batch = llama_cpp.llama_batch_init(self.n_batch, self.n_embd, 1)
-        started = time.perf_counter()
-        self._eval_chunks(tokens, n_logits, self._embd_batch, np.ascontiguousarray(rows, dtype=np.float32))
+        self._eval_chunks(tokens, n_logits, batch, rows)
         return self._logits(n_logits, started)
 
     def _eval_chunks(self, tokens: Sequence[int], n_logits: int, batch: Any, rows: np.ndarray | None) -> None:
