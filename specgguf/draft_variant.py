@@ -200,9 +200,17 @@ def derive(source: Path, name: str, verifier=None, announce: Callable[[str], Non
 
 def open_draft(path: Path, load: Callable[[Path], Any]) -> Any:
     """The draft model at `path`; a hot-vocabulary file is seen over the whole vocabulary."""
-    model = load(path)
     maps = hot_vocab.load_maps(path)
-    return model if maps is None else HotVocab(model, maps.ids, maps.feed, maps.rows)
+    model = load(path)
+    if maps is None:
+        return model
+    if maps.rows is not None and maps.rows.n_embd != getattr(model, "n_embd", maps.rows.n_embd):
+        model.close()
+        table = hot_vocab.rows_file(path)
+        raise ModelLoadError(
+            f"{table}: rows of {maps.rows.n_embd}, not the model's {model.n_embd}; delete it to rebuild"
+        )
+    return HotVocab(model, maps.ids, maps.feed, maps.rows)
 
 
 def _acceptance(verifier, draft) -> float:

@@ -272,6 +272,12 @@ def test_a_damaged_id_map_is_one_clear_error(cache, wide_pair):
     np.save(hot_vocab.rows_file(path), np.zeros((100, 8), dtype=np.uint8))
     with pytest.raises(ModelLoadError, match="100 rows for 2048 tokens"):
         hot_vocab.load_maps(path)
+    np.save(hot_vocab.rows_file(path), np.zeros((2048, 8), dtype=np.float64))  # not rows as stored
+    with pytest.raises(ModelLoadError, match="not an embedding table"):
+        hot_vocab.load_maps(path)
+    np.save(hot_vocab.rows_file(path), np.zeros((2048, 12), dtype=np.uint8))  # rows 3 wide, the model's are not
+    with pytest.raises(ModelLoadError, match="rows of 3, not the model's"):
+        draft_variant.open_draft(path, _load)
 
 
 def test_hot_variants_are_named_by_size(cache, tiny_draft):

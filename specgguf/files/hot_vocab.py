@@ -77,9 +77,11 @@ class EmbeddingRows:
         except (OSError, ValueError) as error:
             raise ModelLoadError(f"{path}: not an embedding table ({error}); delete it to rebuild") from None
         self._dequantize = gguf.quants.dequantize
-        if self._raw.ndim != 2:
+        block, block_bytes = gguf.GGML_QUANT_SIZES[self._type]
+        if self._raw.ndim != 2 or self._raw.dtype != np.uint8 or self._raw.shape[1] % block_bytes:
             raise ModelLoadError(f"{path}: not an embedding table (shape {self._raw.shape}); delete it to rebuild")
         self.n_vocab = self._raw.shape[0]
+        self.n_embd = self._raw.shape[1] // block_bytes * block  # the width of a dequantized row
 
     def __call__(self, tokens: list[int]) -> np.ndarray:
         """float32 rows, one per token, in order."""
@@ -148,10 +150,12 @@ def build(source: Path, destination: Path, *, n_hot: int, counts: np.ndarray | N
     for _, data in tensors:
         writer.write_tensor_data(np.ascontiguousarray(data), tensor_endianess=reader.endianess)
     writer.close()
-    embedding = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embedding is None:
+        raise ModelLoadError(f"{source.name}: no token_embd.weight tensor; a hot vocabulary needs it")
     table = rows_file(destination)
     partial_table = table.with_name(table.name + ".incomplete.npy")
-    np.save(partial_table, np.asarray(embedding.data))
+    np.save(partial_table, np.ascontiguousarray(embedding.data).view(np.uint8))  # rows as stored, as bytes
     maps = sidecar(destination)
     partial_maps = maps.with_name(maps.name + ".incomplete.npz")
     np.savez(partial_maps, ids=ids, feed=feed_map(tokens, ids), row_type=int(embedding.tensor_type))
