@@ -52,15 +52,23 @@ for i in range(int(sys.argv[2])):
 """
 
 
-def test_two_processes_storing_at_once_keep_every_entry(config_home):
+def _store_at_once(count: int) -> list[tuple[int, bytes]]:
+    """Two processes storing `count` entries each into tuning.json at once: their (exit code, stderr)."""
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     writers = [
-        subprocess.Popen([sys.executable, "-c", STORE_MANY, name, "150"], env=env, stderr=subprocess.PIPE)
+        subprocess.Popen([sys.executable, "-c", STORE_MANY, name, str(count)], env=env, stderr=subprocess.PIPE)
         for name in ("a", "b")
     ]
+    results = []
     for writer in writers:
         _, stderr = writer.communicate(timeout=120)
-        assert writer.returncode == 0, stderr
+        results.append((writer.returncode, stderr))
+    return results
+
+
+def test_two_processes_storing_at_once_keep_every_entry(config_home):
+    for returncode, stderr in _store_at_once(150):
+        assert returncode == 0, stderr
     from specgguf import tuning
 
     entries = json.loads(tuning.tuning_path().read_text())[tuning.machine_id()]
@@ -72,14 +80,8 @@ def test_a_damaged_file_moved_aside_by_two_processes_at_once_fails_neither(confi
     from specgguf import tuning
 
     tuning.tuning_path().write_text("{damaged")
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    writers = [
-        subprocess.Popen([sys.executable, "-c", STORE_MANY, name, "3"], env=env, stderr=subprocess.PIPE)
-        for name in ("a", "b")
-    ]
-    for writer in writers:
-        _, stderr = writer.communicate(timeout=120)
-        assert writer.returncode == 0 and b"Traceback" not in stderr, stderr
+    for returncode, stderr in _store_at_once(3):
+        assert returncode == 0 and b"Traceback" not in stderr, stderr
     assert len(json.loads(tuning.tuning_path().read_text())[tuning.machine_id()]) == 6
     assert tuning.tuning_path().with_name("tuning.json.damaged").read_text() == "{damaged"
 
