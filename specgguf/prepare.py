@@ -249,6 +249,24 @@ class Prepared:
         )
 
 
+def draft_loader(options: LoadOptions) -> Callable[[Path], Any]:
+    """How a draft file loads with these options: its own GPU layers, on the RPC workers only with
+    --rpc-draft (the original, and whichever variant --draft-variant chooses)."""
+    from .llama.model import LlamaModel
+
+    def load_draft(path: Path) -> Any:
+        return LlamaModel(
+            path,
+            n_ctx=options.n_ctx,
+            n_threads=options.n_threads,
+            n_gpu_layers=options.n_gpu_layers_draft,
+            rpc_workers=options.rpc if options.rpc_draft else (),
+            rpc_timeout=options.rpc_timeout,
+        )
+
+    return load_draft
+
+
 def load_models(
     resolved: ResolvedPair, options: LoadOptions, *, need_draft: bool, announce: Callable[[str], None] | None = None
 ) -> tuple[Any, Any | None, DraftChoice | None]:
@@ -267,17 +285,7 @@ def load_models(
     )
     if not need_draft or resolved.draft is None:
         return verifier, None, None
-
-    def load_draft(path: Path) -> Any:
-        return LlamaModel(
-            path,
-            n_ctx=options.n_ctx,
-            n_threads=options.n_threads,
-            n_gpu_layers=options.n_gpu_layers_draft,
-            rpc_workers=options.rpc if options.rpc_draft else (),
-            rpc_timeout=options.rpc_timeout,
-        )
-
+    load_draft = draft_loader(options)
     original = load_draft(resolved.draft)  # the user's file: it must pair before anything is derived from it
     ensure_compatible(verifier.vocab_info(), original.vocab_info())
     if options.rpc and options.draft_variant == AUTO:

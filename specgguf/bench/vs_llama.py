@@ -34,7 +34,7 @@ from ..core.sampling import SamplingSettings
 from ..draft_variant import ORIGINAL, choose, open_draft
 from ..errors import SpecggufError, UsageError
 from ..llama.threads import usable_cores
-from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, prepare
+from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, draft_loader, prepare
 from .command import BenchPlan, BenchTarget, run_progress, says
 from .llama_tools import LlamaTools, ToolRun, ToolSettings, run_plain, run_speculative
 from .measure import PROMPTS, generate
@@ -246,14 +246,9 @@ def _compare_target(
 
 def _default_side(prepared: Prepared, load: LoadOptions, progress: Callable[[str | None], None]) -> Prepared:
     """The pair as `run` loads it: the same verifier, the draft --draft-variant chooses."""
-    from ..llama.model import LlamaModel
-
     if prepared.draft is None or prepared.resolved.draft is None:
         return prepared
-
-    def load_draft(path):
-        return LlamaModel(path, n_ctx=load.n_ctx, n_threads=load.n_threads)
-
+    load_draft = draft_loader(load)
     choice = choose(prepared.verifier, prepared.resolved.draft, load.draft_variant, load=load_draft, announce=progress)
     if choice.name == ORIGINAL:
         return dataclasses.replace(prepared, draft_choice=choice)
