@@ -14,6 +14,7 @@ import specgguf.core.engine
 from fakes import FakeModel, TableConstraint
 from specgguf.core.costs import MachineCosts
 from specgguf.core.engine import FixedK, speculate
+from specgguf.core.hot_vocab import HotVocab
 from specgguf.core.hybrid_drafter import HybridDrafter
 from specgguf.core.kpolicy import PolicyConfig, adaptive_policy
 from specgguf.core.model_drafter import ModelDrafter
@@ -43,10 +44,24 @@ def _table(seed):
 TARGET, DRAFT = _table(11), _table(25)  # the draft under-proposes 0 somewhere: a residual 0 starts a forced step
 
 
+# Drafts that cannot score token 3, which the grammar forces after a 0: one whose vocabulary is a
+# token short, and a hot-vocabulary draft over tokens 0, 1, 2 (3 read as 0). Their rows there have
+# no finite entry under the mask, so their drafts end there.
+HOT_IDS, HOT_FEED = np.array([0, 1, 2]), np.array([0, 1, 2, 0])
+
+
+def _short_draft(next_logits):
+    small = FakeModel(lambda context: next_logits(context)[: VOCAB - 1], n_vocab=VOCAB - 1)
+    return small, HotVocab(FakeModel(lambda context: next_logits(context)[HOT_IDS], n_vocab=3), HOT_IDS, HOT_FEED)
+
+
 def _drafter(kind):
     draft = FakeModel(lambda context: DRAFT[context[-1]], n_vocab=VOCAB)
     if kind == "model":
         return ModelDrafter(draft)
+    if kind in ("smaller", "hot"):
+        smaller, hot = _short_draft(lambda context: DRAFT[context[-1]])
+        return ModelDrafter(smaller if kind == "smaller" else hot)
     if kind == "ngram":
         return NgramDrafter(min_ngram=1)
     return HybridDrafter(ModelDrafter(draft), NgramDrafter(min_ngram=1), min_match=2)
@@ -106,6 +121,8 @@ EXPECTED_SOURCES = {
     "model": {"model", "grammar"},
     "ngram": {"ngram", "grammar"},
     "hybrid": {"model", "ngram", "grammar"},
+    "smaller": {"model", "grammar"},
+    "hot": {"model", "grammar"},
     "plain": set(),
 }
 CHEAP_DRAFTS = MachineCosts((0.03, 0.04, 0.05, 0.06), draft=0.001)
@@ -120,8 +137,10 @@ CHEAP_DRAFTS = MachineCosts((0.03, 0.04, 0.05, 0.06), draft=0.001)
         ("hybrid", FixedK(3)),
         ("hybrid", adaptive_policy("hybrid", CHEAP_DRAFTS, PolicyConfig(k_max=3, k_min=1))),
         ("model", FixedK(0)),
+        ("smaller", FixedK(3)),
+        ("hot", FixedK(3)),
     ],
-    ids=["model", "ngram", "hybrid", "hybrid-adaptive", "plain"],
+    ids=["model", "ngram", "hybrid", "hybrid-adaptive", "plain", "smaller-vocab", "hot-vocab"],
 )
 def test_sampled_answers_under_a_grammar_follow_masked_plain_decodings_law(kind, policy):
     p_value, sources = _p_value(kind, policy, seed=21)
@@ -217,3 +236,48 @@ def test_a_prompt_lookup_draft_is_cut_at_its_first_forbidden_token():
         )
     )
     assert events[0].n_drafted == 0 and events[0].tokens[0] != 2
+
+
+def _masked_greedy(target, n):
+    expected, state, previous = [], 0, PROMPT[-1]
+    for _ in range(n):
+        allowed = sorted(ALLOWED[state])
+        token = allowed[int(np.argmax(target[previous, allowed]))]
+        expected.append(token)
+        state, previous = _step(state, token), token
+    return expected
+
+
+@pytest.mark.parametrize("kind", ["smaller", "hot"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_draft_that_cannot_score_what_the_grammar_allows_ends_its_draft_there(kind, temperature):
+    """The draft likes 0 best; after a 0 the grammar allows only 3, which it has no logit for: its
+    chain stops there (it drafted token 0 at T = 0, failed on an empty pool at T > 0)."""
+    verifier = FakeModel(lambda context: GREEDY_TARGET[context[-1]], n_vocab=VOCAB)
+    settings = SamplingSettings(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0)
+    rng = np.random.default_rng(5)
+    support, chains = _masked_law() > 0, []
+    for _ in range(1 if temperature == 0.0 else 200):
+        draft = _short_draft(lambda context: np.log([0.7, 0.1, 0.1, 0.1]))[kind == "hot"]
+        grammar = _grammar()
+        events = list(
+            speculate(
+                verifier=verifier,
+                drafter=ModelDrafter(draft),
+                prompt_tokens=PROMPT,
+                k=FixedK(3),
+                max_tokens=LENGTH if temperature else 12,
+                settings=settings,
+                rng=rng,
+                constraint=grammar,
+            )
+        )
+        output = [t for event in events for t in event.tokens]
+        chains += [event.accepted + event.rejected for event in events if event.draft_source == "model"]
+        assert grammar.states[1:] == _states(output)
+        if temperature == 0.0:
+            assert output == _masked_greedy(GREEDY_TARGET, 12)  # the verifier's masked argmax per step
+        else:
+            assert support[tuple(output)]
+    assert any(0 in chain for chain in chains)  # it drafted a 0 ...
+    assert all(0 not in chain[:-1] for chain in chains)  # ... and nothing after it

@@ -74,8 +74,12 @@ class ModelDrafter:
             if step.constraint is not None:
                 drafts.masks.append(step.constraint.allowed())
                 logits = mask_logits(logits, drafts.masks[-1])
+            # A row with no finite entry (a grammar that allows only tokens this draft cannot score:
+            # a hot vocabulary, a smaller vocabulary) ends the draft: q is undefined, nothing is proposed.
             if step.settings.greedy:
                 token = int(np.argmax(logits))
+                if logits[token] == -np.inf:
+                    break
                 total = np.exp(logits - logits[token]).sum()
                 top_prob, draft_probs = float(1.0 / total), None
                 if step.branch is not None:  # a scan of the vocabulary, only when trees may use it
@@ -84,6 +88,8 @@ class ModelDrafter:
                     runner_up = float(np.exp(logits[runner] - logits[token]) / total)
             else:
                 support, weights = sparse_distribution(logits, step.settings)
+                if not support.size:
+                    break
                 token = int(support[sample_token(weights, step.rng)])
                 top_prob = float(weights.max())
                 runner_up = float(np.partition(weights, -2)[-2]) if len(weights) > 1 else 0.0

@@ -114,11 +114,14 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 def sparse_distribution(logits: np.ndarray, settings: SamplingSettings) -> tuple[np.ndarray, np.ndarray]:
     """One logits row -> (token ids, their probabilities): the support of the processed
-    distribution, which the chain keeps small (top-k), so draws need not scan the vocabulary."""
+    distribution, which the chain keeps small (top-k), so draws need not scan the vocabulary.
+    A row with no finite entry has an empty support (a draft that cannot score any token allowed there)."""
     # Masked entries (-inf: a grammar's forbidden tokens, tokens a draft cannot propose) never
     # survive; set aside first, as a partition over many equal values is slow (24 ms, not 1).
     finite = np.isfinite(logits)
     pool = None if finite.all() else np.flatnonzero(finite)
+    if pool is not None and not pool.size:
+        return pool, np.zeros(0)
     values = logits if pool is None else logits[pool]
     n_values = values.shape[0]
     # top-k: keep the k largest logits (0 disables).
