@@ -38,8 +38,8 @@ def _models(verifier_choice=counting, draft_choice=counting, *, n_ctx=256):
     return verifier, draft
 
 
-def _run(verifier, draft, *, k, max_tokens=20, prompt=(1,), settings=GREEDY, seed=0):
-    drafter = ModelDrafter(draft) if draft is not None else None
+def _run(verifier, draft, *, k, max_tokens=20, prompt=(1,), settings=GREEDY, seed=0, kind="model"):
+    drafter = _drafter(kind, draft) if draft is not None else None
     events = list(
         speculate(
             verifier=verifier,
@@ -91,7 +91,7 @@ def test_all_accepted_gives_a_bonus_token_and_the_draft_catches_up():
     assert [len(event.tokens) for event in events] == [5, 5, 5]
     assert all(event.n_accepted == 4 and not event.rejected for event in events)
     # The draft never saw its 4th draft; it arrives with the bonus token in one call.
-    assert draft.eval_calls[5] == [tokens[3], tokens[4]]  # after [], [1], [2], [3], [4]
+    assert draft.eval_calls[4] == [tokens[3], tokens[4]]  # after [1], [2], [3], [4]
 
 
 def test_eos_inside_an_accepted_draft_ends_generation():
@@ -131,7 +131,40 @@ def test_k_zero_and_no_draft_decode_with_the_verifier_alone():
         assert tokens == _plain_greedy(counting, [1], 6)
         assert all(event.n_drafted == 0 for event in events) and len(events) == 6
         if draft_model is not None:
-            assert draft_model.eval_calls == [[]]  # prompt minus its last token: nothing else
+            assert draft_model.eval_calls == []  # never asked to draft: it reads nothing, not even the prompt
+
+
+class ModelLater(FixedK):
+    """K 0 for the draft model for the first `n_plain` steps (it cannot win here), then `k`; the
+    n-gram drafter's steps always get `k`."""
+
+    def __init__(self, k, n_plain):
+        super().__init__(k)
+        self.n_plain, self.n_steps = n_plain, 0
+
+    def choose(self, source="model"):
+        return self.k if source != "model" or self.n_steps >= self.n_plain else 0
+
+    def observe(self, event):
+        self.n_steps += 1
+
+
+@pytest.mark.parametrize("kind", ["model", "hybrid"])
+def test_the_draft_model_reads_nothing_until_it_drafts_then_catches_up_on_the_whole_context(kind):
+    prompt = (1, 2, 3, 4, 5, 6)  # counting: the n-gram side finds matches once the count wraps
+    verifier, draft = _models(draft_choice=sometimes_wrong)
+    never, _ = _run(verifier, draft, k=ModelLater(3, n_plain=10**6), max_tokens=20, prompt=prompt, kind=kind)
+    assert draft.eval_calls == []  # the draft model was never picked: it evaluated nothing
+    assert kind == "model" or any(event.draft_source == "ngram" for event in never)
+    verifier, draft = _models(draft_choice=sometimes_wrong)
+    events, tokens = _run(verifier, draft, k=ModelLater(3, n_plain=2), max_tokens=30, prompt=prompt, kind=kind)
+    assert tokens == _plain_greedy(counting, prompt, 30)
+    first = next(i for i, event in enumerate(events) if event.draft_source == "model")
+    context = [*prompt, *(token for event in events[:first] for token in event.tokens)]
+    # Its first call reads the whole context but the newest token (which its first draft row takes).
+    assert draft.eval_calls[0] == context[:-1] and draft.eval_calls[1] == context[-1:]
+    assert events[first].draft_catchup_seconds > 0 and not any(event.draft_catchup_seconds for event in events[:first])
+    assert draft.cached == [*prompt, *tokens][: draft.n_past]  # and after: a prefix of the context
 
 
 def test_max_tokens_is_exact():

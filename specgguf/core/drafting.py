@@ -85,7 +85,8 @@ class Drafter(Protocol):
     source: Source
 
     def prepare(self, prompt_tokens: Sequence[int]) -> None:
-        """Ingest the prompt (all but its last token) before the first step."""
+        """Before the first step: take the prompt in (all but its last token), or note that a
+        draft model is to catch up on it when it first drafts (model_drafter.py)."""
 
     def room(self, context_length: int) -> int:
         """How many tokens it can still propose after a context of this length."""

@@ -143,9 +143,10 @@ def speculate(
         drafter = ForcedDrafter(drafter, constraint)
     policy = FixedK(k) if isinstance(k, int) else k
     start = time.perf_counter()
-    # Every cache holds all of the context but its newest token, which rides in
-    # the next batch: the verifier never spends a forward pass on it alone.
-    # What a cache already holds of the prompt (an earlier chat turn) is kept.
+    # The verifier's cache holds all of the context but its newest token, which rides in
+    # the next batch: it never spends a forward pass on it alone. What a cache already
+    # holds of the prompt (an earlier chat turn) is kept. A draft model catches up only
+    # when it is about to draft (model_drafter.py).
     ingest(verifier, prompt_tokens)
     drafter.prepare(prompt_tokens)
     prefill_seconds = time.perf_counter() - start

@@ -1,6 +1,10 @@
 """`ModelDrafter`: a small draft model proposes the chain (and, for draft trees, its runner-ups),
 with llama.cpp's early stop (`--draft-p-min`: stop proposing when the draft's top probability
-falls below p_min, after at least `n_min` tokens)."""
+falls below p_min, after at least `n_min` tokens).
+
+The draft model reads the context lazily: only when it is about to draft (`propose`) does it catch
+up on what it has not seen (the prompt, plain steps, another drafter's steps), so an answer it
+never drafts for (K 0, a K policy that finds it cannot win, n-gram steps) costs it nothing."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .drafting import Drafts, DraftStep, Source, common_prefix, ingest
+from .drafting import Drafts, DraftStep, Source, common_prefix
 from .model import Model
 from .sampling import apply_penalties, mask_logits, sample_token, sparse_distribution
 
@@ -33,8 +37,9 @@ class ModelDrafter:
         self._agreed = 0  # the cache matched the context this far at the last sync
 
     def prepare(self, prompt_tokens: Sequence[int]) -> None:
-        ingest(self.model, prompt_tokens)
-        self._agreed = self.model.n_past
+        # Nothing is read here: `propose` catches up. The cache may hold another answer's tokens
+        # (an earlier turn, another conversation): the first sync keeps what it shares.
+        self._agreed = 0
 
     def room(self, context_length: int) -> int:
         # It evaluates its pending tokens plus every draft but the last.
@@ -50,8 +55,9 @@ class ModelDrafter:
         step: DraftStep,
     ) -> Drafts:
         drafts = Drafts(source=self.source)
+        self.sync(context)  # the cache may hold tokens the context does not (see `prepare`)
         feed = context[self.model.n_past :]
-        if len(feed) > 2:  # after plain steps (or another drafter's): not a cost of drafting itself
+        if len(feed) > 2:  # the prompt, plain steps, another drafter's: not a cost of drafting itself
             start = time.perf_counter()
             self.model.eval(feed[:-1], n_logits=0)
             drafts.catchup_seconds = time.perf_counter() - start
