@@ -75,6 +75,16 @@ class FakeModel:
     def is_eog(self, token: int) -> bool:
         return token in self.eog
 
+    def save_state(self) -> tuple[bytes, list[int]]:
+        """As LlamaModel's (the server's cache slots): the "cache" as bytes, and its tokens."""
+        return np.asarray(self.cached, dtype=np.int64).tobytes(), list(self.cached)
+
+    def load_state(self, state: bytes, tokens: list[int]) -> None:
+        """Restore `save_state`'s; refuses a token list that is not the one the state holds."""
+        assert np.frombuffer(state, dtype=np.int64).tolist() == list(tokens), "state and tokens disagree"
+        self.pending_tree = None
+        self.cached = list(tokens)
+
 
 def one_hot_logits(choice: Callable[[list[int]], int], n_vocab: int) -> Callable[[list[int]], np.ndarray]:
     """Logits that make `choice(context)` the greedy pick, by a clear margin."""

@@ -3,7 +3,15 @@ their new tokens from the second turn on, and answer exactly as with one cache."
 
 from __future__ import annotations
 
+import numpy as np
+
+from fakes import FakeModel, one_hot_logits
 from live_server import live_server
+from specgguf.core.engine import speculate
+from specgguf.core.hot_vocab import HotVocab
+from specgguf.core.model_drafter import ModelDrafter
+from specgguf.core.sampling import SamplingSettings
+from specgguf.serve.cache_slots import CacheSlots
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 
@@ -54,3 +62,54 @@ def test_two_alternating_clients_reread_only_their_new_tokens(tiny_verifier, tin
     # With one cache, each client evicts the other: from the second turn on, all but the shared
     # system prompt is read again.
     assert all(cached < previous[0] for (_, cached, _, _), previous in zip(evicting["A"][1:], evicting["A"]))
+
+
+# --- a hot-vocabulary draft parked and restored (in process, fakes) ------------------------------
+
+HOT_IDS = np.arange(8)  # the draft scores tokens 0..7; 8 and 9 are read as 0
+HOT_FEED = np.array([0, 1, 2, 3, 4, 5, 6, 7, 0, 0])
+GREEDY = SamplingSettings(temperature=0.0)
+
+
+def _counting(context):
+    return context[-1] % 9 + 1  # 1, 2, ..., 9, 1, ...: 8 and 9 are outside the hot set
+
+
+def _answer(verifier, draft, prompt, n=8):
+    events = speculate(
+        verifier=verifier,
+        drafter=ModelDrafter(draft),
+        prompt_tokens=prompt,
+        k=3,
+        max_tokens=n,
+        settings=GREEDY,
+        rng=np.random.default_rng(0),
+    )
+    return [token for event in events for token in event.tokens]
+
+
+def test_a_hot_vocabulary_draft_restored_from_a_slot_holds_the_very_tokens_it_had():
+    verifier = FakeModel(one_hot_logits(_counting, 10), n_vocab=10)
+    inner = FakeModel(lambda context: one_hot_logits(_counting, 10)(context)[HOT_IDS], n_vocab=8)
+    draft = HotVocab(inner, HOT_IDS, HOT_FEED)
+    slots = CacheSlots(None, [verifier, draft], n_slots=2)  # prompts as tokens: no text memory used
+    first = [5, 6, 7]
+    slots.select(first)
+    answer = _answer(verifier, draft, first)
+    held = list(draft.cached)
+    assert held and 8 in held  # a cold token in the draft's cache
+    other = [2, 1, 2]
+    slots.select(other)  # another conversation: the first is parked
+    _answer(verifier, draft, other)
+    follow_up = [*first, *answer, 4]
+    slots.select(follow_up)  # the first is restored, the draft's cache with it
+    assert slots.n_swaps == 1
+    assert draft.cached == held and inner.cached == HOT_FEED[held].tolist()
+    n_calls = len(inner.eval_calls)
+    expected = [*follow_up]
+    for _ in range(8):
+        expected.append(_counting(expected))
+    assert _answer(verifier, draft, follow_up) == expected[len(follow_up) :]  # the verifier's argmax
+    # It read only what its restored cache lacked (a catch-up, then its first draft row's token).
+    first_reads = inner.eval_calls[n_calls] + inner.eval_calls[n_calls + 1]
+    assert first_reads == HOT_FEED[follow_up[len(held) :]].tolist()

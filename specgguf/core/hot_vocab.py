@@ -7,7 +7,8 @@ propose, the draft is rejected there and the verifier's token is drawn from max(
 A context token outside the hot set is fed as its own embedding row (`rows`, the whole table of
 the file it was cut from) through the model's `eval_embeddings`, so the draft reads the text as it
 is; a tree's batch, or a model without rows, reads it through `feed` (verifier id -> draft id), the
-file's near-miss map.
+file's near-miss map. The server's cache slots park and restore it through `save_state` and
+`load_state`, which keep the file's cache and this view's token list together.
 """
 
 from __future__ import annotations
@@ -78,6 +79,17 @@ class HotVocab:
     def rewind(self, n_past: int) -> None:
         self.model.rewind(n_past)
         del self.cached[n_past:]
+
+    def save_state(self) -> tuple[bytes, list[int]]:
+        """The file's saved cache (its own `save_state`), with the tokens as the loop sees them."""
+        state, _ = self.model.save_state()  # type: ignore[attr-defined]  # LlamaModel's, beyond the protocol
+        return state, list(self.cached)
+
+    def load_state(self, state: bytes, tokens: list[int]) -> None:
+        """Restore what `save_state` gave: the file's cache under its own ids, this view's token list."""
+        self.model.load_state(state, self._draft_ids(tokens))  # type: ignore[attr-defined]
+        self.cached = list(tokens)
+        self._pending = []
 
     def clear(self) -> None:
         """Empty the whole cache (LlamaModel's `clear`, beyond the protocol; else a rewind)."""
