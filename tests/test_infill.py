@@ -146,6 +146,22 @@ def test_models_without_fim_tokens_and_bad_bodies_get_400s(tiny_verifier, server
         assert http.post("/v1/completions", json={"prompt": "the cat", "max_tokens": 2}).status_code == 200
 
 
+def test_an_infill_between_chat_turns_leaves_the_parked_chat_in_its_slot(fim_model):
+    """The editor-plus-chat case --cache-slots is for: a FIM request resets only the live cache's
+    text memory; the chat it parked is restored for its next turn (it cleared every slot)."""
+    args = ("-m", fim_model, "--drafter", "ngram", "-k", "4", "-c", "1024", "-t", "1", "--cache-slots", "2")
+    with live_server(*args) as live, live.http() as http:
+        client = live.client()
+        messages = [{"role": "user", "content": "the cat and the dog"}]
+        first = client.chat.completions.create(model="coder", messages=messages, max_tokens=6, temperature=0)
+        assert http.post("/infill", json={**LLAMA_VSCODE, "temperature": 0}).status_code == 200
+        messages += [{"role": "assistant", "content": first.choices[0].message.content}]
+        messages += [{"role": "user", "content": "and then?"}]
+        second = client.chat.completions.create(model="coder", messages=messages, max_tokens=6, temperature=0)
+    assert first.usage is not None and second.usage is not None and second.usage.prompt_tokens_details is not None
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+
+
 @pytest.mark.qwen
 def test_ngram_drafts_learn_from_the_extra_chunks_with_the_default_pair(qwen_pair):
     verifier, _ = qwen_pair

@@ -84,6 +84,11 @@ class CacheSlots:
     def remember(self, text: str, tokens: list[int], *, special: bool) -> None:
         self.live.remember(text, tokens, special=special)
 
+    def forget_live(self) -> None:
+        """After a prompt no text stands for (FIM, token ids): the live conversation's text memory
+        goes (the caches still reuse their common token prefix); the parked ones stay."""
+        self.live.forget()
+
     def forget(self) -> None:
         """After a failure: nothing cached can be trusted."""
         self.live.forget()

@@ -330,7 +330,7 @@ class Worker:
         if request.prompt_tokens is None and request.fim is None:
             self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
         else:  # no text stands for these tokens (the caches still reuse their common prefix)
-            self.prompts.forget()
+            self.prompts.forget_live()
         finished = _finished(job, prompt, n_cached, answer, calls, opener, generation)
         if self.metrics is not None:
             self.metrics.observe(finished)
