@@ -263,6 +263,27 @@ def test_a_hot_vocabulary_draft_is_lossless(cache, wide_pair):
     draft.close()
 
 
+def test_a_hot_vocabulary_draft_parked_and_restored_reads_on_as_if_it_never_moved(cache, wide_pair):
+    """The cache slots' save_state/load_state through the hot view: the file's cache and the view's
+    token list come back together, and the next row is the one an unmoved cache gives."""
+    path = hot_vocab.build(wide_pair[1], cache / "hot.gguf", n_hot=1024)
+    draft = draft_variant.open_draft(path, _load)
+    assert isinstance(draft, HotVocab)
+    cold = [token for token in range(3, 2048) if draft.ids[draft.feed[token]] != token][:4]
+    context = [1, 40, *cold, 41, 42, 43]  # cold tokens in the cache: fed as their own embedding rows
+    draft.eval(context[:-1], n_logits=0)
+    state = draft.save_state()
+    draft.rewind(0)
+    draft.eval([1, 50, 51, 52], n_logits=0)  # another conversation
+    draft.load_state(*state)
+    assert draft.cached == context[:-1]
+    restored = draft.eval(context[-1:], n_logits=1)
+    draft.rewind(0)
+    unmoved = draft.eval(context, n_logits=1)
+    np.testing.assert_allclose(restored, unmoved, atol=1e-3)
+    draft.close()
+
+
 def test_a_damaged_id_map_is_one_clear_error(cache, wide_pair):
     path = hot_vocab.build(wide_pair[1], cache / "hot.gguf", n_hot=1024)
     np.savez(hot_vocab.sidecar(path), ids=np.array([5000]), feed=np.zeros(2048, dtype=np.int64))
