@@ -137,7 +137,7 @@ def main() -> None:
     start = time.perf_counter()
     spec.compile()
     print(f"schema compiled in {(time.perf_counter() - start) * 1000:.1f} ms")
-    tokens = model.tokenize(json.dumps(ANSWER, separators=(",", ":")), special=False)  # compact, as the grammar writes
+    tokens = model.tokenize(json.dumps(ANSWER, separators=(",", ":")), special=False)  # compact: a layout it takes
     tokens = tokens[1:] if tokens and not model.token_bytes(tokens[0]) else tokens
     mask_ms, advance_ms, forced_ms, plain_ms = [], [], [], []
     for _ in range(args.repeats):

@@ -30,7 +30,15 @@ GRAMMAR_KINDS: dict[GrammarKind, str] = {
     "lark": "a Lark grammar (llguidance's syntax)",
     "regex": "text that matches a regular expression",
 }
-JSON_OPTIONS: Any = {"whitespace_flexible": False}
+# Where JSON allows whitespace, the model writes its own (on one line, or pretty-printed): a grammar
+# masks what the schema forbids, it does not choose a spelling (forcing `{"a":1}` on a model that
+# writes `{"a": 1}` pushes it off its own distribution, values included). Bounded as llama.cpp's
+# schema converter bounds it (`| " " | "\n"{1,2} [ \t]{0,20}`), so a model cannot wander off into
+# whitespace: at one place nothing, one space, or one or two line breaks and an indent of up to 20.
+WHITESPACE = r"(?: |\n{1,2}[ \t]{0,20})?"
+# llguidance's JSON options (its docs/json_schema.md); oneOf is read as anyOf, as vLLM does, rather
+# than refusing the schemas (pydantic's unions) whose branches it cannot prove disjoint.
+JSON_OPTIONS: Any = {"whitespace_pattern": WHITESPACE, "coerce_one_of": True}
 MAX_SCHEMA_DEPTH = 32  # nested objects/arrays in a schema; deeper is refused (it would be a DoS, not a use)
 MAX_GRAMMAR_CHARS = 256 * 1024
 
@@ -79,8 +87,6 @@ class GrammarSpec:
         try:
             if self.kind in ("json_object", "json_schema"):
                 schema = check_schema(json.loads(self.text)) if self.kind == "json_schema" else {"type": "object"}
-                # One line, llguidance's ", " and ": " between items: free whitespace is where a small
-                # model wanders off (a run of tabs), and JSON for machines needs none.
                 grammar = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
             else:
                 grammar = grammar_from(

@@ -8,12 +8,13 @@ import json
 import jsonschema  # type: ignore[import-untyped]
 import numpy as np
 import pytest
+from llguidance import LLTokenizer
 
 from specgguf.core.drafters import DraftSettings, build_drafter
 from specgguf.core.engine import FixedK, speculate
 from specgguf.core.sampling import SamplingSettings
 from specgguf.core.stats import GenerationStats
-from specgguf.grammar import MAX_SCHEMA_DEPTH, GrammarError, GrammarSpec, constraint_for
+from specgguf.grammar import MAX_SCHEMA_DEPTH, GrammarError, GrammarSpec, GuidanceConstraint, constraint_for
 from specgguf.llama.model import LlamaModel
 
 SCHEMA = {
@@ -86,6 +87,44 @@ def test_the_mask_is_the_grammars(pair):
     allowed = constraint.allowed()
     assert allowed.shape == (verifier.n_vocab,) and allowed.sum() >= 1
     assert all(verifier.token_bytes(int(t)).lstrip().startswith(b"{") for t in np.flatnonzero(allowed))
+
+
+def _whole(spec: GrammarSpec, text: str) -> bool:
+    """Whether `text` is a whole answer under the grammar, over llguidance's byte vocabulary."""
+    tokenizer = LLTokenizer("byte")
+    constraint = GuidanceConstraint(tokenizer, spec.compile(), tokenizer.vocab_size)
+    tokens = tokenizer.tokenize_str(text)
+    if constraint.valid_prefix(tokens) < len(tokens):
+        return False
+    for token in tokens:
+        constraint.advance(token)
+    return constraint.accepting
+
+
+@pytest.mark.parametrize(
+    "text, whole",
+    [
+        ('{"name":"Ada","count":3}', True),  # compact
+        ('{"name": "Ada", "count": 3}', True),  # one line, as most models write it
+        ('{\n  "name": "Ada",\n  "count": 3\n}', True),  # pretty-printed
+        ('{\n\t"name": "Ada",\n\n\t"count": 3\n}', True),  # tabs, a blank line
+        ('{"name": "Ada", "count": 3, "extra": 1}', False),  # the schema still rules
+        ('{"name":  "Ada", "count": 3}', False),  # two spaces on a line: whitespace is bounded
+        ('{"name": "Ada",\n\n\n"count": 3}', False),  # three line breaks
+        ('{"name": "Ada",\n' + " " * 21 + '"count": 3}', False),  # an indent over 20
+        (' {"name": "Ada", "count": 3}', False),  # nothing before the JSON
+    ],
+    ids=["compact", "one-line", "pretty", "tabs", "extra-key", "two-spaces", "three-breaks", "indent-21", "lead"],
+)
+def test_json_takes_the_models_whitespace_within_a_bound(text, whole):
+    assert _whole(GrammarSpec.json_schema(SCHEMA), text) is whole
+    assert _whole(GrammarSpec("json_object"), text) is (whole or "extra" in text)
+
+
+def test_one_of_is_read_as_any_of():
+    # Branches llguidance cannot prove disjoint (pydantic's unions): compiled as anyOf, as vLLM does.
+    spec = GrammarSpec.json_schema({"oneOf": [{"type": "integer"}, {"type": "number"}]})
+    assert _whole(spec, "3") and _whole(spec, "2.5")
 
 
 def _deep(depth):
