@@ -1,6 +1,7 @@
 """Tool calling through the server with the real openai SDK, on the tiny GGUF pair (whose vocabulary has no
-`<tool_call>` token: a call is the grammar's from the start when tool_choice asks for one) — the live
-tests with the default pair (test_agents_live.py) see the model choose."""
+`<tool_call>` token: a call is the grammar's from the start when tool_choice asks for one; a random model,
+it spends many tokens on the whitespace the call's grammar allows) — the live tests with the default pair
+(test_agents_live.py) see the model choose."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in 
 
 @pytest.fixture(scope="module")
 def server(tiny_verifier, tiny_draft):
-    with live_server("-m", tiny_verifier, "-md", tiny_draft, "-c", "1024", "-t", "1", "-n", "96") as live:
+    with live_server("-m", tiny_verifier, "-md", tiny_draft, "-c", "1024", "-t", "1", "-n", "400") as live:
         yield live
 
 
@@ -71,11 +72,34 @@ def _check(call):
 @pytest.mark.parametrize("temperature", [0, 0.9])
 def test_required_tool_calls_parse_and_validate(client, temperature):
     for seed in range(3):
-        response = _ask(client, tool_choice="required", temperature=temperature, seed=seed)
+        response = _ask(client, tool_choice="required", temperature=temperature, seed=seed, parallel_tool_calls=False)
         choice = response.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
         for call in choice.message.tool_calls:
             _check(call)
+        # Every token of the answer counts, the call's too (the opener is no stop string).
+        assert response.usage.completion_tokens == response.model_extra["timings"]["predicted_n"]
+
+
+def test_a_call_cut_by_max_tokens_ends_as_length(client):
+    options = {"tool_choice": "required", "temperature": 0, "parallel_tool_calls": False}
+    for max_tokens in (16, 60):  # cut before the call's name, and inside its arguments
+        choice = _ask(client, max_tokens=max_tokens, **options).choices[0]
+        assert choice.finish_reason == "length"
+        whole = [(call.function.name, call.function.arguments) for call in choice.message.tool_calls or []]
+        finish, streamed = [], {}
+        for chunk in _ask(client, max_tokens=max_tokens, stream=True, **options):
+            finish += [chunk.choices[0].finish_reason] if chunk.choices else []
+            for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                entry = streamed.setdefault(delta.index, [delta.function.name, ""])
+                entry[1] += delta.function.arguments or ""
+        assert [reason for reason in finish if reason] == ["length"]
+        assert [tuple(entry) for entry in streamed.values()] == whole
+    # At 60 tokens the name has come, not all the arguments: OpenAI's "length" with the arguments so far.
+    ((name, arguments),) = whole
+    assert name in SCHEMAS and arguments.lstrip().startswith("{")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(arguments)
 
 
 def test_a_named_function_is_the_one_called(client):

@@ -1,17 +1,24 @@
 """The tool-call pieces without a server: the lazy grammar (core/lazy_grammar.py) under the engine's exact
-rule, and each family's parser (serve/tool_syntax.py)."""
+rule, each family's parser (serve/tool_syntax.py) and the call grammar over llguidance's byte vocabulary,
+and the stream that splits an answer into content and calls (serve/tools.py)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from llguidance import LLTokenizer
 
 from fakes import FakeModel, TableConstraint
 from specgguf.core.engine import FixedK, speculate
-from specgguf.core.lazy_grammar import LazyGrammar
+from specgguf.core.lazy_grammar import MAX_BETWEEN, LazyGrammar
 from specgguf.core.ngram_drafter import NgramDrafter
 from specgguf.core.sampling import SamplingSettings
+from specgguf.grammar import GrammarSpec, GuidanceConstraint
+from specgguf.serve.text import AnswerText
 from specgguf.serve.tool_syntax import SYNTAXES, ParsedCall, Tool, family_of
+from specgguf.serve.tools import CallStream, ToolPlan, call_stream
 
 VOCAB, OPEN, END = 6, 4, 5  # a call: OPEN, then 1 or 2, then 3 (it closes)
 
@@ -27,14 +34,14 @@ class Call(TableConstraint):
         return self.state == 2
 
 
-def _lazy(*, required=False, parallel=True, calls=True, openers=((OPEN,),)):
+def _lazy(*, required=False, parallel=True, openers=((OPEN,),)):
     end, between = np.zeros(VOCAB, dtype=bool), np.zeros(VOCAB, dtype=bool)
     end[END] = True
     between[0] = True
     return LazyGrammar(
         n_vocab=VOCAB,
         openers=openers,
-        calls=[Call] * len(openers) if calls else None,
+        calls=[Call] * len(openers),
         end=end,
         between=between,
         required=required,
@@ -87,7 +94,7 @@ def test_required_opens_at_once_and_parallel_false_ends_after_one_call(seed):
     assert set(tokens[3:]) <= {0}  # then whitespace at most, never a second call, till the end
 
 
-def test_a_multi_token_opener_and_tool_choice_none():
+def test_a_multi_token_opener():
     grammar = _lazy(openers=((0, OPEN),))
     for token in (1, 0, OPEN):
         grammar.advance(token)
@@ -95,11 +102,26 @@ def test_a_multi_token_opener_and_tool_choice_none():
     grammar.rollback(1)
     assert grammar.mode == "free" and not grammar.calls
     assert grammar.valid_prefix([OPEN, 3]) == 1 and grammar.tokens == [1, 0]
-    none = _lazy(calls=False)
-    assert not none.allowed()[OPEN] and none.allowed()[:OPEN].all()
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_whitespace_after_a_call_is_bounded(parallel):
+    grammar = _lazy(parallel=parallel)
+    for token in (OPEN, 1, 3):
+        grammar.advance(token)
+    after_call = {END, OPEN} if parallel else {END}
+    for _ in range(MAX_BETWEEN):
+        assert set(np.flatnonzero(grammar.allowed())) == {0} | after_call
+        grammar.advance(0)
+    assert set(np.flatnonzero(grammar.allowed())) == after_call  # no more whitespace: the end or a call
+    grammar.rollback(1)
+    assert grammar.allowed()[0]
 
 
 TOOLS = [Tool("add", None, {"type": "object"}), Tool("get_weather", None, {"type": "object"})]
+NAMES = [tool.name for tool in TOOLS]
+PRETTY = '{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}'
+PARIS = ParsedCall("get_weather", '{\n    "city": "Paris"\n  }', True)
 
 
 @pytest.mark.parametrize(
@@ -111,11 +133,17 @@ TOOLS = [Tool("add", None, {"type": "object"}), Tool("get_weather", None, {"type
             '<tool_call>\n{"name": "get_weather", "arg',
             [ParsedCall("add", '{"a": 1}', True), ParsedCall("get_weather", "", False)],
         ),
-        (
-            "hermes",
-            '```json\n{\n  "name": "add",\n  "arguments": {"a": 2}\n}\n```',
-            [ParsedCall("add", '{"a": 2}', True)],
-        ),
+        ("hermes", f"<tool_call>\n{PRETTY}\n</tool_call>", [PARIS]),
+        ("hermes", f"Let me look.\n```json\n{PRETTY}\n```", [PARIS]),
+        ("hermes", f"```\n{PRETTY}\n```", [PARIS]),
+        ("hermes", f"\n{PRETTY}", [PARIS]),
+        ("hermes", 'I will check. {"name": "add", "arguments": {"a": 2}}', [ParsedCall("add", '{"a": 2}', True)]),
+        ("hermes", '{ "name" : "add" , "arguments" : {"a": 2} }', [ParsedCall("add", '{"a": 2}', True)]),
+        ("hermes", '<tool_call>\n{"name": "get_weather"}\n</tool_call>', [ParsedCall("get_weather", "{}", True)]),
+        ("hermes", '{"name": "add", "arguments": "{\\"a\\": 2}"}', [ParsedCall("add", '{"a": 2}', True)]),
+        ("hermes", '{"name": "Ada", "born": 1815}', []),  # JSON that names no tool is no call
+        ("hermes", 'Here: {"name": "Ada"} and {"name": "add", "arguments": {}}', [ParsedCall("add", "{}", True)]),
+        ("hermes", "<tool_call>\n{", [ParsedCall(None, "", False)]),  # a call begun, its name still to come
         (
             "hermes",
             'Sure. {{"name": "add", "arguments": {"a": 2}}}\n{{"name": "get_weather", "arguments": {}}}',
@@ -132,13 +160,28 @@ TOOLS = [Tool("add", None, {"type": "object"}), Tool("get_weather", None, {"type
             [ParsedCall("add", '{"a": 1}', True), ParsedCall("add", '{"a": 3}', True)],
         ),
     ],
-    ids=["hermes", "qwen-coder-json-block", "qwen-coder-doubled-braces", "llama3", "mistral"],
+    ids=[
+        "hermes",
+        "hermes-multi-line",
+        "fenced-json-after-text",
+        "fenced",
+        "bare-multi-line",
+        "bare-after-text",
+        "spaced-separators",
+        "no-arguments",
+        "arguments-as-a-string",
+        "not-a-tool",
+        "a-tool-after-other-json",
+        "cut-before-the-name",
+        "qwen-coder-doubled-braces",
+        "llama3",
+        "mistral",
+    ],
 )
 def test_each_family_parses_its_calls(family, text, calls):
     syntax = SYNTAXES[family]
-    found = [at for at in (text.find(opener) for opener in syntax.openers) if at >= 0]
-    region = text[min(found) :] if found else text
-    assert syntax.parse(region) == calls
+    start = syntax.call_start(text, NAMES)
+    assert (syntax.parse(text[start:], NAMES) if start is not None else []) == calls
 
 
 def test_the_family_comes_from_the_template():
@@ -147,12 +190,101 @@ def test_the_family_comes_from_the_template():
     assert family_of("<|python_tag|> <|eom_id|>") == "llama3"
 
 
-def test_the_call_grammar_names_each_tool_and_its_schema():
-    lark = SYNTAXES["hermes"].call_lark(TOOLS, lambda text: "<[7]>")
-    assert lark.startswith("start: call_0 | call_1\n")
-    assert '"\\n{\\"name\\": \\"add\\", \\"arguments\\": " args_0 "}\\n" <[7]>' in lark
-    assert 'args_1: %json {"type": "object"}' in lark
-    # The doubled-brace form: its opener wrote '{"name": "' already; the grammar writes the rest.
-    doubled = SYNTAXES["hermes"].forms[2]
-    lark = SYNTAXES["hermes"].call_lark(TOOLS, lambda text: "<[7]>", doubled)
-    assert doubled.opener == '{{"name": "' and 'call_0: "add\\", \\"arguments\\": " args_0 "}}"' in lark
+def _follows(lark: str, text: str) -> bool:
+    """Whether `text` is a whole call under the grammar, over llguidance's byte vocabulary."""
+    tokenizer = LLTokenizer("byte")
+    grammar = GuidanceConstraint(tokenizer, GrammarSpec("lark", lark).compile(), tokenizer.vocab_size)
+    tokens = tokenizer.tokenize_str(text)
+    if grammar.valid_prefix(tokens) < len(tokens):
+        return False
+    for token in tokens:
+        grammar.advance(token)
+    return grammar.accepting
+
+
+CALL = '{"name": "add", "arguments": {"a": 1}}'
+
+
+@pytest.mark.parametrize(
+    "family, form, text, follows",
+    [
+        ("hermes", 0, f"\n{CALL}\n</tool_call>", True),  # Qwen's own layout
+        ("hermes", 0, '{"name":"add","arguments":{"a":1}}</tool_call>', True),  # compact
+        ("hermes", 0, f"\n{PRETTY}\n</tool_call>", True),  # pretty-printed
+        ("hermes", 0, '\n{"name": "fly", "arguments": {}}\n</tool_call>', False),  # not a tool
+        ("hermes", 0, f"\n{CALL}\n\n\n</tool_call>", False),  # whitespace is bounded: two line breaks
+        ("hermes", 0, '\n{"name": "add", "arguments": {"a":' + " " * 2 + "1}}\n</tool_call>", False),  # one space
+        ("hermes", 0, '\n{"name": "add", "arguments": {\n' + " " * 21 + '"a": 1}}\n</tool_call>', False),
+        ("hermes", 1, f"{PRETTY}\n```", True),
+        ("hermes", 2, 'add", "arguments": {"a": 1}}}', True),  # the doubled braces: the name on
+        ("hermes", 2, 'get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}}', True),
+        ("llama3", 0, '{"name": "add", "parameters": {"a": 1}}', True),
+        ("mistral", 0, f"[{CALL}]", True),
+    ],
+    ids=[
+        "one-line",
+        "compact",
+        "pretty",
+        "unknown-tool",
+        "three-line-breaks",
+        "two-spaces",
+        "indent-21",
+        "fenced-pretty",
+        "doubled-braces",
+        "doubled-braces-pretty",
+        "llama3",
+        "mistral",
+    ],
+)
+def test_the_call_grammar_takes_the_models_layout_within_bounds(family, form, text, follows):
+    syntax = SYNTAXES[family]
+    assert _follows(syntax.call_lark(TOOLS, json.dumps, syntax.forms[form]), text) is follows
+
+
+def _stream(text: str, *, family="hermes", stop="eos", chunk=3):
+    """`text` through a CallStream a few characters at a time (one byte a token), as the server reads
+    an answer: the content it shows, the calls streamed as deltas, and how it ends."""
+    calls = CallStream(family, lambda token: bytes([token]), names=NAMES)
+    answer = AnswerText(lambda token: bytes([token]), calls.syntax.openers)
+    data = list(text.encode())
+    content, streamed = "", dict[int, dict]()
+    for at in range(0, len(data), chunk):
+        for delta in calls.feed(data[at : at + chunk]):
+            entry = streamed.setdefault(delta["index"], {"name": delta["function"].get("name"), "arguments": ""})
+            entry["arguments"] += delta["function"]["arguments"]
+        content += calls.content(answer.add(data[at : at + chunk]))
+    content += calls.finish(answer, stop)
+    reason, whole = calls.result()
+    assert list(streamed.values()) == [call["function"] for call in whole]  # the stream is the whole answer
+    return content, reason, [(call["function"]["name"], call["function"]["arguments"]) for call in whole]
+
+
+@pytest.mark.parametrize(
+    "text, content, reason, calls",
+    [
+        (f"Checking.\n{PRETTY}", "Checking.\n", "tool_calls", [("get_weather", PARIS.arguments)]),
+        (f"Checking.\n<tool_call>\n{CALL}\n</tool_call>", "Checking.\n", "tool_calls", [("add", '{"a": 1}')]),
+        ('{"name": "Ada", "born": 1815}', '{"name": "Ada", "born": 1815}', None, []),
+        ("a {b} c {", "a {b} c {", None, []),  # held back while it might open a call, then let out
+        ("Done.\n```json\n[1, 2]\n```", "Done.\n```json\n[1, 2]\n```", None, []),
+    ],
+    ids=["bare", "hermes", "json-not-a-call", "braces", "fenced-not-a-call"],
+)
+def test_content_ends_where_a_call_begins_and_text_that_held_none_is_content(text, content, reason, calls):
+    assert _stream(text) == (content, reason, calls)
+
+
+def test_a_call_cut_by_max_tokens_ends_as_length_with_its_arguments_so_far():
+    cut = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
+    assert _stream(cut, stop="max_tokens") == ("", "length", [("get_weather", '{"city": "Par')])
+    # Cut before the name: no call to report; the text is what there is.
+    assert _stream('OK <tool_call>\n{"na', stop="max_tokens") == ('OK <tool_call>\n{"na', "length", [])
+    # Whole calls, then the answer cut between them: still the calls.
+    whole = f"<tool_call>\n{CALL}\n</tool_call>"
+    assert _stream(whole, stop="max_tokens") == ("", "tool_calls", [("add", '{"a": 1}')])
+
+
+def test_tool_choice_none_reads_no_call():
+    plan = ToolPlan(TOOLS, [], "none", parallel=True)
+    assert call_stream(plan, "hermes", bytes) is None
+    assert call_stream(ToolPlan(TOOLS, [], "auto", parallel=True), "hermes", bytes) is not None

@@ -13,7 +13,8 @@ import numpy as np
 from .constraint import Constraint
 
 Mode = Literal["free", "open", "call", "between", "done"]
-State = tuple[Mode, int, int]  # the mode, how many calls began, how much of the opener came (in "open")
+State = tuple[Mode, int, int]  # the mode, how many calls began, and `progress`
+MAX_BETWEEN = 4  # whitespace tokens after a call before the end or the next call: no loop of newlines
 
 
 class CallGrammar(Constraint, Protocol):
@@ -23,19 +24,18 @@ class CallGrammar(Constraint, Protocol):
 
 
 class LazyGrammar:
-    """`mode` "free": any token; the tokens of one of `openers` start that opener's call grammar
-    (`calls` None: the openers are forbidden, for tool_choice "none"; only single-token ones can be).
+    """`mode` "free": any token; the tokens of one of `openers` start that opener's call grammar.
     "open": the first opener's tokens must come now (tool_choice "required" or a named function, and
     after "between" once its first token came; no openers: the answer starts inside a call). "call":
-    the call's grammar. "between": after a call, an end token, or (parallel) `between` tokens
-    (whitespace) and the first opener again."""
+    the call's grammar. "between": after a call, an end token, or (parallel) the first opener again,
+    after up to MAX_BETWEEN `between` tokens (whitespace)."""
 
     def __init__(
         self,
         *,
         n_vocab: int,
         openers: Sequence[Sequence[int]],
-        calls: Sequence[Callable[[], CallGrammar]] | None,
+        calls: Sequence[Callable[[], CallGrammar]],
         end: np.ndarray,
         between: np.ndarray,
         required: bool,
@@ -43,23 +43,21 @@ class LazyGrammar:
     ):
         self.n_vocab = n_vocab
         self.openers = [tuple(opener) for opener in openers]
-        self.new_calls = list(calls) if calls is not None else None
-        self._end, self._between = end, (between | end).copy()
-        self._free = np.ones(n_vocab, dtype=bool)
+        self.new_calls = list(calls)
+        self._end, self._after_call = end, end.copy()
         if self.openers:
-            self._between[self.openers[0][0]] = parallel
-            if self.new_calls is None:
-                self._free[[opener[0] for opener in self.openers if len(opener) == 1]] = False
+            self._after_call[self.openers[0][0]] = parallel
+        self._between = between | self._after_call
+        self._free = np.ones(n_vocab, dtype=bool)
         self.calls: list[CallGrammar] = []
         self.tokens: list[int] = []
         self.mode: Mode = "free" if not required else "open"
-        self.progress = 0  # in "open": the first opener's tokens so far
+        self.progress = 0  # in "open": the first opener's tokens so far; in "between": whitespace tokens
         if required and not self.openers:
             self._start_call(0)
         self._log: list[State] = []  # per token advanced: the state before it
 
     def _start_call(self, which: int) -> None:
-        assert self.new_calls is not None
         self.calls.append(self.new_calls[which]())
         self.mode, self.progress = "call", 0
 
@@ -69,7 +67,7 @@ class LazyGrammar:
         if self.mode == "call":
             return self.calls[-1].allowed()
         if self.mode == "between":
-            return self._between
+            return self._between if self.progress < MAX_BETWEEN else self._after_call
         if self.mode == "done":
             return self._end
         mask = np.zeros(self.n_vocab, dtype=bool)
@@ -82,8 +80,8 @@ class LazyGrammar:
         if self.mode == "call":
             self.calls[-1].advance(token)
             if self.calls[-1].accepting:
-                self.mode = "between"
-        elif self.mode == "free" and self.new_calls is not None:
+                self.mode, self.progress = "between", 0
+        elif self.mode == "free":
             for which, opener in enumerate(self.openers):
                 n = len(opener)
                 if tuple(self.tokens[-n:]) == opener and all(state[0] == "free" for state in self._log[-n:]):
@@ -94,6 +92,8 @@ class LazyGrammar:
             self._opener_token()
         elif self.mode == "between" and self._end[token]:
             self.mode = "done"
+        elif self.mode == "between":
+            self.progress += 1
         elif self.mode == "open":
             self._opener_token()
 

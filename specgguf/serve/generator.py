@@ -38,7 +38,7 @@ from ..prepare import KChoice, Prepared
 from .cache_slots import CacheSlots
 from .text import AnswerText, TokenLogprob, token_logprobs
 from .tool_syntax import SYNTAXES, family_of
-from .tools import CallStream, ToolPlan, call_constraint
+from .tools import CallStream, ToolPlan, call_constraint, call_stream
 
 
 class QueueFull(Exception):
@@ -307,8 +307,8 @@ class Worker:
                         event.target_logits, event.tokens, n_top=n_top, token_bytes=self.verifier.token_bytes
                     )
                 fragments = [] if calls is None else calls.feed(event.tokens)
-                delta = answer.add(event.tokens)
-                if delta and not (calls is not None and calls.opened and not opener):  # a bare-JSON call
+                delta = answer.add(event.tokens) if calls is None else calls.content(answer.add(event.tokens))
+                if delta:
                     job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
                     n_logprobs_sent = max(n_logprobs_sent, answer.n_tokens_shown())
                 if fragments:
@@ -324,8 +324,9 @@ class Worker:
         finally:
             generation.close()  # the engine stops at a step boundary: both caches stay consistent
         cancelled = job.cancelled.is_set() and not answer.stopped
-        if not cancelled and (delta := answer.finish()):
-            job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
+        ending = answer.finish() if calls is None else calls.finish(answer, generation.stats.stop)
+        if not cancelled and ending:
+            job.send(Delta(ending, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
         kept_tokens, kept_text = answer.whole_tokens()
         if request.prompt_tokens is None and request.fim is None:
             self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
@@ -339,9 +340,8 @@ class Worker:
         job.send((shutdown if self._stopping else gone) if cancelled else finished)
 
     def _answer_text(self, request: GenerationRequest) -> tuple[CallStream | None, list[str], AnswerText]:
-        """The answer's text as it comes (stop strings held back), and its tool calls: the content
-        ends where a call opens."""
-        calls = None if request.tools is None else CallStream(self.tool_family, self.verifier.token_bytes)
+        """The answer's text as it comes (stop strings held back), and its calls (the content ends there)."""
+        calls = call_stream(request.tools, self.tool_family, self.verifier.token_bytes)
         opener = [] if calls is None else calls.syntax.openers
         return calls, opener, AnswerText(self.verifier.token_bytes, request.stops + opener, n_indent=request.n_indent)
 
@@ -387,12 +387,12 @@ def _finished(
 ) -> Finished:
     """How an answer ended, with its counts and times."""
     stats = generation.stats
-    tool_calls = [] if calls is None else calls.calls()
+    reason, tool_calls = (None, []) if calls is None else calls.result()
     return Finished(
-        finish_reason="tool_calls" if tool_calls else "stop" if answer.stopped or stats.stop == "eos" else "length",
+        finish_reason=reason or ("stop" if answer.stopped or stats.stop == "eos" else "length"),
         n_prompt=len(prompt),
         n_cached=n_cached,
-        n_completion=answer.n_tokens_used(answer.stopped),
+        n_completion=stats.n_tokens if answer.matched in opener else answer.n_tokens_used(answer.stopped),
         stats=stats,
         first_token_seconds=None if generation.first_token_at is None else generation.first_token_at - job.arrived,
         tool_calls=tool_calls,

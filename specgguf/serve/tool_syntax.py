@@ -6,15 +6,20 @@ model's text back into OpenAI's tool calls. The family comes from the model's ch
   (Qwen2.5-Coder also: a ```json block, or `{{"name": ..., "arguments": {...}}}` as its template shows it)
 - llama3 (Llama 3.1-3.3): `{"name": ..., "parameters": {...}}` (after `<|python_tag|>` where it has one)
 - mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}]`
+
+The grammar and the parser both take the model's own layout: one line, pretty-printed, or bare and
+fenced for the parser (as llama-server's parser reads calls), whatever the family's own form.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from ..grammar import JSON_OPTIONS, WHITESPACE
 
 Family = Literal["hermes", "llama3", "mistral"]
 
@@ -41,7 +46,13 @@ class Form:
     before: str = ""
     after: str = ""
     closer: str = ""  # may be a special token
-    lead: str = ""  # the start of the call's JSON that the opener already wrote ('{"name": "')
+    lead: str = ""  # the start of the call's JSON the opener already wrote, up to its name ('{"name": "')
+
+
+# A call's JSON as models write it, whatever their layout (one line, pretty-printed): its name first.
+CALL_START = re.compile(r'\{\s*"name"\s*:\s*')
+ARGUMENTS_KEY = re.compile(r'\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+MAYBE_CALL_START = re.compile(r'\{\s*(?:"(?:n(?:a(?:m(?:e(?:"\s*)?)?)?)?)?)?\Z')  # text ending where one may begin
 
 
 @dataclass(frozen=True)
@@ -51,86 +62,111 @@ class ToolSyntax:
     arguments_key: str  # "arguments" or "parameters"
 
     @property
-    def opener(self) -> str:
-        return self.forms[0].opener
-
-    @property
     def openers(self) -> list[str]:
         return [form.opener for form in self.forms if form.opener]
 
     def call_lark(self, tools: list[Tool], special: Callable[[str], str], form: Form | None = None) -> str:
         """A Lark grammar (llguidance's dialect) for one call of any of `tools` in `form` (the
         family's own): its body after the opener, through the closer. `special(text)` spells text
-        that may be a special token."""
+        that may be a special token. The call's JSON follows the tool's schema with the model's own
+        whitespace (grammar.JSON_OPTIONS), and so does what wraps it: where the form writes
+        whitespace (`<tool_call>\\n{…}\\n</tool_call>`) any bounded whitespace may come."""
         form = form or self.forms[0]
-        rules, names = [], []
-        before, after = form.before, form.after
-        close = f" {special(form.closer)}" if form.closer else ""
-        for i, tool in enumerate(tools):
-            head = f'{before}{{"name": {json.dumps(tool.name)}, "{self.arguments_key}": '
-            head = json.dumps(head.removeprefix(form.lead))
-            tail = json.dumps("}" + after)
-            rules.append(f"call_{i}: {head} args_{i} {tail}{close}")
-            rules.append(f"args_{i}: %json {json.dumps(tool.parameters)}")
-            names.append(f"call_{i}")
-        return "\n".join([f"start: {' | '.join(names)}", *rules]) + "\n"
+        wrap = [json.dumps(piece) for piece in form.after.split()] + ([special(form.closer)] if form.closer else [])
+        after = " ".join(f"WS? {piece}" for piece in wrap)
+        rules = [f"WS: /{WHITESPACE}/"]
+        if form.lead:  # the opener wrote the call up to its name: the rest, by hand, arguments as %json
+            assert form.lead == '{"name": "', form.lead
+            names = []
+            for i, tool in enumerate(tools):
+                name = json.dumps(tool.name + '"')
+                key = json.dumps(f'"{self.arguments_key}"')
+                rules.append(f'call_{i}: {name} WS? "," WS? {key} WS? ":" WS? args_{i} WS? "}}"')
+                rules.append(f"args_{i}: %json {json.dumps(_with_options(tool.parameters))}")
+                names.append(f"call_{i}")
+            return "\n".join([f"start: ({' | '.join(names)}) {after}", *rules]) + "\n"
+        before = " ".join(["WS?", *(f"{json.dumps(piece)} WS?" for piece in form.before.split())])
+        calls = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool.name}, self.arguments_key: tool.parameters},
+                "required": ["name", self.arguments_key],
+                "additionalProperties": False,
+            }
+            for tool in tools
+        ]
+        rules.append(f"call: %json {json.dumps(_with_options({'anyOf': calls}))}")
+        return "\n".join([f"start: {before} call {after}".rstrip(), *rules]) + "\n"
 
-    def parse(self, region: str) -> list[ParsedCall]:
-        """The calls in `region` (the text from the first opener on), the last maybe incomplete."""
-        calls = []
-        leads = {form.opener: form.lead for form in self.forms if form.opener}
-        if leads:  # the split keeps each opener (a group), so a piece gets back its form's lead
-            parts = re.split("(" + "|".join(map(re.escape, leads)) + ")", region)[1:]
-            pieces = [leads[opener] + piece for opener, piece in zip(parts[::2], parts[1::2])]
-        else:
-            pieces = [region]
-        for piece in pieces:
-            start = piece.find("{")
-            while start >= 0:
-                call, end = _one_call(piece[start:], self.arguments_key)
-                if call is None:
-                    break
-                calls.append(call)
-                if not call.complete:
-                    return calls
-                start = piece.find("{", start + end)
+    def call_start(self, text: str, names: Collection[str] | None = None) -> int | None:
+        """Where the first call in `text` begins: an opener, or a call's JSON written bare (anywhere,
+        as llama-server's parser takes it), or where the text ends in what may still open one; None:
+        no call. With `names`, JSON naming none of them is not a call."""
+        found = [at for at in (text.find(opener) for opener in self.openers) if at >= 0]
+        for match in CALL_START.finditer(text):
+            if _one_call(text, match.end(), self.arguments_key, names)[0] is not None:
+                found.append(match.start())
+                break
+        if maybe := MAYBE_CALL_START.search(text):
+            found.append(maybe.start())
+        return min(found, default=None)
+
+    def parse(self, region: str, names: Collection[str] | None = None) -> list[ParsedCall]:
+        """The calls in `region` (the text from the first call on), the last maybe incomplete (an
+        unnamed one: a call has begun, its name has not come). With `names`, JSON naming none of
+        them is skipped."""
+        calls: list[ParsedCall] = []
+        at = 0
+        for match in CALL_START.finditer(region):
+            if match.start() < at:
+                continue
+            call, end = _one_call(region, match.end(), self.arguments_key, names)
+            if call is None:
+                continue
+            calls.append(call)
+            if not call.complete:
+                return calls
+            at = end
+        rest = region[at:]
+        if any(opener in rest for opener in self.openers) or MAYBE_CALL_START.search(rest):
+            calls.append(ParsedCall(None, "", False))
         return calls
 
 
-def _one_call(text: str, arguments_key: str) -> tuple[ParsedCall | None, int]:
-    """`{"name": "N", "<key>": {...}}` at the start of text: (the call so far, where it ends)."""
-    head = '{"name": '
-    if not text.startswith(head):
-        if head.startswith(text):
-            return ParsedCall(None, "", False), len(text)
-        return _loose(text, arguments_key)
+def _with_options(schema: dict[str, Any]) -> dict[str, Any]:
+    """A schema as the top of a %json: llguidance reads its whitespace options there only."""
+    return {**schema, "x-guidance": {**schema.get("x-guidance", {}), **JSON_OPTIONS}}
+
+
+def _one_call(text: str, at: int, arguments_key: str, names: Collection[str] | None) -> tuple[ParsedCall | None, int]:
+    """The call whose name's value starts at `at` (after `{"name": `): (the call so far, where it
+    ends), or (None, at) where this JSON is no call (its name is not a string or not a tool's, no
+    arguments follow it)."""
+    if at == len(text):
+        return ParsedCall(None, "", False), at
+    if text[at] != '"':
+        return None, at
     try:
-        name, after = json.JSONDecoder().raw_decode(text, len(head))
+        name, after = json.JSONDecoder().raw_decode(text, at)
     except json.JSONDecodeError:
         return ParsedCall(None, "", False), len(text)
-    key = f', "{arguments_key}": '
-    rest = text[after:]
-    if not rest.startswith(key):
-        return ParsedCall(str(name), "", False) if key.startswith(rest) else _loose(text, arguments_key)[0], len(text)
-    arguments = rest[len(key) :]
+    if names is not None and name not in names:
+        return None, at
+    key = ARGUMENTS_KEY.match(text, after)
+    if key is None:
+        rest = "".join(text[after:].split())
+        if rest.startswith("}"):  # a call without arguments (a tool that takes none)
+            return ParsedCall(name, "{}", True), text.index("}", after) + 1
+        if any(f',"{word}":'.startswith(rest) for word in (arguments_key, "arguments", "parameters")):
+            return ParsedCall(name, "", False), len(text)
+        return None, at
     try:
-        _, end = json.JSONDecoder().raw_decode(arguments)
-    except json.JSONDecodeError:
-        return ParsedCall(str(name), arguments, False), len(text)
-    return ParsedCall(str(name), arguments[:end], True), after + len(key) + end
-
-
-def _loose(text: str, arguments_key: str) -> tuple[ParsedCall | None, int]:
-    """A call written without the grammar (other spacing, other key order): parsed whole, or not a call."""
-    try:
-        value, end = json.JSONDecoder().raw_decode(text)
-    except json.JSONDecodeError:
-        return None, 0
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None, 0
-    arguments = value.get(arguments_key, value.get("arguments", value.get("parameters", {})))
-    text_arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return ParsedCall(value["name"], text_arguments, True), end
+        arguments, end = json.JSONDecoder().raw_decode(text, key.end())
+    except json.JSONDecodeError:  # not complete yet: what came so far (a string's only when whole)
+        so_far = text[key.end() :]
+        return ParsedCall(name, "" if so_far.startswith('"') else so_far, False), len(text)
+    whole = arguments if isinstance(arguments, str) else text[key.end() : end]
+    return ParsedCall(name, whole, True), end
 
 
 SYNTAXES: dict[Family, ToolSyntax] = {

@@ -1,7 +1,9 @@
 """Tool calling in /v1/chat/completions: the request's tools checked (`plan`), the grammar that makes
 every call's arguments follow its tool's schema (`call_constraint`: lazy, from the opener on, as
 llama-server's), and the model's text turned back into OpenAI's tool calls, streamed as
-`delta.tool_calls` (`CallStream`). The syntax of each model family: tool_syntax.py."""
+`delta.tool_calls` (`CallStream`: the content ends where a call begins). tool_choice "none" is the
+plain answer: the tools are in the prompt, no grammar, nothing parsed. The syntax of each model
+family: tool_syntax.py."""
 
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ from typing import Any
 import numpy as np
 
 from ..core.lazy_grammar import LazyGrammar
-from ..grammar import JSON_OPTIONS, GrammarError, GrammarSpec, GuidanceConstraint, check_schema
+from ..grammar import GrammarError, GrammarSpec, GuidanceConstraint, check_schema
 from .protocol import ApiError, ChatRequest
+from .text import AnswerText
 from .tool_syntax import SYNTAXES, Family, ParsedCall, Tool, ToolSyntax
 
 
@@ -71,18 +74,16 @@ def call_constraint(verifier: Any, tools_plan: ToolPlan, syntax: ToolSyntax) -> 
     """The lazy grammar for this request's calls over the verifier's vocabulary: free text until the
     tokens of one of the family's openers, then that form's call grammar (tool_choice "required" or a
     named function: the first form's opener at once). None: nothing to constrain (a family without
-    an opener, tool_choice "auto": the calls are parsed from the text)."""
+    an opener, tool_choice "auto": the calls are parsed from the text; tool_choice "none")."""
     from ..llama.guidance import guidance_tokenizer
 
-    tokenizer = guidance_tokenizer(verifier)
     forms = [form for form in syntax.forms if form.opener]
-    openers = [_tokens(verifier, form.opener) for form in forms]
-    if tools_plan.choice == "none":
-        return _lazy(verifier, tokenizer, openers, None, required=False, parallel=False) if openers else None
-    if not openers and tools_plan.choice == "auto":
+    if tools_plan.choice == "none" or (not forms and tools_plan.choice == "auto"):
         return None
+    tokenizer = guidance_tokenizer(verifier)
+    openers = [_tokens(verifier, form.opener) for form in forms]
     tools = [t for t in tools_plan.tools if tools_plan.choice in ("auto", "required", t.name)]
-    strict = [Tool(t.name, t.description, _compact(t.parameters)) for t in tools]
+    strict = [Tool(t.name, t.description, _closed(copy.deepcopy(check_schema(t.parameters)))) for t in tools]
 
     def special(text: str) -> str:
         ids = _tokens(verifier, text)
@@ -121,16 +122,10 @@ def _lazy(verifier: Any, tokenizer, openers, calls, *, required: bool, parallel:
     )
 
 
-def _compact(schema: dict) -> dict:
-    """The schema as the call's grammar follows it: compact JSON (no free whitespace to wander in) and,
-    as OpenAI's strict mode does, no properties beyond those an object lists (a small model invents
-    keys otherwise); what it writes still validates against the schema as given."""
-    schema = _closed(copy.deepcopy(check_schema(schema)))
-    schema["x-guidance"] = {**JSON_OPTIONS, **schema.get("x-guidance", {})}
-    return schema
-
-
 def _closed(value: Any) -> Any:
+    """A schema as the call's grammar follows it: as OpenAI's strict mode does, no properties beyond
+    those an object lists (a small model invents keys otherwise); what it writes still validates
+    against the schema as given."""
     if isinstance(value, dict):
         if isinstance(value.get("properties"), dict) and "additionalProperties" not in value:
             value["additionalProperties"] = False
@@ -142,35 +137,83 @@ def _closed(value: Any) -> Any:
     return value
 
 
-class CallStream:
-    """The model's text after the first opener, as OpenAI's tool calls: `feed` returns the new
-    `delta.tool_calls` entries (a call's index, id and name first, then its argument fragments)."""
+def call_stream(tools_plan: ToolPlan | None, family: Family, token_bytes) -> CallStream | None:
+    """What reads the request's calls from the answer; None without tools or for tool_choice "none"."""
+    if tools_plan is None or tools_plan.choice == "none":
+        return None
+    return CallStream(family, token_bytes, names=[tool.name for tool in tools_plan.tools])
 
-    def __init__(self, family: Family, token_bytes):
+
+class CallStream:
+    """The model's text from its first call on, as OpenAI's tool calls: `feed` returns the new
+    `delta.tool_calls` entries (a call's index, id and name first, then its argument fragments),
+    `content` what of the text is the answer's content, `result` how the answer ends."""
+
+    def __init__(self, family: Family, token_bytes, names: list[str] | None = None):
         self.syntax = SYNTAXES[family]
         self.token_bytes = token_bytes
+        self.names = names  # the tools': JSON naming another is no call
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.text = ""  # everything generated
         self.ids: list[str] = []
         self.sent: list[int] = []  # argument characters sent per call
+        self.released = 0  # characters of text the answer released (stop strings settled)
+        self.shown = 0  # ... and shown as content
+        self.cut = False  # the answer was cut short (max_tokens), known at its end
+
+    def start(self) -> int | None:
+        """Where the first call begins (or may, the text ending in what could open one); None: no call."""
+        return self.syntax.call_start(self.text, self.names)
 
     def region(self) -> str | None:
-        """The text from the first call on; None while no call has opened."""
-        if self.syntax.openers:
-            found = [at for at in (self.text.find(opener) for opener in self.syntax.openers) if at >= 0]
-            return self.text[min(found) :] if found else None
-        stripped = self.text.lstrip()
-        return stripped.removeprefix("<|python_tag|>") if stripped.startswith(("{", "<|python_tag|>")) else None
+        """The text from the first call on; None while no call has begun."""
+        start = self.start()
+        return None if start is None else self.text[start:]
 
     @property
     def opened(self) -> bool:
-        return self.region() is not None
+        return self.start() is not None
 
     def feed(self, tokens: list[int]) -> list[dict]:
         for token in tokens:
             self.text += self._decoder.decode(self.token_bytes(token))
         region = self.region()
-        return [] if region is None else self._deltas(self.syntax.parse(region))
+        return [] if region is None else self._deltas(self._parsed(region))
+
+    def _parsed(self, region: str) -> list[ParsedCall]:
+        return self.syntax.parse(region, self.names)
+
+    def content(self, released: str, *, final: bool = False) -> str:
+        """Of `released` (the answer's text the stop strings let out), what the client sees as content
+        now: the text before the first call (held back while one may be starting). At the end
+        (`final`), text that began like a call but held none is content after all."""
+        self.released += len(released)
+        start, end = self.start(), self.released
+        if start is not None:
+            end = min(end, start)
+            if final and not self.result()[1]:  # no call after all: its text too (to a stop string)
+                at_opener = any(self.text.startswith(opener, start) for opener in self.syntax.openers)
+                end = len(self.text) if at_opener else self.released
+        shown = self.text[self.shown : end]
+        self.shown = max(self.shown, end)
+        return shown
+
+    def finish(self, answer: AnswerText, stop: str | None) -> str:
+        """The answer ended (`stop`: the engine's reason, "eos" or "max_tokens"): the last content."""
+        self.text += self._decoder.decode(b"", final=True)
+        self.cut = stop != "eos" and not (answer.stopped and answer.matched not in self.syntax.openers)
+        return self.content(answer.finish(), final=True)
+
+    def result(self) -> tuple[str | None, list[dict]]:
+        """How the answer ends: a finish reason for its calls (None: no call, the answer's own) and
+        OpenAI's `message.tool_calls`. A call cut short (max_tokens) ends the answer as "length" with
+        its arguments so far, as OpenAI does; whole calls as "tool_calls"."""
+        region = self.region()
+        parsed = [] if region is None else self._parsed(region)
+        if self.cut and region is not None and (not parsed or not parsed[-1].complete):
+            return "length", self._whole([call for call in parsed if call.name is not None])
+        complete = [call for call in parsed if call.complete]
+        return ("tool_calls", self._whole(complete)) if complete else (None, [])
 
     def _deltas(self, calls: list[ParsedCall]) -> list[dict]:
         deltas = []
@@ -193,10 +236,7 @@ class CallStream:
                 self.sent[index] = len(call.arguments)
         return deltas
 
-    def calls(self) -> list[dict]:
-        """The complete calls, OpenAI's `message.tool_calls`."""
-        region = self.region()
-        parsed = [] if region is None else [call for call in self.syntax.parse(region) if call.complete]
+    def _whole(self, parsed: list[ParsedCall]) -> list[dict]:
         while len(self.ids) < len(parsed):
             self.ids.append("call_" + secrets.token_hex(12))
         return [
