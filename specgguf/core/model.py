@@ -16,6 +16,7 @@ class Model(Protocol):
 
     n_vocab: int
     n_ctx: int
+    max_leaves: int  # the most leaves a tree given to `eval_tree` may have (a chain has one)
     cached: list[int]  # the tokens in the KV cache, in order
 
     @property

@@ -105,6 +105,7 @@ class LlamaModel:
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, MAX_TREE_LEAVES)
         self._embd_batch: Any = None  # for eval_embeddings, made on first use
         self._tree: _PendingTree | None = None
+        self.max_leaves = MAX_TREE_LEAVES  # one sequence per leaf: the most leaves `eval_tree` takes
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.cached: list[int] = []  # the tokens in the KV cache
         self.busy_seconds = 0.0  # time spent inside llama.cpp evaluating (for overhead figures)
