@@ -167,7 +167,8 @@ def speculate(
         if walk is not None:  # the grammar's state moves on by what was accepted, up to an end token
             walk.commit(_through_end(emitted, verifier))
         context += emitted
-        # Both caches keep the accepted path: all of the context but its newest token.
+        # Both caches keep the accepted path: all of the context but its newest token (the verifier
+        # may keep less, what it can keep exactly: the rest rides in its next batch).
         verifier.keep_path(tree.kept(path))
         drafter.sync(context)
         seconds = StepSeconds(draft=t1 - t0, verify=t2 - t1, sample=time.perf_counter() - t2, prefill=prefill_seconds)

@@ -32,7 +32,9 @@ class Model(Protocol):
         The tree stays pending until `keep_path`."""
 
     def keep_path(self, path: Sequence[int]) -> None:
-        """Append the pending tree's root-to-node `path` (indices into its tokens) to the cache, drop the rest."""
+        """Append the pending tree's root-to-node `path` (indices into its tokens) to the cache, drop the rest.
+        A backend may keep only a prefix of the path, the part it can keep exactly (`cached` says how
+        much): the caller feeds the rest with its next batch, as it feeds the context's newest token."""
 
     def rewind(self, n_past: int) -> None:
         """Keep only the first n_past tokens in the cache."""
