@@ -7,11 +7,13 @@ Every command builds its prompt here, so `run`, `chat`, `bench` and `serve` cann
   `run --raw` and the server's `/v1/completions` send text as is, no template at all; `run --raw`
   parses the special tokens written in it (`<|im_start|>`...) as llama.cpp's programs do, unless
   `--no-special`.
-- Text that continues a prompt is tokenized without the BOS a tokenizer puts in front.
-- A conversation's history is kept as the very tokens that were generated, not a
-  re-tokenized copy of their text (a tokenizer need not give the same ids back), so the
-  engine's prefix reuse finds the whole history in both models' KV caches.
-- `PromptCache` keeps the last prompt + answer as text and tokens, for the server.
+- A prompt's tokens are always a fresh tokenization of its whole text, as llama-server's are:
+  never earlier tokens with the new text's tokens spliced on. (Splicing conditions the model on
+  tokens the user never sent: a space-prefix SPM tokenizer puts a space at every seam, a BPE one
+  splits a word cut at the seam where the text's own tokenization would merge it.) The caches
+  still skip what they hold: the engine keeps the longest common token prefix.
+- Text that continues a prompt is tokenized without the BOS a tokenizer puts in front: the
+  pieces of a FIM prompt, each framed by FIM tokens, tokenized apart as llama-server's /infill does.
 - `fill_in_middle` frames a code-completion request with the model's FIM tokens, as
   llama-server's /infill does (repository-level FIM for the extra chunks).
 """
@@ -219,24 +221,3 @@ def fill_in_middle(
     n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra))
     head = extra[len(extra) - n_extra :] + prompts.bos
     return [*head, framing.prefix, *prefix, *prompt, framing.suffix, *suffix, framing.middle]
-
-
-class PromptCache:
-    """The server's last prompt + answer as text and as the tokens that were really evaluated:
-    a follow-up whose text extends it reuses those tokens, so the KV caches match."""
-
-    def __init__(self, prompts: Prompts):
-        self.prompts = prompts
-        self.text, self.special = "", True
-        self.tokens: list[int] = []
-
-    def tokens_for(self, text: str, *, special: bool) -> list[int]:
-        if self.text and special == self.special and text.startswith(self.text):
-            return self.tokens + self.prompts.continuation(text[len(self.text) :], special=special)
-        return self.prompts.tokens(text, special=special)
-
-    def remember(self, text: str, tokens: list[int], *, special: bool) -> None:
-        self.text, self.tokens, self.special = text, list(tokens), special
-
-    def forget(self) -> None:
-        self.remember("", [], special=True)
