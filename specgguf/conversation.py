@@ -148,24 +148,14 @@ class Prompts:
         messages = ([Message("system", system)] if system else []) + [Message("user", prompt)]
         return self.tokens(self.render(messages), special=True)
 
-    def history(self, system: str | None, turns: Sequence[tuple[str, list[int], str]], question: str) -> list[int]:
-        """The prompt for `question` after `turns` of (question, answer tokens, answer text):
-        earlier answers as the very tokens generated. A template that rewrites earlier turns
-        falls back to tokenizing the whole text; the engine then reuses what still matches."""
+    def history(self, system: str | None, turns: Sequence[tuple[str, str]], question: str) -> list[int]:
+        """The prompt for `question` after `turns` of (question, answer text): the whole conversation
+        rendered and tokenized fresh, the tokens a server sent the same messages would read (not the
+        answers' generated tokens: those need not be what their text tokenizes to)."""
         messages = [Message("system", system)] if system else []
-        tokens: list[int] = []
-        covered = ""  # the text `tokens` stand for
-        for asked, answer_tokens, answer in [*turns, (question, [], "")]:
-            messages.append(Message("user", asked))
-            text = self.render(messages)
-            if covered and text.startswith(covered):
-                tokens += self.continuation(text[len(covered) :])
-            else:  # the first turn, or a template that rewrote the history
-                tokens = self.tokens(text)
-            tokens += answer_tokens
-            covered = text + answer
-            messages.append(Message("assistant", answer))
-        return tokens
+        for asked, answer in turns:
+            messages += [Message("user", asked), Message("assistant", answer)]
+        return self.tokens(self.render([*messages, Message("user", question)]))
 
 
 @dataclass(frozen=True)
