@@ -217,7 +217,8 @@ def test_a_follow_up_turn_reuses_the_cached_conversation(smol):
         messages=[*question, {"role": "assistant", "content": answer}, {"role": "user", "content": "And two more?"}],
     )
     timings = follow_up.model_extra["timings"]
-    # Both turns' tokens came from the cache (the very tokens generated, not a re-tokenized copy)...
+    # Both turns' tokens came from the cache (the follow-up is tokenized fresh, and SmolLM2's answer
+    # is its text's own tokenization)...
     assert timings["cache_n"] >= first.usage.prompt_tokens + first.usage.completion_tokens - 1
     assert timings["prompt_n"] + timings["cache_n"] == follow_up.usage.prompt_tokens
     assert timings["prompt_n"] < follow_up.usage.prompt_tokens / 3  # ... and only the new turn was evaluated

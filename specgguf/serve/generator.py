@@ -6,12 +6,10 @@ sequence at a time here: so the HTTP side never touches a model. It submits a
 job's messages (`Started`, `Delta`, `Finished`, `Failed`) from an asyncio queue
 that the worker fills with `call_soon_threadsafe`.
 
-Prefix reuse: the engine keeps whatever prefix of a new prompt each model's KV
-cache already holds. For a follow-up chat turn to reuse the whole previous
-conversation, its prompt must repeat the previous answer as the very tokens that
-were generated (re-tokenizing the text need not give them back):
-`conversation.PromptCache` does that, as `chat.ChatSession` does for one user; with
-`--cache-slots N`, for N conversations (cache_slots.py).
+Prefix reuse: a prompt is always the fresh tokenization of the request's whole text
+(as llama-server's is), and the engine keeps whatever token prefix of it each
+model's KV cache already holds; with `--cache-slots N`, the cache of the
+conversation that shares the most (cache_slots.py).
 """
 
 from __future__ import annotations
@@ -134,7 +132,7 @@ class Worker:
         self.metrics = metrics
         self.templates = Prompts(self.verifier)
         self.tool_family = family_of(self.verifier.chat_template())  # how this model writes tool calls
-        self.prompts = CacheSlots(self.templates, [self.verifier, self.draft], cache_slots)
+        self.prompts = CacheSlots([self.verifier, self.draft], cache_slots)
         self._policies: dict[tuple, tuple[KPolicy, object]] = {}  # adaptive policies keep learning
         self._waiting: deque[Job] = deque()  # FIFO; a job whose client left is dropped from it
         self._running: Job | None = None
@@ -234,14 +232,14 @@ class Worker:
         self.prompts.forget()
 
     def _prepare(self, request: GenerationRequest):
-        """The prompt (text, special, tokens), drafter and K policy; a bad request raises."""
-        text, special = self._prompt_text(request)
+        """The prompt's tokens, constraint, drafter and K policy; a bad request raises."""
         if request.prompt_tokens is not None:
             prompt = list(request.prompt_tokens)
         elif request.fim is not None:
             prompt = self._fim_prompt(request)
         else:
-            prompt = self.prompts.tokens_for(text, special=special)
+            text, special = self._prompt_text(request)
+            prompt = self.templates.tokens(text, special=special)  # fresh, whatever came before
         self._check_token_ids(request, prompt)
         if not prompt:
             raise PromptError("the prompt is empty")
@@ -255,7 +253,7 @@ class Worker:
             constraint = call_constraint(self.verifier, request.tools, SYNTAXES[self.tool_family])
         else:
             constraint = None if request.grammar is None else constraint_for(self.verifier, request.grammar)
-        return text, special, prompt, constraint, *self._drafting(request)
+        return prompt, constraint, *self._drafting(request)
 
     def _fim_prompt(self, request: GenerationRequest) -> list[int]:
         framing = self.verifier.fim_tokens()
@@ -280,7 +278,7 @@ class Worker:
         request = job.request
         assert isinstance(request, GenerationRequest)
         try:
-            text, special, prompt, constraint, drafter, policy = self._prepare(request)
+            prompt, constraint, drafter, policy = self._prepare(request)
         except SpecggufError as error:
             job.send(Failed(error, status=400))
             return
@@ -326,11 +324,6 @@ class Worker:
         cancelled = job.cancelled.is_set() and not answer.stopped
         if not cancelled and (delta := answer.finish()):
             job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
-        kept_tokens, kept_text = answer.whole_tokens()
-        if request.prompt_tokens is None and request.fim is None:
-            self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
-        else:  # no text stands for these tokens (the caches still reuse their common prefix)
-            self.prompts.forget_live()
         finished = _finished(job, prompt, n_cached, answer, calls, opener, generation)
         if self.metrics is not None:
             self.metrics.observe(finished)
