@@ -26,6 +26,7 @@ from ..core.engine import FixedK, KPolicy, StepEvent, speculate
 from ..core.sampling import SamplingSettings
 from ..core.stats import Generation, GenerationStats
 from ..errors import ContextFullError, PromptError
+from ..llama.loaded import LoadedModel
 
 
 @dataclass
@@ -46,8 +47,8 @@ class ChatSession:
     def __init__(
         self,
         *,
-        verifier,
-        draft=None,
+        verifier: LoadedModel,
+        draft: LoadedModel | None = None,
         drafter: Drafter | None = None,
         policy: KPolicy,
         k_source: str = "",

@@ -17,6 +17,7 @@ from ..core.stats import GenerationStats
 from ..errors import PromptError
 from ..files.resolve import ResolvedPair
 from ..grammar import GrammarSpec, constraint_for
+from ..llama.loaded import LoadedModel
 from ..prepare import MEASURING, DraftOptions, KSource, LoadOptions, Prepared, placement, prepare, where_line
 from .render import TokenStream, legend
 
@@ -89,7 +90,12 @@ def run_prompt(
 
 
 def _stream(
-    verifier, json_output: bool, show_rejected: bool, out: TextIO, out_console: Console | None, err_console: Console
+    verifier: LoadedModel,
+    json_output: bool,
+    show_rejected: bool,
+    out: TextIO,
+    out_console: Console | None,
+    err_console: Console,
 ) -> TokenStream:
     """Where the answer goes: streamed to the terminal or the pipe, or only kept (--json)."""
     if show_rejected and out_console is not None and not json_output:
@@ -129,7 +135,7 @@ def _settings(
 def _made_here(prepared: Prepared) -> str | None:
     """'draft q4_0' on the stats line when a draft made for this machine ran."""
     choice = prepared.draft_choice
-    return f"draft {choice.name}" if choice is not None and choice.name != "original" else None
+    return f"draft {choice.name}" if choice is not None and not choice.variant.is_original else None
 
 
 def _variant(prepared: Prepared) -> dict | None:
@@ -137,8 +143,7 @@ def _variant(prepared: Prepared) -> dict | None:
     choice = prepared.draft_choice
     if choice is None:
         return None
-    asked = prepared.load.draft_variant
-    return {"asked": asked, "name": choice.name, "file": str(choice.path), "why": choice.why}
+    return {"asked": str(prepared.load.draft_variant), "name": choice.name, "file": str(choice.path), "why": choice.why}
 
 
 def _report(
