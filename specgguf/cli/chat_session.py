@@ -9,7 +9,7 @@ generation prompt, tokenized, then the answer's own tokens, and so on. A
 template that rewrites earlier turns falls back to tokenizing the whole text;
 the engine then reuses what still matches (conversation.Prompts.history builds it).
 
-The terminal side (reading lines, slash commands, Ctrl-C) is in `chat_repl`.
+The terminal side (reading lines, slash commands, Ctrl-C) is in `chat` (`ChatRepl`).
 """
 
 from __future__ import annotations
