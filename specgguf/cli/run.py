@@ -54,7 +54,7 @@ def run_prompt(
         on_announce=None if quiet or json_output else lambda text: err_console.print(text, style="dim"),
         measure_now=False,  # a prompt that cannot be answered is refused first
     )
-    verifier, draft = prepared.verifier, prepared.draft
+    verifier = prepared.verifier
     tokens = Prompts(verifier).question(prompt, raw=raw, system=system, special=special)
     check_prompt(verifier, tokens, max_tokens)
     policy, k_source = prepared.policy(temperature=settings.temperature)
@@ -83,8 +83,7 @@ def run_prompt(
         out.write(json.dumps(result, ensure_ascii=False) + "\n")
         out.flush()
     elif not quiet:
-        where = where_line(verifier, draft) if load.rpc else None
-        _report(stats, k_source, load, err_console, where=where, draft=_made_here(prepared))
+        _report(stats, k_source, prepared, err_console)
     prepared.save_ngrams()  # after the answer is out: a failure here loses nothing written
     return result
 
@@ -146,15 +145,10 @@ def _variant(prepared: Prepared) -> dict | None:
     return {"asked": str(prepared.load.draft_variant), "name": choice.name, "file": str(choice.path), "why": choice.why}
 
 
-def _report(
-    stats: GenerationStats,
-    k_source: KSource,
-    load: LoadOptions,
-    err_console: Console,
-    *,
-    where: str | None = None,
-    draft: str | None = None,
-) -> None:
+def _report(stats: GenerationStats, k_source: KSource, prepared: Prepared, err_console: Console) -> None:
+    load = prepared.load
+    where = where_line(prepared.verifier, prepared.draft) if load.rpc else None
+    draft = _made_here(prepared)
     if stats.stop == "context":
         err_console.print(f"stopped: the context ({load.n_ctx} tokens) is full; raise -c/--ctx-size", style="yellow")
     extras = "".join(f" · {part}" for part in (draft, where) if part)
