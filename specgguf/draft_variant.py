@@ -7,11 +7,11 @@ verifier's file never is). prepare.py asks once (`load_chosen`), and the choice 
   table, each optionally with a hot vocabulary cut from it, `+hot32k`: files/hot_vocab.py); a
   name asks for that variant alone;
 - the files made: each derived once from the user's draft file into the cache folder (`derive`,
-  keyed by the file's SHA-256 and the variant; the user's file is never touched);
+  at files/derived.py's path: the file's SHA-256 and the variant; the user's file is never touched);
 - what was measured (`calibrate`), on this machine, against this verifier: each file's cost per
   draft token (a batch of one, logits read: what drafting pays) and its acceptance (the chance a
   draft position is accepted given the ones before it were, from greedy speculation at K = 4 on a
-  short calibration set, code and prose), scored by the tokens per second it should give at its
+  short calibration set, code and prose: core/calibration.py), scored by the tokens per second it should give at its
   best fixed K, E(k) / T(k) with E(k) = (1 − a^(k+1)) / (1 − a) and T(k) = k·t_draft + t_verify(k + 1)
   (core/kpolicy.expected_rate); kept in tuning.json (`tuning.MeasuredVariants`), so measured once;
 - the choice (`pick`), then the chosen file loaded (`open_draft`).
@@ -19,7 +19,6 @@ verifier's file never is). prepare.py asks once (`load_chosen`), and the choice 
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,16 +28,13 @@ import numpy as np
 
 from . import tuning
 from .conversation import Prompts
+from .core import calibration
 from .core.costs import PROBE_CONTEXT, MachineCosts, measure
-from .core.drafters import DraftSettings, build_drafter
-from .core.engine import FixedK, speculate
 from .core.hot_vocab import HotVocab
 from .core.kpolicy import expected_rate
-from .core.sampling import SamplingSettings
 from .errors import ModelLoadError
 from .files import hot_vocab
-from .files.assets import DERIVED_DRAFTS, cache_dir
-from .files.stamps import sha256_hex, stamped_sha256, write_stamp
+from .files.derived import counts_path, derived_path
 from .llama.loaded import LoadedModel, ModelSettings
 from .llama.variants import ORIGINAL_VARIANT, Auto, Variant
 from .tuning import Candidate, MeasuredVariants
@@ -81,29 +77,10 @@ class DraftChoice:
         return self.variant.name
 
 
-def derived_path(source: Path, variant: Variant, verifier: Path | None = None) -> Path:
-    """Where the variant of `source` lives: the cache folder, by the source's SHA-256 (hashed once;
-    a stamp beside the cache remembers it while the file's size and mtime stay the same), and for a
-    hot vocabulary counted on a verifier's answers, that verifier (its name and size)."""
-    folder = cache_dir() / DERIVED_DRAFTS
-    stamp = folder / f"{hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:24]}.sha256"
-    digest = stamped_sha256(source, stamp=stamp)
-    if digest is None:
-        digest = sha256_hex(source)
-        write_stamp(source, digest, stamp=stamp)
-    if verifier is None:
-        return folder / f"{digest[:24]}-{variant}.gguf"
-    return folder / f"{digest[:24]}-{variant}-for-{_verifier_id(verifier)}.gguf"
-
-
-def _verifier_id(verifier: Path) -> str:
-    return hashlib.sha256(f"{verifier.name}|{verifier.stat().st_size}".encode()).hexdigest()[:12]
-
-
 def written_counts(verifier: LoadedModel) -> np.ndarray:
     """How often `verifier` writes each token, greedy, on the hot-vocabulary calibration set (its
     answers, drafted by n-grams alone: the same tokens, sooner); kept in the cache folder."""
-    kept = cache_dir() / DERIVED_DRAFTS / f"written-by-{_verifier_id(Path(verifier.path))}.npy"
+    kept = counts_path(verifier.path)
     try:
         counts = np.load(kept, allow_pickle=False)
         if counts.shape == (verifier.n_vocab,) and counts.dtype == np.int64 and counts.min() >= 0:
@@ -119,22 +96,14 @@ def written_counts(verifier: LoadedModel) -> np.ndarray:
 
 
 def _count_answers(verifier: LoadedModel) -> np.ndarray:
-    counts = np.zeros(verifier.n_vocab, dtype=np.int64)
+    questions = _questions(verifier, HOT_CALIBRATION)
+    return calibration.written_counts(verifier, questions, k=CALIBRATION_K, max_tokens=HOT_CALIBRATION_TOKENS)
+
+
+def _questions(verifier: LoadedModel, texts: tuple[str, ...]) -> list[list[int]]:
+    """The calibration questions as the verifier's prompt tokens (its chat template)."""
     prompts = Prompts(verifier)
-    for question in HOT_CALIBRATION:
-        events = speculate(
-            verifier=verifier,
-            drafter=build_drafter("ngram", None),
-            prompt_tokens=prompts.question(question, raw=False, system=None),
-            k=FixedK(CALIBRATION_K),
-            max_tokens=HOT_CALIBRATION_TOKENS,
-            settings=SamplingSettings(temperature=0.0),
-            rng=np.random.default_rng(0),
-        )
-        for event in events:
-            np.add.at(counts, np.asarray(event.tokens, dtype=np.int64), 1)
-    verifier.rewind(0)
-    return counts
+    return [prompts.question(text, raw=False, system=None) for text in texts]
 
 
 def derive(
@@ -146,7 +115,7 @@ def derive(
     from .llama.convert import requantize_draft
 
     if variant.n_hot is not None:
-        path = derived_path(source, variant, None if verifier is None else Path(verifier.path))
+        path = derived_path(source, variant.name, None if verifier is None else verifier.path)
         if not all(p.is_file() for p in (path, hot_vocab.sidecar(path), hot_vocab.rows_file(path))):
             if announce is not None:
                 announce(f"making the {variant} draft (once; the verifier's answers are counted first)")
@@ -155,7 +124,7 @@ def derive(
             cut_from = source if base.is_original else derive(source, base, announce=announce)
             hot_vocab.build(cut_from, path, n_hot=variant.n_hot, counts=counts)
         return path
-    path = derived_path(source, variant)
+    path = derived_path(source, variant.name)
     row = variant.requantization
     assert row is not None, "the original is used as given, never derived"
     if not path.is_file():
@@ -180,40 +149,20 @@ def open_draft(path: Path, settings: ModelSettings) -> LoadedModel:
 
 
 # --- what was measured ---
-def _acceptance(verifier: LoadedModel, draft: LoadedModel) -> float:
-    """Per-position acceptance of `draft` against `verifier`: greedy, K fixed, on the calibration set."""
-    prompts = Prompts(verifier)
-    accepted = tested = 0
-    for question in CALIBRATION:
-        tokens = prompts.question(question, raw=False, system=None)
-        events = speculate(
-            verifier=verifier,
-            drafter=build_drafter("model", draft, DraftSettings()),
-            prompt_tokens=tokens,
-            k=FixedK(CALIBRATION_K),
-            max_tokens=CALIBRATION_TOKENS,
-            settings=SamplingSettings(temperature=0.0),
-            rng=np.random.default_rng(0),
-        )
-        for event in events:
-            accepted += event.n_accepted
-            # A position is tested only if the ones before it were accepted: the first rejection ends it.
-            tested += min(event.n_accepted + 1, event.n_drafted)
-    verifier.rewind(0)
-    return accepted / tested if tested else 0.0
-
-
 def calibrate(
     verifier: LoadedModel, files: dict[Variant, Path], verify: tuple[float, ...], *, settings: ModelSettings
 ) -> list[Candidate]:
     """Measure each draft file here against `verifier` (whose verify costs by batch size are
     `verify`), each loaded with `settings` and closed after."""
     candidates = []
+    questions = _questions(verifier, CALIBRATION)
     for variant, path in files.items():
         draft = open_draft(path, settings)
         try:
             (seconds,) = measure(draft, max_batch=1, repeats=5, context=PROBE_CONTEXT, statistic=min)
-            acceptance = _acceptance(verifier, draft)
+            acceptance = calibration.acceptance(
+                verifier, draft, questions, k=CALIBRATION_K, max_tokens=CALIBRATION_TOKENS
+            )
         finally:
             draft.close()
         rate = expected_rate(MachineCosts(verify, seconds), acceptance)

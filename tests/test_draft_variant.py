@@ -18,6 +18,7 @@ from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.sampling import SamplingSettings
 from specgguf.errors import ModelLoadError, UsageError
 from specgguf.files import hot_vocab
+from specgguf.files.derived import derived_path, verifier_id
 from specgguf.files.hot_vocab import hot_ids
 from specgguf.llama.loaded import ModelSettings
 from specgguf.llama.model import LlamaModel
@@ -54,12 +55,12 @@ def test_a_variant_is_derived_once_into_the_cache_by_sha256_and_the_users_file_i
 def test_the_cache_follows_the_files_contents_not_its_name(cache, tiny_dir, tiny_draft):
     copy = tiny_dir / "copy-of-draft.gguf"
     copy.write_bytes(tiny_draft.read_bytes())
-    assert draft_variant.derived_path(copy, Q4_0) == draft_variant.derived_path(tiny_draft, Q4_0)
+    assert derived_path(copy, "q4_0") == derived_path(tiny_draft, "q4_0")
     changed = tiny_dir / "changed-draft.gguf"
     data = bytearray(tiny_draft.read_bytes())
     data[-1] ^= 1
     changed.write_bytes(bytes(data))
-    assert draft_variant.derived_path(changed, Q4_0) != draft_variant.derived_path(tiny_draft, Q4_0)
+    assert derived_path(changed, "q4_0") != derived_path(tiny_draft, "q4_0")
 
 
 @pytest.mark.parametrize("name", ["q4_0", "q4_0-q8head"])
@@ -233,8 +234,8 @@ def test_a_hot_vocabulary_keeps_the_tokens_its_verifier_writes(cache, wide_pair,
     assert any(token >= 1024 for token in written)  # by id alone, some of them would be cut
     path = hot_vocab.build(wide_pair[1], cache / "hot.gguf", n_hot=1024, counts=counts)
     assert written <= set(hot_vocab.load_maps(path).ids.tolist())
-    assert draft_variant.derived_path(wide_pair[1], parse_variant("q4_0+hot16k"), wide_pair[0]).name.endswith(
-        f"-q4_0+hot16k-for-{draft_variant._verifier_id(wide_pair[0])}.gguf"
+    assert derived_path(wide_pair[1], "q4_0+hot16k", wide_pair[0]).name.endswith(
+        f"-q4_0+hot16k-for-{verifier_id(wide_pair[0])}.gguf"
     )
     verifier.close()
 
