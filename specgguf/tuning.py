@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 try:
     import fcntl
@@ -95,7 +95,8 @@ class InvalidEntry(ValueError):
     """What is wrong with a stored entry (a warning, and the entry is ignored)."""
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[float]:
+    """A finite JSON number (not a bool)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -114,14 +115,9 @@ class BenchResult:
         k, speedup, acceptance = value.get("k"), value.get("speedup"), value.get("acceptance_rate")
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 64:
             raise InvalidEntry(f"'k' must be a whole number from 0 to 64, got {k!r}")
-        if (
-            isinstance(speedup, bool)
-            or not isinstance(speedup, (int, float))
-            or not math.isfinite(speedup)
-            or speedup <= 0
-        ):
+        if not (_number(speedup) and speedup > 0):
             raise InvalidEntry(f"'speedup' must be a positive number, got {speedup!r}")
-        if acceptance is not None and (type(acceptance) not in (int, float) or not 0 <= acceptance <= 1):
+        if acceptance is not None and not (_number(acceptance) and 0 <= acceptance <= 1):
             raise InvalidEntry(f"'acceptance_rate' must be between 0 and 1, got {acceptance!r}")
         return cls(k, float(speedup), None if acceptance is None else float(acceptance))
 
@@ -195,6 +191,7 @@ def draft_variant_key(draft: Path, verifier: LoadedModel) -> str:
 
 
 _CANDIDATE_FIELDS = {"name": str, "ms_per_token": float, "acceptance": float, "expected_tokens_per_second": float}
+_MEASURES = ("ms_per_token", "acceptance", "expected_tokens_per_second")  # a Candidate's fields after its variant
 
 
 @dataclass(frozen=True)
@@ -213,12 +210,7 @@ class Candidate:
         )
 
     def as_json(self) -> dict:
-        return {
-            "name": self.variant.name,
-            "ms_per_token": self.ms_per_token,
-            "acceptance": self.acceptance,
-            "expected_tokens_per_second": self.expected_tokens_per_second,
-        }
+        return {"name": self.variant.name} | {field: getattr(self, field) for field in _MEASURES}
 
 
 @dataclass(frozen=True)
@@ -251,12 +243,7 @@ class MeasuredVariants:
         if value.get("choice") not in variants:
             raise InvalidEntry(f"unknown variant in {value.get('choice')!r} / {names}")
         candidates = tuple(
-            Candidate(
-                variants[entry["name"]],
-                float(entry["ms_per_token"]),
-                float(entry["acceptance"]),
-                float(entry["expected_tokens_per_second"]),
-            )
+            Candidate(variants[entry["name"]], *(float(entry[field]) for field in _MEASURES))
             for entry in value["candidates"]
         )
         return cls(variants[value["choice"]], candidates)
