@@ -77,6 +77,7 @@ class DraftChoice:
         return self.variant.name
 
 
+# --- the files made ---
 def written_counts(verifier: LoadedModel) -> np.ndarray:
     """How often `verifier` writes each token, greedy, on the hot-vocabulary calibration set (its
     answers, drafted by n-grams alone: the same tokens, sooner); kept in the cache folder."""
