@@ -37,7 +37,7 @@ def lint_copy(tmp_path: Path, plant: tuple[str, str] | None = None) -> subproces
 def test_the_package_keeps_every_contract(tmp_path):
     result = lint_copy(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 kept, 0 broken" in result.stdout
+    assert "4 kept, 0 broken" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -58,3 +58,11 @@ def test_a_planted_violation_fails(tmp_path, module, line, broken):
     assert result.returncode != 0
     assert f"{broken}" in result.stdout and "BROKEN" in result.stdout
     assert module.replace("/", ".").removesuffix(".py") in result.stdout  # the planted import is the one named
+
+
+def test_a_planted_circle_fails(tmp_path):
+    """The grammar's protocol reaching back for the drafts that read it (the circle core/ had)."""
+    result = lint_copy(tmp_path, ("core/constraint.py", "from .drafting import Drafts"))
+    assert result.returncode != 0
+    assert "no import circle" in result.stdout and "BROKEN" in result.stdout
+    assert "No cycles are allowed in specgguf.core" in result.stdout

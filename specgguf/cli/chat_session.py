@@ -8,7 +8,7 @@ template around it, and the earlier answer from where its generated tokens diffe
 what its text tokenizes to (usually nowhere: a model mostly generates its tokenizer's own
 split).
 
-The terminal side (reading lines, slash commands, Ctrl-C) is in `chat_repl`.
+The terminal side (reading lines, slash commands, Ctrl-C) is in `chat` (`ChatRepl`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ..core.engine import FixedK, KPolicy, StepEvent, speculate
 from ..core.sampling import SamplingSettings
 from ..core.stats import Generation, GenerationStats
 from ..errors import ContextFullError, PromptError
+from ..llama.loaded import LoadedModel
 
 
 @dataclass
@@ -45,8 +46,8 @@ class ChatSession:
     def __init__(
         self,
         *,
-        verifier,
-        draft=None,
+        verifier: LoadedModel,
+        draft: LoadedModel | None = None,
         drafter: Drafter | None = None,
         policy: KPolicy,
         k_source: str = "",

@@ -17,9 +17,10 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import ContextFullError, PromptError
-from .constraint import Constraint, GrammarWalk
+from .constraint import Constraint
 from .drafting import Branch, Drafter, Drafts, DraftStep, NoDrafter, Source, ingest
 from .forced_drafter import ForcedDrafter
+from .grammar_walk import GrammarWalk
 from .model import Model
 from .sampling import (
     SamplingSettings,
