@@ -284,7 +284,7 @@ def test_a_hot_vocabulary_draft_parked_and_restored_reads_on_as_if_it_never_move
     """The cache slots' save_state/load_state through the hot view: the file's cache and the view's
     token list come back together, and the next row is the one an unmoved cache gives."""
     path = hot_vocab.build(wide_pair[1], cache / "hot.gguf", n_hot=1024)
-    draft = draft_variant.open_draft(path, _load)
+    draft = draft_variant.open_draft(path, SETTINGS)
     assert isinstance(draft, HotVocab)
     cold = [token for token in range(3, 2048) if draft.ids[draft.feed[token]] != token][:4]
     context = [1, 40, *cold, 41, 42, 43]  # cold tokens in the cache: fed as their own embedding rows

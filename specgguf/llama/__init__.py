@@ -1,4 +1,4 @@
-"""llama.cpp, the only wing that imports llama_cpp or ggml: model (LlamaModel, the real Model), loaded
+"""llama.cpp, the only wing that imports llama_cpp or ggml: model (LlamaModel, the real Model), tree (a draft tree's batch layout, kept exact), loaded
 (LoadedModel, what the rest uses of one, and ModelSettings, how a file loads), template (a GGUF's chat
 template), vocab, info (description, FIM tokens), embedding, state (saved caches), convert
 (re-quantizing) and variants (the drafts it can make, by name), compat (can two vocabularies pair),
