@@ -25,13 +25,13 @@ from ..core.drafters import DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
 from ..files.resolve import ResolvedPair
 from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
-from . import anthropic, embeddings, infill, ollama, responses
+from .apis import anthropic, embeddings, infill, ollama, responses
+from .apis.openai.bodies import ApiError, ChatRequest, CompletionRequest, parse_body
+from .apis.openai.shapes import Shape
 from .generator import Delta, Failed, Finished, GenerationRequest, QueueFull, Worker
 from .guard import Guard, HostPolicy, quiet_logs
 from .jobs import ClientGone, Receiver
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import ApiError, ChatRequest, CompletionRequest, parse_body
-from .shapes import Shape
 from .tools import plan as tool_plan
 from .transport import BodyLimit, CountRequests, Server, check_address, listen
 

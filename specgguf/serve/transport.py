@@ -13,8 +13,8 @@ import uvicorn
 from fastapi.responses import JSONResponse
 
 from ..errors import UsageError
+from .apis.openai.bodies import ApiError
 from .metrics import Metrics
-from .protocol import ApiError
 
 ENDPOINTS = (
     "/v1/chat/completions",

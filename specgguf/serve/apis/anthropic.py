@@ -13,11 +13,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..conversation import Message
-from ..core.sampling import SamplingSettings
-from .generator import Delta, Failed, Finished, GenerationRequest, Worker
-from .jobs import ClientGone, messages, started, whole
-from .protocol import ApiError, parse_body, unsupported
+from ...conversation import Message
+from ...core.sampling import SamplingSettings
+from ..generator import Delta, Failed, Finished, GenerationRequest, Worker
+from ..jobs import ClientGone, messages, started, whole
+from .openai.bodies import ApiError, parse_body, unsupported
 
 _ERROR_TYPES = {
     400: "invalid_request_error",

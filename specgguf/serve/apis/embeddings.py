@@ -10,10 +10,10 @@ import numpy as np
 from fastapi import FastAPI, Request
 from pydantic import Field
 
-from .generator import Embedded, EmbeddingRequest, Failed, Worker
-from .jobs import Receiver, submit
-from .openai_fields import _Fields
-from .protocol import ApiError, parse_body, unsupported
+from ..generator import Embedded, EmbeddingRequest, Failed, Worker
+from ..jobs import Receiver, submit
+from .openai.bodies import ApiError, parse_body, unsupported
+from .openai.fields import _Fields
 
 _Tokens = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 

@@ -16,13 +16,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..conversation import FimRequest
-from ..core.sampling import Penalties, SamplingSettings
-from ..prepare import KChoice, parse_k
-from .generator import Delta, Failed, Finished, GenerationRequest, Worker
-from .jobs import ClientGone, messages, started, whole
-from .protocol import ApiError, Speculative, parse_body, sampling_from, unsupported
-from .shapes import timings
+from ...conversation import FimRequest
+from ...core.sampling import Penalties, SamplingSettings
+from ...prepare import KChoice, parse_k
+from ..generator import Delta, Failed, Finished, GenerationRequest, Worker
+from ..jobs import ClientGone, messages, started, whole
+from .openai.bodies import ApiError, Speculative, parse_body, sampling_from, unsupported
+from .openai.shapes import timings
 
 
 class _Body(BaseModel):

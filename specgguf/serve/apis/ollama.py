@@ -20,12 +20,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..conversation import FimRequest, Message
-from ..core.sampling import SamplingSettings
-from .generator import Delta, Failed, Finished, GenerationRequest, Worker
+from ...conversation import FimRequest, Message
+from ...core.sampling import SamplingSettings
+from ..generator import Delta, Failed, Finished, GenerationRequest, Worker
+from ..jobs import ClientGone, messages, started, whole
 from .infill import llama_sampling
-from .jobs import ClientGone, messages, started, whole
-from .protocol import ApiError, unsupported
+from .openai.bodies import ApiError, unsupported
 
 OLLAMA_VERSION = "0.12.0"  # the Ollama API this server speaks (clients check it)
 
@@ -182,7 +182,7 @@ def _stats(finished: Finished) -> dict:
 
 
 def _parse(model: type[_Body], raw: bytes) -> Any:
-    from .protocol import parse_body
+    from .openai.bodies import parse_body
 
     return parse_body(model, raw)  # type: ignore[arg-type]
 

@@ -15,12 +15,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..conversation import Message
-from ..core.sampling import SamplingSettings
-from .generator import Delta, Failed, Finished, GenerationRequest, Worker
-from .jobs import ClientGone, messages, started, whole
-from .openai_fields import CommonIgnored
-from .protocol import ApiError, parse_body, unsupported
+from ...conversation import Message
+from ...core.sampling import SamplingSettings
+from ..generator import Delta, Failed, Finished, GenerationRequest, Worker
+from ..jobs import ClientGone, messages, started, whole
+from .openai.bodies import ApiError, parse_body, unsupported
+from .openai.fields import CommonIgnored
 
 MEMORY = 256  # stored responses a later request may continue from
 _ROLES: dict[str, Literal["system", "user", "assistant"]] = {

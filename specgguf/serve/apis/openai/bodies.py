@@ -15,11 +15,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..conversation import Message, Role, ToolCall
-from ..core.drafters import DrafterKind
-from ..core.sampling import Penalties, SamplingSettings
-from ..grammar import MAX_GRAMMAR_CHARS, GrammarError, GrammarSpec
-from .openai_fields import ChatIgnored, CommonIgnored, MessageFields, refuse_chat_extras
+from ....conversation import Message, Role, ToolCall
+from ....core.drafters import DrafterKind
+from ....core.sampling import Penalties, SamplingSettings
+from ....grammar import MAX_GRAMMAR_CHARS, GrammarError, GrammarSpec
+from .fields import ChatIgnored, CommonIgnored, MessageFields, refuse_chat_extras
 
 
 class ApiError(Exception):

@@ -56,7 +56,7 @@ class MessageFields(_Fields):
     function_call: Any = None
 
     def refuse_extras(self, where: str) -> None:
-        from .protocol import unsupported
+        from .bodies import unsupported
 
         if self.audio is not None:
             raise unsupported(f"{where}.audio", "no audio")
@@ -65,7 +65,7 @@ class MessageFields(_Fields):
 
 
 def refuse_chat_extras(request: ChatIgnored) -> None:
-    from .protocol import unsupported
+    from .bodies import unsupported
 
     if request.modalities and "audio" in request.modalities:
         raise unsupported("modalities", 'only ["text"]')

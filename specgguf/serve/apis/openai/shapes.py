@@ -8,8 +8,8 @@ import secrets
 import time
 from typing import Any, Literal
 
-from .generator import Finished
-from .text import TokenLogprob
+from ...generator import Finished
+from ...text import TokenLogprob
 
 # OpenAI's backend configuration id (a string in its schema): the server and its version.
 SYSTEM_FINGERPRINT = "fp_specgguf_0.1"

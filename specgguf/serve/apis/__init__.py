@@ -1,0 +1,1 @@
+"""The server's APIs, one entry each."""
