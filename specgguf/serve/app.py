@@ -28,10 +28,11 @@ from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, pr
 from .apis import anthropic, embeddings, infill, ollama, responses
 from .apis.openai.bodies import ApiError, ChatRequest, CompletionRequest, parse_body
 from .apis.openai.shapes import Shape
-from .generator import Delta, Failed, Finished, GenerationRequest, QueueFull, Worker
+from .generator import Delta, Failed, Finished, QueueFull, Worker
 from .guard import Guard, HostPolicy, quiet_logs
 from .jobs import ClientGone, Receiver
 from .metrics import CONTENT_TYPE, Metrics
+from .plan import GenerationRequest
 from .tools import plan as tool_plan
 from .transport import BodyLimit, CountRequests, Server, check_address, listen
 

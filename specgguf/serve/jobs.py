@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from .generator import Delta, EmbeddingRequest, Failed, Finished, GenerationRequest, Job, QueueFull, Worker
+from .generator import Delta, EmbeddingRequest, Failed, Finished, Job, QueueFull, Worker
+from .plan import GenerationRequest
 from .text import TokenLogprob
 
 ErrorFactory = Callable[[int, str], Exception]  # (HTTP status, message) -> the API's own error

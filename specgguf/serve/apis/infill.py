@@ -19,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...conversation import FimRequest
 from ...core.sampling import Penalties, SamplingSettings
 from ...prepare import KChoice, parse_k
-from ..generator import Delta, Failed, Finished, GenerationRequest, Worker
+from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import ClientGone, messages, started, whole
+from ..plan import GenerationRequest
 from .openai.bodies import ApiError, Speculative, parse_body, sampling_from, unsupported
 from .openai.shapes import timings
 

@@ -22,8 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...conversation import FimRequest, Message
 from ...core.sampling import SamplingSettings
-from ..generator import Delta, Failed, Finished, GenerationRequest, Worker
+from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import ClientGone, messages, started, whole
+from ..plan import GenerationRequest
 from .infill import llama_sampling
 from .openai.bodies import ApiError, unsupported
 

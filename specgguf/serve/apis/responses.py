@@ -17,8 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...conversation import Message
 from ...core.sampling import SamplingSettings
-from ..generator import Delta, Failed, Finished, GenerationRequest, Worker
+from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import ClientGone, messages, started, whole
+from ..plan import GenerationRequest
 from .openai.bodies import ApiError, parse_body, unsupported
 from .openai.fields import CommonIgnored
 
