@@ -11,7 +11,6 @@ import asyncio
 import secrets
 import socket
 import time
-from dataclasses import dataclass
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -26,8 +25,9 @@ from ..core.sampling import SamplingSettings
 from ..files.resolve import ResolvedPair
 from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
 from .apis import anthropic, embeddings, infill, ollama, responses
-from .apis.openai.bodies import ApiError, ChatRequest, CompletionRequest, parse_body
+from .apis.openai.bodies import ChatRequest, CompletionRequest
 from .apis.openai.shapes import Shape
+from .common import ApiError, ServeOptions, parse_body
 from .generator import Delta, Failed, Finished, QueueFull, Worker
 from .guard import Guard, HostPolicy, quiet_logs
 from .jobs import ClientGone, Receiver
@@ -35,18 +35,6 @@ from .metrics import CONTENT_TYPE, Metrics
 from .plan import GenerationRequest
 from .tools import plan as tool_plan
 from .transport import BodyLimit, CountRequests, Server, check_address, listen
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    model_name: str
-    max_tokens: int  # when a request gives none
-    settings: SamplingSettings  # the defaults a request may override
-    api_key: str | None = None
-    max_body_bytes: int = 1 << 20
-    allowed_hosts: tuple[str, ...] = ()  # Host values besides the bound address and localhost
-    cors_origins: tuple[str, ...] = ()  # browser origins that may call the API
-    strict_model: bool = False  # an unknown `model` is a 404 (else any name means the loaded model)
 
 
 def create_app(

@@ -16,7 +16,8 @@ import numpy as np
 
 from ..core.lazy_grammar import LazyGrammar
 from ..grammar import JSON_OPTIONS, GrammarError, GrammarSpec, GuidanceConstraint, check_schema
-from .apis.openai.bodies import ApiError, ChatRequest
+from .apis.openai.bodies import ChatRequest
+from .common import ApiError
 from .tool_syntax import SYNTAXES, Family, ParsedCall, Tool, ToolSyntax
 
 

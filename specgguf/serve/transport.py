@@ -13,7 +13,7 @@ import uvicorn
 from fastapi.responses import JSONResponse
 
 from ..errors import UsageError
-from .apis.openai.bodies import ApiError
+from .common import ApiError
 from .metrics import Metrics
 
 ENDPOINTS = (

@@ -15,10 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...conversation import Message
 from ...core.sampling import SamplingSettings
+from ..common import ApiError, Body, ServeOptions, parse_body, unsupported
 from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import ClientGone, messages, started, whole
 from ..plan import GenerationRequest
-from .openai.bodies import ApiError, parse_body, unsupported
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -34,10 +34,6 @@ _ERROR_TYPES = {
 def error_body(error: ApiError) -> dict:
     kind = _ERROR_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": error.message}}
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Block(BaseModel):
@@ -59,12 +55,12 @@ def _text(content: str | list[Block], where: str) -> str:
     return "\n".join(texts)
 
 
-class AnthropicMessage(_Body):
+class AnthropicMessage(Body):
     role: Literal["user", "assistant"]
     content: str | list[Block]
 
 
-class MessagesBody(_Body):
+class MessagesBody(Body):
     model: str
     messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1)]
@@ -148,7 +144,7 @@ def _event(name: str, data: dict) -> str:
     return f"event: {name}\ndata: {json.dumps({'type': name, **data}, ensure_ascii=False)}\n\n"
 
 
-def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> None:
+def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
     def errors(status: int, message: str) -> Exception:
         return ApiError(status, message)
 

@@ -14,28 +14,24 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ...conversation import FimRequest
 from ...core.sampling import Penalties, SamplingSettings
 from ...prepare import KChoice, parse_k
+from ..common import ApiError, Body, ServeOptions, Speculative, parse_body, sampling_from, unsupported
 from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import ClientGone, messages, started, whole
 from ..plan import GenerationRequest
-from .openai.bodies import ApiError, Speculative, parse_body, sampling_from, unsupported
 from .openai.shapes import timings
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class Chunk(_Body):
+class Chunk(Body):
     text: str = ""
     filename: str = "tmp"
 
 
-class InfillBody(_Body):
+class InfillBody(Body):
     """The fields llama.vscode and llama.vim send, and llama-server's usual sampling ones."""
 
     input_prefix: str = ""
@@ -125,7 +121,7 @@ def _drafting(speculative: Speculative | None) -> dict:
     }
 
 
-def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> None:
+def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
     n_ctx = worker.verifier.n_ctx
 
     def errors(status: int, message: str) -> Exception:
@@ -149,7 +145,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
 
     @app.post("/infill", dependencies=dependencies)
     async def infill(request: Request):
-        body: InfillBody = parse_body(InfillBody, await request.body())  # type: ignore[arg-type]
+        body: InfillBody = parse_body(InfillBody, await request.body())
         if options.strict_model and body.model not in (None, options.model_name):
             raise ApiError(404, f"unknown model {body.model[:200]!r}", param="model")
         n_predict = options.max_tokens if body.n_predict in (None, -1) else body.n_predict

@@ -18,27 +18,20 @@ from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ...conversation import FimRequest, Message
 from ...core.sampling import SamplingSettings
+from ..common import ApiError, Body, ServeOptions, parse_body, unsupported
 from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import ClientGone, messages, started, whole
 from ..plan import GenerationRequest
 from .infill import llama_sampling
-from .openai.bodies import ApiError, unsupported
 
 OLLAMA_VERSION = "0.12.0"  # the Ollama API this server speaks (clients check it)
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    def refuse_unsupported(self) -> None:
-        pass
-
-
-class Options(_Body):
+class Options(Body):
     """Ollama's options. Load-time ones (num_ctx, num_gpu, ...) are fixed when the server starts:
     accepted and ignored; samplers specgguf does not have are refused unless they are off."""
 
@@ -93,7 +86,7 @@ _Format = Literal["", "json"] | dict[str, Any] | None
 _KeepAlive = float | int | str | None
 
 
-class _Generating(_Body):
+class _Generating(Body):
     model: Annotated[str, Field(min_length=1)]
     stream: bool | None = None  # Ollama streams unless told not to
     options: Options | None = None
@@ -116,7 +109,7 @@ class _Generating(_Body):
             raise unsupported("logprobs", "use /v1/chat/completions for log-probabilities")
 
 
-class OllamaMessage(_Body):
+class OllamaMessage(Body):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""
     images: list[str] | None = None
@@ -159,7 +152,7 @@ class GenerateBody(_Generating):
             raise unsupported("context", "send the conversation to /api/chat instead")
 
 
-class ShowBody(_Body):
+class ShowBody(Body):
     model: str | None = None
     name: str | None = None  # the older spelling
     verbose: bool | None = None
@@ -182,14 +175,8 @@ def _stats(finished: Finished) -> dict:
     }
 
 
-def _parse(model: type[_Body], raw: bytes) -> Any:
-    from .openai.bodies import parse_body
-
-    return parse_body(model, raw)  # type: ignore[arg-type]
-
-
-def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> None:
-    """Ollama's routes on `app`; `options` is app.ServeOptions, `dependencies` the API-key check."""
+def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
+    """Ollama's routes on `app`; `dependencies` the API-key check."""
     n_ctx = worker.verifier.n_ctx
 
     def errors(status: int, message: str) -> Exception:
@@ -231,7 +218,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
 
     @app.post("/api/chat", dependencies=dependencies)
     async def chat(request: Request):
-        body: ChatBody = _parse(ChatBody, await request.body())
+        body: ChatBody = parse_body(ChatBody, await request.body())
         if not body.messages:  # Ollama loads the model and answers nothing
             return {"model": body.model, "created_at": _now(), "message": {"role": "assistant", "content": ""},
                     "done_reason": "load", "done": True}  # fmt: skip
@@ -249,7 +236,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
 
     @app.post("/api/generate", dependencies=dependencies)
     async def generate(request: Request):
-        body: GenerateBody = _parse(GenerateBody, await request.body())
+        body: GenerateBody = parse_body(GenerateBody, await request.body())
         if not body.prompt and not body.suffix:  # Ollama: load the model, answer nothing
             return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
         if body.suffix:  # fill in the middle, framed with the model's FIM tokens
@@ -305,7 +292,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
 
     @app.post("/api/show", dependencies=dependencies)
     async def show(request: Request):
-        body: ShowBody = _parse(ShowBody, await request.body())
+        body: ShowBody = parse_body(ShowBody, await request.body())
         name = body.model or body.name
         if not name:
             raise ApiError(400, "'model' is required", param="model")

@@ -17,10 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...conversation import Message
 from ...core.sampling import SamplingSettings
+from ..common import ApiError, ServeOptions, parse_body, unsupported
 from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import ClientGone, messages, started, whole
 from ..plan import GenerationRequest
-from .openai.bodies import ApiError, parse_body, unsupported
 from .openai.fields import CommonIgnored
 
 MEMORY = 256  # stored responses a later request may continue from
@@ -114,7 +114,7 @@ def _message(item: Item, index: int) -> Message:
     return Message(_ROLES[item.role], "\n".join(texts))
 
 
-def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> None:
+def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
     memory: OrderedDict[str, list[Message]] = OrderedDict()
 
     def errors(status: int, message: str) -> Exception:
@@ -123,7 +123,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
     @app.post("/v1/responses", dependencies=dependencies)
     @app.post("/responses", dependencies=dependencies)
     async def create(request: Request):
-        body: ResponsesBody = parse_body(ResponsesBody, await request.body())  # type: ignore[arg-type]
+        body: ResponsesBody = parse_body(ResponsesBody, await request.body())
         if options.strict_model and body.model not in (None, options.model_name):
             raise ApiError(404, f"unknown model {str(body.model)[:200]!r}", param="model", code="model_not_found")
         history: list[Message] = []

@@ -15,14 +15,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from ...common import Body, unsupported
 
 
-class _Fields(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class CommonIgnored(_Fields):
+class CommonIgnored(Body):
     """Chat and text completions: accepted, never read."""
 
     user: str | None = None
@@ -35,7 +31,7 @@ class CommonIgnored(_Fields):
     prompt_cache_options: dict[str, Any] | None = None
 
 
-class ChatIgnored(_Fields):
+class ChatIgnored(Body):
     """Chat only: accepted; `refuse_chat_extras` refuses the values that would change the answer."""
 
     reasoning_effort: str | None = None
@@ -47,7 +43,7 @@ class ChatIgnored(_Fields):
     moderation: dict[str, Any] | None = None
 
 
-class MessageFields(_Fields):
+class MessageFields(Body):
     """What an answer's message carries besides its role and content, as the SDK sends it back."""
 
     refusal: str | None = None
@@ -56,8 +52,6 @@ class MessageFields(_Fields):
     function_call: Any = None
 
     def refuse_extras(self, where: str) -> None:
-        from .bodies import unsupported
-
         if self.audio is not None:
             raise unsupported(f"{where}.audio", "no audio")
         if self.function_call is not None:
@@ -65,8 +59,6 @@ class MessageFields(_Fields):
 
 
 def refuse_chat_extras(request: ChatIgnored) -> None:
-    from .bodies import unsupported
-
     if request.modalities and "audio" in request.modalities:
         raise unsupported("modalities", 'only ["text"]')
     if request.audio is not None:

@@ -1,0 +1,139 @@
+"""What every API of the server shares, and none owns: the server's options (`ServeOptions`),
+`ApiError` (an error with its status; each API answers it in its own shape), strict request bodies
+(`Body`) read by `parse_body`, the sampling reader (`sampling_from`: a request's fields over the
+server's defaults) and specgguf's own `speculative` field.
+
+Bodies are validated strictly from the raw JSON (`model_validate_json`): a wrong type, an unknown
+field or a value out of range is a 400 naming the field; `Body.refuse_unsupported` then refuses,
+by name, a value that would change the answer and is not done here (never a silent ignore).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..core.drafters import DrafterKind
+from ..core.sampling import Penalties, SamplingSettings
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model_name: str
+    max_tokens: int  # when a request gives none
+    settings: SamplingSettings  # the defaults a request may override
+    api_key: str | None = None
+    max_body_bytes: int = 1 << 20
+    allowed_hosts: tuple[str, ...] = ()  # Host values besides the bound address and localhost
+    cors_origins: tuple[str, ...] = ()  # browser origins that may call the API
+    strict_model: bool = False  # an unknown `model` is a 404 (else any name means the loaded model)
+
+
+class ApiError(Exception):
+    """An error with its HTTP status. Each API answers it in its own shape; `body` is OpenAI's,
+    {"error": {"message", "type", "param", "code"}}, the server's default."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def unsupported(param: str, why: str = "") -> ApiError:
+    return ApiError(
+        400,
+        f"'{param}' is not supported by specgguf{': ' + why if why else ''}",
+        param=param,
+        code="unsupported_parameter",
+    )
+
+
+def sampling_from(fields: Any, defaults: SamplingSettings, penalties: Callable[[], Penalties]) -> SamplingSettings:
+    """A request's `temperature`, `top_k`, `top_p` and `min_p` over the server's defaults (None: the
+    default; top_p 0: only the most likely token, greedy decoding) with `penalties()`; a value out
+    of range is a 400."""
+    temperature = defaults.temperature if fields.temperature is None else fields.temperature
+    top_p = defaults.top_p if fields.top_p is None else fields.top_p
+    if top_p == 0.0:
+        temperature, top_p = 0.0, 1.0
+    try:
+        return SamplingSettings(
+            temperature=temperature,
+            top_k=defaults.top_k if fields.top_k is None else fields.top_k,
+            top_p=top_p,
+            min_p=defaults.min_p if fields.min_p is None else fields.min_p,
+            penalties=penalties(),
+        )
+    except ValueError as error:
+        raise ApiError(400, str(error)) from None
+
+
+class Body(BaseModel):
+    """A request body, or a part of one: strict types, no unknown field."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    def refuse_unsupported(self) -> None:
+        """A field whose value would change the answer and is not done here: an ApiError naming it."""
+
+
+class Speculative(Body):
+    """Per-request drafting: {"k": 8 | "auto" | "adaptive", "drafter": ..., "p_min": ...}."""
+
+    k: Annotated[int, Field(ge=0, le=64)] | Literal["auto", "adaptive"] | None = None
+    drafter: DrafterKind | None = None
+    p_min: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+
+
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _param_name(loc: tuple) -> str | None:
+    """("messages", 0, "role") -> "messages[0].role", leaving out pydantic's union-member tags."""
+    name = ""
+    for part in loc:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        elif part.isidentifier() and part not in _UNION_TAGS:
+            name += f".{part}" if name else part
+    return name or None
+
+
+BodyType = TypeVar("BodyType", bound=Body)
+
+
+def parse_body(model: type[BodyType], raw: bytes) -> BodyType:
+    """The request body as `model`, or an ApiError (400) that names the first bad field."""
+    try:
+        request = model.model_validate_json(raw)
+    except ValidationError as error:
+        # Of a union's failed branches, the deepest error says most ("stop[0]: too long", not "not a string").
+        first = max(error.errors(include_url=False), key=lambda detail: len(_param_name(detail["loc"]) or ""))
+        if first["type"] == "json_invalid":
+            raise ApiError(400, f"the body is not valid JSON: {first['msg']}") from None
+        if first["type"] == "model_type" and not first["loc"]:
+            raise ApiError(400, "the body must be a JSON object") from None
+        param = _param_name(first["loc"])
+        # A union's branches failing at the same place: say what each would have taken.
+        messages = dict.fromkeys(
+            detail["msg"] for detail in error.errors(include_url=False) if _param_name(detail["loc"]) == param
+        )
+        message = "unknown field" if first["type"] == "extra_forbidden" else "; or ".join(messages)
+        raise ApiError(400, f"'{param}': {message}" if param else message, param=param) from None
+    request.refuse_unsupported()
+    return request
