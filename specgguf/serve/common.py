@@ -1,7 +1,8 @@
 """What every API of the server shares, and none owns: the server's options (`ServeOptions`),
 `ApiError` (an error with its status; each API answers it in its own shape), strict request bodies
 (`Body`) read by `parse_body`, the sampling reader (`sampling_from`: a request's fields over the
-server's defaults) and specgguf's own `speculative` field.
+server's defaults; `llama_sampling` for llama.cpp-style fields) and specgguf's own
+`speculative` field.
 
 Bodies are validated strictly from the raw JSON (`model_validate_json`): a wrong type, an unknown
 field or a value out of range is a 400 naming the field; `Body.refuse_unsupported` then refuses,
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -63,24 +64,64 @@ def unsupported(param: str, why: str = "") -> ApiError:
     )
 
 
-def sampling_from(fields: Any, defaults: SamplingSettings, penalties: Callable[[], Penalties]) -> SamplingSettings:
-    """A request's `temperature`, `top_k`, `top_p` and `min_p` over the server's defaults (None: the
-    default; top_p 0: only the most likely token, greedy decoding) with `penalties()`; a value out
-    of range is a 400."""
-    temperature = defaults.temperature if fields.temperature is None else fields.temperature
-    top_p = defaults.top_p if fields.top_p is None else fields.top_p
+def sampling_from(
+    defaults: SamplingSettings,
+    *,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    penalties: Callable[[], Penalties] | None = None,
+) -> SamplingSettings:
+    """The one reading of a request's sampling fields over the server's defaults: None is the
+    default, top_p 0 only the most likely token (greedy decoding), `penalties()` the request's
+    penalties (none: the defaults'); a value out of range is a 400."""
+    temperature = defaults.temperature if temperature is None else temperature
+    top_p = defaults.top_p if top_p is None else top_p
     if top_p == 0.0:
         temperature, top_p = 0.0, 1.0
     try:
         return SamplingSettings(
             temperature=temperature,
-            top_k=defaults.top_k if fields.top_k is None else fields.top_k,
+            top_k=defaults.top_k if top_k is None else top_k,
             top_p=top_p,
-            min_p=defaults.min_p if fields.min_p is None else fields.min_p,
-            penalties=penalties(),
+            min_p=defaults.min_p if min_p is None else min_p,
+            penalties=defaults.penalties if penalties is None else penalties(),
         )
     except ValueError as error:
         raise ApiError(400, str(error)) from None
+
+
+class LlamaSampling(Protocol):
+    """llama.cpp-style sampling fields: llama-server's (/infill) and Ollama's `options`."""
+
+    temperature: float | None
+    top_k: int | None
+    top_p: float | None
+    min_p: float | None
+    repeat_penalty: float | None
+    repeat_last_n: int | None
+    frequency_penalty: float | None
+    presence_penalty: float | None
+
+
+def llama_sampling(fields: LlamaSampling, defaults: SamplingSettings, n_ctx: int) -> SamplingSettings:
+    """Sampling from llama.cpp-style fields: temperature, top_k, top_p (0: greedy), min_p,
+    repeat/frequency/presence penalties and repeat_last_n (-1: the context)."""
+    last_n = defaults.penalties.last_n if fields.repeat_last_n is None else fields.repeat_last_n
+    return sampling_from(
+        defaults,
+        temperature=fields.temperature,
+        top_k=fields.top_k,
+        top_p=fields.top_p,
+        min_p=fields.min_p,
+        penalties=lambda: Penalties(
+            frequency=fields.frequency_penalty or 0.0,
+            presence=fields.presence_penalty or 0.0,
+            repeat=1.0 if fields.repeat_penalty is None else fields.repeat_penalty,
+            last_n=n_ctx if last_n == -1 else last_n,
+        ),
+    )
 
 
 class Body(BaseModel):

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...conversation import Message
 from ...core.sampling import SamplingSettings
-from ..common import ApiError, Body, ServeOptions, parse_body, unsupported
+from ..common import ApiError, Body, ServeOptions, parse_body, sampling_from, unsupported
 from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import ClientGone, messages, started, whole
 from ..plan import GenerationRequest
@@ -106,17 +106,7 @@ class MessagesBody(Body):
         return turns
 
     def sampling(self, defaults: SamplingSettings) -> SamplingSettings:
-        temperature = defaults.temperature if self.temperature is None else self.temperature
-        top_p = defaults.top_p if self.top_p is None else self.top_p
-        if top_p == 0.0:
-            temperature, top_p = 0.0, 1.0
-        return SamplingSettings(
-            temperature=temperature,
-            top_k=defaults.top_k if self.top_k is None else self.top_k,
-            top_p=top_p,
-            min_p=defaults.min_p,
-            penalties=defaults.penalties,
-        )
+        return sampling_from(defaults, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
 
 class CountBody(MessagesBody):

@@ -17,9 +17,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field
 
 from ...conversation import FimRequest
-from ...core.sampling import Penalties, SamplingSettings
+from ...core.sampling import SamplingSettings
 from ...prepare import KChoice, parse_k
-from ..common import ApiError, Body, ServeOptions, Speculative, parse_body, sampling_from, unsupported
+from ..common import ApiError, Body, ServeOptions, Speculative, llama_sampling, parse_body, unsupported
 from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import ClientGone, messages, started, whole
 from ..plan import GenerationRequest
@@ -73,22 +73,6 @@ class InfillBody(Body):
 
     def sampling(self, defaults: SamplingSettings, n_ctx: int) -> SamplingSettings:
         return llama_sampling(self, defaults, n_ctx)
-
-
-def llama_sampling(options: Any, defaults: SamplingSettings, n_ctx: int) -> SamplingSettings:
-    """Sampling from llama.cpp-style fields (llama-server's and Ollama's `options`): temperature, top_k,
-    top_p (0: greedy), min_p, repeat/frequency/presence penalties and repeat_last_n (-1: the context)."""
-    last_n = defaults.penalties.last_n if options.repeat_last_n is None else options.repeat_last_n
-    return sampling_from(
-        options,
-        defaults,
-        lambda: Penalties(
-            frequency=options.frequency_penalty or 0.0,
-            presence=options.presence_penalty or 0.0,
-            repeat=1.0 if options.repeat_penalty is None else options.repeat_penalty,
-            last_n=n_ctx if last_n == -1 else last_n,
-        ),
-    )
 
 
 def error_body(error: ApiError) -> dict:

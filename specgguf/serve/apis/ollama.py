@@ -22,11 +22,10 @@ from pydantic import Field
 
 from ...conversation import FimRequest, Message
 from ...core.sampling import SamplingSettings
-from ..common import ApiError, Body, ServeOptions, parse_body, unsupported
+from ..common import ApiError, Body, ServeOptions, llama_sampling, parse_body, unsupported
 from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import ClientGone, messages, started, whole
 from ..plan import GenerationRequest
-from .infill import llama_sampling
 
 OLLAMA_VERSION = "0.12.0"  # the Ollama API this server speaks (clients check it)
 

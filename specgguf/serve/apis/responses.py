@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...conversation import Message
 from ...core.sampling import SamplingSettings
-from ..common import ApiError, ServeOptions, parse_body, unsupported
+from ..common import ApiError, ServeOptions, parse_body, sampling_from, unsupported
 from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import ClientGone, messages, started, whole
 from ..plan import GenerationRequest
@@ -84,17 +84,7 @@ class ResponsesBody(CommonIgnored):
         return [_message(item, index) for index, item in enumerate(self.input)]
 
     def sampling(self, defaults: SamplingSettings) -> SamplingSettings:
-        temperature = defaults.temperature if self.temperature is None else self.temperature
-        top_p = defaults.top_p if self.top_p is None else self.top_p
-        if top_p == 0.0:
-            temperature, top_p = 0.0, 1.0
-        return SamplingSettings(
-            temperature=temperature,
-            top_k=defaults.top_k,
-            top_p=top_p,
-            min_p=defaults.min_p,
-            penalties=defaults.penalties,
-        )
+        return sampling_from(defaults, temperature=self.temperature, top_p=self.top_p)
 
 
 def _message(item: Item, index: int) -> Message:

@@ -106,7 +106,14 @@ class _Common(CommonIgnored, Body):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def sampling(self, defaults: SamplingSettings) -> SamplingSettings:
-        return sampling_from(self, defaults, lambda: self.penalties(defaults.penalties))
+        return sampling_from(
+            defaults,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            penalties=lambda: self.penalties(defaults.penalties),
+        )
 
     def penalties(self, defaults: Penalties) -> Penalties:
         bias = tuple(sorted((int(token), value) for token, value in (self.logit_bias or {}).items()))
