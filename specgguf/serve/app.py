@@ -33,7 +33,6 @@ from .guard import Guard, HostPolicy, quiet_logs
 from .jobs import ClientGone, Receiver
 from .metrics import CONTENT_TYPE, Metrics
 from .plan import GenerationRequest
-from .tools import plan as tool_plan
 from .transport import BodyLimit, CountRequests, Server, check_address, listen
 
 
@@ -244,7 +243,7 @@ def _generation_request(body, messages, text: str, options: ServeOptions) -> Gen
         p_min=speculative.p_min if speculative else None,
         n_top_logprobs=body.n_top_logprobs,
         grammar=body.grammar_spec(),
-        tools=tool_plan(body) if isinstance(body, ChatRequest) else None,
+        tools=body.tool_plan() if isinstance(body, ChatRequest) else None,
         prompt_tokens=getattr(body, "tokens", None),
         # A completion with a suffix fills in the middle (as Ollama and OpenAI's instruct models do).
         fim=FimRequest(text, body.suffix) if getattr(body, "suffix", None) is not None else None,
