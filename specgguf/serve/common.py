@@ -1,8 +1,8 @@
 """What every API of the server shares, and none owns: the server's options (`ServeOptions`),
 `ApiError` (an error with its status; each API answers it in its own shape), strict request bodies
 (`Body`) read by `parse_body`, the sampling reader (`sampling_from`: a request's fields over the
-server's defaults; `llama_sampling` for llama.cpp-style fields) and specgguf's own
-`speculative` field.
+server's defaults; `llama_sampling` for llama.cpp-style fields), specgguf's own `speculative`
+field, and a finished answer's `usage` (OpenAI's) and `timings` (llama-server's).
 
 Bodies are validated strictly from the raw JSON (`model_validate_json`): a wrong type, an unknown
 field or a value out of range is a 400 naming the field; `Body.refuse_unsupported` then refuses,
@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.drafters import DrafterKind
 from ..core.sampling import Penalties, SamplingSettings
+from .generator import Finished
 
 
 @dataclass(frozen=True)
@@ -178,3 +179,36 @@ def parse_body(model: type[BodyType], raw: bytes) -> BodyType:
         raise ApiError(400, f"'{param}': {message}" if param else message, param=param) from None
     request.refuse_unsupported()
     return request
+
+
+def usage(finished: Finished) -> dict:
+    return {
+        "prompt_tokens": finished.n_prompt,
+        "completion_tokens": finished.n_completion,
+        "total_tokens": finished.n_prompt + finished.n_completion,
+        "prompt_tokens_details": {"cached_tokens": finished.n_cached},
+    }
+
+
+def timings(finished: Finished) -> dict:
+    """llama-server's names, so tools written for it read them unchanged. prompt_n counts the prompt
+    tokens evaluated, cache_n those the verifier's cache already held; predicted_n every generated
+    token (after a stop string too); draft_n / draft_n_accepted the drafts proposed / accepted."""
+    stats = finished.stats
+    prompt_n = finished.n_prompt - finished.n_cached
+    prompt_ms, predicted_ms = stats.prefill_seconds * 1000, stats.wall_seconds * 1000
+    return {
+        "cache_n": finished.n_cached,
+        "prompt_n": prompt_n,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
+        "prompt_per_second": round(prompt_n / prompt_ms * 1000, 3) if prompt_ms > 0 else 0.0,
+        "predicted_n": stats.n_tokens,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / stats.n_tokens, 3) if stats.n_tokens else 0.0,
+        "predicted_per_second": round(stats.tokens_per_second, 3),
+        "draft_n": stats.n_drafted,
+        "draft_n_accepted": stats.n_accepted,
+        # specgguf's own: accepted drafts by who proposed them ("model", "ngram", "grammar": forced tokens)
+        "draft_n_accepted_by_source": dict(stats.accepted_by_source),
+    }

@@ -19,11 +19,10 @@ from pydantic import Field
 from ...conversation import FimRequest
 from ...core.sampling import SamplingSettings
 from ...prepare import KChoice, parse_k
-from ..common import ApiError, Body, ServeOptions, Speculative, llama_sampling, parse_body, unsupported
+from ..common import ApiError, Body, ServeOptions, Speculative, llama_sampling, parse_body, timings, unsupported
 from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import ClientGone, messages, started, whole
 from ..plan import GenerationRequest
-from .openai.shapes import timings
 
 
 class Chunk(Body):
