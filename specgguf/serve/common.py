@@ -1,8 +1,9 @@
 """What every API of the server shares, and none owns: the server's options (`ServeOptions`),
 `ApiError` (an error with its status; each API answers it in its own shape), strict request bodies
-(`Body`) read by `parse_body`, the sampling reader (`sampling_from`: a request's fields over the
-server's defaults; `llama_sampling` for llama.cpp-style fields), specgguf's own `speculative`
-field, and a finished answer's `usage` (OpenAI's) and `timings` (llama-server's).
+(`Body`) read by `parse_body`, OpenAI's `AccountFields` (chat, completions and Responses accept
+them), the sampling reader (`sampling_from`: a request's fields over the server's defaults;
+`llama_sampling` for llama.cpp-style fields), specgguf's own `speculative` field, and a finished
+answer's `usage` (OpenAI's) and `timings` (llama-server's).
 
 Bodies are validated strictly from the raw JSON (`model_validate_json`): a wrong type, an unknown
 field or a value out of range is a 400 naming the field; `Body.refuse_unsupported` then refuses,
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Literal, Protocol, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -132,6 +133,21 @@ class Body(BaseModel):
 
     def refuse_unsupported(self) -> None:
         """A field whose value would change the answer and is not done here: an ApiError naming it."""
+
+
+class AccountFields(Body):
+    """What OpenAI's requests (chat and text completions, Responses) carry for the account and for
+    OpenAI's storage: accepted; never read by chat and completions (Responses echoes `store`,
+    `metadata` and `user` back)."""
+
+    user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
 
 
 class Speculative(Body):

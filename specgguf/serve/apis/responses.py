@@ -17,11 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...conversation import Message
 from ...core.sampling import SamplingSettings
-from ..common import ApiError, ServeOptions, parse_body, sampling_from, unsupported
+from ..common import AccountFields, ApiError, ServeOptions, parse_body, sampling_from, unsupported
 from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import ClientGone, messages, started, whole
 from ..plan import GenerationRequest
-from .openai.fields import CommonIgnored
 
 MEMORY = 256  # stored responses a later request may continue from
 _ROLES: dict[str, Literal["system", "user", "assistant"]] = {
@@ -41,7 +40,7 @@ class Item(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
-class ResponsesBody(CommonIgnored):
+class ResponsesBody(AccountFields):
     model: str | None = None
     input: str | list[Item] = ""
     instructions: str | None = None

@@ -13,10 +13,10 @@ from pydantic import Field
 from ....conversation import Message, Role, ToolCall
 from ....core.sampling import Penalties, SamplingSettings
 from ....grammar import MAX_GRAMMAR_CHARS, GrammarError, GrammarSpec
-from ...common import ApiError, Body, Speculative, sampling_from, unsupported
+from ...common import AccountFields, ApiError, Body, Speculative, sampling_from, unsupported
 from ...tool_syntax import Tool
 from ...tools import ToolPlan
-from .fields import ChatIgnored, CommonIgnored, MessageFields, refuse_chat_extras
+from .fields import ChatIgnored, MessageFields, refuse_chat_extras
 
 
 class JsonSchemaFormat(Body):
@@ -57,7 +57,7 @@ _Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 _TokenId = Annotated[str, Field(pattern=r"^[0-9]{1,9}$")]
 
 
-class _Common(CommonIgnored, Body):
+class _Common(AccountFields, Body):
     """What chat and text completions share."""
 
     model: str | None = None

@@ -3,7 +3,8 @@
 not done here, refused by name. docs/serve.md lists both.
 
 Ignored: `store`, `metadata`, `service_tier`, `user`, `safety_identifier`, `prompt_cache_key`,
-`prompt_cache_retention`, `prompt_cache_options` (prompts are cached anyway), `reasoning_effort`
+`prompt_cache_retention`, `prompt_cache_options` (common.AccountFields, which the Responses API
+shares; prompts are cached anyway), `reasoning_effort`
 and `verbosity` (hints for OpenAI's reasoning models), `prediction` (a latency hint: the answer is
 the same without it), `stream_options.include_obfuscation`, `modalities: ["text"]`, `audio: null`,
 and, in messages, `refusal: null`, `annotations` and `audio: null` (what the openai SDK sends back
@@ -16,19 +17,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from ...common import Body, unsupported
-
-
-class CommonIgnored(Body):
-    """Chat and text completions: accepted, never read."""
-
-    user: str | None = None
-    store: bool | None = None
-    metadata: dict[str, str] | None = None
-    service_tier: str | None = None
-    safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
-    prompt_cache_retention: str | None = None
-    prompt_cache_options: dict[str, Any] | None = None
 
 
 class ChatIgnored(Body):
