@@ -7,14 +7,13 @@ server-sent events (serve_shapes). Every error is an OpenAI-style JSON body.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import socket
 import time
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from rich.console import Console
 from rich.text import Text
 from starlette.exceptions import HTTPException
@@ -28,9 +27,9 @@ from .apis import anthropic, embeddings, infill, ollama, responses
 from .apis.openai.bodies import ChatRequest, CompletionRequest
 from .apis.openai.shapes import Shape
 from .common import ApiError, ServeOptions, parse_body
-from .generator import Delta, Failed, Finished, QueueFull, Worker
+from .generator import Delta, Finished, Job, Worker
 from .guard import Guard, HostPolicy, quiet_logs
-from .jobs import ClientGone, Receiver
+from .jobs import Answer, ClientGone, answer, failure, messages, stream
 from .metrics import CONTENT_TYPE, Metrics
 from .plan import GenerationRequest
 from .transport import BodyLimit, CountRequests, Server, check_address, listen
@@ -57,6 +56,10 @@ def create_app(
             error.status_code,
             headers=getattr(error, "headers", None),
         )
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(request: Request, error: ClientGone):
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, error: Exception):  # never a traceback in a body
@@ -157,7 +160,13 @@ def error_body(request: Request, error: ApiError) -> dict:
 
 
 async def _answer(
-    request: Request, body, generation: GenerationRequest, shape: Shape, *, worker: Worker, options: ServeOptions
+    request: Request,
+    body: ChatRequest | CompletionRequest,
+    generation: GenerationRequest,
+    shape: Shape,
+    *,
+    worker: Worker,
+    options: ServeOptions,
 ):
     """Queue one request; answer it whole, or return the stream of its events."""
     if options.strict_model and body.model is not None and body.model != options.model_name:
@@ -167,63 +176,26 @@ async def _answer(
             param="model",
             code="model_not_found",
         )
-    try:
-        job = worker.submit(generation, asyncio.get_running_loop())
-    except QueueFull as error:
-        raise ApiError(
-            503,
-            f"the server is busy: {error}; try again shortly",
-            kind="server_error",
-            code="queue_full",
-            headers={"Retry-After": "1"},
-        ) from None
-    receiver = Receiver(job, request)
-    try:
-        first = await receiver.next()
-        if isinstance(first, Failed):
-            raise ApiError(
-                first.status, str(first.error), kind="invalid_request_error" if first.status < 500 else "server_error"
-            )
-        if body.stream:
-            receiver.close()
-            include_usage = body.stream_options is not None and bool(body.stream_options.include_usage)
-            return StreamingResponse(
-                _events(job, shape, include_usage),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
-        parts, logprobs = [], []
-        while isinstance(message := await receiver.next(), Delta):
-            parts.append(message.text)
-            logprobs += message.logprobs
-        if isinstance(message, Failed):
-            raise ApiError(message.status, str(message.error), kind="server_error")
-        return JSONResponse(shape.response("".join(parts), message, logprobs))
-    except ClientGone:
-        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
-    finally:
-        receiver.close()
+    reply = await answer(worker, generation, request, stream=bool(body.stream))
+    if isinstance(reply, Answer):
+        return JSONResponse(shape.response(reply.text, reply.finished, reply.logprobs))
+    include_usage = body.stream_options is not None and bool(body.stream_options.include_usage)
+    return stream(_events(reply, shape, include_usage))
 
 
-async def _events(job, shape: Shape, include_usage: bool):
+async def _events(job: Job, shape: Shape, include_usage: bool):
     """Server-sent events: OpenAI's chunks, then `data: [DONE]` (or an error event)."""
-    try:
-        yield shape.sse(shape.first_chunk(include_usage))
-        while True:
-            message = await job.messages.get()
-            if isinstance(message, Delta):
-                yield shape.sse(shape.chunk(message.text, message.logprobs, include_usage, message.tool_calls))
-            elif isinstance(message, Finished):
-                yield shape.sse(shape.last_chunk(message, include_usage))
-                if include_usage:
-                    yield shape.sse(shape.usage_chunk(message))
-                yield "data: [DONE]\n\n"
-                return
-            else:
-                yield shape.sse(ApiError(message.status, str(message.error), kind="server_error").body())
-                return
-    finally:
-        job.cancelled.set()  # a client that hung up: the generation stops at its next step
+    yield shape.sse(shape.first_chunk(include_usage))
+    async for message in messages(job):
+        if isinstance(message, Delta):
+            yield shape.sse(shape.chunk(message.text, message.logprobs, include_usage, message.tool_calls))
+        elif isinstance(message, Finished):
+            yield shape.sse(shape.last_chunk(message, include_usage))
+            if include_usage:
+                yield shape.sse(shape.usage_chunk(message))
+            yield "data: [DONE]\n\n"
+        else:
+            yield shape.sse(failure(message).body())
 
 
 def _generation_request(body, messages, text: str, options: ServeOptions) -> GenerationRequest:

@@ -10,14 +10,13 @@ import secrets
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...conversation import Message
 from ...core.sampling import SamplingSettings
 from ..common import ApiError, Body, ServeOptions, parse_body, sampling_from, unsupported
 from ..generator import Delta, Failed, Finished, Worker
-from ..jobs import ClientGone, messages, started, whole
+from ..jobs import Answer, answer, failure, messages, stream
 from ..plan import GenerationRequest
 
 _ERROR_TYPES = {
@@ -135,24 +134,21 @@ def _event(name: str, data: dict) -> str:
 
 
 def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
-    def errors(status: int, message: str) -> Exception:
-        return ApiError(status, message)
-
-    def parsed(body_type, raw: bytes):
-        body = parse_body(body_type, raw)
-        if options.strict_model and body.model != options.model_name:
-            raise ApiError(404, f"model: {body.model[:200]}")
-        return body
+    def check_model(name: str) -> None:
+        if options.strict_model and name != options.model_name:
+            raise ApiError(404, f"model: {name[:200]}")
 
     @app.post("/v1/messages/count_tokens", dependencies=dependencies)
     async def count_tokens(request: Request):
-        body: CountBody = parsed(CountBody, await request.body())
+        body = parse_body(CountBody, await request.body())
+        check_model(body.model)
         text = worker.templates.render(body.history())
         return {"input_tokens": len(worker.verifier.tokenize(text, special=True))}
 
     @app.post("/v1/messages", dependencies=dependencies)
     async def create(request: Request):
-        body: MessagesBody = parsed(MessagesBody, await request.body())
+        body = parse_body(MessagesBody, await request.body())
+        check_model(body.model)
         generation = GenerationRequest(
             messages=body.history(),
             text="",
@@ -161,23 +157,18 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             seed=None,
             stops=list(body.stop_sequences),
         )
-        receiver = await started(worker, generation, request, errors)
+        reply = await answer(worker, generation, request, stream=bool(body.stream))
         message = {"id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant", "model": body.model}
-        if not body.stream:
-            try:
-                answer = await whole(receiver, errors)
-            except ClientGone:
-                return JSONResponse({}, 499)
-            content = [{"type": "text", "text": answer.text}]
-            return {**message, "content": content, **_stop(answer.finished), "usage": _usage(answer.finished)}
-        receiver.close()
+        if isinstance(reply, Answer):
+            content = [{"type": "text", "text": reply.text}]
+            return {**message, "content": content, **_stop(reply.finished), "usage": _usage(reply.finished)}
 
         async def events():
             start = {**message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": _usage(None)}
             yield _event("message_start", {"message": start})
             yield _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
             yield _event("ping", {})
-            async for item in messages(receiver.job):
+            async for item in messages(reply):
                 if isinstance(item, Delta):
                     yield _event(
                         "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": item.text}}
@@ -187,6 +178,6 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
                     yield _event("message_delta", {"delta": _stop(item), "usage": _usage(item)})
                     yield _event("message_stop", {})
                 elif isinstance(item, Failed):
-                    yield _event("error", error_body(ApiError(item.status, str(item.error))) | {"type": "error"})
+                    yield _event("error", error_body(failure(item)) | {"type": "error"})
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return stream(events())

@@ -11,8 +11,8 @@ from fastapi import FastAPI, Request
 from pydantic import Field
 
 from ..common import ApiError, Body, ServeOptions, parse_body, unsupported
-from ..generator import Embedded, EmbeddingRequest, Failed, Worker
-from ..jobs import Receiver, submit
+from ..generator import EmbeddingRequest, Worker
+from ..jobs import embedded
 
 _Tokens = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
@@ -35,9 +35,6 @@ class EmbeddingsBody(Body):
 
 
 def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
-    def errors(status: int, message: str) -> Exception:
-        return ApiError(status, message, kind="invalid_request_error" if status < 500 else "server_error")
-
     async def embeddings(request: Request):
         body: EmbeddingsBody = parse_body(EmbeddingsBody, await request.body())
         if options.strict_model and body.model not in (None, options.model_name):
@@ -45,14 +42,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         n_embd = worker.verifier.info().n_embd
         if body.dimensions not in (None, n_embd):
             raise unsupported("dimensions", f"this model's embeddings have {n_embd}")
-        receiver = Receiver(submit(worker, EmbeddingRequest(body.inputs()), errors), request)
-        try:
-            result = await receiver.next()
-        finally:
-            receiver.close()
-        if isinstance(result, Failed):
-            raise errors(result.status, str(result.error))
-        assert isinstance(result, Embedded)
+        result = await embedded(worker, EmbeddingRequest(body.inputs()), request)
         data = []
         for index, vector in enumerate(result.vectors):
             if body.encoding_format == "base64":

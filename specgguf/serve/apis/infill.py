@@ -13,7 +13,7 @@ import json
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import Field
 
 from ...conversation import FimRequest
@@ -21,7 +21,7 @@ from ...core.sampling import SamplingSettings
 from ...prepare import KChoice, parse_k
 from ..common import ApiError, Body, ServeOptions, Speculative, llama_sampling, parse_body, timings, unsupported
 from ..generator import Delta, Failed, Finished, Worker
-from ..jobs import ClientGone, messages, started, whole
+from ..jobs import Answer, answer, failure, messages, stream
 from ..plan import GenerationRequest
 
 
@@ -107,9 +107,6 @@ def _drafting(speculative: Speculative | None) -> dict:
 def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
     n_ctx = worker.verifier.n_ctx
 
-    def errors(status: int, message: str) -> Exception:
-        return ApiError(status, message, kind="invalid_request_error" if status < 500 else "server_error")
-
     def result(text: str, finished: Finished | None, body: InfillBody) -> dict:
         out: dict = {"index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": finished is not None}
         if finished is not None:
@@ -149,24 +146,18 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             t_max_predict_ms=body.t_max_predict_ms,
             **_drafting(body.speculative),
         )
-        receiver = await started(worker, generation, request, errors)
-        if not body.stream:
-            try:
-                answer = await whole(receiver, errors)
-            except ClientGone:
-                return JSONResponse({}, 499)
-            return JSONResponse(result(answer.text if n_predict else "", answer.finished, body))
-        receiver.close()
+        reply = await answer(worker, generation, request, stream=bool(body.stream))
+        if isinstance(reply, Answer):
+            return JSONResponse(result(reply.text if n_predict else "", reply.finished, body))
 
         async def events():
-            async for message in messages(receiver.job):
+            async for message in messages(reply):
                 if isinstance(message, Delta):
                     if n_predict:
                         yield f"data: {json.dumps(result(message.text, None, body))}\n\n"
                 elif isinstance(message, Finished):
                     yield f"data: {json.dumps(result('', message, body))}\n\n"
                 elif isinstance(message, Failed):
-                    failure = ApiError(message.status, str(message.error), kind="server_error")
-                    yield f"data: {json.dumps(error_body(failure))}\n\n"
+                    yield f"data: {json.dumps(error_body(failure(message)))}\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return stream(events())

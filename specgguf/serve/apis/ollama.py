@@ -17,14 +17,14 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import Field
 
 from ...conversation import FimRequest, Message
 from ...core.sampling import SamplingSettings
 from ..common import ApiError, Body, ServeOptions, llama_sampling, parse_body, unsupported
 from ..generator import Delta, Failed, Finished, Worker
-from ..jobs import ClientGone, messages, started, whole
+from ..jobs import Answer, answer, messages, stream
 from ..plan import GenerationRequest
 
 OLLAMA_VERSION = "0.12.0"  # the Ollama API this server speaks (clients check it)
@@ -178,9 +178,6 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
     """Ollama's routes on `app`; `dependencies` the API-key check."""
     n_ctx = worker.verifier.n_ctx
 
-    def errors(status: int, message: str) -> Exception:
-        return ApiError(status, message)
-
     def generation(body: _Generating, messages_: list[Message] | None, text: str) -> GenerationRequest:
         opts = body.options or Options()
         if options.strict_model and body.model != options.model_name:
@@ -194,18 +191,15 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             stops=[stop for stop in opts.stop or [] if stop],
         )
 
-    async def answer(request: Request, body: _Generating, job: GenerationRequest, shape: Callable[[str], dict]):
-        receiver = await started(worker, job, request, errors)
-        if body.stream is False:
-            try:
-                result = await whole(receiver, errors)
-            except ClientGone:
-                return JSONResponse({"error": "the client hung up"}, 499)
+    async def reply(request: Request, body: _Generating, job: GenerationRequest, shape: Callable[[str], dict]):
+        result = await answer(
+            worker, job, request, stream=body.stream is not False
+        )  # Ollama streams unless told not to
+        if isinstance(result, Answer):
             return JSONResponse({**shape(result.text), "done": True, **_stats(result.finished)})
-        receiver.close()
 
         async def lines():
-            async for message in messages(receiver.job):
+            async for message in messages(result):
                 if isinstance(message, Delta):
                     yield json.dumps({**shape(message.text), "done": False}) + "\n"
                 elif isinstance(message, Finished):
@@ -213,7 +207,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
                 elif isinstance(message, Failed):
                     yield json.dumps({"error": str(message.error)}) + "\n"
 
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+        return stream(lines(), media_type="application/x-ndjson")
 
     @app.post("/api/chat", dependencies=dependencies)
     async def chat(request: Request):
@@ -222,7 +216,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             return {"model": body.model, "created_at": _now(), "message": {"role": "assistant", "content": ""},
                     "done_reason": "load", "done": True}  # fmt: skip
         history = [Message(m.role, m.content or "") for m in body.messages]
-        return await answer(
+        return await reply(
             request,
             body,
             generation(body, history, ""),
@@ -245,7 +239,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         else:
             turns = ([Message("system", body.system)] if body.system else []) + [Message("user", body.prompt or "")]
             job = generation(body, turns, "")
-        return await answer(
+        return await reply(
             request,
             body,
             job,

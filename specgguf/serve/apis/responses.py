@@ -12,14 +12,13 @@ from collections import OrderedDict
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...conversation import Message
 from ...core.sampling import SamplingSettings
 from ..common import AccountFields, ApiError, ServeOptions, parse_body, sampling_from, unsupported
 from ..generator import Delta, Failed, Finished, Worker
-from ..jobs import ClientGone, messages, started, whole
+from ..jobs import Answer, answer, messages, stream
 from ..plan import GenerationRequest
 
 MEMORY = 256  # stored responses a later request may continue from
@@ -106,9 +105,6 @@ def _message(item: Item, index: int) -> Message:
 def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
     memory: OrderedDict[str, list[Message]] = OrderedDict()
 
-    def errors(status: int, message: str) -> Exception:
-        return ApiError(status, message, kind="invalid_request_error" if status < 500 else "server_error")
-
     @app.post("/v1/responses", dependencies=dependencies)
     @app.post("/responses", dependencies=dependencies)
     async def create(request: Request):
@@ -135,7 +131,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             seed=None,
             stops=[],
         )
-        receiver = await started(worker, generation, request, errors)
+        reply = await answer(worker, generation, request, stream=bool(body.stream))
         shape = _Shape(body, options.model_name)
 
         def remember(text: str) -> None:
@@ -144,19 +140,10 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
                 while len(memory) > MEMORY:
                     memory.popitem(last=False)
 
-        if not body.stream:
-            try:
-                answer = await whole(receiver, errors)
-            except ClientGone:
-                return JSONResponse({}, 499)
-            remember(answer.text)
-            return shape.response(answer.text, answer.finished)
-        receiver.close()
-        return StreamingResponse(
-            _events(shape, receiver.job, remember),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
+        if isinstance(reply, Answer):
+            remember(reply.text)
+            return shape.response(reply.text, reply.finished)
+        return stream(_events(shape, reply, remember))
 
 
 async def _events(shape: _Shape, job, remember):
