@@ -1,15 +1,16 @@
-"""`specgguf serve`: an OpenAI-compatible HTTP server (FastAPI on uvicorn) over the same engine as `run`.
+"""`specgguf serve`: an HTTP server (FastAPI on uvicorn) over the same engine as `run`, speaking
+OpenAI's API and others (apis/, one entry each).
 
-Routes parse and validate a request, hand a `GenerationRequest` to the single
-worker thread (serve_engine), and shape what comes back into OpenAI's JSON or
-server-sent events (serve_shapes). Every error is an OpenAI-style JSON body.
+`create_app` puts the guards in front (body limit, Host/Origin/Content-Type, request counting), the
+API key check, /health, /metrics and every API's routes; an error raised anywhere becomes a JSON
+body in the shape of the API whose path it is. `run_server` loads the pair as `run` does and
+serves until Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
 
 import secrets
 import socket
-import time
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -18,20 +19,16 @@ from rich.console import Console
 from rich.text import Text
 from starlette.exceptions import HTTPException
 
-from ..conversation import FimRequest
 from ..core.drafters import DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
 from ..files.resolve import ResolvedPair
-from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, parse_k, prepare
-from .apis import anthropic, embeddings, infill, ollama, responses
-from .apis.openai.bodies import ChatRequest, CompletionRequest
-from .apis.openai.shapes import Shape
-from .common import ApiError, ServeOptions, parse_body
-from .generator import Delta, Finished, Job, Worker
+from ..prepare import MEASURING, DraftOptions, LoadOptions, prepare
+from .apis import APIS
+from .common import ApiError, ServeOptions
+from .generator import Worker
 from .guard import Guard, HostPolicy, quiet_logs
-from .jobs import Answer, ClientGone, answer, failure, messages, stream
+from .jobs import ClientGone
 from .metrics import CONTENT_TYPE, Metrics
-from .plan import GenerationRequest
 from .transport import BodyLimit, CountRequests, Server, check_address, listen
 
 
@@ -43,7 +40,6 @@ def create_app(
     policy = HostPolicy(bound[0], bound[1], options.allowed_hosts, options.cors_origins)
     app.add_middleware(Guard, policy=policy)  # Host, Origin, Content-Type: before any route
     app.add_middleware(CountRequests, metrics=metrics)
-    created = int(time.time())
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, error: ApiError):
@@ -84,142 +80,20 @@ def create_app(
     async def health():
         return {"status": "ok", "queue_length": worker.n_waiting}
 
-    the_model = {"id": options.model_name, "object": "model", "created": created, "owned_by": "specgguf"}
-
-    def route(method: str, path: str):
-        """OpenAI's routes answer under /v1 and, as llama-server's do, without it."""
-
-        def register(endpoint):
-            for prefix in ("/v1", ""):
-                app.add_api_route(prefix + path, endpoint, methods=[method], dependencies=[Depends(check_key)])
-            return endpoint
-
-        return register
-
-    for api in (
-        ollama,
-        infill,
-        anthropic,
-        responses,
-        embeddings,
-    ):  # the other APIs, each in its module over the same worker
+    for api in APIS:  # each in its module over the same worker
         api.add_routes(app, worker=worker, options=options, dependencies=[Depends(check_key)])
-
-    @route("GET", "/models")
-    async def models():
-        return {"object": "list", "data": [the_model]}
-
-    @route("GET", "/models/{model_id:path}")
-    async def model(model_id: str):
-        if model_id != options.model_name:
-            raise ApiError(404, f"unknown model {model_id[:200]!r}", param="model", code="model_not_found")
-        return the_model
 
     @app.get("/metrics", dependencies=[Depends(check_key)])
     async def prometheus():
         return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
-    @route("POST", "/chat/completions")
-    async def chat_completions(request: Request):
-        body = parse_body(ChatRequest, await request.body())
-        return await _answer(
-            request,
-            body,
-            _generation_request(body, body.template_messages(), "", options),
-            Shape("chat", options.model_name, logprobs=body.n_top_logprobs is not None),
-            worker=worker,
-            options=options,
-        )
-
-    @route("POST", "/completions")
-    async def completions(request: Request):
-        body = parse_body(CompletionRequest, await request.body())
-        return await _answer(
-            request,
-            body,
-            _generation_request(body, None, body.text, options),
-            Shape("text", options.model_name, logprobs=body.n_top_logprobs is not None),
-            worker=worker,
-            options=options,
-        )
-
     return app
 
 
-# Each API answers errors in its own shape: the routes under these prefixes, the rest OpenAI's.
-ERROR_SHAPES = (
-    ("/api/", ollama.error_body),
-    ("/infill", infill.error_body),
-    ("/v1/messages", anthropic.error_body),
-)
-
-
 def error_body(request: Request, error: ApiError) -> dict:
+    """Each API answers errors in its own shape: the one whose prefixes the path starts with, else OpenAI's."""
     path = request.url.path
-    return next((shape(error) for prefix, shape in ERROR_SHAPES if path.startswith(prefix)), error.body())
-
-
-async def _answer(
-    request: Request,
-    body: ChatRequest | CompletionRequest,
-    generation: GenerationRequest,
-    shape: Shape,
-    *,
-    worker: Worker,
-    options: ServeOptions,
-):
-    """Queue one request; answer it whole, or return the stream of its events."""
-    if options.strict_model and body.model is not None and body.model != options.model_name:
-        raise ApiError(
-            404,
-            f"unknown model {body.model[:200]!r}: this server serves {options.model_name!r} (see GET /v1/models)",
-            param="model",
-            code="model_not_found",
-        )
-    reply = await answer(worker, generation, request, stream=bool(body.stream))
-    if isinstance(reply, Answer):
-        return JSONResponse(shape.response(reply.text, reply.finished, reply.logprobs))
-    include_usage = body.stream_options is not None and bool(body.stream_options.include_usage)
-    return stream(_events(reply, shape, include_usage))
-
-
-async def _events(job: Job, shape: Shape, include_usage: bool):
-    """Server-sent events: OpenAI's chunks, then `data: [DONE]` (or an error event)."""
-    yield shape.sse(shape.first_chunk(include_usage))
-    async for message in messages(job):
-        if isinstance(message, Delta):
-            yield shape.sse(shape.chunk(message.text, message.logprobs, include_usage, message.tool_calls))
-        elif isinstance(message, Finished):
-            yield shape.sse(shape.last_chunk(message, include_usage))
-            if include_usage:
-                yield shape.sse(shape.usage_chunk(message))
-            yield "data: [DONE]\n\n"
-        else:
-            yield shape.sse(failure(message).body())
-
-
-def _generation_request(body, messages, text: str, options: ServeOptions) -> GenerationRequest:
-    speculative = body.speculative
-    k = None
-    if speculative is not None and speculative.k is not None:
-        k = parse_k(speculative.k) if isinstance(speculative.k, str) else KChoice("fixed", speculative.k)
-    return GenerationRequest(
-        messages=messages,
-        text=text,
-        max_tokens=body.token_limit or options.max_tokens,
-        settings=body.sampling(options.settings),
-        seed=body.seed,
-        stops=body.stop_strings,
-        k=k,
-        drafter=speculative.drafter if speculative else None,
-        p_min=speculative.p_min if speculative else None,
-        n_top_logprobs=body.n_top_logprobs,
-        grammar=body.grammar_spec(),
-        tools=body.tool_plan() if isinstance(body, ChatRequest) else None,
-        prompt_tokens=getattr(body, "tokens", None),
-        # A completion with a suffix fills in the middle (as Ollama and OpenAI's instruct models do).
-        fim=FimRequest(text, body.suffix) if getattr(body, "suffix", None) is not None else None,
-    )
+    return next((api.error_body(error) for api in APIS if path.startswith(api.ERROR_PREFIXES)), error.body())
 
 
 def serve(*, worker: Worker, options: ServeOptions, sock: socket.socket, err_console: Console) -> None:

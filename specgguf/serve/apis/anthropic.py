@@ -30,7 +30,11 @@ _ERROR_TYPES = {
 }
 
 
+ERROR_PREFIXES: tuple[str, ...] = ("/v1/messages",)
+
+
 def error_body(error: ApiError) -> dict:
+    """Anthropic's error shape."""
     kind = _ERROR_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": error.message}}
 

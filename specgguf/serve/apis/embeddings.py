@@ -34,6 +34,14 @@ class EmbeddingsBody(Body):
         return [self.input] if isinstance(self.input[0], int) else list(self.input)
 
 
+ERROR_PREFIXES: tuple[str, ...] = ("/v1/embeddings", "/embeddings")
+
+
+def error_body(error: ApiError) -> dict:
+    """OpenAI's error shape, as on the other /v1 routes."""
+    return error.body()
+
+
 def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
     async def embeddings(request: Request):
         body: EmbeddingsBody = parse_body(EmbeddingsBody, await request.body())

@@ -74,6 +74,9 @@ class InfillBody(Body):
         return llama_sampling(self, defaults, n_ctx)
 
 
+ERROR_PREFIXES: tuple[str, ...] = ("/infill",)
+
+
 def error_body(error: ApiError) -> dict:
     """llama-server's error shape."""
     return {"error": {"code": error.status, "message": error.message, "type": error.kind}}

@@ -313,6 +313,9 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         return {"version": OLLAMA_VERSION}
 
 
+ERROR_PREFIXES: tuple[str, ...] = ("/api/",)
+
+
 def error_body(error: ApiError) -> dict:
     """Ollama's error shape."""
     return {"error": error.message}

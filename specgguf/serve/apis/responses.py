@@ -102,6 +102,14 @@ def _message(item: Item, index: int) -> Message:
     return Message(_ROLES[item.role], "\n".join(texts))
 
 
+ERROR_PREFIXES: tuple[str, ...] = ("/v1/responses", "/responses")
+
+
+def error_body(error: ApiError) -> dict:
+    """OpenAI's error shape, as on the other /v1 routes."""
+    return error.body()
+
+
 def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
     memory: OrderedDict[str, list[Message]] = OrderedDict()
 
