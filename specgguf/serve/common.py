@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.drafters import DrafterKind
 from ..core.sampling import Penalties, SamplingSettings
+from ..prepare import KChoice, parse_k
 from .generator import Finished
+from .plan import RequestDrafting
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,10 @@ class Speculative(Body):
     k: Annotated[int, Field(ge=0, le=64)] | Literal["auto", "adaptive"] | None = None
     drafter: DrafterKind | None = None
     p_min: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+
+    def drafting(self) -> RequestDrafting:
+        k = None if self.k is None else parse_k(self.k) if isinstance(self.k, str) else KChoice("fixed", self.k)
+        return RequestDrafting(k, self.drafter, self.p_min)
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}

@@ -25,6 +25,15 @@ from .tools import ToolPlan, call_constraint
 
 
 @dataclass(frozen=True)
+class RequestDrafting:
+    """A request's own drafting (specgguf's `speculative` field); None: the server's default."""
+
+    k: KChoice | None = None
+    drafter: DrafterKind | None = None
+    p_min: float | None = None
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """What to generate, as typed values (built from a validated request body)."""
 
@@ -34,9 +43,7 @@ class GenerationRequest:
     settings: SamplingSettings
     seed: int | None
     stops: list[str]
-    k: KChoice | None = None  # None: the server's defaults
-    drafter: DrafterKind | None = None
-    p_min: float | None = None
+    drafting: RequestDrafting = RequestDrafting()
     n_top_logprobs: int | None = None  # None: no log-probabilities; else alternatives per token
     grammar: GrammarSpec | None = None  # what the answer must follow (response_format, grammar), compiled once already
     tools: ToolPlan | None = None  # the chat request's tools (tools.py)
@@ -64,7 +71,7 @@ class Planner:
 
     def __init__(self, *, prepared: Prepared, templates: Prompts, prompts: CacheSlots, tool_family: Family):
         self.prepared = prepared
-        self.verifier, self.draft, self.drafting = prepared.verifier, prepared.draft, prepared.options
+        self.verifier, self.draft, self.defaults = prepared.verifier, prepared.draft, prepared.options
         self.templates, self.prompts, self.tool_family = templates, prompts, tool_family
         self._policies: dict[tuple, tuple[KPolicy, object]] = {}  # adaptive policies keep learning
 
@@ -121,11 +128,12 @@ class Planner:
 
     def _drafting(self, request: GenerationRequest) -> tuple[Drafter | None, KPolicy]:
         """The drafter and K policy for a request: the server's defaults, overridden per request."""
-        kind = request.drafter or self.drafting.drafter
-        choice = request.k or self.drafting.k
-        p_min = self.drafting.p_min if request.p_min is None else request.p_min
+        wanted = request.drafting
+        kind = wanted.drafter or self.defaults.drafter
+        choice = wanted.k or self.defaults.k
+        p_min = self.defaults.p_min if wanted.p_min is None else wanted.p_min
         if DRAFTER_KINDS[kind].needs_model and self.draft is None and not (choice.mode == "fixed" and choice.k == 0):
-            if request.drafter is not None or request.k is not None:
+            if wanted.drafter is not None or wanted.k is not None:
                 raise UsageError(
                     f"drafter {kind!r} needs a draft model, and this server has none loaded (start"
                     ' it with -md or --pair, or ask for "drafter": "ngram" or "k": 0)'

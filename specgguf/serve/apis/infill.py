@@ -18,11 +18,10 @@ from pydantic import Field
 
 from ...conversation import FimRequest
 from ...core.sampling import SamplingSettings
-from ...prepare import KChoice, parse_k
 from ..common import ApiError, Body, ServeOptions, Speculative, llama_sampling, parse_body, timings, unsupported
 from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import Answer, answer, failure, messages, stream
-from ..plan import GenerationRequest
+from ..plan import GenerationRequest, RequestDrafting
 
 
 class Chunk(Body):
@@ -96,17 +95,6 @@ def _pick(body: dict, fields: list[str] | None) -> dict:
     return picked
 
 
-def _drafting(speculative: Speculative | None) -> dict:
-    if speculative is None:
-        return {}
-    k = speculative.k
-    return {
-        "k": None if k is None else parse_k(k) if isinstance(k, str) else KChoice("fixed", k),
-        "drafter": speculative.drafter,
-        "p_min": speculative.p_min,
-    }
-
-
 def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
     n_ctx = worker.verifier.n_ctx
 
@@ -147,7 +135,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             ),
             n_indent=body.n_indent,
             t_max_predict_ms=body.t_max_predict_ms,
-            **_drafting(body.speculative),
+            drafting=body.speculative.drafting() if body.speculative else RequestDrafting(),
         )
         reply = await answer(worker, generation, request, stream=bool(body.stream))
         if isinstance(reply, Answer):

@@ -12,12 +12,11 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from ....conversation import FimRequest
-from ....prepare import KChoice, parse_k
+from ....conversation import FimRequest, Message
 from ...common import ApiError, ServeOptions, parse_body
 from ...generator import Delta, Finished, Job, Worker
 from ...jobs import Answer, answer, failure, messages, stream
-from ...plan import GenerationRequest
+from ...plan import GenerationRequest, RequestDrafting
 from .bodies import ChatRequest, CompletionRequest
 from .shapes import Shape
 
@@ -116,11 +115,10 @@ async def _events(job: Job, shape: Shape, include_usage: bool):
             yield shape.sse(failure(message).body())
 
 
-def _generation_request(body, messages, text: str, options: ServeOptions) -> GenerationRequest:
-    speculative = body.speculative
-    k = None
-    if speculative is not None and speculative.k is not None:
-        k = parse_k(speculative.k) if isinstance(speculative.k, str) else KChoice("fixed", speculative.k)
+def _generation_request(
+    body: ChatRequest | CompletionRequest, messages: list[Message] | None, text: str, options: ServeOptions
+) -> GenerationRequest:
+    completion = body if isinstance(body, CompletionRequest) else None
     return GenerationRequest(
         messages=messages,
         text=text,
@@ -128,13 +126,11 @@ def _generation_request(body, messages, text: str, options: ServeOptions) -> Gen
         settings=body.sampling(options.settings),
         seed=body.seed,
         stops=body.stop_strings,
-        k=k,
-        drafter=speculative.drafter if speculative else None,
-        p_min=speculative.p_min if speculative else None,
+        drafting=body.speculative.drafting() if body.speculative else RequestDrafting(),
         n_top_logprobs=body.n_top_logprobs,
         grammar=body.grammar_spec(),
         tools=body.tool_plan() if isinstance(body, ChatRequest) else None,
-        prompt_tokens=getattr(body, "tokens", None),
+        prompt_tokens=None if completion is None else completion.tokens,
         # A completion with a suffix fills in the middle (as Ollama and OpenAI's instruct models do).
-        fim=FimRequest(text, body.suffix) if getattr(body, "suffix", None) is not None else None,
+        fim=FimRequest(text, completion.suffix) if completion is not None and completion.suffix is not None else None,
     )
