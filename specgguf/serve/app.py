@@ -39,7 +39,8 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=options.max_body_bytes)
     policy = HostPolicy(bound[0], bound[1], options.allowed_hosts, options.cors_origins)
     app.add_middleware(Guard, policy=policy)  # Host, Origin, Content-Type: before any route
-    app.add_middleware(CountRequests, metrics=metrics)
+    endpoints = ("/health", "/metrics", *(endpoint for api in APIS for endpoint in api.ENDPOINTS))
+    app.add_middleware(CountRequests, metrics=metrics, endpoints=endpoints)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, error: ApiError):

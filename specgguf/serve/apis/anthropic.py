@@ -30,6 +30,7 @@ _ERROR_TYPES = {
 }
 
 
+ENDPOINTS: tuple[str, ...] = ("/v1/messages", "/v1/messages/count_tokens")
 ERROR_PREFIXES: tuple[str, ...] = ("/v1/messages",)
 
 

@@ -34,6 +34,7 @@ class EmbeddingsBody(Body):
         return [self.input] if isinstance(self.input[0], int) else list(self.input)
 
 
+ENDPOINTS: tuple[str, ...] = ("/v1/embeddings",)
 ERROR_PREFIXES: tuple[str, ...] = ("/v1/embeddings", "/embeddings")
 
 

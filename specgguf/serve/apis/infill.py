@@ -73,6 +73,7 @@ class InfillBody(Body):
         return llama_sampling(self, defaults, n_ctx)
 
 
+ENDPOINTS: tuple[str, ...] = ("/infill",)
 ERROR_PREFIXES: tuple[str, ...] = ("/infill",)
 
 

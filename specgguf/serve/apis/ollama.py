@@ -313,6 +313,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         return {"version": OLLAMA_VERSION}
 
 
+ENDPOINTS: tuple[str, ...] = ("/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version")
 ERROR_PREFIXES: tuple[str, ...] = ("/api/",)
 
 

@@ -102,6 +102,7 @@ def _message(item: Item, index: int) -> Message:
     return Message(_ROLES[item.role], "\n".join(texts))
 
 
+ENDPOINTS: tuple[str, ...] = ("/v1/responses",)
 ERROR_PREFIXES: tuple[str, ...] = ("/v1/responses", "/responses")
 
 

@@ -20,6 +20,7 @@ from ...plan import GenerationRequest, RequestDrafting
 from .bodies import ChatRequest, CompletionRequest
 from .shapes import Shape
 
+ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/models")
 ERROR_PREFIXES: tuple[str, ...] = ()  # the default: every path no other API claims
 
 
