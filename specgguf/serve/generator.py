@@ -1,5 +1,6 @@
 """One worker thread runs every generation, in arrival order, through `engine.speculate`: it plans
-each request (plan.py) and runs the plan, knowing nothing of the API that asked.
+each request (plan.py) and runs the plan. It imports no API; tool calls come out as OpenAI's
+`delta.tool_calls` entries, as the one API with tool calling reads them.
 
 llama.cpp contexts are not thread-safe, and a pair of models can only decode one
 sequence at a time here: so the HTTP side never touches a model. It submits a
@@ -11,7 +12,7 @@ Prefix reuse: the engine keeps whatever prefix of a new prompt each model's KV
 cache already holds. For a follow-up chat turn to reuse the whole previous
 conversation, its prompt must repeat the previous answer as the very tokens that
 were generated (re-tokenizing the text need not give them back):
-`conversation.PromptCache` does that, as `chat.ChatSession` does for one user; with
+`conversation.PromptCache` does that, as `cli.chat_session.ChatSession` does for one user; with
 `--cache-slots N`, for N conversations (cache_slots.py).
 """
 

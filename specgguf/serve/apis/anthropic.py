@@ -1,7 +1,7 @@
 """Anthropic's Messages API over the same engine: POST /v1/messages (whole, or its streaming events
 message_start ... message_stop) and POST /v1/messages/count_tokens. Text content, `system`,
 `stop_sequences`, `temperature`/`top_k`/`top_p`; the key as `x-api-key` (or a Bearer header).
-Errors are Anthropic's `{"type": "error", "error": {"type", "message"}}` (app.py shapes them)."""
+Errors are Anthropic's `{"type": "error", "error": {"type", "message"}}` (`error_body`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Ollama's API over the same engine: /api/chat, /api/generate (NDJSON streams, as Ollama streams by
 default, or one body), /api/tags, /api/show, /api/ps, /api/version.
 
-Its errors are Ollama's `{"error": "..."}` (app.py shapes every error under /api/ so). Any model
+Its errors are Ollama's `{"error": "..."}` (`error_body`, for every path under /api/). Any model
 name means the loaded model (unless --strict-model); `keep_alive` is accepted and ignored (the
 model stays loaded while the server runs). `options` map to our sampling as llama.cpp's do.
 """
