@@ -246,6 +246,12 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             lambda text: {"model": body.model, "created_at": _now(), "response": text},
         )
 
+    _add_model_routes(app, worker=worker, options=options, dependencies=dependencies)
+
+
+def _add_model_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
+    """/api/tags, /api/ps, /api/show and /api/version: the loaded verifier as Ollama lists a model."""
+    n_ctx = worker.verifier.n_ctx
     info_cache: dict[str, dict] = {}
 
     def entry() -> dict:
