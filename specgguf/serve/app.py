@@ -135,7 +135,7 @@ def create_app(
             request,
             body,
             _generation_request(body, body.template_messages(), "", options),
-            Shape("chat", options.model_name, logprobs=body.n_top_logprobs is not None),
+            Shape("chat", options.model_name, logprobs=body.n_top_logprobs is not None, marks=body.marks_drafts),
             worker=worker,
             options=options,
         )
@@ -147,7 +147,7 @@ def create_app(
             request,
             body,
             _generation_request(body, None, body.text, options),
-            Shape("text", options.model_name, logprobs=body.n_top_logprobs is not None),
+            Shape("text", options.model_name, logprobs=body.n_top_logprobs is not None, marks=body.marks_drafts),
             worker=worker,
             options=options,
         )
@@ -224,7 +224,9 @@ async def _events(job, shape: Shape, include_usage: bool):
         while True:
             message = await job.messages.get()
             if isinstance(message, Delta):
-                yield shape.sse(shape.chunk(message.text, message.logprobs, include_usage, message.tool_calls))
+                yield shape.sse(
+                    shape.chunk(message.text, message.logprobs, include_usage, message.tool_calls, message.spans)
+                )
             elif isinstance(message, Finished):
                 yield shape.sse(shape.last_chunk(message, include_usage))
                 if include_usage:
@@ -259,6 +261,7 @@ def _generation_request(body, messages, text: str, options: ServeOptions) -> Gen
         prompt_tokens=getattr(body, "tokens", None),
         # A completion with a suffix fills in the middle (as Ollama and OpenAI's instruct models do).
         fim=FimRequest(text, body.suffix) if getattr(body, "suffix", None) is not None else None,
+        mark_drafts=body.marks_drafts,
     )
 
 

@@ -36,6 +36,7 @@ from ..errors import ContextFullError, PromptError, SpecggufError, UsageError
 from ..grammar import GrammarSpec, constraint_for
 from ..prepare import KChoice, Prepared
 from .cache_slots import CacheSlots
+from .draft_marks import DraftMarks, Span
 from .text import AnswerText, TokenLogprob, token_logprobs
 from .tool_syntax import SYNTAXES, family_of
 from .tools import CallStream, ToolPlan, call_constraint
@@ -65,6 +66,7 @@ class GenerationRequest:
     fim: FimRequest | None = None  # fill in the middle, framed with the model's FIM tokens
     n_indent: int = 0  # FIM: stop at a later line indented less than this (llama-server's n_indent)
     t_max_predict_ms: int = 0  # FIM: past this time, stop at the next new line (0: no limit)
+    mark_drafts: bool = False  # each Delta says who wrote its text (draft_marks.py)
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class Delta:
     text: str
     logprobs: list[TokenLogprob] = field(default_factory=list)  # for the tokens this text starts
     tool_calls: list[dict] = field(default_factory=list)  # OpenAI's delta.tool_calls entries
+    spans: list[Span] = field(default_factory=list)  # `text` by writer, when the request marks drafts
 
 
 @dataclass(frozen=True)
@@ -291,6 +294,7 @@ class Worker:
         calls, opener, answer = self._answer_text(request)
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_top, n_logprobs_sent = request.n_top_logprobs, 0
+        marks = DraftMarks(self.verifier.token_bytes) if request.mark_drafts else None
         generation = self.prepared.generate(
             prompt,
             drafter=drafter,
@@ -308,8 +312,9 @@ class Worker:
                     )
                 fragments = [] if calls is None else calls.feed(event.tokens)
                 delta = answer.add(event.tokens)
+                spans = [] if marks is None else marks.step(event, delta)
                 if delta and not (calls is not None and calls.opened and not opener):  # a bare-JSON call
-                    job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
+                    job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()], spans=spans))
                     n_logprobs_sent = max(n_logprobs_sent, answer.n_tokens_shown())
                 if fragments:
                     job.send(Delta("", tool_calls=fragments))
@@ -325,7 +330,8 @@ class Worker:
             generation.close()  # the engine stops at a step boundary: both caches stay consistent
         cancelled = job.cancelled.is_set() and not answer.stopped
         if not cancelled and (delta := answer.finish()):
-            job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
+            spans = [] if marks is None else marks.spans(delta)
+            job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()], spans=spans))
         kept_tokens, kept_text = answer.whole_tokens()
         if request.prompt_tokens is None and request.fim is None:
             self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)

@@ -84,6 +84,10 @@ class Speculative(_Strict):
     p_min: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
 
 
+class StreamSpeculative(Speculative):  # chat and text completions
+    mark_drafts: bool = False  # with stream: each chunk says who wrote its text (draft_marks.py; the page asks)
+
+
 class JsonSchemaFormat(_Strict):
     """OpenAI's `response_format.json_schema`: the schema the answer validates against (always enforced)."""
 
@@ -135,7 +139,7 @@ class _Common(CommonIgnored, _Strict):
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     seed: int | None = None  # negative: a random seed (llama.cpp's -1)
     stop: _StopString | Annotated[list[_StopString], Field(max_length=16)] | None = None
-    speculative: Speculative | None = None
+    speculative: StreamSpeculative | None = None
     # Applied identically to the verifier's and the draft's logits (core/sampling.apply_penalties).
     logit_bias: dict[_TokenId, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     frequency_penalty: _Penalty | None = None
@@ -150,6 +154,8 @@ class _Common(CommonIgnored, _Strict):
             raise unsupported("n", "one choice per request")
         if self.stream_options is not None and self.stream_options.include_usage and not self.stream:
             raise ApiError(400, "'stream_options' needs 'stream': true", param="stream_options")
+        if self.marks_drafts and not self.stream:
+            raise ApiError(400, "'speculative.mark_drafts' needs 'stream': true", param="speculative.mark_drafts")
         if any(stop == "" for stop in self.stop_strings):
             raise ApiError(400, "'stop' strings must not be empty", param="stop")
 
@@ -167,6 +173,10 @@ class _Common(CommonIgnored, _Strict):
         except GrammarError as error:
             raise ApiError(400, f"'{param}': {error}", param=param, code="invalid_grammar") from None
         return spec
+
+    @property
+    def marks_drafts(self) -> bool:
+        return self.speculative is not None and self.speculative.mark_drafts
 
     @property
     def stop_strings(self) -> list[str]:

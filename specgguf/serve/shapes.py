@@ -8,6 +8,7 @@ import secrets
 import time
 from typing import Any, Literal
 
+from .draft_marks import Span
 from .generator import Finished
 from .text import TokenLogprob
 
@@ -51,8 +52,9 @@ def timings(finished: Finished) -> dict:
 class Shape:
     """One response's id and envelope; `kind` "chat" (/v1/chat/completions) or "text" (/v1/completions)."""
 
-    def __init__(self, kind: Literal["chat", "text"], model: str, *, logprobs: bool = False):
+    def __init__(self, kind: Literal["chat", "text"], model: str, *, logprobs: bool = False, marks: bool = False):
         self.kind, self.model, self.logprobs = kind, model, logprobs
+        self.marks = marks  # chunks carry `specgguf`: spans by writer, and the whole stats at the end
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
         self._text_offset = 0  # where the next token starts in the text (the legacy logprobs' text_offset)
@@ -134,19 +136,26 @@ class Shape:
         return self._chunk([self._choice("", None, chunk=True, role=True)], include_usage)
 
     def chunk(
-        self, text: str, logprobs: list[TokenLogprob], include_usage: bool, tool_calls: list[dict] | None = None
+        self,
+        text: str,
+        logprobs: list[TokenLogprob],
+        include_usage: bool,
+        tool_calls: list[dict] | None = None,
+        spans: list[Span] | None = None,
     ) -> dict:
         shown = None if tool_calls and not text else text
-        return self._chunk(
+        body = self._chunk(
             [self._choice(shown, None, chunk=True, logprobs=logprobs, tool_calls=tool_calls)], include_usage
         )
+        return {**body, "specgguf": {"spans": [span.as_json() for span in spans or []]}} if self.marks else body
 
     def last_chunk(self, finished: Finished, include_usage: bool) -> dict:
         """The finish reason, with llama-server's `timings` (its streams carry them on the last chunk)."""
-        return {
+        body = {
             **self._chunk([self._choice(None, finished.finish_reason, chunk=True)], include_usage),
             "timings": timings(finished),
         }
+        return {**body, "specgguf": {"spans": [], "stats": finished.stats.as_dict()}} if self.marks else body
 
     def usage_chunk(self, finished: Finished) -> dict:
         """`stream_options.include_usage`: one more chunk, with no choices and the usage."""
