@@ -30,6 +30,7 @@ from .generator import Delta, Failed, Finished, GenerationRequest, QueueFull, Wo
 from .guard import Guard, HostPolicy, quiet_logs
 from .jobs import ClientGone, Receiver
 from .metrics import CONTENT_TYPE, Metrics
+from .page import routes as page
 from .protocol import ApiError, ChatRequest, CompletionRequest, parse_body
 from .shapes import Shape
 from .tools import plan as tool_plan
@@ -88,6 +89,8 @@ def create_app(
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+
+    page.add_routes(app)  # the chat page at / (no key: the page asks for it)
 
     @app.get("/health")
     async def health():
