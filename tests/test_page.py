@@ -145,9 +145,13 @@ def test_stream_marks_split_each_chunk_by_writer_and_end_with_the_stats(server):
         refused = http.post(
             "/v1/chat/completions", json={**body, "stream": False, "speculative": {"mark_drafts": True}}
         )
+        text_body = {"prompt": "the cat was", "stream": True, "speculative": {"mark_drafts": True}}
+        with http.stream("POST", "/v1/completions", json=text_body) as reply:
+            text_chunks = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
     for chunk in chunks:
         assert_conforms(chunk, "CreateChatCompletionStreamResponse")
-    running, last = chunks[1:-1], chunks[-1]
+    first, running, last = chunks[0], chunks[1:-1], chunks[-1]
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""} and first["specgguf"] == {"spans": []}
     for chunk in running:
         spans = chunk["specgguf"]["spans"]
         assert "".join(span["text"] for span in spans) == chunk["choices"][0]["delta"]["content"]
@@ -161,6 +165,9 @@ def test_stream_marks_split_each_chunk_by_writer_and_end_with_the_stats(server):
     plain_text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in plain if chunk["choices"])
     assert plain_text == "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "speculative.mark_drafts"
+    for chunk in text_chunks[:-1]:  # text completions too (the first, empty, has empty spans)
+        assert "".join(span["text"] for span in chunk["specgguf"]["spans"]) == chunk["choices"][0]["text"]
+    assert text_chunks[-1]["specgguf"]["stats"]["n_tokens"] == 24
 
 
 def test_a_chat_in_the_browser_streams_coloured_drafts_stats_and_metrics(server, browser):

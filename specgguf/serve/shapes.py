@@ -133,7 +133,7 @@ class Shape:
 
     def first_chunk(self, include_usage: bool) -> dict:
         """Chat streams open with the assistant's role (OpenAI does); text streams with empty text."""
-        return self._chunk([self._choice("", None, chunk=True, role=True)], include_usage)
+        return self._marked(self._chunk([self._choice("", None, chunk=True, role=True)], include_usage), [])
 
     def chunk(
         self,
@@ -147,7 +147,7 @@ class Shape:
         body = self._chunk(
             [self._choice(shown, None, chunk=True, logprobs=logprobs, tool_calls=tool_calls)], include_usage
         )
-        return {**body, "specgguf": {"spans": [span.as_json() for span in spans or []]}} if self.marks else body
+        return self._marked(body, spans or [])
 
     def last_chunk(self, finished: Finished, include_usage: bool) -> dict:
         """The finish reason, with llama-server's `timings` (its streams carry them on the last chunk)."""
@@ -155,7 +155,11 @@ class Shape:
             **self._chunk([self._choice(None, finished.finish_reason, chunk=True)], include_usage),
             "timings": timings(finished),
         }
-        return {**body, "specgguf": {"spans": [], "stats": finished.stats.as_dict()}} if self.marks else body
+        return self._marked(body, [], stats=finished.stats.as_dict())
+
+    def _marked(self, body: dict, spans: list[Span], **more) -> dict:
+        """`mark_drafts`: specgguf's own object beside OpenAI's fields, on every chunk with a choice."""
+        return {**body, "specgguf": {"spans": [span.as_json() for span in spans], **more}} if self.marks else body
 
     def usage_chunk(self, finished: Finished) -> dict:
         """`stream_options.include_usage`: one more chunk, with no choices and the usage."""
