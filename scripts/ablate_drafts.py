@@ -27,9 +27,11 @@ from specgguf.conversation import Prompts
 from specgguf.core.costs import PROBE_CONTEXT, MachineCosts, measure
 from specgguf.core.drafters import DraftSettings, build_drafter
 from specgguf.core.engine import FixedK
+from specgguf.core.hot_vocab import HotVocab
 from specgguf.core.kpolicy import adaptive_policy
 from specgguf.core.ngram_cache import SessionNgrams
-from specgguf.llama.model import LlamaModel
+from specgguf.llama.loaded import LoadedModel, ModelSettings
+from specgguf.llama.variants import parse_variant
 
 
 def cpu_model() -> str:
@@ -40,15 +42,16 @@ def cpu_model() -> str:
         return platform.processor() or "unknown"
 
 
-def open_named(name: str, draft: Path, verifier, load):
+def open_named(name: str, draft: Path, verifier: LoadedModel, settings: ModelSettings) -> LoadedModel:
     """A draft by its variant name; for a hot vocabulary, "@ids" ranks by id alone (no verifier counts)
     and "@near-miss" reads cold context tokens as near-misses (no embedding rows)."""
-    variant, _, how = name.partition("@")
-    if variant == "original":
-        return load(draft)
+    text, _, how = name.partition("@")
+    variant = parse_variant(text)
+    if variant.is_original:
+        return settings.load(draft)
     path = draft_variant.derive(draft, variant, None if how == "ids" else verifier)
-    model = draft_variant.open_draft(path, load)
-    if how == "near-miss":
+    model = draft_variant.open_draft(path, settings)
+    if how == "near-miss" and isinstance(model, HotVocab):
         model.rows = None
     return model
 
@@ -67,13 +70,11 @@ def main() -> None:
     args = parser.parse_args()
     print(f"CPU: {cpu_model()} · threads {args.threads}")
 
-    def load(path: Path) -> LlamaModel:
-        return LlamaModel(path, n_ctx=2048, n_threads=args.threads)
-
-    verifier = load(args.m)
+    settings = ModelSettings(n_ctx=2048, n_threads=args.threads)
+    verifier = settings.load(args.m)
     verify = tuning.probe(verifier).verify
     names = args.variants.split(",")
-    drafts = {name: open_named(name, args.md, verifier, load) for name in names}
+    drafts = {name: open_named(name, args.md, verifier, settings) for name in names}
     cost = {
         name: min(measure(d, max_batch=1, repeats=5, context=PROBE_CONTEXT, statistic=min))
         for name, d in drafts.items()

@@ -24,6 +24,7 @@ from specgguf.core.engine import speculate  # noqa: E402
 from specgguf.core.model_drafter import ModelDrafter  # noqa: E402
 from specgguf.core.sampling import SamplingSettings  # noqa: E402
 from specgguf.files.resolve import ResolvedPair  # noqa: E402
+from specgguf.llama.variants import parse_request  # noqa: E402
 from specgguf.prepare import LoadOptions, load_models  # noqa: E402
 
 
@@ -52,7 +53,9 @@ def main() -> None:
     parser.add_argument("prompt")
     args = parser.parse_args()
     pair = ResolvedPair(verifier=args.m, draft=args.md, name=None, recommended_k=None)
-    verifier, loaded, _ = load_models(pair, LoadOptions(n_ctx=2048, draft_variant=args.draft_variant), need_draft=True)
+    verifier, loaded, _ = load_models(
+        pair, LoadOptions(n_ctx=2048, draft_variant=parse_request(args.draft_variant)), need_draft=True
+    )
     assert loaded is not None
     draft = loaded
     tokens = Prompts(verifier).question(args.prompt, raw=False, system=None)

@@ -33,7 +33,9 @@ class Found:
 
 
 @dataclass(frozen=True)
-class DraftChoice:
+class FoundDraft:
+    """The draft found for a verifier given alone (not draft_variant.DraftChoice: which file of a draft loads)."""
+
     draft: Path | None  # None: no draft model; draft with n-grams alone
     message: str  # which one and why, for stderr
     pair: Pair | None = None  # the registry pair, when it decided
@@ -94,14 +96,14 @@ def _registry_pairs(verifier: Path) -> list[Pair]:
     return [pair for pair in load_registry().pairs.values() if _is(verifier, pair.verifier)]
 
 
-def _registry_draft(verifier: Path, vocab: VocabInfo, here: list[LocalModel]) -> DraftChoice | None:
+def _registry_draft(verifier: Path, vocab: VocabInfo, here: list[LocalModel]) -> FoundDraft | None:
     for pair in _registry_pairs(verifier):
         found = find_local(pair.draft)
         model = next((model for model in here if _is(model.path, pair.draft)), None)
         draft = found or (model.path if model else None)
         if draft is not None and _confirmed(vocab, draft):
             name = model.ref if model is not None and model.path == draft else str(draft)
-            return DraftChoice(
+            return FoundDraft(
                 draft, f"draft: {name} (the registry pairs this verifier with {pair.draft.ref}: pair {pair.name})", pair
             )
     return None
@@ -118,7 +120,7 @@ def scan(models: list[LocalModel], index: SummaryIndex) -> list[Found]:
     return found
 
 
-def find_draft(verifier: Path) -> DraftChoice | None:
+def find_draft(verifier: Path) -> FoundDraft | None:
     """The draft for `verifier` (see the module's note); never raises for want of one.
     None: llama.cpp cannot read the verifier's vocabulary (loading it will say why)."""
     from .llama.vocab import read_vocab
@@ -134,7 +136,7 @@ def find_draft(verifier: Path) -> DraftChoice | None:
     try:
         ours = index.get(verifier)
     except (SpecggufError, OSError):
-        return DraftChoice(None, "no draft: the verifier's header could not be read; drafting with n-grams alone")
+        return FoundDraft(None, "no draft: the verifier's header could not be read; drafting with n-grams alone")
     real = verifier.resolve()
     others = [model for model in here if model.path.resolve() != real]
     compatible = sorted(
@@ -145,14 +147,14 @@ def find_draft(verifier: Path) -> DraftChoice | None:
     for item in small:
         if _confirmed(vocab, item.model.path):
             ratio = item.summary.size / ours.size
-            return DraftChoice(
+            return FoundDraft(
                 item.model.path,
                 f"draft: {item.model.ref} ({size_text(item.summary.size)}, {ratio:.0%} of the verifier): the smallest"
                 f" of {len(small)} local models that share the verifier's vocabulary and are at most ~1/4 its size",
             )
     if compatible:
         item = compatible[0]
-        return DraftChoice(
+        return FoundDraft(
             None,
             f"no draft: the smallest local model that shares the verifier's vocabulary, {item.model.ref}, is"
             f" {item.summary.size / ours.size:.0%} of its size (too large to pay; -md {item.model.ref} to try it);"
@@ -161,7 +163,7 @@ def find_draft(verifier: Path) -> DraftChoice | None:
     pull = "".join(
         f"; `specgguf pull {pair.name}` fetches its registry draft" for pair in _registry_pairs(verifier)[:1]
     )
-    return DraftChoice(
+    return FoundDraft(
         None,
         f"no draft: none of the {len(others)} local models shares the verifier's vocabulary"
         f" (`specgguf pairs --local` lists pairs){pull}; drafting with n-grams alone (prompt lookup)",

@@ -7,11 +7,13 @@ Every command builds its prompt here, so `run`, `chat`, `bench` and `serve` cann
   `run --raw` and the server's `/v1/completions` send text as is, no template at all; `run --raw`
   parses the special tokens written in it (`<|im_start|>`...) as llama.cpp's programs do, unless
   `--no-special`.
-- Text that continues a prompt is tokenized without the BOS a tokenizer puts in front.
-- A conversation's history is kept as the very tokens that were generated, not a
-  re-tokenized copy of their text (a tokenizer need not give the same ids back), so the
-  engine's prefix reuse finds the whole history in both models' KV caches.
-- `PromptCache` keeps the last prompt + answer as text and tokens, for the server.
+- A prompt's tokens are always a fresh tokenization of its whole text, as llama-server's are:
+  never earlier tokens with the new text's tokens spliced on. (Splicing conditions the model on
+  tokens the user never sent: a space-prefix SPM tokenizer puts a space at every seam, a BPE one
+  splits a word cut at the seam where the text's own tokenization would merge it.) The caches
+  still skip what they hold: the engine keeps the longest common token prefix.
+- Text that continues a prompt is tokenized without the BOS a tokenizer puts in front: the
+  pieces of a FIM prompt, each framed by FIM tokens, tokenized apart as llama-server's /infill does.
 - `fill_in_middle` frames a code-completion request with the model's FIM tokens, as
   llama-server's /infill does (repository-level FIM for the extra chunks).
 """
@@ -146,24 +148,14 @@ class Prompts:
         messages = ([Message("system", system)] if system else []) + [Message("user", prompt)]
         return self.tokens(self.render(messages), special=True)
 
-    def history(self, system: str | None, turns: Sequence[tuple[str, list[int], str]], question: str) -> list[int]:
-        """The prompt for `question` after `turns` of (question, answer tokens, answer text):
-        earlier answers as the very tokens generated. A template that rewrites earlier turns
-        falls back to tokenizing the whole text; the engine then reuses what still matches."""
+    def history(self, system: str | None, turns: Sequence[tuple[str, str]], question: str) -> list[int]:
+        """The prompt for `question` after `turns` of (question, answer text): the whole conversation
+        rendered and tokenized fresh, the tokens a server sent the same messages would read (not the
+        answers' generated tokens: those need not be what their text tokenizes to)."""
         messages = [Message("system", system)] if system else []
-        tokens: list[int] = []
-        covered = ""  # the text `tokens` stand for
-        for asked, answer_tokens, answer in [*turns, (question, [], "")]:
-            messages.append(Message("user", asked))
-            text = self.render(messages)
-            if covered and text.startswith(covered):
-                tokens += self.continuation(text[len(covered) :])
-            else:  # the first turn, or a template that rewrote the history
-                tokens = self.tokens(text)
-            tokens += answer_tokens
-            covered = text + answer
-            messages.append(Message("assistant", answer))
-        return tokens
+        for asked, answer in turns:
+            messages += [Message("user", asked), Message("assistant", answer)]
+        return self.tokens(self.render([*messages, Message("user", question)]))
 
 
 @dataclass(frozen=True)
@@ -219,24 +211,3 @@ def fill_in_middle(
     n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra))
     head = extra[len(extra) - n_extra :] + prompts.bos
     return [*head, framing.prefix, *prefix, *prompt, framing.suffix, *suffix, framing.middle]
-
-
-class PromptCache:
-    """The server's last prompt + answer as text and as the tokens that were really evaluated:
-    a follow-up whose text extends it reuses those tokens, so the KV caches match."""
-
-    def __init__(self, prompts: Prompts):
-        self.prompts = prompts
-        self.text, self.special = "", True
-        self.tokens: list[int] = []
-
-    def tokens_for(self, text: str, *, special: bool) -> list[int]:
-        if self.text and special == self.special and text.startswith(self.text):
-            return self.tokens + self.prompts.continuation(text[len(self.text) :], special=special)
-        return self.prompts.tokens(text, special=special)
-
-    def remember(self, text: str, tokens: list[int], *, special: bool) -> None:
-        self.text, self.tokens, self.special = text, list(tokens), special
-
-    def forget(self) -> None:
-        self.remember("", [], special=True)

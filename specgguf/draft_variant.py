@@ -1,56 +1,50 @@
 """A draft made for this machine: the draft re-quantized to kernels this CPU runs fast, chosen by measurement.
 
 The acceptance rule is exact for any draft distribution, so a draft may be changed freely (the
-verifier's file never is). `llama/convert.py`'s `DRAFT_VARIANTS` are the candidates, each
-optionally with a hot vocabulary cut from it (`+hot32k`: files/hot_vocab.py); each is
-derived once from the user's draft file into the cache folder (keyed by the file's SHA-256 and the
-variant; the user's file is never touched), and `calibrate` measures, on this machine, against
-this verifier:
+verifier's file never is). prepare.py asks once (`load_chosen`), and the choice is one pass down:
 
-- its cost per draft token (a batch of one, logits read: what drafting pays), and
-- its acceptance: the chance a draft position is accepted given the ones before it were, from
-  greedy speculation at K = 4 on a short calibration set (code and prose);
-
-and scores each by the tokens per second it should give at its best fixed K, E(k) / T(k) with
-E(k) = (1 − a^(k+1)) / (1 − a) and T(k) = k·t_draft + t_verify(k + 1) (core/kpolicy.expected_rate).
-The best is kept in tuning.json with the machine's other costs; `--draft-variant auto` (the default)
-uses it, `original` the file as given, a name that variant.
+- what to try: `auto` tries the original and AUTO_CANDIDATES (rows of llama/variants.py's
+  table, each optionally with a hot vocabulary cut from it, `+hot32k`: files/hot_vocab.py); a
+  name asks for that variant alone;
+- the files made: each derived once from the user's draft file into the cache folder (`derive`,
+  at files/derived.py's path: the file's SHA-256 and the variant; the user's file is never touched);
+- what was measured (`calibrate`), on this machine, against this verifier: each file's cost per
+  draft token (a batch of one, logits read: what drafting pays) and its acceptance (the chance a
+  draft position is accepted given the ones before it were, from greedy speculation at K = 4 on a
+  short calibration set, code and prose: core/calibration.py), scored by the tokens per second it should give at its
+  best fixed K, E(k) / T(k) with E(k) = (1 − a^(k+1)) / (1 − a) and T(k) = k·t_draft + t_verify(k + 1)
+  (core/kpolicy.expected_rate); kept in tuning.json (`tuning.MeasuredVariants`), so measured once;
+- the choice (`pick`), then the chosen file loaded (`open_draft`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from . import tuning
 from .conversation import Prompts
+from .core import calibration
 from .core.costs import PROBE_CONTEXT, MachineCosts, measure
-from .core.drafters import DraftSettings, build_drafter
-from .core.engine import FixedK, speculate
 from .core.hot_vocab import HotVocab
 from .core.kpolicy import expected_rate
-from .core.sampling import SamplingSettings
-from .errors import ModelLoadError, UsageError
+from .errors import ModelLoadError
 from .files import hot_vocab
-from .files.assets import DERIVED_DRAFTS, cache_dir
-from .files.stamps import sha256_hex, stamped_sha256, write_stamp
+from .files.derived import counts_path, derived_path
+from .llama.loaded import LoadedModel, ModelSettings
+from .llama.variants import ORIGINAL_VARIANT, Auto, Variant
+from .tuning import Candidate, MeasuredVariants
 
-ORIGINAL = "original"
-AUTO = "auto"
 # Below this size a draft is used as given: its cost is llama.cpp's per-call overhead, not its weights.
 MIN_DERIVED_BYTES = 64 << 20
 # What auto measures: the variants that won in the ablation (docs/benchmarks.md). IQ4_NL's quantizer
 # takes about a minute for a 0.5B model on two cores, and a hot vocabulary only matched q4_0 end to
 # end (for a verifier run's counting and a second file): both are there by name.
-AUTO_CANDIDATES = ("q4_0", "q4_0-q8head")
-# A hot vocabulary (files/hot_vocab.py) of this many thousand tokens may follow any base: "q4_0+hot32k".
-HOT_SIZES = (16, 32, 64)
+AUTO_CANDIDATES = (Variant("q4_0"), Variant("q4_0-q8head"))
 CALIBRATION = (
     "Write a Python function that merges two sorted lists into one sorted list.",
     "Explain in a few sentences how a hash table works.",
@@ -70,76 +64,24 @@ HOT_CALIBRATION_TOKENS = 96
 
 
 @dataclass(frozen=True)
-class Candidate:
-    name: str  # ORIGINAL or a DRAFT_VARIANTS key
-    ms_per_token: float
-    acceptance: float  # per position, given the earlier ones accepted
-    expected_tokens_per_second: float
-
-    def describe(self) -> str:
-        return (
-            f"{self.name}: {self.ms_per_token:.1f} ms/token, acceptance {self.acceptance:.2f}"
-            f" → {self.expected_tokens_per_second:.1f} tok/s expected at its best K"
-        )
-
-
-@dataclass(frozen=True)
 class DraftChoice:
     """Which draft file loads, and why (for the stats line, --json, `check` and `bench`)."""
 
-    name: str
+    variant: Variant
     path: Path
     why: str
     candidates: tuple[Candidate, ...] = ()
 
-
-def variant_names() -> tuple[str, ...]:
-    from .llama.convert import DRAFT_VARIANTS
-
-    return (AUTO, ORIGINAL, *DRAFT_VARIANTS)
+    @property
+    def name(self) -> str:
+        return self.variant.name
 
 
-def split(name: str) -> tuple[str, int | None]:
-    """ "q4_0+hot32k" -> ("q4_0", 32768); "q4_0" -> ("q4_0", None)."""
-    base, _, hot = name.partition("+")
-    return base, int(hot[3:-1]) * 1024 if hot else None
-
-
-def parse_variant(text: str) -> str:
-    base, _, hot = text.partition("+")
-    hot_ok = not hot or hot in {f"hot{size}k" for size in HOT_SIZES}
-    if base not in variant_names() or not hot_ok or (hot and base == AUTO):
-        sizes = "/".join(f"hot{size}k" for size in HOT_SIZES)
-        raise UsageError(
-            f"--draft-variant must be one of {', '.join(variant_names())}, optionally with +{sizes}"
-            f" (e.g. q4_0+hot32k), not {text!r}"
-        )
-    return text
-
-
-def derived_path(source: Path, name: str, verifier: Path | None = None) -> Path:
-    """Where the variant of `source` lives: the cache folder, by the source's SHA-256 (hashed once;
-    a stamp beside the cache remembers it while the file's size and mtime stay the same), and for a
-    hot vocabulary counted on a verifier's answers, that verifier (its name and size)."""
-    folder = cache_dir() / DERIVED_DRAFTS
-    stamp = folder / f"{hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:24]}.sha256"
-    digest = stamped_sha256(source, stamp=stamp)
-    if digest is None:
-        digest = sha256_hex(source)
-        write_stamp(source, digest, stamp=stamp)
-    if verifier is None:
-        return folder / f"{digest[:24]}-{name}.gguf"
-    return folder / f"{digest[:24]}-{name}-for-{_verifier_id(verifier)}.gguf"
-
-
-def _verifier_id(verifier: Path) -> str:
-    return hashlib.sha256(f"{verifier.name}|{verifier.stat().st_size}".encode()).hexdigest()[:12]
-
-
-def written_counts(verifier) -> np.ndarray:
+# --- the files made ---
+def written_counts(verifier: LoadedModel) -> np.ndarray:
     """How often `verifier` writes each token, greedy, on the hot-vocabulary calibration set (its
     answers, drafted by n-grams alone: the same tokens, sooner); kept in the cache folder."""
-    kept = cache_dir() / DERIVED_DRAFTS / f"written-by-{_verifier_id(Path(verifier.path))}.npy"
+    kept = counts_path(verifier.path)
     try:
         counts = np.load(kept, allow_pickle=False)
         if counts.shape == (verifier.n_vocab,) and counts.dtype == np.int64 and counts.min() >= 0:
@@ -154,152 +96,154 @@ def written_counts(verifier) -> np.ndarray:
     return counts
 
 
-def _count_answers(verifier) -> np.ndarray:
-    counts = np.zeros(verifier.n_vocab, dtype=np.int64)
+def _count_answers(verifier: LoadedModel) -> np.ndarray:
+    questions = _questions(verifier, HOT_CALIBRATION)
+    return calibration.written_counts(verifier, questions, k=CALIBRATION_K, max_tokens=HOT_CALIBRATION_TOKENS)
+
+
+def _questions(verifier: LoadedModel, texts: tuple[str, ...]) -> list[list[int]]:
+    """The calibration questions as the verifier's prompt tokens (its chat template)."""
     prompts = Prompts(verifier)
-    for question in HOT_CALIBRATION:
-        events = speculate(
-            verifier=verifier,
-            drafter=build_drafter("ngram", None),
-            prompt_tokens=prompts.question(question, raw=False, system=None),
-            k=FixedK(CALIBRATION_K),
-            max_tokens=HOT_CALIBRATION_TOKENS,
-            settings=SamplingSettings(temperature=0.0),
-            rng=np.random.default_rng(0),
-        )
-        for event in events:
-            np.add.at(counts, np.asarray(event.tokens, dtype=np.int64), 1)
-    verifier.rewind(0)
-    return counts
+    return [prompts.question(text, raw=False, system=None) for text in texts]
 
 
-def derive(source: Path, name: str, verifier=None, announce: Callable[[str], None] | None = None) -> Path:
+def derive(
+    source: Path, variant: Variant, verifier: LoadedModel | None = None, announce: Callable[[str], None] | None = None
+) -> Path:
     """The variant of `source` in the cache, made now if it is not there yet (a hot vocabulary is cut
     from its base, which is made first, with the tokens `verifier` writes ranked first where given);
     `announce(text)` is told before anything is made."""
-    from .llama.convert import DRAFT_VARIANTS, requantize
+    from .llama.convert import requantize_draft
 
-    base, n_hot = split(name)
-    if n_hot is not None:
-        path = derived_path(source, name, None if verifier is None else Path(verifier.path))
+    if variant.n_hot is not None:
+        path = derived_path(source, variant.name, None if verifier is None else verifier.path)
         if not all(p.is_file() for p in (path, hot_vocab.sidecar(path), hot_vocab.rows_file(path))):
             if announce is not None:
-                announce(f"making the {name} draft (once; the verifier's answers are counted first)")
+                announce(f"making the {variant} draft (once; the verifier's answers are counted first)")
             counts = None if verifier is None else written_counts(verifier)
-            cut_from = source if base == ORIGINAL else derive(source, base, announce=announce)
-            hot_vocab.build(cut_from, path, n_hot=n_hot, counts=counts)
+            base = Variant(variant.base)
+            cut_from = source if base.is_original else derive(source, base, announce=announce)
+            hot_vocab.build(cut_from, path, n_hot=variant.n_hot, counts=counts)
         return path
-    path = derived_path(source, name)
-    variant = DRAFT_VARIANTS[name]
+    path = derived_path(source, variant.name)
+    row = variant.requantization
+    assert row is not None, "the original is used as given, never derived"
     if not path.is_file():
         if announce is not None:
-            announce(f"making the {name} draft (once)")
-        requantize(source, path, ftype=variant.ftype, token_embedding=variant.token_embedding)
+            announce(f"making the {variant} draft (once)")
+        requantize_draft(source, path, row)
     return path
 
 
-def open_draft(path: Path, load: Callable[[Path], Any]) -> Any:
+def open_draft(path: Path, settings: ModelSettings) -> LoadedModel:
     """The draft model at `path`; a hot-vocabulary file is seen over the whole vocabulary."""
     maps = hot_vocab.load_maps(path)
-    model = load(path)
+    model = settings.load(path)
     if maps is None:
         return model
-    if maps.rows is not None and maps.rows.n_embd != getattr(model, "n_embd", maps.rows.n_embd):
+    n_embd = getattr(model, "n_embd", None)
+    if maps.rows is not None and n_embd is not None and maps.rows.n_embd != n_embd:
         model.close()
         table = hot_vocab.rows_file(path)
-        raise ModelLoadError(
-            f"{table}: rows of {maps.rows.n_embd}, not the model's {model.n_embd}; delete it to rebuild"
-        )
+        raise ModelLoadError(f"{table}: rows of {maps.rows.n_embd}, not the model's {n_embd}; delete it to rebuild")
     return HotVocab(model, maps.ids, maps.feed, maps.rows)
 
 
-def _acceptance(verifier, draft) -> float:
-    """Per-position acceptance of `draft` against `verifier`: greedy, K fixed, on the calibration set."""
-    prompts = Prompts(verifier)
-    accepted = tested = 0
-    for question in CALIBRATION:
-        tokens = prompts.question(question, raw=False, system=None)
-        events = speculate(
-            verifier=verifier,
-            drafter=build_drafter("model", draft, DraftSettings()),
-            prompt_tokens=tokens,
-            k=FixedK(CALIBRATION_K),
-            max_tokens=CALIBRATION_TOKENS,
-            settings=SamplingSettings(temperature=0.0),
-            rng=np.random.default_rng(0),
-        )
-        for event in events:
-            accepted += event.n_accepted
-            # A position is tested only if the ones before it were accepted: the first rejection ends it.
-            tested += min(event.n_accepted + 1, event.n_drafted)
-    verifier.rewind(0)
-    return accepted / tested if tested else 0.0
-
-
+# --- what was measured ---
 def calibrate(
-    verifier,
-    source: Path,
-    verify: tuple[float, ...],
-    *,
-    names: tuple[str, ...],
-    load: Callable[[Path], Any],
-    on_step: Callable[[str], None] | None = None,
+    verifier: LoadedModel, files: dict[Variant, Path], verify: tuple[float, ...], *, settings: ModelSettings
 ) -> list[Candidate]:
-    """Measure the original draft and each variant in `names` here, against `verifier` (whose verify
-    costs by batch size are `verify`); `load(path)` loads a draft model (closed after)."""
+    """Measure each draft file here against `verifier` (whose verify costs by batch size are
+    `verify`), each loaded with `settings` and closed after."""
     candidates = []
-    for name in (ORIGINAL, *names):
-        if on_step is not None:
-            on_step(name)
-        try:
-            path = source if name == ORIGINAL else derive(source, name, verifier)
-        except ModelLoadError:  # not for this file (a hot vocabulary as large as its whole vocabulary)
-            continue
-        draft = open_draft(path, load)
+    questions = _questions(verifier, CALIBRATION)
+    for variant, path in files.items():
+        draft = open_draft(path, settings)
         try:
             (seconds,) = measure(draft, max_batch=1, repeats=5, context=PROBE_CONTEXT, statistic=min)
-            acceptance = _acceptance(verifier, draft)
+            acceptance = calibration.acceptance(
+                verifier, draft, questions, k=CALIBRATION_K, max_tokens=CALIBRATION_TOKENS
+            )
         finally:
             draft.close()
         rate = expected_rate(MachineCosts(verify, seconds), acceptance)
-        candidates.append(Candidate(name, round(seconds * 1000, 3), round(acceptance, 4), round(rate, 2)))
+        candidates.append(Candidate(variant, round(seconds * 1000, 3), round(acceptance, 4), round(rate, 2)))
     return candidates
 
 
-def choose(
-    verifier,
-    source: Path,
-    requested: str,
-    *,
-    load: Callable[[Path], Any],
-    announce: Callable[[str], None] | None = None,
-) -> DraftChoice:
-    """The draft file to load for `requested` (auto, original or a variant's name)."""
-    if requested == ORIGINAL:
-        return DraftChoice(ORIGINAL, source, "--draft-variant original")
-    if requested != AUTO:
-        path = derive(source, requested, verifier, announce)
-        return DraftChoice(requested, path, f"--draft-variant {requested}")
-    if source.stat().st_size < MIN_DERIVED_BYTES:
-        return DraftChoice(ORIGINAL, source, "a small draft is used as given")
-    key = tuning.draft_variant_key(source, verifier)
-    stored = tuning.stored_draft_variant(key)
-    if stored is None:
-        if announce is not None:
-            announce("making a draft for this machine (once; measured and kept in tuning.json)")
-        verify = tuning.probe(verifier).verify
-        candidates = calibrate(verifier, source, verify, names=AUTO_CANDIDATES, load=load)
-        stored = {"choice": pick(candidates, verify), "candidates": [vars(candidate) for candidate in candidates]}
-        tuning.keep_draft_variant(key, stored)
-    measured = tuple(Candidate(**entry) for entry in stored["candidates"])
-    best = next(candidate for candidate in measured if candidate.name == stored["choice"])
-    path = source if best.name == ORIGINAL else derive(source, best.name, verifier)
-    return DraftChoice(best.name, path, f"measured here: {best.describe()}", measured)
-
-
-def pick(candidates: list[Candidate], verify: tuple[float, ...]) -> str:
+# --- the choice ---
+def pick(candidates: list[Candidate], verify: tuple[float, ...]) -> Variant:
     """The candidate with the most expected tokens per second, where one beats plain decoding here
     (1 / t_verify(1)); else the original: where no draft model can win, the K policy leaves it out
     anyway, and a cheaper draft only tempts the policy's probes into losing steps (docs/benchmarks.md)."""
     best = max(candidates, key=lambda candidate: candidate.expected_tokens_per_second)
-    return best.name if best.expected_tokens_per_second > 1.0 / verify[0] else ORIGINAL
+    return best.variant if best.expected_tokens_per_second > 1.0 / verify[0] else ORIGINAL_VARIANT
+
+
+def made_files(source: Path, variants: tuple[Variant, ...], verifier: LoadedModel) -> dict[Variant, Path]:
+    """The file for each of `variants` (the original: `source` itself), each derived once; a variant
+    that cannot be made from this file is left out."""
+    files = {}
+    for variant in variants:
+        try:
+            files[variant] = source if variant.is_original else derive(source, variant, verifier)
+        except ModelLoadError:  # not for this file (a hot vocabulary as large as its whole vocabulary)
+            continue
+    return files
+
+
+def measure_here(
+    verifier: LoadedModel, source: Path, settings: ModelSettings
+) -> tuple[MeasuredVariants, dict[Variant, Path]]:
+    """What `auto` tries (the original and AUTO_CANDIDATES), the files made for it, what each
+    measured here, and the choice: each step once. The files come back with it."""
+    verify = tuning.probe(verifier).verify
+    files = made_files(source, (ORIGINAL_VARIANT, *AUTO_CANDIDATES), verifier)
+    candidates = calibrate(verifier, files, verify, settings=settings)
+    return MeasuredVariants(pick(candidates, verify), tuple(candidates)), files
+
+
+def choose(
+    verifier: LoadedModel,
+    source: Path,
+    requested: Variant | Auto,
+    *,
+    settings: ModelSettings,
+    announce: Callable[[str], None] | None = None,
+) -> DraftChoice:
+    """The draft file to load for `requested` (auto, or a variant: the original is one); with auto,
+    measured here once (`measure_here`, with draft models loaded by `settings`) and kept in tuning.json."""
+    if isinstance(requested, Variant):
+        if requested.is_original:
+            return DraftChoice(requested, source, "--draft-variant original")
+        return DraftChoice(requested, derive(source, requested, verifier, announce), f"--draft-variant {requested}")
+    if source.stat().st_size < MIN_DERIVED_BYTES:
+        return DraftChoice(ORIGINAL_VARIANT, source, "a small draft is used as given")
+    key = tuning.draft_variant_key(source, verifier)
+    measured = tuning.stored_draft_variant(key)
+    files = {ORIGINAL_VARIANT: source}
+    if measured is None:
+        if announce is not None:
+            announce("making a draft for this machine (once; measured and kept in tuning.json)")
+        measured, files = measure_here(verifier, source, settings)
+        tuning.keep_draft_variant(key, measured)
+    best = measured.best
+    path = files[best.variant] if best.variant in files else derive(source, best.variant, verifier)
+    return DraftChoice(best.variant, path, f"measured here: {best.describe()}", measured.candidates)
+
+
+def load_chosen(
+    verifier: LoadedModel,
+    original: LoadedModel,
+    requested: Variant | Auto,
+    *,
+    settings: ModelSettings,
+    announce: Callable[[str], None] | None = None,
+) -> tuple[LoadedModel, DraftChoice]:
+    """The draft to run for `requested`, and why: `original` (the user's file, loaded and paired by
+    the caller, who closes it if it is not returned) where that is the choice, else the chosen
+    variant, loaded with `settings`."""
+    choice = choose(verifier, original.path, requested, settings=settings, announce=announce)
+    if choice.variant.is_original:
+        return original, choice  # loaded once: the file as given is the one chosen
+    return open_draft(choice.path, settings), choice

@@ -2,7 +2,7 @@
 
 `prepare` loads the verifier and draft (refusing pairs llama.cpp would refuse) and
 gets this machine's costs for them (tuning.probe: stored, or measured once now).
-`Prepared.drafting` then gives the drafter and K policy for an answer; `run`,
+`Prepared.drafter` and `Prepared.policy` then give the drafter and K policy for an answer; `run`,
 `chat` (whose /k changes K between turns), `bench` and `serve` (per request) ask it.
 
 Where K comes from: `-k N`, `-k adaptive`, or `-k auto` (the default). `auto` uses
@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -31,12 +31,15 @@ from .core.kpolicy import K_MAX, AdaptiveK, PerSource, PolicyConfig, adaptive_po
 from .core.ngram_cache import SessionNgrams
 from .core.sampling import SamplingSettings
 from .core.stats import Generation
-from .draft_variant import AUTO, ORIGINAL, DraftChoice, choose, open_draft
+from .draft_variant import DraftChoice, load_chosen
 from .errors import UsageError
 from .files.assets import cache_dir
 from .files.resolve import ResolvedPair
+from .llama.compat import ensure_compatible
+from .llama.loaded import LoadedModel, ModelSettings
 from .llama.rpc import DEFAULT_TIMEOUT, RpcWorker
-from .tuning import probe, stored_measurement
+from .llama.variants import AUTO, ORIGINAL_VARIANT, Auto, Variant
+from .tuning import BenchResult, probe, stored_measurement
 
 MEASURING = "measuring this machine's costs for the pair (once; kept in tuning.json)"
 
@@ -82,7 +85,18 @@ class LoadOptions:
     rpc: tuple[RpcWorker, ...] = ()  # the verifier's layers go to these workers
     rpc_draft: bool = False  # ... and the draft's too
     rpc_timeout: float = DEFAULT_TIMEOUT
-    draft_variant: str = "auto"  # the draft made for this machine (draft_variant.py): auto, original or a name
+    draft_variant: Variant | Auto = AUTO  # the draft made for this machine (draft_variant.py), or a variant
+
+    @property
+    def verifier_settings(self) -> ModelSettings:
+        return ModelSettings(self.n_ctx, self.n_threads, self.n_gpu_layers, self.rpc, self.rpc_timeout)
+
+    @property
+    def draft_settings(self) -> ModelSettings:
+        """The draft's own GPU layers, on the RPC workers only with --rpc-draft (the original, and
+        whichever variant --draft-variant chooses)."""
+        workers = self.rpc if self.rpc_draft else ()
+        return ModelSettings(self.n_ctx, self.n_threads, self.n_gpu_layers_draft, workers, self.rpc_timeout)
 
 
 @dataclass(frozen=True)
@@ -144,16 +158,16 @@ def make_policy(
     return model_policy, source
 
 
-def _stored_policy(stored: dict, *, force_spec: bool, recommended_k: int | None) -> tuple[FixedK, KSource]:
+def _stored_policy(stored: BenchResult, *, force_spec: bool, recommended_k: int | None) -> tuple[FixedK, KSource]:
     """The draft model's K from what `bench` stored for this pair, machine and temperature."""
-    if stored["k"] == 0:
+    if stored.k == 0:
         if force_spec:
             fallback = recommended_k or 8
             return FixedK(fallback), KSource(False, f"K={fallback} (--force-spec; bench measured plain faster here)")
         return FixedK(0), KSource(
-            False, f"plain: bench measured speculation at {stored['speedup']:.2f}× here (--force-spec to speculate)"
+            False, f"plain: bench measured speculation at {stored.speedup:.2f}× here (--force-spec to speculate)"
         )
-    return FixedK(stored["k"]), KSource(False, f"K={stored['k']} (bench here: {stored['speedup']:.2f}×)")
+    return FixedK(stored.k), KSource(False, f"K={stored.k} (bench here: {stored.speedup:.2f}×)")
 
 
 @dataclass
@@ -161,8 +175,8 @@ class Prepared:
     """A loaded pair and this machine's costs for it: what every command generates with."""
 
     resolved: ResolvedPair
-    verifier: Any  # llama.model.LlamaModel (core.model.Model)
-    draft: Any | None
+    verifier: LoadedModel
+    draft: LoadedModel | None
     options: DraftOptions
     load: LoadOptions = field(default_factory=LoadOptions)  # how the pair was loaded
     draft_choice: DraftChoice | None = None  # which draft file loaded, and why
@@ -249,52 +263,28 @@ class Prepared:
         )
 
 
-def draft_loader(options: LoadOptions) -> Callable[[Path], Any]:
-    """How a draft file loads with these options: its own GPU layers, on the RPC workers only with
-    --rpc-draft (the original, and whichever variant --draft-variant chooses)."""
-    from .llama.model import LlamaModel
-
-    def load_draft(path: Path) -> Any:
-        return LlamaModel(
-            path,
-            n_ctx=options.n_ctx,
-            n_threads=options.n_threads,
-            n_gpu_layers=options.n_gpu_layers_draft,
-            rpc_workers=options.rpc if options.rpc_draft else (),
-            rpc_timeout=options.rpc_timeout,
-        )
-
-    return load_draft
-
-
 def load_models(
     resolved: ResolvedPair, options: LoadOptions, *, need_draft: bool, announce: Callable[[str], None] | None = None
-) -> tuple[Any, Any | None, DraftChoice | None]:
+) -> tuple[LoadedModel, LoadedModel | None, DraftChoice | None]:
     """Load the verifier and (if drafting) the draft, refusing pairs llama.cpp would refuse. The draft
     is the one made for this machine unless --draft-variant says otherwise (draft_variant.py)."""
-    from .llama.compat import ensure_compatible
-    from .llama.model import LlamaModel  # llama.cpp loads only when a command needs it
-
-    verifier = LlamaModel(
-        resolved.verifier,
-        n_ctx=options.n_ctx,
-        n_threads=options.n_threads,
-        n_gpu_layers=options.n_gpu_layers,
-        rpc_workers=options.rpc,
-        rpc_timeout=options.rpc_timeout,
-    )
+    verifier = options.verifier_settings.load(resolved.verifier)
     if not need_draft or resolved.draft is None:
         return verifier, None, None
-    load_draft = draft_loader(options)
-    original = load_draft(resolved.draft)  # the user's file: it must pair before anything is derived from it
+    original = options.draft_settings.load(resolved.draft)  # it must pair before anything is derived from it
     ensure_compatible(verifier.vocab_info(), original.vocab_info())
     if options.rpc and options.draft_variant == AUTO:
-        return verifier, original, DraftChoice(ORIGINAL, resolved.draft, "with --rpc the draft is used as given")
-    choice = choose(verifier, resolved.draft, options.draft_variant, load=load_draft, announce=announce)
-    if choice.name == ORIGINAL:
-        return verifier, original, choice  # loaded once: the file as given is the one chosen
-    original.close()
-    return verifier, open_draft(choice.path, load_draft), choice
+        return (
+            verifier,
+            original,
+            DraftChoice(ORIGINAL_VARIANT, resolved.draft, "with --rpc the draft is used as given"),
+        )
+    draft, choice = load_chosen(
+        verifier, original, options.draft_variant, settings=options.draft_settings, announce=announce
+    )
+    if draft is not original:
+        original.close()
+    return verifier, draft, choice
 
 
 def prepare(
@@ -341,15 +331,15 @@ def ngram_file(verifier: Path, n_vocab: int) -> tuple[Path, str]:
     return cache_dir() / "ngrams" / f"{digest}.npz", key
 
 
-def placement(verifier, draft) -> dict:
+def placement(verifier: LoadedModel, draft: LoadedModel | None) -> dict:
     """Where each model's layers are (for --json): workers, layer counts, and in words."""
     return {
         role: {**asdict(model.placement), "description": model.placement.describe(role)}
         for role, model in (("verifier", verifier), ("draft", draft))
-        if hasattr(model, "placement")
+        if model is not None and hasattr(model, "placement")
     }
 
 
-def where_line(verifier, draft) -> str:
+def where_line(verifier: LoadedModel, draft: LoadedModel | None) -> str:
     """'verifier on 2 RPC workers · draft local', for the stats line."""
     return " · ".join(entry["description"] for entry in placement(verifier, draft).values())

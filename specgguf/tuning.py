@@ -1,10 +1,14 @@
 """tuning.json: what this machine measured, kept per machine (`$XDG_CONFIG_HOME/specgguf/tuning.json`).
 
-- The best fixed K `specgguf bench` measured for a pair (`stored_measurement`), which `-k auto`
-  uses (k_choice.py).
+- The best fixed K `specgguf bench` measured for a pair (`stored_measurement`, a `BenchResult`),
+  which `-k auto` uses (prepare.make_policy).
 - Measured costs per model file and settings (`stored_seconds`): the verifier's verify cost by
   batch size and the draft's cost per token, which adaptive K starts from: `probe` gives the
   stored ones, or measures them once now (core/costs.py's `measure`) and keeps them.
+- The draft variants `--draft-variant auto` measured for a draft and verifier, and its choice
+  (`stored_draft_variant`, a `MeasuredVariants`: draft_variant.py).
+
+Entries come back as those typed values, checked on read.
 
 A damaged file is never fatal: each problem is one warning and the entry is ignored; a file
 that cannot be parsed is kept as tuning.json.damaged when it is next written.
@@ -17,11 +21,12 @@ import json
 import math
 import os
 import platform
-import re
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeGuard
 
 try:
     import fcntl
@@ -29,7 +34,10 @@ except ImportError:  # not on Windows: no lock there
     fcntl = None  # type: ignore[assignment]
 
 from .core.costs import PROBE_BATCH, PROBE_CONTEXT, MachineCosts, measure
+from .errors import UsageError
 from .files.paths import config_dir
+from .llama.loaded import LoadedModel
+from .llama.variants import Variant, parse_variant
 
 
 def machine_id() -> str:
@@ -83,22 +91,41 @@ def _machine_entries() -> dict:
     return entries
 
 
-def _valid_measurement(value: object) -> str | None:
-    """What is wrong with a stored bench result, or None."""
-    if not isinstance(value, dict):
-        return f"expected an object, got {type(value).__name__}"
-    k, speedup = value.get("k"), value.get("speedup")
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 64:
-        return f"'k' must be a whole number from 0 to 64, got {k!r}"
-    if isinstance(speedup, bool) or not isinstance(speedup, (int, float)) or not math.isfinite(speedup) or speedup <= 0:
-        return f"'speedup' must be a positive number, got {speedup!r}"
-    acceptance = value.get("acceptance_rate")
-    if acceptance is not None and (type(acceptance) not in (int, float) or not 0 <= acceptance <= 1):
-        return f"'acceptance_rate' must be between 0 and 1, got {acceptance!r}"
-    return None
+class InvalidEntry(ValueError):
+    """What is wrong with a stored entry (a warning, and the entry is ignored)."""
 
 
-def stored_measurement(verifier: Path, draft: Path, temperature: float) -> dict | None:
+def _number(value: object) -> TypeGuard[float]:
+    """A finite JSON number (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """The best fixed K `bench` measured for a pair here at one temperature (k 0: plain decoding was faster)."""
+
+    k: int
+    speedup: float
+    acceptance_rate: float | None = None
+
+    @classmethod
+    def from_json(cls, value: object) -> BenchResult:
+        if not isinstance(value, dict):
+            raise InvalidEntry(f"expected an object, got {type(value).__name__}")
+        k, speedup, acceptance = value.get("k"), value.get("speedup"), value.get("acceptance_rate")
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 64:
+            raise InvalidEntry(f"'k' must be a whole number from 0 to 64, got {k!r}")
+        if not (_number(speedup) and speedup > 0):
+            raise InvalidEntry(f"'speedup' must be a positive number, got {speedup!r}")
+        if acceptance is not None and not (_number(acceptance) and 0 <= acceptance <= 1):
+            raise InvalidEntry(f"'acceptance_rate' must be between 0 and 1, got {acceptance!r}")
+        return cls(k, float(speedup), None if acceptance is None else float(acceptance))
+
+    def as_json(self) -> dict:
+        return {"k": self.k, "speedup": self.speedup, "acceptance_rate": self.acceptance_rate}
+
+
+def stored_measurement(verifier: Path, draft: Path, temperature: float) -> BenchResult | None:
     """The best K `bench` stored for this pair here, if the entry is valid (else a warning and None)."""
     key, kind = pair_key(verifier, draft), "greedy" if temperature <= 0 else "sampled"
     entry = _machine_entries().get(key, {})
@@ -108,20 +135,21 @@ def stored_measurement(verifier: Path, draft: Path, temperature: float) -> dict 
     value = entry.get(kind)
     if value is None:
         return None
-    if problem := _valid_measurement(value):
+    try:
+        return BenchResult.from_json(value)
+    except InvalidEntry as problem:
         _warn(f"the {kind} entry for {key}: {problem}")
         return None
-    return value
 
 
-def store_measurement(verifier: Path, draft: Path, temperature: float, measurement: dict) -> None:
+def store_measurement(verifier: Path, draft: Path, temperature: float, measurement: BenchResult) -> None:
     """Record a bench result for `-k auto` (the pair's other entries are kept)."""
 
     def update(data: dict) -> None:
         pairs = data.setdefault(machine_id(), {})
         if not isinstance(pairs.get(pair_key(verifier, draft)), dict):
             pairs[pair_key(verifier, draft)] = {}
-        pairs[pair_key(verifier, draft)]["greedy" if temperature <= 0 else "sampled"] = measurement
+        pairs[pair_key(verifier, draft)]["greedy" if temperature <= 0 else "sampled"] = measurement.as_json()
 
     _update_tuning(update)
 
@@ -153,7 +181,7 @@ def store_seconds(key: str, costs: list[float]) -> None:
     _update_tuning(update)
 
 
-def draft_variant_key(draft: Path, verifier) -> str:
+def draft_variant_key(draft: Path, verifier: LoadedModel) -> str:
     """The draft made for this machine is measured against one verifier, with its thread count."""
     return (
         model_key("draft_variant", draft, n_threads=verifier.n_threads, n_gpu_layers=0)
@@ -163,55 +191,96 @@ def draft_variant_key(draft: Path, verifier) -> str:
 
 
 _CANDIDATE_FIELDS = {"name": str, "ms_per_token": float, "acceptance": float, "expected_tokens_per_second": float}
+_MEASURES = ("ms_per_token", "acceptance", "expected_tokens_per_second")  # a Candidate's fields after its variant
 
 
-def _valid_variant(value: object) -> str | None:
-    """What is wrong with a stored draft-variant choice, or None."""
-    if not isinstance(value, dict) or not isinstance(value.get("candidates"), list) or not value["candidates"]:
-        return "expected an object with a list of candidates"
-    for candidate in value["candidates"]:
-        if not isinstance(candidate, dict) or set(candidate) != set(_CANDIDATE_FIELDS):
-            return f"a candidate must have exactly {', '.join(_CANDIDATE_FIELDS)}"
-        for field, kind in _CANDIDATE_FIELDS.items():
-            number = kind is float and type(candidate[field]) in (int, float) and math.isfinite(candidate[field])
-            if not (isinstance(candidate[field], str) if kind is str else number and candidate[field] >= 0):
-                return f"candidate field {field!r} is {candidate[field]!r}"
-    from .llama.convert import DRAFT_VARIANTS
+@dataclass(frozen=True)
+class Candidate:
+    """A draft variant as measured here against a verifier."""
 
-    names = [candidate["name"] for candidate in value["candidates"]]
-    known = "|".join(re.escape(name) for name in ("original", *DRAFT_VARIANTS))
-    if value.get("choice") not in names or not all(re.fullmatch(rf"({known})(\+hot\d+k)?", name) for name in names):
-        return f"unknown variant in {value.get('choice')!r} / {names}"
-    return None
+    variant: Variant
+    ms_per_token: float
+    acceptance: float  # per position, given the earlier ones accepted
+    expected_tokens_per_second: float
+
+    def describe(self) -> str:
+        return (
+            f"{self.variant}: {self.ms_per_token:.1f} ms/token, acceptance {self.acceptance:.2f}"
+            f" → {self.expected_tokens_per_second:.1f} tok/s expected at its best K"
+        )
+
+    def as_json(self) -> dict:
+        return {"name": self.variant.name} | {field: getattr(self, field) for field in _MEASURES}
 
 
-def stored_draft_variant(key: str) -> dict | None:
-    """The draft variant measured best here for this draft and verifier, if the entry is valid."""
+@dataclass(frozen=True)
+class MeasuredVariants:
+    """What `--draft-variant auto` measured here for one draft and verifier: every candidate, and the choice."""
+
+    choice: Variant
+    candidates: tuple[Candidate, ...]
+
+    @property
+    def best(self) -> Candidate:
+        return next(candidate for candidate in self.candidates if candidate.variant == self.choice)
+
+    @classmethod
+    def from_json(cls, value: object) -> MeasuredVariants:
+        if not isinstance(value, dict) or not isinstance(value.get("candidates"), list) or not value["candidates"]:
+            raise InvalidEntry("expected an object with a list of candidates")
+        for candidate in value["candidates"]:
+            if not isinstance(candidate, dict) or set(candidate) != set(_CANDIDATE_FIELDS):
+                raise InvalidEntry(f"a candidate must have exactly {', '.join(_CANDIDATE_FIELDS)}")
+            for field, kind in _CANDIDATE_FIELDS.items():
+                number = kind is float and _number(candidate[field])
+                if not (isinstance(candidate[field], str) if kind is str else number and candidate[field] >= 0):
+                    raise InvalidEntry(f"candidate field {field!r} is {candidate[field]!r}")
+        names = [candidate["name"] for candidate in value["candidates"]]
+        try:
+            variants = {name: parse_variant(name) for name in names}
+        except UsageError:
+            variants = {}
+        if value.get("choice") not in variants:
+            raise InvalidEntry(f"unknown variant in {value.get('choice')!r} / {names}")
+        candidates = tuple(
+            Candidate(variants[entry["name"]], *(float(entry[field]) for field in _MEASURES))
+            for entry in value["candidates"]
+        )
+        return cls(variants[value["choice"]], candidates)
+
+    def as_json(self) -> dict:
+        return {"choice": self.choice.name, "candidates": [candidate.as_json() for candidate in self.candidates]}
+
+
+def stored_draft_variant(key: str) -> MeasuredVariants | None:
+    """The draft variants measured here for this draft and verifier, if the entry is valid."""
     value = _machine_entries().get(key)
     if value is None:
         return None
-    if problem := _valid_variant(value):
+    try:
+        return MeasuredVariants.from_json(value)
+    except InvalidEntry as problem:
         _warn(f"{key}: {problem}")
         return None
-    return value
 
 
-def stored_draft_variants(draft: Path, verifier: Path) -> list[tuple[str, dict]]:
+def stored_draft_variants(draft: Path, verifier: Path) -> list[tuple[str, MeasuredVariants]]:
     """Every valid choice stored here for this draft file and verifier file: (threads, entry)."""
     head = model_key("draft_variant", draft, n_threads=0, n_gpu_layers=0).split("|threads=")[0] + "|threads="
     verifier_part = model_key("verifier", verifier, n_threads=0, n_gpu_layers=0).split("|threads=")[0] + "|threads="
     found = []
     for key, value in _machine_entries().items():
-        if key.startswith(head) and verifier_part in key and _valid_variant(value) is None:
-            found.append((key[len(head) :].split("|", 1)[0], value))
+        if key.startswith(head) and verifier_part in key:
+            with contextlib.suppress(InvalidEntry):
+                found.append((key[len(head) :].split("|", 1)[0], MeasuredVariants.from_json(value)))
     return found
 
 
-def keep_draft_variant(key: str, value: dict) -> None:
-    """Store the measured choice; an unwritable config folder costs a warning (measured again next time)."""
+def keep_draft_variant(key: str, measured: MeasuredVariants) -> None:
+    """Store what was measured; an unwritable config folder costs a warning (measured again next time)."""
 
     def update(data: dict) -> None:
-        data.setdefault(machine_id(), {})[key] = value
+        data.setdefault(machine_id(), {})[key] = measured.as_json()
 
     try:
         _update_tuning(update)
@@ -257,44 +326,46 @@ def _update_tuning(update) -> None:
 
 
 # --- this machine's costs for a pair, measured once and kept ---
-def key_for(model, kind: str = "verify_costs") -> str:
+def key_for(model: LoadedModel, kind: str = "verify_costs") -> str:
     key = model_key(kind, model.path, n_threads=model.n_threads, n_gpu_layers=model.n_gpu_layers)
     workers = getattr(getattr(model, "placement", None), "workers", ())
     return key + (f"|rpc={','.join(workers)}" if workers else "")  # costs over a network are their own
 
 
-def stored(model) -> list[float] | None:
+def stored(model: LoadedModel) -> list[float] | None:
     """The verify table stored for this verifier file and settings on this machine, if any."""
     return stored_seconds(key_for(model))
 
 
-def measure_and_store(model, *, max_batch: int, store: bool, **options) -> list[float]:
+def measure_and_store(model: LoadedModel, *, max_batch: int, store: bool, **options: Any) -> list[float]:
     costs = measure(model, max_batch=max_batch, **options)
     if store:
         store_seconds(key_for(model), costs)
     return costs
 
 
-def probe(verifier, draft=None, *, on_measure: Callable[[], None] | None = None) -> MachineCosts:
+def probe(
+    verifier: LoadedModel, draft: LoadedModel | None = None, *, on_measure: Callable[[], None] | None = None
+) -> MachineCosts:
     """This machine's costs for the pair: stored ones, else measured now (calling `on_measure`
     first, to say so) and stored. A config folder that cannot be written costs a warning."""
     verify = stored(verifier)
     draft_cost = stored_seconds(key_for(draft, "draft_costs")) if draft is not None else [0.0]
-    if verify is None or draft_cost is None:
-        if on_measure is not None:
-            on_measure()
-        if verify is None:
-            # The fastest of a few rounds: a short probe is easily disturbed, never sped up.
-            verify = _keep(
-                key_for(verifier),
-                measure(verifier, max_batch=PROBE_BATCH, repeats=2, context=PROBE_CONTEXT, statistic=min),
-            )
-        if draft_cost is None:
-            draft_cost = [measure_draft(draft, store=True)]
+    if (verify is None or draft_cost is None) and on_measure is not None:
+        on_measure()
+    if verify is None:
+        # The fastest of a few rounds: a short probe is easily disturbed, never sped up.
+        verify = _keep(
+            key_for(verifier),
+            measure(verifier, max_batch=PROBE_BATCH, repeats=2, context=PROBE_CONTEXT, statistic=min),
+        )
+    if draft_cost is None:
+        assert draft is not None  # no draft costs [0.0]
+        draft_cost = [measure_draft(draft, store=True)]
     return MachineCosts(tuple(verify), draft_cost[0])
 
 
-def measure_draft(draft, *, store: bool) -> float:
+def measure_draft(draft: LoadedModel, *, store: bool) -> float:
     """Seconds for the draft model to propose one token (a batch of one, its logits read)."""
     (seconds,) = measure(draft, max_batch=1, repeats=5, context=PROBE_CONTEXT, statistic=min)
     return _keep(key_for(draft, "draft_costs"), [seconds])[0] if store else seconds

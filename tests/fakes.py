@@ -15,11 +15,18 @@ class FakeModel:
     """
 
     def __init__(
-        self, next_logits: Callable[[list[int]], np.ndarray], *, n_vocab: int, n_ctx: int = 256, eog: Sequence[int] = ()
+        self,
+        next_logits: Callable[[list[int]], np.ndarray],
+        *,
+        n_vocab: int,
+        n_ctx: int = 256,
+        eog: Sequence[int] = (),
+        max_leaves: int = 16,  # as LlamaModel's (llama/tree.py MAX_TREE_LEAVES)
     ):
         self.next_logits = next_logits
         self.n_vocab = n_vocab
         self.n_ctx = n_ctx
+        self.max_leaves = max_leaves
         self.eog = set(eog)
         self.cached: list[int] = []  # a plain attribute, as the protocol declares it
         self.eval_calls: list[list[int]] = []
@@ -50,6 +57,9 @@ class FakeModel:
         self.pending_tree = (base, tokens, list(parents))
         if list(parents) == list(range(-1, len(tokens) - 1)):  # a chain: appended as `eval` does
             return self.eval(tokens, n_logits=n_logits)
+        n_leaves = len(set(range(len(tokens))) - set(parents))
+        if n_leaves > self.max_leaves:  # refused as LlamaModel refuses it
+            raise ValueError(f"a tree with {n_leaves} leaves; at most {self.max_leaves}")
         self.tree_calls.append((tokens, list(parents)))
         if base + len(tokens) > self.n_ctx:
             raise AssertionError(f"context overflow: {base} + {len(tokens)} > {self.n_ctx}")

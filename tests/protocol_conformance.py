@@ -11,6 +11,7 @@ from specgguf.core.hybrid_drafter import HybridDrafter
 from specgguf.core.kpolicy import AdaptiveK, PerSource
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.ngram_drafter import NgramDrafter
+from specgguf.llama.loaded import LoadedModel
 from specgguf.llama.model import LlamaModel
 
 
@@ -48,3 +49,11 @@ def adaptive_k_is_a_policy(policy: AdaptiveK) -> KPolicy:
 
 def per_source_is_a_policy(policy: PerSource) -> KPolicy:
     return policy
+
+
+def llama_model_is_a_loaded_model(model: LlamaModel) -> LoadedModel:
+    return model
+
+
+def a_loaded_model_is_a_model(model: LoadedModel) -> Model:
+    return model

@@ -54,7 +54,10 @@ def test_the_second_turn_reuses_the_first_from_the_cache(chat, tiny):
     )
     assert first[1] == "0"
     n_prompt, n_cached = map(int, second)
-    assert n_cached > int(first[0]) and n_prompt - n_cached < n_cached  # most of turn 2 came from the cache
+    # Turn 2 is the conversation's text tokenized fresh: all of turn 1's prompt came from the cache, and
+    # its answer as far as the tokens generated are what its text tokenizes to (the tiny model's
+    # random answers soon stop being that; tests/test_chat_session.py counts it exactly).
+    assert int(first[0]) <= n_cached < n_prompt
 
 
 def test_slash_commands(chat, tiny, tmp_path):

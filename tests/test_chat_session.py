@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from specgguf.cli.chat_session import ChatSession
-from specgguf.core.engine import FixedK
+from specgguf.conversation import Message
+from specgguf.core.drafting import common_prefix
+from specgguf.core.engine import FixedK, speculate
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.sampling import SamplingSettings
 from specgguf.errors import ContextFullError
@@ -83,29 +86,34 @@ def answer(session: ChatSession, question: str, *, stop_after: int | None = None
     return reply.finish(interrupted=stop_after is not None), reply.prompt_tokens
 
 
-def test_each_turn_evaluates_only_its_new_tokens_in_both_models(tiny_verifier, tiny_draft):
+def test_each_turn_evaluates_only_what_the_caches_do_not_hold_in_both_models(tiny_verifier, tiny_draft):
     session = make_session(tiny_verifier, tiny_draft, system="you are a tiny model")
     models = {"verifier": session.verifier, "draft": session.draft}
-    history: list[int] = []  # the previous turn's prompt plus its answer
+    previous: list[int] = []  # the previous turn's prompt
+    history: list[int] = []  # ... plus its answer
     for number, question in enumerate(QUESTIONS[:5], start=1):
         for model in models.values():
             model.calls.clear()
         turn, prompt = answer(session, question)
-        assert prompt[: len(history)] == history  # the history is a token prefix of the new prompt
-        n_new = len(prompt) - len(history)
+        # The prompt is the conversation's text tokenized fresh: it repeats the earlier prompt, and the
+        # earlier answer as far as its generated tokens are what its text tokenizes to (the tiny
+        # model's random answers often are not; a real model's mostly are).
+        shared = common_prefix(history, prompt)
+        assert shared >= len(previous)
+        n_new = len(prompt) - shared
         for name, model in models.items():
             evaluated = model.positions_below(len(prompt))
             assert evaluated == turn.n_evaluated[name]  # the stats line reports what really happened
-            assert model.recomputed == 0, name  # nothing of the history is ever evaluated again
+            assert model.recomputed == 0, name  # nothing the cache held is ever evaluated again
             if number == 1:
                 assert evaluated == len(prompt)
             else:
-                assert model.first_position() >= len(history) - 4
+                assert model.first_position() >= shared - 4
         # The verifier evaluates the new tokens, plus the answer's last token when it stopped at -n
         # (the draft may also catch up on answer tokens it skipped, e.g. in steps without drafts).
         assert number == 1 or n_new <= turn.n_evaluated["verifier"] <= n_new + 1
-        assert number < 5 or len(history) > 3 * n_new  # so "only the new tokens" says something
-        history = prompt + turn.answer_tokens
+        assert number < 5 or shared > 3 * n_new  # so "only the new tokens" says something
+        previous, history = prompt, prompt + turn.answer_tokens
     # The control: with the caches forgotten, the same kind of turn evaluates everything.
     session.forget_caches()
     for model in models.values():
@@ -113,7 +121,7 @@ def test_each_turn_evaluates_only_its_new_tokens_in_both_models(tiny_verifier, t
     turn, prompt = answer(session, QUESTIONS[5])
     assert turn.n_evaluated == {"verifier": len(prompt), "draft": len(prompt)}
     assert session.verifier.positions_below(len(prompt)) == len(prompt)
-    assert session.verifier.recomputed >= len(history) - 1  # the whole history, again
+    assert session.verifier.recomputed >= common_prefix(history, prompt) - 1  # what was cached, again
 
 
 def test_an_interrupted_answer_stays_in_the_history_and_the_next_turn_matches_a_fresh_start(tiny_verifier, tiny_draft):
@@ -133,6 +141,33 @@ def test_an_interrupted_answer_stays_in_the_history_and_the_next_turn_matches_a_
     again, fresh_prompt = answer(fresh, QUESTIONS[2])
     assert fresh_prompt == prompt and again.n_evaluated["verifier"] == len(prompt)
     assert again.answer_tokens == after.answer_tokens
+
+
+def test_a_turns_prompt_is_the_conversation_text_tokenized_fresh(tiny_verifier, tiny_draft):
+    # What `specgguf serve` reads for the same messages (and llama-server): not the tokens the earlier
+    # answers came out as, which the tiny model's random answers rarely are their text's own.
+    session = make_session(tiny_verifier, tiny_draft, system="you are a tiny model")
+    for question in QUESTIONS[:2]:
+        answer(session, question)
+    turn, prompt = answer(session, QUESTIONS[2])
+    messages = [Message("system", "you are a tiny model")]
+    for earlier in session.transcript[:2]:
+        messages += [Message("user", earlier.question), Message("assistant", earlier.answer)]
+    text = session.prompts.render([*messages, Message("user", QUESTIONS[2])])
+    assert prompt == session.verifier.tokenize(text)
+    # And the answer is a fresh start's: the verifier alone, greedy, on that text's tokens.
+    alone = LlamaModel(tiny_verifier, n_ctx=2048, n_threads=1)
+    events = speculate(
+        verifier=alone,
+        drafter=None,
+        prompt_tokens=alone.tokenize(text),
+        k=FixedK(0),
+        max_tokens=session.max_tokens,
+        settings=SamplingSettings(temperature=0),
+        rng=np.random.default_rng(0),
+    )
+    assert turn.answer_tokens == [token for event in events for token in event.tokens]
+    alone.close()
 
 
 def test_a_full_context_drops_the_oldest_turns_and_keeps_the_system_prompt(tiny_verifier, tiny_draft):

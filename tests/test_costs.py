@@ -9,7 +9,7 @@ import pytest
 from fakes import FakeModel, one_hot_logits
 from specgguf import tuning
 from specgguf.core import costs
-from specgguf.tuning import load_tuning, store_measurement, store_seconds, stored_seconds
+from specgguf.tuning import BenchResult, load_tuning, store_measurement, store_seconds, stored_seconds
 
 pytestmark = pytest.mark.usefixtures("config_home")
 
@@ -47,7 +47,7 @@ def test_measure_times_each_batch_size_after_the_context_and_leaves_the_cache_em
 
 
 def test_stored_tables_are_kept_per_key_beside_other_measurements(tmp_path):
-    store_measurement(tmp_path / "big.gguf", tmp_path / "small.gguf", 0.0, {"k": 4, "speedup": 1.3})
+    store_measurement(tmp_path / "big.gguf", tmp_path / "small.gguf", 0.0, BenchResult(4, 1.3))
     store_seconds("verify_costs|big.gguf|1|threads=2|gpu_layers=0", [0.03, 0.05, 0.06])
     assert stored_seconds("verify_costs|big.gguf|1|threads=2|gpu_layers=0") == [0.03, 0.05, 0.06]
     assert stored_seconds("verify_costs|big.gguf|1|threads=4|gpu_layers=0") is None

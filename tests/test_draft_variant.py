@@ -18,9 +18,11 @@ from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.sampling import SamplingSettings
 from specgguf.errors import ModelLoadError, UsageError
 from specgguf.files import hot_vocab
+from specgguf.files.derived import derived_path, verifier_id
 from specgguf.files.hot_vocab import hot_ids
-from specgguf.llama.convert import DRAFT_VARIANTS
+from specgguf.llama.loaded import ModelSettings
 from specgguf.llama.model import LlamaModel
+from specgguf.llama.variants import AUTO, ORIGINAL_VARIANT, REQUANTIZATIONS, Variant, parse_request, parse_variant
 from test_backend import RecordingModel, _check_greedy_per_step
 from tiny_gguf import write_tiny_llama
 
@@ -31,37 +33,41 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+SETTINGS = ModelSettings(n_ctx=256, n_threads=1)
+Q4_0 = Variant("q4_0")
+
+
 def _load(path):
     return LlamaModel(path, n_ctx=256, n_threads=1)
 
 
 def test_a_variant_is_derived_once_into_the_cache_by_sha256_and_the_users_file_is_untouched(cache, tiny_draft):
     before = (tiny_draft.read_bytes(), tiny_draft.stat().st_mtime_ns)
-    path = draft_variant.derive(tiny_draft, "q4_0")
+    path = draft_variant.derive(tiny_draft, Q4_0)
     assert path.parent == cache / "drafts" and path.name.endswith("-q4_0.gguf") and path.is_file()
     assert path.read_bytes()[:4] == b"GGUF" and path.stat().st_size < tiny_draft.stat().st_size
     assert (tiny_draft.read_bytes(), tiny_draft.stat().st_mtime_ns) == before
     made = path.stat().st_mtime_ns
-    assert draft_variant.derive(tiny_draft, "q4_0") == path and path.stat().st_mtime_ns == made  # reused
+    assert draft_variant.derive(tiny_draft, Q4_0) == path and path.stat().st_mtime_ns == made  # reused
     assert not list((cache / "drafts").glob("*.incomplete"))
 
 
 def test_the_cache_follows_the_files_contents_not_its_name(cache, tiny_dir, tiny_draft):
     copy = tiny_dir / "copy-of-draft.gguf"
     copy.write_bytes(tiny_draft.read_bytes())
-    assert draft_variant.derived_path(copy, "q4_0") == draft_variant.derived_path(tiny_draft, "q4_0")
+    assert derived_path(copy, "q4_0") == derived_path(tiny_draft, "q4_0")
     changed = tiny_dir / "changed-draft.gguf"
     data = bytearray(tiny_draft.read_bytes())
     data[-1] ^= 1
     changed.write_bytes(bytes(data))
-    assert draft_variant.derived_path(changed, "q4_0") != draft_variant.derived_path(tiny_draft, "q4_0")
+    assert derived_path(changed, "q4_0") != derived_path(tiny_draft, "q4_0")
 
 
 @pytest.mark.parametrize("name", ["q4_0", "q4_0-q8head"])
 def test_every_variant_drafts_losslessly(cache, tiny_verifier, tiny_draft, name):
     """Greedy: every emitted token is the verifier's argmax for its context, whatever the draft."""
     events, output = _check_greedy_per_step(
-        tiny_verifier, draft_variant.derive(tiny_draft, name), "the cat was there", k=4, max_tokens=40
+        tiny_verifier, draft_variant.derive(tiny_draft, parse_variant(name)), "the cat was there", k=4, max_tokens=40
     )
     assert len(output) == 40 and sum(event.n_drafted for event in events) > 0
 
@@ -79,11 +85,11 @@ def test_auto_measures_once_keeps_the_choice_and_then_reuses_it(cache, tiny_veri
     monkeypatch.setattr(draft_variant, "MIN_DERIVED_BYTES", 0)  # the tiny draft counts as big enough
     verifier = _load(tiny_verifier)
     said = []
-    first = draft_variant.choose(verifier, tiny_draft, "auto", load=_load, announce=said.append)
-    assert said and first.name in ("original", *draft_variant.AUTO_CANDIDATES)
-    assert {c.name for c in first.candidates} == {"original", *draft_variant.AUTO_CANDIDATES}
+    first = draft_variant.choose(verifier, tiny_draft, AUTO, settings=SETTINGS, announce=said.append)
+    assert said and first.variant in (ORIGINAL_VARIANT, *draft_variant.AUTO_CANDIDATES)
+    assert {c.variant for c in first.candidates} == {ORIGINAL_VARIANT, *draft_variant.AUTO_CANDIDATES}
     # The fastest, where one beats plain decoding here; else the original (draft_variant.pick).
-    assert first.name == draft_variant.pick(list(first.candidates), tuning.probe(verifier).verify)
+    assert first.variant == draft_variant.pick(list(first.candidates), tuning.probe(verifier).verify)
     assert "measured here" in first.why
     assert all(0 <= c.acceptance <= 1 and c.ms_per_token > 0 for c in first.candidates)
     stored = json.loads(tuning.tuning_path().read_text())
@@ -94,7 +100,7 @@ def test_auto_measures_once_keeps_the_choice_and_then_reuses_it(cache, tiny_veri
         raise AssertionError("measured again")
 
     monkeypatch.setattr(draft_variant, "calibrate", no_measuring)
-    again = draft_variant.choose(verifier, tiny_draft, "auto", load=_load, announce=said.append)
+    again = draft_variant.choose(verifier, tiny_draft, AUTO, settings=SETTINGS, announce=said.append)
     assert again == first and len(said) == 1
     verifier.close()
 
@@ -103,8 +109,11 @@ def test_a_damaged_stored_choice_is_a_warning_and_measured_again(cache, tiny_ver
     monkeypatch.setattr(draft_variant, "MIN_DERIVED_BYTES", 0)
     verifier = _load(tiny_verifier)
     key = tuning.draft_variant_key(tiny_draft, verifier)
-    tuning.keep_draft_variant(key, {"choice": "q9_9", "candidates": [{"name": "q9_9"}]})
-    choice = draft_variant.choose(verifier, tiny_draft, "auto", load=_load)
+    tuning.tuning_path().parent.mkdir(parents=True, exist_ok=True)
+    tuning.tuning_path().write_text(
+        json.dumps({tuning.machine_id(): {key: {"choice": "q9_9", "candidates": [{"name": "q9_9"}]}}})
+    )
+    choice = draft_variant.choose(verifier, tiny_draft, AUTO, settings=SETTINGS)
     assert choice.candidates and "warning" in capsys.readouterr().err
     verifier.close()
 
@@ -112,16 +121,16 @@ def test_a_damaged_stored_choice_is_a_warning_and_measured_again(cache, tiny_ver
 def test_a_variant_by_name_is_announced_while_it_is_made_and_not_after(cache, tiny_verifier, tiny_draft):
     verifier = _load(tiny_verifier)
     said: list[str] = []
-    first = draft_variant.choose(verifier, tiny_draft, "q4_0", load=_load, announce=said.append)
-    again = draft_variant.choose(verifier, tiny_draft, "q4_0", load=_load, announce=said.append)
+    first = draft_variant.choose(verifier, tiny_draft, Q4_0, settings=SETTINGS, announce=said.append)
+    again = draft_variant.choose(verifier, tiny_draft, Q4_0, settings=SETTINGS, announce=said.append)
     assert said == ["making the q4_0 draft (once)"] and first == again and first.path.is_file()
     verifier.close()
 
 
 def test_a_small_draft_is_used_as_given(tiny_verifier, tiny_draft):
     verifier = _load(tiny_verifier)
-    choice = draft_variant.choose(verifier, tiny_draft, "auto", load=_load)
-    assert (choice.name, choice.path) == ("original", tiny_draft)
+    choice = draft_variant.choose(verifier, tiny_draft, AUTO, settings=SETTINGS)
+    assert (choice.variant, choice.path) == (ORIGINAL_VARIANT, tiny_draft)
     verifier.close()
 
 
@@ -136,13 +145,21 @@ def test_run_takes_a_variant_by_name_and_reports_it(cli, cache, tiny_verifier, t
     assert os.path.dirname(report["settings"]["draft_variant"]["file"]) == str(cache / "drafts")
 
 
-def test_an_unknown_variant_is_one_line(cli, tiny_verifier, tiny_draft):
-    result = cli("run", "-m", tiny_verifier, "-md", tiny_draft, "--draft-variant", "q3_x", "the")
+@pytest.mark.parametrize("name", ["q3_x", "q4_0+"])  # "q4_0+" was a KeyError (issue 36)
+def test_an_unknown_variant_is_one_line(cli, tiny_verifier, tiny_draft, name):
+    result = cli("run", "-m", tiny_verifier, "-md", tiny_draft, "--draft-variant", name, "the")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"specgguf: error: --draft-variant must be one of auto, original, {', '.join(DRAFT_VARIANTS)}, optionally"
-        " with +hot16k/hot32k/hot64k (e.g. q4_0+hot32k), not 'q3_x'"
+        f"specgguf: error: --draft-variant must be one of auto, original, {', '.join(REQUANTIZATIONS)}, optionally"
+        f" with +hot16k/hot32k/hot64k (e.g. q4_0+hot32k), not {name!r}"
     ]
+
+
+def test_the_help_lists_the_variants_from_the_table(cli):
+    result = cli("run", "--help")
+    assert result.returncode == 0
+    text = "".join(result.stdout.replace("│", "").split())  # Rich's panel wraps the help across lines
+    assert all(name in text for name in REQUANTIZATIONS) and "+hot16k,+hot32k,+hot64k" in text
 
 
 # --- a hot-vocabulary draft (files/hot_vocab.py, core/hot_vocab.py) ---
@@ -217,8 +234,8 @@ def test_a_hot_vocabulary_keeps_the_tokens_its_verifier_writes(cache, wide_pair,
     assert any(token >= 1024 for token in written)  # by id alone, some of them would be cut
     path = hot_vocab.build(wide_pair[1], cache / "hot.gguf", n_hot=1024, counts=counts)
     assert written <= set(hot_vocab.load_maps(path).ids.tolist())
-    assert draft_variant.derived_path(wide_pair[1], "q4_0+hot16k", wide_pair[0]).name.endswith(
-        f"-q4_0+hot16k-for-{draft_variant._verifier_id(wide_pair[0])}.gguf"
+    assert derived_path(wide_pair[1], "q4_0+hot16k", wide_pair[0]).name.endswith(
+        f"-q4_0+hot16k-for-{verifier_id(wide_pair[0])}.gguf"
     )
     verifier.close()
 
@@ -238,7 +255,7 @@ def test_a_hot_vocabulary_draft_is_lossless(cache, wide_pair):
     verifier_path, draft_path = wide_pair
     path = hot_vocab.build(draft_path, cache / "hot.gguf", n_hot=1024)
     verifier = RecordingModel(LlamaModel(verifier_path, n_ctx=256, n_threads=1))
-    draft = draft_variant.open_draft(path, _load)
+    draft = draft_variant.open_draft(path, SETTINGS)
     tokens = verifier.tokenize("the cat was there", special=False)
     events = list(
         speculate(
@@ -267,7 +284,7 @@ def test_a_hot_vocabulary_draft_parked_and_restored_reads_on_as_if_it_never_move
     """The cache slots' save_state/load_state through the hot view: the file's cache and the view's
     token list come back together, and the next row is the one an unmoved cache gives."""
     path = hot_vocab.build(wide_pair[1], cache / "hot.gguf", n_hot=1024)
-    draft = draft_variant.open_draft(path, _load)
+    draft = draft_variant.open_draft(path, SETTINGS)
     assert isinstance(draft, HotVocab)
     cold = [token for token in range(3, 2048) if draft.ids[draft.feed[token]] != token][:4]
     context = [1, 40, *cold, 41, 42, 43]  # cold tokens in the cache: fed as their own embedding rows
@@ -298,21 +315,32 @@ def test_a_damaged_id_map_is_one_clear_error(cache, wide_pair):
         hot_vocab.load_maps(path)
     np.save(hot_vocab.rows_file(path), np.zeros((2048, 12), dtype=np.uint8))  # rows 3 wide, the model's are not
     with pytest.raises(ModelLoadError, match="rows of 3, not the model's"):
-        draft_variant.open_draft(path, _load)
+        draft_variant.open_draft(path, SETTINGS)
 
 
-def test_hot_variants_are_named_by_size(cache, tiny_draft):
-    assert draft_variant.parse_variant("q4_0+hot32k") == "q4_0+hot32k"
-    assert draft_variant.split("q4_0+hot32k") == ("q4_0", 32768)
-    for bad in ("q4_0+hot7k", "auto+hot32k", "q4_0+cold"):
-        with pytest.raises(UsageError):
-            draft_variant.parse_variant(bad)
+def test_hot_variants_are_named_by_size():
+    variant = parse_variant("q4_0+hot32k")
+    assert (variant.base, variant.n_hot, variant.name, str(variant)) == ("q4_0", 32768, "q4_0+hot32k", "q4_0+hot32k")
+    assert parse_variant("original+hot16k") == Variant("original", 16) and not Variant("original", 16).is_original
+    assert parse_request("auto") == AUTO and parse_request("original") == ORIGINAL_VARIANT
+    for bad in ("q4_0+hot7k", "auto+hot32k", "q4_0+cold", "q4_0+", "+hot32k", "auto", "Q4_0", ""):
+        with pytest.raises(UsageError, match="--draft-variant must be one of"):
+            parse_variant(bad)
+
+
+def test_every_requantization_names_types_llama_cpp_has():
+    import llama_cpp
+
+    for row in REQUANTIZATIONS.values():
+        assert isinstance(getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{row.body}"), int)
+        assert isinstance(getattr(llama_cpp, f"GGML_TYPE_{row.token_embedding}"), int)
 
 
 def test_where_no_draft_can_beat_plain_decoding_the_original_is_kept():
     verify = (0.035, 0.06, 0.08, 0.1, 0.12)  # compute-bound: a batch of 5 is 3.4x one token
-    fast = draft_variant.Candidate("q4_0+hot32k", 10.0, 0.81, 27.0)
-    slow = draft_variant.Candidate("original", 21.8, 0.83, 22.0)
-    assert draft_variant.pick([slow, fast], verify) == "original"  # 27 tok/s < 1 / 0.035 s = 28.6
-    winning = draft_variant.Candidate("q4_0+hot32k", 10.0, 0.81, 31.0)
-    assert draft_variant.pick([slow, winning], verify) == "q4_0+hot32k"
+    hot = parse_variant("q4_0+hot32k")
+    fast = tuning.Candidate(hot, 10.0, 0.81, 27.0)
+    slow = tuning.Candidate(ORIGINAL_VARIANT, 21.8, 0.83, 22.0)
+    assert draft_variant.pick([slow, fast], verify) == ORIGINAL_VARIANT  # 27 tok/s < 1 / 0.035 s = 28.6
+    winning = tuning.Candidate(hot, 10.0, 0.81, 31.0)
+    assert draft_variant.pick([slow, winning], verify) == hot

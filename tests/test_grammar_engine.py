@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-import specgguf.core.constraint
 import specgguf.core.engine
+import specgguf.core.grammar_walk
 from fakes import FakeModel, TableConstraint
 from specgguf.core.costs import MachineCosts
 from specgguf.core.engine import FixedK, speculate
@@ -158,8 +158,8 @@ def _stale_mask(self, node):
 
 @pytest.mark.slow
 def test_a_mask_not_advanced_along_the_draft_fails_the_check(monkeypatch):
-    monkeypatch.setattr(specgguf.core.constraint.GrammarWalk, "mask", _stale_mask)
-    monkeypatch.setattr(specgguf.core.constraint.GrammarWalk, "commit", _commit_all)
+    monkeypatch.setattr(specgguf.core.grammar_walk.GrammarWalk, "mask", _stale_mask)
+    monkeypatch.setattr(specgguf.core.grammar_walk.GrammarWalk, "commit", _commit_all)
     with pytest.raises(AssertionError, match="broke the grammar|not allowed"):
         _p_value("model", FixedK(3), seed=22, n_sequences=4000)
 

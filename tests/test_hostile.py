@@ -318,15 +318,15 @@ def test_storing_into_a_damaged_tuning_file_keeps_what_was_there(config_home):
 
     path = tuning.tuning_path()
     path.write_text("{not json")
-    tuning.store_measurement(Path("v.gguf"), Path("d.gguf"), 0.0, {"k": 4, "speedup": 1.3})
+    tuning.store_measurement(Path("v.gguf"), Path("d.gguf"), 0.0, tuning.BenchResult(4, 1.3))
     assert path.with_name("tuning.json.damaged").read_text() == "{not json"
-    assert tuning.stored_measurement(Path("v.gguf"), Path("d.gguf"), 0.0)["k"] == 4
+    assert tuning.stored_measurement(Path("v.gguf"), Path("d.gguf"), 0.0) == tuning.BenchResult(4, 1.3)
     # An invalid entry beside valid ones: the valid ones survive a write.
     data = json.loads(path.read_text())
     data[tuning.machine_id()]["junk"] = {"greedy": {"k": "abc"}}
     path.write_text(json.dumps(data))
-    tuning.store_measurement(Path("w.gguf"), Path("d.gguf"), 0.0, {"k": 2, "speedup": 1.1})
-    assert tuning.stored_measurement(Path("v.gguf"), Path("d.gguf"), 0.0)["k"] == 4
+    tuning.store_measurement(Path("w.gguf"), Path("d.gguf"), 0.0, tuning.BenchResult(2, 1.1))
+    assert tuning.stored_measurement(Path("v.gguf"), Path("d.gguf"), 0.0) == tuning.BenchResult(4, 1.3)
     assert json.loads(path.read_text())[tuning.machine_id()]["junk"] == {"greedy": {"k": "abc"}}
 
 

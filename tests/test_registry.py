@@ -157,9 +157,9 @@ def test_a_user_file_adds_and_overrides_pairs(cli, user_config):
 
 
 def test_pairs_shows_what_is_here_and_what_was_measured(cli, user_config):
-    from specgguf.tuning import store_measurement
+    from specgguf.tuning import BenchResult, store_measurement
 
-    store_measurement(Path("big.gguf"), Path("small.gguf"), 0.0, {"k": 4, "speedup": 1.8, "acceptance_rate": 0.75})
+    store_measurement(Path("big.gguf"), Path("small.gguf"), 0.0, BenchResult(4, 1.8, 0.75))
     result = cli("pairs")
     row = next(line for line in result.stdout.splitlines() if line.startswith("mine"))
     assert "75%, 1.80x, K=4" in row and "no" in row.split()  # measured, not downloaded

@@ -217,7 +217,8 @@ def test_a_follow_up_turn_reuses_the_cached_conversation(smol):
         messages=[*question, {"role": "assistant", "content": answer}, {"role": "user", "content": "And two more?"}],
     )
     timings = follow_up.model_extra["timings"]
-    # Both turns' tokens came from the cache (the very tokens generated, not a re-tokenized copy)...
+    # Both turns' tokens came from the cache (the follow-up is tokenized fresh, and SmolLM2's answer
+    # is its text's own tokenization)...
     assert timings["cache_n"] >= first.usage.prompt_tokens + first.usage.completion_tokens - 1
     assert timings["prompt_n"] + timings["cache_n"] == follow_up.usage.prompt_tokens
     assert timings["prompt_n"] < follow_up.usage.prompt_tokens / 3  # ... and only the new turn was evaluated
@@ -321,6 +322,26 @@ def test_metrics_count_tokens_drafts_and_requests(server, client):
     assert server.metric("specgguf_tokens_per_second_count") >= 1
     assert server.metric("specgguf_queue_length") == 0
     assert server.metric('specgguf_requests_total{endpoint="/v1/chat/completions",status="200"}') >= 1
+
+
+def test_metrics_name_every_apis_endpoints(server):
+    """Each API lists its endpoints (apis/*.ENDPOINTS) for /metrics: their requests are counted by
+    name, OpenAI's routes without /v1 under their /v1 name, a path no API has as "other"."""
+    calls = [
+        ("GET", "/api/version", None, "/api/version"),
+        ("GET", "/api/tags", None, "/api/tags"),
+        ("POST", "/v1/messages/count_tokens", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+         "/v1/messages/count_tokens"),
+        ("POST", "/embeddings", {"input": ""}, "/v1/embeddings"),  # a 400, counted as such
+        ("GET", "/models", None, "/v1/models"),
+        ("GET", "/v1/models/verifier", None, "/v1/models/{id}"),
+        ("GET", "/no/such/route", None, "other"),
+    ]  # fmt: skip
+    with server.http() as http:
+        for method, path, body, endpoint in calls:
+            status = http.request(method, path, json=body).status_code
+            label = f'specgguf_requests_total{{endpoint="{endpoint}",status="{status}"}}'
+            assert server.metric(label) >= 1, (path, status)
 
 
 def test_api_key_is_required_when_set(tiny_verifier):

@@ -39,7 +39,6 @@ def test_a_stop_string_split_across_steps_is_held_back_and_never_leaks():
     deltas, answer = stream([[0, 4], [7, 8]], [" STOP"])
     assert deltas[0] == "Hello"  # " STO" could start " STOP": held back
     assert "".join(deltas) == "Hello" and answer.stopped
-    assert answer.whole_tokens() == ([0], "Hello")
 
 
 def test_held_back_text_is_released_when_it_turns_out_not_to_be_a_stop_string():
@@ -54,9 +53,8 @@ def test_held_back_text_is_released_at_the_end():
 
 
 def test_a_character_split_across_tokens_appears_whole():
-    deltas, answer = stream([[0, 5], [6, 3]], [])
+    deltas, _ = stream([[0, 5], [6, 3]], [])
     assert deltas == ["Hello", "é!", ""]
-    assert answer.whole_tokens() == ([0, 5, 6, 3], "Helloé!")
 
 
 def test_the_earliest_of_several_stop_strings_wins():
@@ -71,16 +69,9 @@ def test_the_cut_does_not_depend_on_how_tokens_are_grouped_into_steps(split):
     assert "".join(deltas) == "Hello wo" == answer.text
 
 
-def test_whole_tokens_leave_out_a_token_cut_in_the_middle():
-    _, answer = stream([[0, 1, 2]], ["orl"])
-    assert answer.text == "Hello w"
-    assert answer.whole_tokens() == ([0], "Hello")
-
-
-def test_whole_tokens_stop_before_bytes_that_are_not_utf8():
+def test_bytes_that_are_not_utf8_show_as_replacement_characters():
     _, answer = stream([[0, 1, 6, 2]], [])  # a lone continuation byte
     assert answer.text == "Hello wor\ufffdld"
-    assert answer.whole_tokens() == ([0, 1], "Hello wor")
 
 
 def test_tokens_are_shown_as_their_text_is_handed_out():

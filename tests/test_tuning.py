@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from specgguf.core.engine import FixedK
 from specgguf.core.kpolicy import AdaptiveK, PerSource
 from specgguf.errors import UsageError
 from specgguf.prepare import KChoice, make_policy, parse_k
-from specgguf.tuning import load_tuning, store_measurement, stored_measurement, tuning_path
+from specgguf.tuning import BenchResult, load_tuning, store_measurement, stored_measurement, tuning_path
 
 VERIFIER, DRAFT = Path("/models/big.gguf"), Path("/models/small.gguf")
 MEMORY_BOUND = MachineCosts((0.137, 0.141, 0.150, 0.189, 0.218), draft=0.030)  # F16 1.5B + Q4_K_M 0.5B here
@@ -66,13 +67,13 @@ def test_costs_are_not_asked_for_when_k_does_not_need_them():
     def no_costs():
         raise AssertionError("measured costs for a fixed K")
 
-    store_measurement(VERIFIER, DRAFT, 0.0, {"k": 8, "speedup": 2.4, "acceptance_rate": 0.9})
+    store_measurement(VERIFIER, DRAFT, 0.0, BenchResult(8, 2.4, 0.9))
     for choice in (KChoice("fixed", 3), KChoice("auto")):
         assert isinstance(_policy(choice, costs=no_costs)[0], FixedK)
 
 
 def test_auto_uses_the_stored_best_k():
-    store_measurement(VERIFIER, DRAFT, 0.0, {"k": 8, "speedup": 2.4, "acceptance_rate": 0.9})
+    store_measurement(VERIFIER, DRAFT, 0.0, BenchResult(8, 2.4, 0.9))
     policy, source = _policy(KChoice("auto"))
     assert isinstance(policy, FixedK) and policy.k == 8 and "2.40×" in str(source)
     # Sampled decoding has no measurement yet: adaptive.
@@ -80,7 +81,7 @@ def test_auto_uses_the_stored_best_k():
 
 
 def test_auto_falls_back_to_plain_where_bench_measured_it_faster_unless_forced():
-    store_measurement(VERIFIER, DRAFT, 0.0, {"k": 0, "speedup": 0.85, "acceptance_rate": 0.7})
+    store_measurement(VERIFIER, DRAFT, 0.0, BenchResult(0, 0.85, 0.7))
     policy, source = _policy(KChoice("auto"))
     assert policy.k == 0 and "0.85×" in str(source) and "--force-spec" in str(source)
     policy, _ = _policy(KChoice("auto"), force_spec=True)
@@ -88,7 +89,7 @@ def test_auto_falls_back_to_plain_where_bench_measured_it_faster_unless_forced()
 
 
 def test_explicit_k_wins_and_no_draft_is_plain():
-    store_measurement(VERIFIER, DRAFT, 0.0, {"k": 0, "speedup": 0.85, "acceptance_rate": 0.7})
+    store_measurement(VERIFIER, DRAFT, 0.0, BenchResult(0, 0.85, 0.7))
     assert _policy(KChoice("fixed", 3))[0].k == 3
     assert _policy(KChoice("auto"), draft=None)[0].k == 0
     assert isinstance(_policy(KChoice("auto"), draft=None, drafter="ngram")[0], AdaptiveK)
@@ -96,7 +97,7 @@ def test_explicit_k_wins_and_no_draft_is_plain():
 
 def test_auto_with_ngram_drafts_chooses_k_online_whatever_the_draft_model_measured():
     # Bench found the draft model slower than plain here; free n-gram drafts may still win.
-    store_measurement(VERIFIER, DRAFT, 0.0, {"k": 0, "speedup": 0.85, "acceptance_rate": 0.7})
+    store_measurement(VERIFIER, DRAFT, 0.0, BenchResult(0, 0.85, 0.7))
     policy, source = _policy(KChoice("auto"), drafter="ngram")
     assert isinstance(policy, AdaptiveK) and str(source) == "K adaptive"
     # The hybrid (the default drafter): the stored K for its draft model, n-gram K online.
@@ -105,15 +106,36 @@ def test_auto_with_ngram_drafts_chooses_k_online_whatever_the_draft_model_measur
     model, ngram = policy.policies["model"], policy.policies["ngram"]
     assert isinstance(model, FixedK) and model.k == 0 and isinstance(ngram, AdaptiveK)
     assert policy.choose("model") == 0 and ngram.worth_drafting
-    store_measurement(VERIFIER, DRAFT, 0.0, {"k": 8, "speedup": 2.4, "acceptance_rate": 0.9})
+    store_measurement(VERIFIER, DRAFT, 0.0, BenchResult(8, 2.4, 0.9))
     policy, source = _policy(KChoice("auto"), drafter="hybrid")
     assert isinstance(policy, PerSource) and policy.choose("model") == 8 and "2.40×" in str(source)
 
 
 def test_tuning_file_survives_a_corrupt_write_and_keeps_other_pairs():
-    store_measurement(VERIFIER, DRAFT, 0.0, {"k": 4, "speedup": 1.3, "acceptance_rate": 0.8})
-    store_measurement(Path("other.gguf"), DRAFT, 0.0, {"k": 2, "speedup": 1.1, "acceptance_rate": 0.6})
+    store_measurement(VERIFIER, DRAFT, 0.0, BenchResult(4, 1.3, 0.8))
+    store_measurement(Path("other.gguf"), DRAFT, 0.0, BenchResult(2, 1.1, 0.6))
     assert len(next(iter(load_tuning().values()))) == 2
     tuning_path().write_text("{not json")
     assert load_tuning() is None  # unreadable: treated as no measurement (with a warning), not a crash
     assert stored_measurement(VERIFIER, DRAFT, 0.0) is None
+
+
+def test_a_draft_variant_entry_comes_back_as_a_typed_value_and_a_bad_one_is_a_warning(capsys):
+    from specgguf import tuning
+    from specgguf.llama.variants import ORIGINAL_VARIANT, parse_variant
+
+    hot = parse_variant("q4_0+hot32k")
+    measured = tuning.MeasuredVariants(
+        hot, (tuning.Candidate(ORIGINAL_VARIANT, 20.0, 0.8, 22.0), tuning.Candidate(hot, 10.0, 0.75, 30.0))
+    )
+    tuning.keep_draft_variant("draft_variant|k", measured)
+    assert tuning.stored_draft_variant("draft_variant|k") == measured and measured.best.variant == hot
+    entry = load_tuning()[tuning.machine_id()]["draft_variant|k"]
+    assert entry["choice"] == "q4_0+hot32k" and entry["candidates"][1]["name"] == "q4_0+hot32k"  # names on disk
+    for name in ("q4_0+", "q4_0+hot7k", "auto"):  # not variants: the entry is ignored, never a KeyError
+        bad = {"choice": name, "candidates": [dict(entry["candidates"][1], name=name)]}
+        data = load_tuning()
+        data[tuning.machine_id()]["draft_variant|bad"] = bad
+        tuning_path().write_text(json.dumps(data))
+        assert tuning.stored_draft_variant("draft_variant|bad") is None
+        assert f"unknown variant in {name!r}" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The `specgguf bench` command: measure one or more pairs (bench_measure.py), store the best K, show the results."""
+"""The `specgguf bench` command: measure one or more pairs (bench/measure.py), store the best K, show the results."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class BenchPlan:
     repeats: int
     max_tokens: int
     quick: bool
-    prompts: list[str]  # keys of bench_measure.PROMPTS
+    prompts: list[str]  # keys of bench.measure.PROMPTS
 
 
 def run_progress(err_console: Console) -> Progress:
@@ -239,6 +239,7 @@ def _measure_target(
     `progress(None)` counts a run."""
     progress(f"loading {target.label}")
     verifier, draft, choice = load_models(target.pair, load, need_draft=True, announce=progress)
+    assert draft is not None  # bench's pairs have a draft (tool_commands.bench)
     prompts = Prompts(verifier)
     tokens = {kind: prompts.question(PROMPTS[kind], raw=False, system=None) for kind in plan.prompts}
     progress(f"{target.label}: verify cost by batch size")
@@ -275,7 +276,7 @@ def _measure_target(
         "draft": str(target.pair.draft),
         "draft_variant": None if choice is None else {"name": choice.name, "file": str(choice.path), "why": choice.why},
         "settings": [s.report() for s in settings],
-        "best_k": {str(t): b for t, b in best.items()},
+        "best_k": {str(t): b.as_json() for t, b in best.items()},
         "verify_ms_by_batch": [round(seconds * 1000, 2) for seconds in machine.verify],
     }
     verifier.close()

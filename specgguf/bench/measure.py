@@ -16,10 +16,14 @@ import numpy as np
 
 from ..core.costs import MachineCosts
 from ..core.drafters import DRAFTER_KINDS, DrafterKind, build_drafter
-from ..core.engine import FixedK, speculate
+from ..core.drafting import Drafter
+from ..core.engine import FixedK, KPolicy, speculate
 from ..core.kpolicy import K_MAX, PolicyConfig, adaptive_policy
+from ..core.model import Model
 from ..core.sampling import SamplingSettings
 from ..core.stats import Generation, GenerationStats
+from ..llama.loaded import LoadedModel
+from ..tuning import BenchResult
 
 _CODE = """def parse_config(path):
     config = {}
@@ -116,7 +120,14 @@ class Setting:
 
 
 def generate(
-    verifier, drafter, tokens: list[int], *, policy, max_tokens: int, temperature: float, seed: int
+    verifier: Model,
+    drafter: Drafter | None,
+    tokens: list[int],
+    *,
+    policy: KPolicy,
+    max_tokens: int,
+    temperature: float,
+    seed: int,
 ) -> GenerationStats:
     """One timed answer; `wall_seconds` leaves the prompt's ingestion out."""
     generation = Generation(
@@ -152,8 +163,8 @@ def make_settings(
 
 def run_bench(
     *,
-    verifier,
-    draft,
+    verifier: LoadedModel,
+    draft: LoadedModel | None,
     prompt_tokens: dict[str, list[int]],
     settings: list[Setting],
     repeats: int,
@@ -193,13 +204,14 @@ def run_bench(
     return settings
 
 
-def best_fixed_k(settings: list[Setting], temperature: float) -> dict:
+def best_fixed_k(settings: list[Setting], temperature: float) -> BenchResult:
     """The draft model's best fixed K at this temperature; K=0 when nothing beats plain."""
     candidates = [s for s in settings if s.temperature == temperature and s.drafter == "model" and s.k and s.ratios]
     if not candidates:
-        return {"k": 0, "speedup": 1.0, "acceptance_rate": None}
+        return BenchResult(0, 1.0, None)
     best = max(candidates, key=lambda s: statistics.median(s.ratios))
     report = best.report()
     if report["speedup"] <= 1.0:
-        return {"k": 0, "speedup": report["speedup"], "acceptance_rate": report["acceptance_rate"]}
-    return {"k": best.k, "speedup": report["speedup"], "acceptance_rate": report["acceptance_rate"]}
+        return BenchResult(0, report["speedup"], report["acceptance_rate"])
+    assert best.k is not None  # the candidates have a fixed K
+    return BenchResult(best.k, report["speedup"], report["acceptance_rate"])

@@ -31,10 +31,12 @@ from ..conversation import Message, Prompts
 from ..core.engine import FixedK
 from ..core.ngram_cache import SessionNgrams
 from ..core.sampling import SamplingSettings
-from ..draft_variant import ORIGINAL, choose, open_draft
+from ..draft_variant import load_chosen
 from ..errors import SpecggufError, UsageError
+from ..llama.loaded import LoadedModel
 from ..llama.threads import usable_cores
-from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, draft_loader, prepare
+from ..llama.variants import ORIGINAL_VARIANT
+from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, prepare
 from .command import BenchPlan, BenchTarget, run_progress, says
 from .llama_tools import LlamaTools, ToolRun, ToolSettings, run_plain, run_speculative
 from .measure import PROMPTS, generate
@@ -132,7 +134,7 @@ class Cell:
 class VsPlan:
     ks: list[int]
     temperatures: list[float]
-    prompts: list[str]  # keys of bench_measure.PROMPTS
+    prompts: list[str]  # keys of bench.measure.PROMPTS
     repeats: int
     max_tokens: int
 
@@ -165,7 +167,7 @@ def compare(
     err_console: Console,
 ) -> dict:
     """Measure every target pair against llama.cpp's programs; print or return the tables."""
-    # One fixed count, given to both sides (ours would otherwise follow the machine's load: cores.py).
+    # One fixed count, given to both sides (ours would otherwise follow the machine's load: llama/threads.py).
     n_threads = load.n_threads or usable_cores()
     load = dataclasses.replace(load, n_threads=n_threads)
     order = run_order(plan.ks)
@@ -210,7 +212,7 @@ def _compare_target(
     progress(f"loading {target.label}")
     # llama.cpp's columns and our fixed-K ones draft with the user's file; our default with the
     # draft made for this machine, as `run` does (the same file when that measured best here).
-    given = dataclasses.replace(load, draft_variant=ORIGINAL)
+    given = dataclasses.replace(load, draft_variant=ORIGINAL_VARIANT)
     prepared = prepare(target.pair, given, DraftOptions(), on_measure=lambda: progress(MEASURING))
     default = prepared
     try:
@@ -246,13 +248,14 @@ def _compare_target(
 
 def _default_side(prepared: Prepared, load: LoadOptions, progress: Callable[[str | None], None]) -> Prepared:
     """The pair as `run` loads it: the same verifier, the draft --draft-variant chooses."""
-    if prepared.draft is None or prepared.resolved.draft is None:
+    if prepared.draft is None:
         return prepared
-    load_draft = draft_loader(load)
-    choice = choose(prepared.verifier, prepared.resolved.draft, load.draft_variant, load=load_draft, announce=progress)
-    if choice.name == ORIGINAL:
+    draft, choice = load_chosen(
+        prepared.verifier, prepared.draft, load.draft_variant, settings=load.draft_settings, announce=progress
+    )
+    if draft is prepared.draft:
         return dataclasses.replace(prepared, draft_choice=choice)
-    return dataclasses.replace(prepared, draft=open_draft(choice.path, load_draft), draft_choice=choice, _costs=None)
+    return dataclasses.replace(prepared, draft=draft, draft_choice=choice, _costs=None)
 
 
 def _measure(
@@ -317,7 +320,7 @@ def _measure(
     return list(cells.values())
 
 
-def _prompt_text(verifier, prompt: str) -> str:
+def _prompt_text(verifier: LoadedModel, prompt: str) -> str:
     """The text llama.cpp is given: our chat template rendered (as Prompts.question tokenizes it)."""
     return Prompts(verifier).render([Message("user", prompt)])
 

@@ -1,15 +1,14 @@
-"""A chat conversation kept as token ids, so each turn evaluates only its new tokens.
+"""A chat conversation: each turn's prompt is the whole conversation's text, tokenized fresh.
 
-The engine keeps whatever prefix of a new prompt each model's KV cache already
-holds. For that prefix to be the whole history, the history must be the same
-token ids every turn: the tokens the model generated, not a re-tokenized copy of
-their text (tokenizers need not give the same ids back). So a prompt is built
-turn by turn: the chat-template text between the previous answer and the new
-generation prompt, tokenized, then the answer's own tokens, and so on. A
-template that rewrites earlier turns falls back to tokenizing the whole text;
-the engine then reuses what still matches (conversation.Prompts.history builds it).
+A turn's prompt is what a server sent the same messages would read: the chat template
+rendered over every question and answer (as text), tokenized as one
+(conversation.Prompts.history). The engine keeps whatever token prefix of it each model's
+KV cache already holds, so a turn evaluates only its new tokens: the new question, the
+template around it, and the earlier answer from where its generated tokens differ from
+what its text tokenizes to (usually nowhere: a model mostly generates its tokenizer's own
+split).
 
-The terminal side (reading lines, slash commands, Ctrl-C) is in `chat_repl`.
+The terminal side (reading lines, slash commands, Ctrl-C) is in `chat` (`ChatRepl`).
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from ..core.engine import FixedK, KPolicy, StepEvent, speculate
 from ..core.sampling import SamplingSettings
 from ..core.stats import Generation, GenerationStats
 from ..errors import ContextFullError, PromptError
+from ..llama.loaded import LoadedModel
 
 
 @dataclass
@@ -46,8 +46,8 @@ class ChatSession:
     def __init__(
         self,
         *,
-        verifier,
-        draft=None,
+        verifier: LoadedModel,
+        draft: LoadedModel | None = None,
         drafter: Drafter | None = None,
         policy: KPolicy,
         k_source: str = "",
@@ -91,7 +91,7 @@ class ChatSession:
 
     def conversation_tokens(self, turns: list[Turn], question: str) -> list[int]:
         """The prompt for `question` after `turns` (conversation.Prompts.history)."""
-        return self.prompts.history(self.system, [(t.question, t.answer_tokens, t.answer) for t in turns], question)
+        return self.prompts.history(self.system, [(t.question, t.answer) for t in turns], question)
 
     def _fit(self, question: str) -> tuple[list[int], int]:
         """The prompt, dropping the fewest oldest turns that leave room for an answer."""

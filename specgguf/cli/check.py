@@ -110,8 +110,6 @@ def _notes(draft: Side, verifier: Side) -> list[Finding]:
 
 def _variant_note(draft: Path, verifier: Path) -> Finding:
     """Which draft `run` uses for this pair on this machine (--draft-variant auto), and why."""
-    from ..draft_variant import Candidate
-
     measured = tuning.stored_draft_variants(draft, verifier)
     if not measured:
         return Finding(
@@ -122,9 +120,8 @@ def _variant_note(draft: Path, verifier: Path) -> Finding:
         )
     lines = []
     for threads, value in measured:
-        candidates = [Candidate(**entry) for entry in value["candidates"]]
-        described = "; ".join(candidate.describe() for candidate in candidates)
-        lines.append(f"{value['choice']} with {threads} threads (measured here: {described})")
+        described = "; ".join(candidate.describe() for candidate in value.candidates)
+        lines.append(f"{value.choice} with {threads} threads (measured here: {described})")
     return Finding("draft variant", True, " · ".join(lines))
 
 

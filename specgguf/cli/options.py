@@ -24,6 +24,7 @@ from ..core.drafters import DEFAULT_DRAFTER, DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
 from ..errors import PromptError, UsageError, terminal_safe
 from ..files.resolve import ResolvedPair
+from ..llama.variants import parse_request, variants_help
 from ..prepare import DraftOptions, LoadOptions
 
 # --- options shared between commands (defined once) -------------------------------------
@@ -71,15 +72,7 @@ DraftPMin = Annotated[
 DraftMin = Annotated[
     int, typer.Option("--draft-min", min=0, help="Draft at least this many tokens before --draft-p-min can stop it.")
 ]
-DraftVariantName = Annotated[
-    str,
-    typer.Option(
-        "--draft-variant",
-        help="The draft file to use: auto (default: the draft re-quantized for this machine where that measured"
-        " faster here, measured once and kept), original (the file as given) or a variant: q4_0, q4_0-q8head,"
-        " iq4_nl, each optionally with a hot vocabulary (+hot16k, +hot32k, +hot64k: e.g. q4_0+hot32k).",
-    ),
-]
+DraftVariantName = Annotated[str, typer.Option("--draft-variant", help=variants_help())]
 ForceSpec = Annotated[bool, typer.Option("--force-spec", help="Keep speculating even where it measured slower.")]
 DraftTree = Annotated[
     bool,
@@ -214,7 +207,6 @@ def load_options(
     n_gpu_layers_draft: int = 0,
     draft_variant: str = "auto",
 ) -> LoadOptions:
-    from ..draft_variant import parse_variant
     from ..llama.rpc import TOKEN_ENV, parse_workers
 
     workers = parse_workers(rpc) if rpc is not None else ()
@@ -230,7 +222,7 @@ def load_options(
         rpc=workers,
         rpc_draft=rpc_draft,
         rpc_timeout=rpc_timeout,
-        draft_variant=parse_variant(draft_variant),
+        draft_variant=parse_request(draft_variant),
     )
 
 

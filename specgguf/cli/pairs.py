@@ -18,14 +18,14 @@ from ..errors import terminal_safe
 from ..files.registry import ModelFile, Pair, Registry, load_registry
 from ..files.resolve import find_local
 from ..files.stamps import size_text
-from ..tuning import stored_measurement
+from ..tuning import BenchResult, stored_measurement
 
 
-def measurement(pair: Pair) -> tuple[dict, str] | None:
+def measurement(pair: Pair) -> tuple[BenchResult, str] | None:
     """The bench result stored for this pair here (greedy first), and at which temperature."""
     for temperature, label in ((0.0, ""), (1.0, " (sampled)")):
         stored = stored_measurement(Path(pair.verifier.file), Path(pair.draft.file), temperature)
-        if stored:
+        if stored is not None:
             return stored, label
     return None
 
@@ -71,12 +71,10 @@ def _measured(pair: Pair) -> str:
     if found is None:
         return "-"
     stored, label = found
-    speedup = stored.get("speedup") or 0.0
-    if not stored.get("k"):
-        return f"plain faster ({speedup:.2f}x){label}"
-    acceptance = stored.get("acceptance_rate")
-    accepted = f"{acceptance:.0%}" if isinstance(acceptance, (int, float)) else "-"
-    return f"{accepted}, {speedup:.2f}x, K={stored['k']}{label}"
+    if not stored.k:
+        return f"plain faster ({stored.speedup:.2f}x){label}"
+    accepted = "-" if stored.acceptance_rate is None else f"{stored.acceptance_rate:.0%}"
+    return f"{accepted}, {stored.speedup:.2f}x, K={stored.k}{label}"
 
 
 def pairs_table(registry: Registry) -> Table:

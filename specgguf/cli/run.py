@@ -17,6 +17,7 @@ from ..core.stats import GenerationStats
 from ..errors import PromptError
 from ..files.resolve import ResolvedPair
 from ..grammar import GrammarSpec, constraint_for
+from ..llama.loaded import LoadedModel
 from ..prepare import MEASURING, DraftOptions, KSource, LoadOptions, Prepared, placement, prepare, where_line
 from .render import TokenStream, legend
 
@@ -53,7 +54,7 @@ def run_prompt(
         on_announce=None if quiet or json_output else lambda text: err_console.print(text, style="dim"),
         measure_now=False,  # a prompt that cannot be answered is refused first
     )
-    verifier, draft = prepared.verifier, prepared.draft
+    verifier = prepared.verifier
     tokens = Prompts(verifier).question(prompt, raw=raw, system=system, special=special)
     check_prompt(verifier, tokens, max_tokens)
     policy, k_source = prepared.policy(temperature=settings.temperature)
@@ -82,14 +83,18 @@ def run_prompt(
         out.write(json.dumps(result, ensure_ascii=False) + "\n")
         out.flush()
     elif not quiet:
-        where = where_line(verifier, draft) if load.rpc else None
-        _report(stats, k_source, load, err_console, where=where, draft=_made_here(prepared))
+        _report(stats, k_source, prepared, err_console)
     prepared.save_ngrams()  # after the answer is out: a failure here loses nothing written
     return result
 
 
 def _stream(
-    verifier, json_output: bool, show_rejected: bool, out: TextIO, out_console: Console | None, err_console: Console
+    verifier: LoadedModel,
+    json_output: bool,
+    show_rejected: bool,
+    out: TextIO,
+    out_console: Console | None,
+    err_console: Console,
 ) -> TokenStream:
     """Where the answer goes: streamed to the terminal or the pipe, or only kept (--json)."""
     if show_rejected and out_console is not None and not json_output:
@@ -129,7 +134,7 @@ def _settings(
 def _made_here(prepared: Prepared) -> str | None:
     """'draft q4_0' on the stats line when a draft made for this machine ran."""
     choice = prepared.draft_choice
-    return f"draft {choice.name}" if choice is not None and choice.name != "original" else None
+    return f"draft {choice.name}" if choice is not None and not choice.variant.is_original else None
 
 
 def _variant(prepared: Prepared) -> dict | None:
@@ -137,19 +142,13 @@ def _variant(prepared: Prepared) -> dict | None:
     choice = prepared.draft_choice
     if choice is None:
         return None
-    asked = prepared.load.draft_variant
-    return {"asked": asked, "name": choice.name, "file": str(choice.path), "why": choice.why}
+    return {"asked": str(prepared.load.draft_variant), "name": choice.name, "file": str(choice.path), "why": choice.why}
 
 
-def _report(
-    stats: GenerationStats,
-    k_source: KSource,
-    load: LoadOptions,
-    err_console: Console,
-    *,
-    where: str | None = None,
-    draft: str | None = None,
-) -> None:
+def _report(stats: GenerationStats, k_source: KSource, prepared: Prepared, err_console: Console) -> None:
+    load = prepared.load
+    where = where_line(prepared.verifier, prepared.draft) if load.rpc else None
+    draft = _made_here(prepared)
     if stats.stop == "context":
         err_console.print(f"stopped: the context ({load.n_ctx} tokens) is full; raise -c/--ctx-size", style="yellow")
     extras = "".join(f" · {part}" for part in (draft, where) if part)

@@ -1,5 +1,5 @@
 """Constrained decoding's side of the algorithm: the `Constraint` protocol (a grammar's state over
-token ids) and `GrammarWalk`, which gives the engine the masks along a draft.
+token ids). `grammar_walk.GrammarWalk` gives the engine the masks along a draft.
 
 The rule under a grammar (docs/how-it-works.md): both distributions are masked by the same state
 and renormalised (`sampling.mask_logits`), at every draft position the state is the one advanced
@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
-
-from .drafting import Drafts
 
 
 class Constraint(Protocol):
@@ -37,32 +35,3 @@ class Constraint(Protocol):
 
     def forced(self) -> list[int]:
         """Tokens the grammar forces from here (its only continuation), maybe none: free drafts."""
-
-
-class GrammarWalk:
-    """The masks for a step's verify rows, computed lazily along the acceptance walk: row -1 scores
-    what follows the context, row i what follows draft i. The walk asks for row i only after
-    accepting draft i, so advancing the constraint to it commits an accepted token; masks the
-    drafter already computed (`Drafts.masks`, the same states) are reused."""
-
-    def __init__(self, constraint: Constraint, drafts: Drafts):
-        self.constraint, self.drafts = constraint, drafts
-        self.depth = 0  # drafts advanced (accepted) so far
-        self._masks: dict[int, np.ndarray] = {}
-
-    def mask(self, node: int) -> np.ndarray:
-        if node not in self._masks:
-            if node + 1 != self.depth:  # the walk goes down the chain, one accepted draft at a time
-                for token in self.drafts.tokens[self.depth : node + 1]:
-                    self.constraint.advance(token)
-                self.depth = node + 1
-            known = self.drafts.masks
-            self._masks[node] = known[node + 1] if node + 1 < len(known) else self.constraint.allowed()
-        return self._masks[node]
-
-    def commit(self, emitted: Sequence[int]) -> None:
-        """The verifier's verdict: the step's emitted tokens (its accepted drafts, already advanced
-        by the walk, then its own token), up to an end-of-generation token."""
-        for token in emitted[self.depth :]:
-            self.constraint.advance(token)
-        self.depth = len(emitted)

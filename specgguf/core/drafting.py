@@ -40,7 +40,7 @@ class Drafts:
     parents: list[int] = field(default_factory=list)
     # Siblings added beside the chain (leaves): node -> the runner-up probability that chose them.
     sides: dict[int, float] = field(default_factory=dict)
-    # Under a grammar: the masks the drafter applied, mask i before draft i (constraint.GrammarWalk reuses them).
+    # Under a grammar: the masks the drafter applied, mask i before draft i (grammar_walk.GrammarWalk reuses them).
     masks: list[np.ndarray] = field(default_factory=list)
 
     def cut(self, n: int) -> Drafts:

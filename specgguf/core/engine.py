@@ -17,9 +17,10 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import ContextFullError, PromptError
-from .constraint import Constraint, GrammarWalk
-from .drafting import Drafter, Drafts, DraftStep, NoDrafter, Source, ingest
+from .constraint import Constraint
+from .drafting import Branch, Drafter, Drafts, DraftStep, NoDrafter, Source, ingest
 from .forced_drafter import ForcedDrafter
+from .grammar_walk import GrammarWalk
 from .model import Model
 from .sampling import (
     SamplingSettings,
@@ -168,7 +169,8 @@ def speculate(
         if walk is not None:  # the grammar's state moves on by what was accepted, up to an end token
             walk.commit(_through_end(emitted, verifier))
         context += emitted
-        # Both caches keep the accepted path: all of the context but its newest token.
+        # Both caches keep the accepted path: all of the context but its newest token (the verifier
+        # may keep less, what it can keep exactly: the rest rides in its next batch).
         verifier.keep_path(tree.kept(path))
         drafter.sync(context)
         seconds = StepSeconds(draft=t1 - t0, verify=t2 - t1, sample=time.perf_counter() - t2, prefill=prefill_seconds)
@@ -201,7 +203,7 @@ def _propose(
         settings=settings,
         rng=rng,
         keep_drafting=policy.keep_drafting,
-        branch=policy.branch if trees else None,
+        branch=_capped(policy.branch, verifier.max_leaves - 1) if trees else None,
         constraint=constraint,
     )
     drafts = drafter.propose(context, k, step) if k else Drafts()
@@ -209,6 +211,18 @@ def _propose(
         return drafts, None
     drafts = drafts.cut(constraint.valid_prefix(drafts.tokens))
     return drafts, GrammarWalk(constraint, drafts)
+
+
+def _capped(branch: Branch, max_siblings: int) -> Branch:
+    """`branch`, saying no after `max_siblings` yeses: each adds a sibling, a leaf beside the chain's
+    own, and the verifier takes trees of at most `max_leaves` leaves."""
+    answers: list[bool] = []
+
+    def capped(confidences: list[float], runner_up: float) -> bool:
+        answers.append(sum(answers) < max_siblings and branch(confidences, runner_up))
+        return answers[-1]
+
+    return capped
 
 
 def _through_end(emitted: list[int], verifier: Model) -> list[int]:

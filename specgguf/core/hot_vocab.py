@@ -72,8 +72,8 @@ class HotVocab:
         return self._full(logits)
 
     def keep_path(self, path: Sequence[int]) -> None:
-        self.model.keep_path(path)
-        self.cached.extend(self._pending[node] for node in path)
+        self.model.keep_path(path)  # which may keep a prefix of the path only (`Model.keep_path`)
+        self.cached.extend(self._pending[node] for node in path[: self.model.n_past - len(self.cached)])
         self._pending = []
 
     def rewind(self, n_past: int) -> None:

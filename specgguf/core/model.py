@@ -16,6 +16,7 @@ class Model(Protocol):
 
     n_vocab: int
     n_ctx: int
+    max_leaves: int  # the most leaves a tree given to `eval_tree` may have (a chain has one)
     cached: list[int]  # the tokens in the KV cache, in order
 
     @property
@@ -31,7 +32,9 @@ class Model(Protocol):
         The tree stays pending until `keep_path`."""
 
     def keep_path(self, path: Sequence[int]) -> None:
-        """Append the pending tree's root-to-node `path` (indices into its tokens) to the cache, drop the rest."""
+        """Append the pending tree's root-to-node `path` (indices into its tokens) to the cache, drop the rest.
+        A backend may keep only a prefix of the path, the part it can keep exactly (`cached` says how
+        much): the caller feeds the rest with its next batch, as it feeds the context's newest token."""
 
     def rewind(self, n_past: int) -> None:
         """Keep only the first n_past tokens in the cache."""

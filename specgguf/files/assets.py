@@ -66,7 +66,7 @@ class PypiChunks:
         return paths
 
 
-DERIVED_DRAFTS = "drafts"  # cache_dir()'s folder of drafts made for this machine (draft_variant.py)
+DERIVED_DRAFTS = "drafts"  # cache_dir()'s folder of drafts made for this machine (files/derived.py)
 
 
 def cache_dir() -> Path:

@@ -1,56 +1,22 @@
 """Re-quantizing a GGUF with llama.cpp's own quantizer (a draft may be changed freely; a verifier
 only into a copy the user asked for, such as the F16 benchmark variant).
 
-`DRAFT_VARIANTS` is the table of drafts specgguf can make for this machine: each row a tensor
-type for the body and one for the token embedding (which Qwen-style models also use as their
-output head, the largest single tensor a small draft reads per token). Which one a machine
-gets is measured, not chosen by name (draft_variant.py).
+`requantize_draft` makes a row of llama/variants.py's `REQUANTIZATIONS` (the drafts specgguf can
+make for this machine), its types named as llama.cpp names them. Which one a machine gets is
+measured, not chosen by name (draft_variant.py).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 
 from ..errors import ModelLoadError
 from .runtime import reason
-
-
-@dataclass(frozen=True)
-class DraftVariant:
-    name: str
-    ftype: int  # llama_ftype of the body
-    token_embedding: int | None  # ggml_type of token_embd (and of a tied output head); None: the ftype's choice
-    note: str
-
-
-DRAFT_VARIANTS: dict[str, DraftVariant] = {
-    variant.name: variant
-    for variant in (
-        DraftVariant(
-            "q4_0",
-            llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
-            llama_cpp.GGML_TYPE_Q4_0,
-            "Q4_0 everywhere: llama.cpp's repacked CPU kernels (AVX2, NEON) for the body, a 4-bit head",
-        ),
-        DraftVariant(
-            "q4_0-q8head",
-            llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
-            llama_cpp.GGML_TYPE_Q8_0,
-            "Q4_0 body, 8-bit token embedding and head (more of the draft's accuracy kept)",
-        ),
-        DraftVariant(
-            "iq4_nl",
-            llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_NL,
-            llama_cpp.GGML_TYPE_IQ4_NL,
-            "IQ4_NL everywhere: repacked kernels too, fewer bytes per weight, less accurate",
-        ),
-    )
-}
+from .variants import Requantization
 
 
 def requantize(
@@ -81,6 +47,16 @@ def requantize(
         raise ModelLoadError(f"could not re-quantize {source.name}: {reason(str(status))}")
     os.replace(partial, destination)
     return destination
+
+
+def requantize_draft(source: Path, destination: Path, row: Requantization) -> Path:
+    """`source` re-quantized as the table's `row` says, written as `destination`."""
+    return requantize(
+        source,
+        destination,
+        ftype=getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{row.body}"),
+        token_embedding=getattr(llama_cpp, f"GGML_TYPE_{row.token_embedding}"),
+    )
 
 
 def convert_to_f16(source: Path, destination: Path, *, n_threads: int | None = None) -> Path:

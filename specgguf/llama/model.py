@@ -10,7 +10,6 @@ import ctypes
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,22 +25,7 @@ from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker
 from .runtime import check_gguf_file, interruptible, load_model, reason, recent_log, shared_governor
 from .state import load_sequence, save_sequence
 from .threads import ThreadGovernor
-
-MAX_TREE_LEAVES = 16  # sequences per context: the most leaves a draft tree may have
-
-
-@dataclass
-class _PendingTree:
-    """A tree evaluated but not yet kept: where it starts, its shape, each node's sequence."""
-
-    base: int
-    tokens: list[int]
-    parents: list[int]
-    sequence: list[int]
-
-    @property
-    def chain(self) -> bool:
-        return self.parents == list(range(-1, len(self.tokens) - 1))
+from .tree import MAX_TREE_LEAVES, TreeLayout
 
 
 class LlamaModel:
@@ -104,7 +88,8 @@ class LlamaModel:
         self.n_batch = min(n_batch, llama_cpp.llama_n_batch(self._ctx), llama_cpp.llama_n_ubatch(self._ctx))
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, MAX_TREE_LEAVES)
         self._embd_batch: Any = None  # for eval_embeddings, made on first use
-        self._tree: _PendingTree | None = None
+        self._tree: TreeLayout | None = None
+        self.max_leaves = MAX_TREE_LEAVES  # one sequence per leaf: the most leaves `eval_tree` takes
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.cached: list[int] = []  # the tokens in the KV cache
         self.busy_seconds = 0.0  # time spent inside llama.cpp evaluating (for overhead figures)
@@ -219,54 +204,34 @@ class LlamaModel:
     def eval_tree(self, tokens: Sequence[int], parents: Sequence[int], *, n_logits: int) -> np.ndarray:
         """Evaluate a tree after the cache in one batch (see the engine's `Model`). A chain is `eval`.
 
-        Each leaf's path is one llama.cpp sequence: a token belongs to the sequences of the leaves
-        below it, and sequence s first shares the cached context (`seq_cp` of sequence 0), so every
-        token attends to the context and its own ancestors only."""
-        chain = list(parents) == list(range(-1, len(tokens) - 1))
+        Each leaf's path is one llama.cpp sequence, which first shares the cached context (`seq_cp`
+        of sequence 0); the batch is in depth-first order (tree.py says why)."""
         base = self.n_past
-        if chain:
-            self._tree = _PendingTree(base, list(tokens), list(parents), [0] * len(tokens))
+        tree = TreeLayout.plan(base, tokens, parents)
+        if tree.chain:
+            self._tree = tree
             return self.eval(tokens, n_logits=n_logits)
         if base + len(tokens) > self.n_ctx:
             raise ContextFullError(f"context overflow: {base} + {len(tokens)} tokens > {self.n_ctx}")
         if len(tokens) > self.n_batch or not 0 < n_logits <= len(tokens):
             raise ValueError(f"a tree of {len(tokens)} tokens with {n_logits} logits rows does not fit a batch")
-        has_child = set(parents)
-        leaves = [node for node in range(len(tokens)) if node not in has_child]
-        if len(leaves) > MAX_TREE_LEAVES:
-            raise ValueError(f"a tree with {len(leaves)} leaves; at most {MAX_TREE_LEAVES}")
-        sequences: list[list[int]] = [[] for _ in tokens]
-        for sequence, leaf in enumerate(leaves):
-            node = leaf
-            while node >= 0:
-                sequences[node].append(sequence)
-                node = parents[node]
-        depth: list[int] = []
-        for parent in parents:
-            depth.append(depth[parent] + 1 if parent >= 0 else 0)
         if self._governor is not None:
             self._follow_load(self._governor)
         started = time.perf_counter()
-        batch = self._batch
         with self._guard("while decoding"):
-            for sequence in range(1, len(leaves)):
+            for sequence in range(1, tree.n_sequences):
                 llama_cpp.llama_memory_seq_rm(self._memory, sequence, -1, -1)
                 llama_cpp.llama_memory_seq_cp(self._memory, 0, sequence, -1, -1)
-        first_output = len(tokens) - n_logits
-        for i, token in enumerate(tokens):
-            batch.token[i] = token
-            batch.pos[i] = base + depth[i]
-            batch.n_seq_id[i] = len(sequences[i])
-            for j, sequence in enumerate(sorted(sequences[i])):
-                batch.seq_id[i][j] = sequence
-            batch.logits[i] = i >= first_output
-        batch.n_tokens = len(tokens)
-        self._decode(batch)
-        self._tree = _PendingTree(base, list(tokens), list(parents), [min(s) for s in sequences])
-        return self._logits(n_logits, started)
+        scored = tree.fill(self._batch, n_logits)
+        self._decode(self._batch)
+        self._tree = tree
+        rows = self._logits(n_logits, started)  # in batch order: back to the caller's
+        return rows[np.argsort(scored)]
 
     def keep_path(self, path: Sequence[int]) -> None:
-        """Keep the pending tree's `path` (root to node) in the cache as sequence 0, drop the rest."""
+        """Keep the pending tree's `path` (root to node) in the cache as sequence 0, drop the rest.
+        Only the part of the path that is the batch's first slots stays (tree.py: a kept token after
+        a dropped one would make the cache inexact); `cached` says how much."""
         tree, self._tree = self._tree, None
         if tree is None:
             raise ValueError("keep_path without a pending tree")
@@ -275,19 +240,20 @@ class LlamaModel:
         if tree.chain:
             self.rewind(tree.base + len(path))
             return
-        # The last node's sequence holds the context and exactly this path up to it.
-        sequence = tree.sequence[path[-1]] if path else 0
+        kept = path[: tree.exact_prefix(path)]
+        # The last kept node's first sequence holds the context and exactly the path up to it.
+        sequence = tree.sequences[kept[-1]][0] if kept else 0
         with self._guard("while rolling back the cache"):
             llama_cpp.llama_memory_seq_keep(self._memory, sequence)
-            llama_cpp.llama_memory_seq_rm(self._memory, sequence, tree.base + len(path), -1)
+            llama_cpp.llama_memory_seq_rm(self._memory, sequence, tree.base + len(kept), -1)
             if sequence != 0:
                 llama_cpp.llama_memory_seq_cp(self._memory, sequence, 0, -1, -1)
                 llama_cpp.llama_memory_seq_rm(self._memory, sequence, -1, -1)
-        self.cached.extend(tree.tokens[node] for node in path)
+        self.cached.extend(tree.tokens[node] for node in kept)
 
     def rewind(self, n_past: int) -> None:
-        self._tree = None
-        if n_past < self.n_past:
+        pending, self._tree = self._tree is not None, None
+        if n_past < self.n_past or pending:  # a pending tree's cells lie beyond n_past
             with self._guard("while rolling back the cache"):
                 # Every sequence: a tree's other branches go too.
                 llama_cpp.llama_memory_seq_rm(self._memory, -1, n_past, -1)

@@ -3,8 +3,9 @@
 verifier and the draft alike. A request whose prompt shares a longer token prefix with a parked
 conversation than with the live one swaps them: the live one is parked (the least recently used
 parked one evicted when all slots are full), the parked one restored, and the engine then keeps
-that prefix as it always does. Each slot also keeps its text -> tokens memory
-(`conversation.PromptCache`), so a follow-up turn repeats the answer as the very tokens generated.
+that prefix as it always does. Slots are keyed on tokens alone: a prompt is always the fresh
+tokenization of its request's text (conversation.py), so a follow-up turn shares its conversation's
+tokens up to where the earlier answer's generated tokens differ from its text's own.
 Only the worker thread touches this (as it alone touches the models)."""
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..conversation import PromptCache, Prompts
 from ..core.drafting import common_prefix
 
 
 @dataclass
 class _Parked:
-    memory: PromptCache
     states: list[tuple[bytes, list[int]]]  # per model: its saved cache and the tokens it holds
     used: float = field(default_factory=time.monotonic)
 
@@ -29,24 +28,11 @@ class _Parked:
 
 
 class CacheSlots:
-    def __init__(self, prompts: Prompts, models: list[Any], n_slots: int = 1):
-        self.prompts, self.models, self.n_slots = prompts, [m for m in models if m is not None], max(1, n_slots)
-        self.live = PromptCache(prompts)
+    def __init__(self, models: list[Any], n_slots: int = 1):
+        self.models, self.n_slots = [m for m in models if m is not None], max(1, n_slots)
+        self.live_prompt: list[int] = []  # the last prompt the live conversation answered
         self.parked: list[_Parked] = []
         self.n_swaps = 0
-
-    def tokens_for(self, text: str, *, special: bool) -> list[int]:
-        """The prompt's tokens, reusing the longest remembered conversation this text extends."""
-        best = max(
-            (
-                memory
-                for memory in [self.live, *(slot.memory for slot in self.parked)]
-                if _extends(memory, text, special)
-            ),
-            key=lambda memory: len(memory.text),
-            default=self.live,
-        )
-        return best.tokens_for(text, special=special)
 
     def select(self, prompt: list[int]) -> None:
         """Bring the conversation that shares most of `prompt` into the models' caches; a prompt
@@ -56,44 +42,30 @@ class CacheSlots:
         live_match = common_prefix(self.models[0].cached, prompt)
         best = max(self.parked, key=lambda slot: common_prefix(slot.tokens, prompt), default=None)
         if best is None or common_prefix(best.tokens, prompt) <= live_match:
-            self._start_new(live_match)
-            return
-        self.parked.remove(best)
-        self._park_live()
-        for model, (state, tokens) in zip(self.models, best.states):
-            model.load_state(state, tokens)
-        self.live = best.memory
-        self.n_swaps += 1
+            if not self._continues_live(live_match):
+                self._park_live()  # so the new conversation does not overwrite it for good
+        else:
+            self.parked.remove(best)
+            self._park_live()
+            for model, (state, tokens) in zip(self.models, best.states):
+                model.load_state(state, tokens)
+            self.n_swaps += 1
+        self.live_prompt = list(prompt)
 
-    def _start_new(self, live_match: int) -> None:
-        """A request that does not continue the live conversation: park that one, so the new one
-        does not overwrite it for good. (A follow-up repeats the remembered tokens, all of them but
-        the newest, which the cache never holds.)"""
-        remembered = self.live.tokens or self.models[0].cached
-        if not self.models[0].cached or live_match >= len(remembered) - 1:
-            return  # nothing to keep, or it continues the live conversation
-        self._park_live()
-        self.live = PromptCache(self.prompts)
-        self.live = PromptCache(self.prompts)
+    def _continues_live(self, live_match: int) -> bool:
+        """Whether a prompt sharing `live_match` tokens with the live cache follows up its last request:
+        it keeps all of that request's prompt (but its last token: the end of a prompt, a new line,
+        may tokenize differently once an answer follows it). Where the earlier answer came out as
+        tokens its text does not tokenize to, the follow-up shares less of the answer; that is no
+        new conversation."""
+        return not self.models[0].cached or live_match >= len(self.live_prompt) - 1
 
     def _park_live(self) -> None:
-        self.parked.append(_Parked(self.live, [model.save_state() for model in self.models]))
+        self.parked.append(_Parked([model.save_state() for model in self.models]))
         while len(self.parked) > self.n_slots - 1:
             self.parked.remove(min(self.parked, key=lambda slot: slot.used))
 
-    def remember(self, text: str, tokens: list[int], *, special: bool) -> None:
-        self.live.remember(text, tokens, special=special)
-
-    def forget_live(self) -> None:
-        """After a prompt no text stands for (FIM, token ids): the live conversation's text memory
-        goes (the caches still reuse their common token prefix); the parked ones stay."""
-        self.live.forget()
-
     def forget(self) -> None:
         """After a failure: nothing cached can be trusted."""
-        self.live.forget()
+        self.live_prompt = []
         self.parked.clear()
-
-
-def _extends(memory: PromptCache, text: str, special: bool) -> bool:
-    return bool(memory.text) and memory.special == special and text.startswith(memory.text)

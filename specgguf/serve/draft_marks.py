@@ -26,9 +26,6 @@ class Span:
     text: str
     source: Writer  # "model", "ngram" or "grammar" (forced tokens): an accepted draft; else "verifier"
 
-    def as_json(self) -> dict:
-        return {"text": self.text, "source": self.source}
-
 
 class DraftMarks:
     def __init__(self, token_bytes: Callable[[int], bytes]):

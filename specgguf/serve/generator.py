@@ -1,4 +1,6 @@
-"""One worker thread runs every generation, in arrival order, through `engine.speculate`.
+"""One worker thread runs every generation, in arrival order, through `engine.speculate`: it plans
+each request (plan.py) and runs the plan. It imports no API; tool calls come out as OpenAI's
+`delta.tool_calls` entries, as the one API with tool calling reads them.
 
 llama.cpp contexts are not thread-safe, and a pair of models can only decode one
 sequence at a time here: so the HTTP side never touches a model. It submits a
@@ -6,12 +8,10 @@ sequence at a time here: so the HTTP side never touches a model. It submits a
 job's messages (`Started`, `Delta`, `Finished`, `Failed`) from an asyncio queue
 that the worker fills with `call_soon_threadsafe`.
 
-Prefix reuse: the engine keeps whatever prefix of a new prompt each model's KV
-cache already holds. For a follow-up chat turn to reuse the whole previous
-conversation, its prompt must repeat the previous answer as the very tokens that
-were generated (re-tokenizing the text need not give them back):
-`conversation.PromptCache` does that, as `chat.ChatSession` does for one user; with
-`--cache-slots N`, for N conversations (cache_slots.py).
+Prefix reuse: a prompt is always the fresh tokenization of the request's whole text
+(as llama-server's is), and the engine keeps whatever token prefix of it each
+model's KV cache already holds; with `--cache-slots N`, the cache of the
+conversation that shares the most (cache_slots.py).
 """
 
 from __future__ import annotations
@@ -24,49 +24,21 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..conversation import FimRequest, Message, Prompts, fill_in_middle
-from ..core.constraint import Constraint
-from ..core.drafters import DRAFTER_KINDS, DrafterKind
+from ..conversation import Prompts
 from ..core.drafting import common_prefix
-from ..core.engine import FixedK, KPolicy
-from ..core.ngram_cache import SessionNgrams
-from ..core.sampling import SamplingSettings
 from ..core.stats import Generation, GenerationStats
 from ..errors import ContextFullError, PromptError, SpecggufError, UsageError
-from ..grammar import GrammarSpec, constraint_for
-from ..prepare import KChoice, Prepared
+from ..prepare import Prepared
 from .cache_slots import CacheSlots
 from .draft_marks import DraftMarks, Span
+from .plan import GenerationRequest, Planner
 from .text import AnswerText, TokenLogprob, token_logprobs
-from .tool_syntax import SYNTAXES, family_of
-from .tools import CallStream, ToolPlan, call_constraint
+from .tool_syntax import family_of
+from .tools import CallStream
 
 
 class QueueFull(Exception):
     pass
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """What to generate, as typed values (built from a validated request body)."""
-
-    messages: list[Message] | None  # chat: rendered with the verifier's own template (or ChatML)
-    text: str  # completions: the raw prompt (tokenized as `run --raw` does)
-    max_tokens: int
-    settings: SamplingSettings
-    seed: int | None
-    stops: list[str]
-    k: KChoice | None = None  # None: the server's defaults
-    drafter: DrafterKind | None = None
-    p_min: float | None = None
-    n_top_logprobs: int | None = None  # None: no log-probabilities; else alternatives per token
-    grammar: GrammarSpec | None = None  # what the answer must follow (response_format, grammar), compiled once already
-    tools: ToolPlan | None = None  # the chat request's tools (tools.py)
-    prompt_tokens: list[int] | None = None  # the prompt as token ids (then `text` is not read)
-    fim: FimRequest | None = None  # fill in the middle, framed with the model's FIM tokens
-    n_indent: int = 0  # FIM: stop at a later line indented less than this (llama-server's n_indent)
-    t_max_predict_ms: int = 0  # FIM: past this time, stop at the next new line (0: no limit)
-    mark_drafts: bool = False  # each Delta says who wrote its text (draft_marks.py)
 
 
 @dataclass(frozen=True)
@@ -129,16 +101,16 @@ class Job:
 
 
 class Worker:
-    """The loaded pair, the server's drafting defaults, and the worker thread."""
+    """The loaded pair, the planner (plan.py) and the worker thread that runs its plans."""
 
     def __init__(self, *, prepared: Prepared, queue_size: int, metrics=None, cache_slots: int = 1):
         self.prepared = prepared
-        self.verifier, self.draft, self.drafting = prepared.verifier, prepared.draft, prepared.options
+        self.verifier, self.draft = prepared.verifier, prepared.draft
         self.metrics = metrics
         self.templates = Prompts(self.verifier)
         self.tool_family = family_of(self.verifier.chat_template())  # how this model writes tool calls
-        self.prompts = CacheSlots(self.templates, [self.verifier, self.draft], cache_slots)
-        self._policies: dict[tuple, tuple[KPolicy, object]] = {}  # adaptive policies keep learning
+        self.prompts = CacheSlots([self.verifier, self.draft], cache_slots)
+        self.planner = Planner(prepared=prepared, templates=self.templates, tool_family=self.tool_family)
         self._waiting: deque[Job] = deque()  # FIFO; a job whose client left is dropped from it
         self._running: Job | None = None
         self._queue_size = queue_size
@@ -236,57 +208,15 @@ class Worker:
                 model.clear()
         self.prompts.forget()
 
-    def _prepare(self, request: GenerationRequest):
-        """The prompt (text, special, tokens), drafter and K policy; a bad request raises."""
-        text, special = self._prompt_text(request)
-        if request.prompt_tokens is not None:
-            prompt = list(request.prompt_tokens)
-        elif request.fim is not None:
-            prompt = self._fim_prompt(request)
-        else:
-            prompt = self.prompts.tokens_for(text, special=special)
-        self._check_token_ids(request, prompt)
-        if not prompt:
-            raise PromptError("the prompt is empty")
-        if len(prompt) >= self.verifier.n_ctx:
-            raise ContextFullError(
-                f"the prompt is {len(prompt)} tokens but the context holds"
-                f" {self.verifier.n_ctx}; shorten it (or start the server with a larger -c)"
-            )
-        constraint: Constraint | None
-        if request.tools is not None:
-            constraint = call_constraint(self.verifier, request.tools, SYNTAXES[self.tool_family])
-        else:
-            constraint = None if request.grammar is None else constraint_for(self.verifier, request.grammar)
-        return text, special, prompt, constraint, *self._drafting(request)
-
-    def _fim_prompt(self, request: GenerationRequest) -> list[int]:
-        framing = self.verifier.fim_tokens()
-        if framing is None:
-            raise PromptError(
-                "this model has no fill-in-the-middle tokens (FIM prefix/suffix/middle): infill needs"
-                " a code model that has them, such as Qwen2.5-Coder"
-            )
-        assert request.fim is not None
-        return fill_in_middle(
-            self.templates, request.fim, framing, n_ctx=self.verifier.n_ctx, n_predict=request.max_tokens
-        )
-
-    def _check_token_ids(self, request: GenerationRequest, prompt: list[int]) -> None:
-        n_vocab = self.verifier.n_vocab
-        if request.prompt_tokens is not None and (bad := [t for t in prompt if t >= n_vocab]):
-            raise UsageError(f"prompt: token id {bad[0]} is not in the model's vocabulary ({n_vocab} tokens)")
-        if bad := [token for token, _ in request.settings.penalties.bias if token >= n_vocab]:
-            raise UsageError(f"logit_bias: token id {bad[0]} is not in the model's vocabulary ({n_vocab} tokens)")
-
     def _generate(self, job: Job) -> None:
         request = job.request
         assert isinstance(request, GenerationRequest)
         try:
-            text, special, prompt, constraint, drafter, policy = self._prepare(request)
+            plan = self.planner.plan(request)
         except SpecggufError as error:
             job.send(Failed(error, status=400))
             return
+        prompt = plan.prompt
         self.prompts.select(prompt)  # the cached conversation this prompt continues, if one is parked
         n_cached = common_prefix(self.verifier.cached, prompt[:-1])
         job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
@@ -297,12 +227,12 @@ class Worker:
         marks = DraftMarks(self.verifier.token_bytes) if request.mark_drafts else None
         generation = self.prepared.generate(
             prompt,
-            drafter=drafter,
-            policy=policy,
+            drafter=plan.drafter,
+            policy=plan.policy,
             max_tokens=request.max_tokens,
             settings=request.settings,
             seed=seed,
-            constraint=constraint,
+            constraint=plan.constraint,
         )
         try:
             for event in generation:
@@ -332,11 +262,6 @@ class Worker:
         if not cancelled and (delta := answer.finish()):
             spans = [] if marks is None else marks.spans(delta)
             job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()], spans=spans))
-        kept_tokens, kept_text = answer.whole_tokens()
-        if request.prompt_tokens is None and request.fim is None:
-            self.prompts.remember(text + kept_text, prompt + kept_tokens, special=special)
-        else:  # no text stands for these tokens (the caches still reuse their common prefix)
-            self.prompts.forget_live()
         finished = _finished(job, prompt, n_cached, answer, calls, opener, generation)
         if self.metrics is not None:
             self.metrics.observe(finished)
@@ -356,36 +281,6 @@ class Worker:
         started = generation.first_token_at
         elapsed_ms = (time.perf_counter() - started) * 1000 if started is not None else 0.0
         return elapsed_ms > request.t_max_predict_ms and any(b"\n" in self.verifier.token_bytes(t) for t in tokens)
-
-    def _prompt_text(self, request: GenerationRequest) -> tuple[str, bool]:
-        """The prompt's text, and whether special tokens in it are parsed (chat templates write them)."""
-        if request.messages is None:
-            return request.text, False
-        tools = None if request.tools is None else request.tools.definitions
-        return self.templates.render(request.messages, tools), True  # a failing or looping template: PromptError
-
-    def _drafting(self, request: GenerationRequest):
-        """The drafter and K policy for a request: the server's defaults, overridden per request."""
-        kind = request.drafter or self.drafting.drafter
-        choice = request.k or self.drafting.k
-        p_min = self.drafting.p_min if request.p_min is None else request.p_min
-        if DRAFTER_KINDS[kind].needs_model and self.draft is None and not (choice.mode == "fixed" and choice.k == 0):
-            if request.drafter is not None or request.k is not None:
-                raise UsageError(
-                    f"drafter {kind!r} needs a draft model, and this server has none loaded (start"
-                    ' it with -md or --pair, or ask for "drafter": "ngram" or "k": 0)'
-                )
-            choice = KChoice("fixed", 0)
-        # A seeded request drafts without what earlier requests taught the n-gram cache: the same
-        # drafts consume the same random numbers, so the same seed gives the same answer.
-        session = SessionNgrams() if request.seed is not None else None
-        drafter = self.prepared.drafter(kind, p_min=p_min, session=session)
-        if choice.mode == "fixed":
-            return drafter, FixedK(choice.k or 0)
-        key = (choice.mode, kind, request.settings.greedy)
-        if key not in self._policies:
-            self._policies[key] = self.prepared.policy(choice, temperature=request.settings.temperature, drafter=kind)
-        return drafter, self._policies[key][0]
 
 
 def _finished(

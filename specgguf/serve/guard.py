@@ -20,7 +20,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
 
 from ..errors import UsageError
-from .protocol import ApiError
+from .common import ApiError
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 ANY_ADDRESS = ("0.0.0.0", "::", "")

@@ -1,19 +1,22 @@
-"""What every API's routes share around the one worker: submit a generation, watch for the client
-hanging up, read the answer whole or as a stream of messages. Each API shapes the messages into
-its own bodies and its own errors (`errors`: status, message -> that API's exception)."""
+"""What every API's routes share around the one worker: submit a job, watch for the client hanging
+up, read the answer whole (`answer`) or hand its messages to a stream (`messages`, `stream`).
+Each API shapes the messages into its own bodies and events; a job that fails is an `ApiError`,
+which each API answers in its own error shape. A client that hangs up before its answer is
+whole raises `ClientGone` (answered 499, which nobody reads)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 
-from .generator import Delta, EmbeddingRequest, Failed, Finished, GenerationRequest, Job, QueueFull, Worker
+from .common import ApiError
+from .generator import Delta, Embedded, EmbeddingRequest, Failed, Finished, Job, QueueFull, Worker
+from .plan import GenerationRequest
 from .text import TokenLogprob
-
-ErrorFactory = Callable[[int, str], Exception]  # (HTTP status, message) -> the API's own error
 
 
 class ClientGone(Exception):
@@ -45,16 +48,28 @@ class Receiver:
         self._watch.cancel()
 
 
-def submit(worker: Worker, generation: GenerationRequest | EmbeddingRequest, errors: ErrorFactory) -> Job:
+def failure(message: Failed) -> ApiError:
+    """A failed job as an error: the request's fault (4xx) or the server's (5xx)."""
+    kind = "invalid_request_error" if message.status < 500 else "server_error"
+    return ApiError(message.status, str(message.error), kind=kind)
+
+
+def submit(worker: Worker, work: GenerationRequest | EmbeddingRequest) -> Job:
     try:
-        return worker.submit(generation, asyncio.get_running_loop())
+        return worker.submit(work, asyncio.get_running_loop())
     except QueueFull as error:
-        raise errors(503, f"the server is busy: {error}; try again shortly") from None
+        raise ApiError(
+            503,
+            f"the server is busy: {error}; try again shortly",
+            kind="server_error",
+            code="queue_full",
+            headers={"Retry-After": "1"},
+        ) from None
 
 
-async def started(worker: Worker, generation: GenerationRequest, request: Request, errors: ErrorFactory) -> Receiver:
-    """Queue the generation and wait until it starts (a bad prompt: the API's error)."""
-    receiver = Receiver(submit(worker, generation, errors), request)
+async def started(worker: Worker, generation: GenerationRequest, request: Request) -> Receiver:
+    """Queue the generation and wait until it starts (a bad prompt: an ApiError)."""
+    receiver = Receiver(submit(worker, generation), request)
     try:
         first = await receiver.next()
     except BaseException:
@@ -62,7 +77,7 @@ async def started(worker: Worker, generation: GenerationRequest, request: Reques
         raise
     if isinstance(first, Failed):
         receiver.close()
-        raise errors(first.status, str(first.error))
+        raise failure(first)
     return receiver
 
 
@@ -73,7 +88,7 @@ class Answer:
     logprobs: list[TokenLogprob]
 
 
-async def whole(receiver: Receiver, errors: ErrorFactory) -> Answer:
+async def whole(receiver: Receiver) -> Answer:
     """The rest of a started job, collected (the client hanging up: ClientGone)."""
     parts, logprobs = [], []
     try:
@@ -83,8 +98,18 @@ async def whole(receiver: Receiver, errors: ErrorFactory) -> Answer:
     finally:
         receiver.close()
     if isinstance(message, Failed):
-        raise errors(message.status, str(message.error))
+        raise failure(message)
     return Answer("".join(parts), message, logprobs)
+
+
+async def answer(worker: Worker, generation: GenerationRequest, request: Request, *, stream: bool) -> Answer | Job:
+    """Queue a generation and wait for it to start; then its whole answer or, to stream, its job
+    (whose `messages` the API turns into events)."""
+    receiver = await started(worker, generation, request)
+    if stream:
+        receiver.close()
+        return receiver.job
+    return await whole(receiver)
 
 
 async def messages(job: Job) -> AsyncIterator[Delta | Finished | Failed]:
@@ -97,3 +122,23 @@ async def messages(job: Job) -> AsyncIterator[Delta | Finished | Failed]:
                 return
     finally:
         job.cancelled.set()  # a client that hung up: the generation stops at its next step
+
+
+def stream(events: AsyncIterator[str], media_type: str = "text/event-stream") -> StreamingResponse:
+    """A response that streams `events` as they come (no cache, no proxy buffering)."""
+    return StreamingResponse(
+        events, media_type=media_type, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+async def embedded(worker: Worker, work: EmbeddingRequest, request: Request) -> Embedded:
+    """An embedding job's one answer."""
+    receiver = Receiver(submit(worker, work), request)
+    try:
+        result = await receiver.next()
+    finally:
+        receiver.close()
+    if isinstance(result, Failed):
+        raise failure(result)
+    assert isinstance(result, Embedded)
+    return result

@@ -57,7 +57,7 @@ class Metrics:
         )
 
     def observe(self, finished) -> None:
-        """One generation's totals (a `serve_engine.Finished`); called from the worker thread."""
+        """One generation's totals (a `generator.Finished`); called from the worker thread."""
         stats = finished.stats
         self.prompt_tokens.inc(finished.n_prompt)
         self.prompt_tokens_cached.inc(finished.n_cached)

@@ -127,25 +127,6 @@ class AnswerText:
                 return size
         return 0
 
-    def whole_tokens(self) -> tuple[list[int], str]:
-        """The longest run of generated tokens that spells the start of the answer exactly, and its text.
-
-        For prefix reuse: a follow-up prompt that repeats the answer can reuse these very tokens.
-        It ends before a token cut by a stop string and before bytes that are not valid UTF-8."""
-        limit = len(self.text.encode("utf-8"))
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
-        parts, kept, n_kept = [], "", 0
-        for index, (token, end) in enumerate(zip(self.tokens, self._ends)):
-            if end > limit:
-                break
-            try:
-                parts.append(decoder.decode(self._token_bytes(token)))
-            except UnicodeDecodeError:
-                break
-            if decoder.getstate()[0] == b"":  # no character left open
-                kept, n_kept = "".join(parts), index + 1
-        return (self.tokens[:n_kept], kept) if self.text.startswith(kept) else ([], "")
-
     def n_tokens_used(self, stop_string_found: bool) -> int:
         """Tokens the answer took: all of them, or (after a stop string) those up to the one it starts in."""
         if not stop_string_found:

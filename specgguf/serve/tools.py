@@ -1,7 +1,8 @@
-"""Tool calling in /v1/chat/completions: the request's tools checked (`plan`), the grammar that makes
-every call's arguments follow its tool's schema (`call_constraint`: lazy, from the opener on, as
-llama-server's), and the model's text turned back into OpenAI's tool calls, streamed as
-`delta.tool_calls` (`CallStream`). The syntax of each model family: tool_syntax.py."""
+"""Tool calling in /v1/chat/completions: the request's checked tools (`ToolPlan`, made by OpenAI's
+`ChatRequest.tool_plan`), the grammar that makes every call's arguments follow its tool's schema
+(`call_constraint`: lazy, from the opener on, as llama-server's), and the model's text turned back
+into OpenAI's tool calls, streamed as `delta.tool_calls` (`CallStream`). The syntax of each model
+family: tool_syntax.py."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..core.lazy_grammar import LazyGrammar
-from ..grammar import JSON_OPTIONS, GrammarError, GrammarSpec, GuidanceConstraint, check_schema
-from .protocol import ApiError, ChatRequest
+from ..grammar import JSON_OPTIONS, GrammarSpec, GuidanceConstraint, check_schema
 from .tool_syntax import SYNTAXES, Family, ParsedCall, Tool, ToolSyntax
 
 
@@ -26,45 +26,6 @@ class ToolPlan:
     definitions: list[dict]  # as the chat template reads them (OpenAI's shape)
     choice: str  # "auto", "required", "none", or the one function's name
     parallel: bool
-
-
-def plan(body: ChatRequest) -> ToolPlan | None:
-    """The request's tools, checked: each schema compiles, names are unique, tool_choice names one of
-    them, the history calls only them. None: no tools (or tool_choice "none" without tools)."""
-    choice = body.tool_choice
-    named = None if choice is None or isinstance(choice, str) else choice.function.name
-    if not body.tools:
-        if named is not None or choice == "required":
-            raise ApiError(400, "'tool_choice' needs 'tools'", param="tool_choice")
-        return None
-    if body.response_format is not None and body.response_format.type != "text" or body.grammar is not None:
-        raise ApiError(400, "'tools' cannot be combined with 'response_format' or 'grammar'", param="tools")
-    tools = []
-    for i, definition in enumerate(body.tools):
-        function, param = definition.function, f"tools[{i}].function.parameters"
-        parameters = function.parameters if function.parameters is not None else {"type": "object"}
-        try:
-            GrammarSpec.json_schema(parameters, f"'{param}'").compile()
-        except GrammarError as error:
-            raise ApiError(400, f"{error} (tool {function.name!r})", param=param, code="invalid_tool_schema") from None
-        tools.append(Tool(function.name, function.description, parameters))
-    names = [tool.name for tool in tools]
-    if len(set(names)) < len(names):
-        duplicate = next(name for name in names if names.count(name) > 1)
-        raise ApiError(400, f"two tools are named {duplicate!r}", param="tools")
-    if named is not None and named not in names:
-        raise ApiError(400, f"'tool_choice' names {named[:64]!r}, which is not in 'tools'", param="tool_choice")
-    for i, message in enumerate(body.messages):
-        for j, call in enumerate(message.tool_calls or []):
-            if call.function.name not in names:
-                raise ApiError(
-                    400,
-                    f"messages[{i}] calls an unknown tool {call.function.name[:64]!r} (not in 'tools')",
-                    param=f"messages[{i}].tool_calls[{j}].function.name",
-                )
-    definitions = [definition.model_dump(exclude_none=True, by_alias=True) for definition in body.tools]
-    mode = named or (choice if isinstance(choice, str) else None) or "auto"
-    return ToolPlan(tools, definitions, mode, body.parallel_tool_calls is not False)
 
 
 def call_constraint(verifier: Any, tools_plan: ToolPlan, syntax: ToolSyntax) -> LazyGrammar | None:

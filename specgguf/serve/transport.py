@@ -13,28 +13,8 @@ import uvicorn
 from fastapi.responses import JSONResponse
 
 from ..errors import UsageError
+from .common import ApiError
 from .metrics import Metrics
-from .protocol import ApiError
-
-ENDPOINTS = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/models",
-    "/health",
-    "/metrics",
-    # the other APIs (issue 26)
-    "/v1/embeddings",
-    "/v1/responses",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-    "/infill",
-    "/api/chat",
-    "/api/generate",
-    "/api/tags",
-    "/api/show",
-    "/api/ps",
-    "/api/version",
-)
 
 
 class BodyLimit:
@@ -67,10 +47,11 @@ class BodyLimit:
 
 
 class CountRequests:
-    """Counts answered requests by endpoint and status for /metrics."""
+    """Counts answered requests by endpoint and status for /metrics: `endpoints` are the labels,
+    any other path is "other" (OpenAI's routes without /v1 count as theirs with it)."""
 
-    def __init__(self, app, *, metrics: Metrics):
-        self.app, self.metrics = app, metrics
+    def __init__(self, app, *, metrics: Metrics, endpoints: tuple[str, ...]):
+        self.app, self.metrics, self.endpoints = app, metrics, endpoints
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -87,8 +68,10 @@ class CountRequests:
             await self.app(scope, receive, recording_send)
         finally:
             path = scope["path"]
-            path = "/v1" + path if "/v1" + path in ENDPOINTS else path  # OpenAI's routes without /v1
-            endpoint = path if path in ENDPOINTS else "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+            path = "/v1" + path if "/v1" + path in self.endpoints else path  # OpenAI's routes without /v1
+            endpoint = (
+                path if path in self.endpoints else "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+            )
             self.metrics.requests.labels(endpoint, str(status)).inc()
 
 

@@ -1,7 +1,7 @@
 """Ollama's API over the same engine: /api/chat, /api/generate (NDJSON streams, as Ollama streams by
 default, or one body), /api/tags, /api/show, /api/ps, /api/version.
 
-Its errors are Ollama's `{"error": "..."}` (app.py shapes every error under /api/ so). Any model
+Its errors are Ollama's `{"error": "..."}` (`error_body`, for every path under /api/). Any model
 name means the loaded model (unless --strict-model); `keep_alive` is accepted and ignored (the
 model stays loaded while the server runs). `options` map to our sampling as llama.cpp's do.
 """
@@ -17,27 +17,20 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse
+from pydantic import Field
 
-from ..conversation import FimRequest, Message
-from ..core.sampling import SamplingSettings
-from .generator import Delta, Failed, Finished, GenerationRequest, Worker
-from .infill import llama_sampling
-from .jobs import ClientGone, messages, started, whole
-from .protocol import ApiError, unsupported
+from ...conversation import FimRequest, Message
+from ...core.sampling import SamplingSettings
+from ..common import ApiError, Body, ServeOptions, llama_sampling, parse_body, unsupported
+from ..generator import Delta, Failed, Finished, Worker
+from ..jobs import Answer, answer, messages, stream
+from ..plan import GenerationRequest
 
 OLLAMA_VERSION = "0.12.0"  # the Ollama API this server speaks (clients check it)
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    def refuse_unsupported(self) -> None:
-        pass
-
-
-class Options(_Body):
+class Options(Body):
     """Ollama's options. Load-time ones (num_ctx, num_gpu, ...) are fixed when the server starts:
     accepted and ignored; samplers specgguf does not have are refused unless they are off."""
 
@@ -92,7 +85,7 @@ _Format = Literal["", "json"] | dict[str, Any] | None
 _KeepAlive = float | int | str | None
 
 
-class _Generating(_Body):
+class _Generating(Body):
     model: Annotated[str, Field(min_length=1)]
     stream: bool | None = None  # Ollama streams unless told not to
     options: Options | None = None
@@ -115,7 +108,7 @@ class _Generating(_Body):
             raise unsupported("logprobs", "use /v1/chat/completions for log-probabilities")
 
 
-class OllamaMessage(_Body):
+class OllamaMessage(Body):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""
     images: list[str] | None = None
@@ -158,7 +151,7 @@ class GenerateBody(_Generating):
             raise unsupported("context", "send the conversation to /api/chat instead")
 
 
-class ShowBody(_Body):
+class ShowBody(Body):
     model: str | None = None
     name: str | None = None  # the older spelling
     verbose: bool | None = None
@@ -181,18 +174,9 @@ def _stats(finished: Finished) -> dict:
     }
 
 
-def _parse(model: type[_Body], raw: bytes) -> Any:
-    from .protocol import parse_body
-
-    return parse_body(model, raw)  # type: ignore[arg-type]
-
-
-def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> None:
-    """Ollama's routes on `app`; `options` is app.ServeOptions, `dependencies` the API-key check."""
+def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
+    """Ollama's routes on `app`; `dependencies` the API-key check."""
     n_ctx = worker.verifier.n_ctx
-
-    def errors(status: int, message: str) -> Exception:
-        return ApiError(status, message)
 
     def generation(body: _Generating, messages_: list[Message] | None, text: str) -> GenerationRequest:
         opts = body.options or Options()
@@ -207,18 +191,15 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
             stops=[stop for stop in opts.stop or [] if stop],
         )
 
-    async def answer(request: Request, body: _Generating, job: GenerationRequest, shape: Callable[[str], dict]):
-        receiver = await started(worker, job, request, errors)
-        if body.stream is False:
-            try:
-                result = await whole(receiver, errors)
-            except ClientGone:
-                return JSONResponse({"error": "the client hung up"}, 499)
+    async def reply(request: Request, body: _Generating, job: GenerationRequest, shape: Callable[[str], dict]):
+        result = await answer(
+            worker, job, request, stream=body.stream is not False
+        )  # Ollama streams unless told not to
+        if isinstance(result, Answer):
             return JSONResponse({**shape(result.text), "done": True, **_stats(result.finished)})
-        receiver.close()
 
         async def lines():
-            async for message in messages(receiver.job):
+            async for message in messages(result):
                 if isinstance(message, Delta):
                     yield json.dumps({**shape(message.text), "done": False}) + "\n"
                 elif isinstance(message, Finished):
@@ -226,16 +207,16 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
                 elif isinstance(message, Failed):
                     yield json.dumps({"error": str(message.error)}) + "\n"
 
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+        return stream(lines(), media_type="application/x-ndjson")
 
     @app.post("/api/chat", dependencies=dependencies)
     async def chat(request: Request):
-        body: ChatBody = _parse(ChatBody, await request.body())
+        body: ChatBody = parse_body(ChatBody, await request.body())
         if not body.messages:  # Ollama loads the model and answers nothing
             return {"model": body.model, "created_at": _now(), "message": {"role": "assistant", "content": ""},
                     "done_reason": "load", "done": True}  # fmt: skip
         history = [Message(m.role, m.content or "") for m in body.messages]
-        return await answer(
+        return await reply(
             request,
             body,
             generation(body, history, ""),
@@ -248,7 +229,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
 
     @app.post("/api/generate", dependencies=dependencies)
     async def generate(request: Request):
-        body: GenerateBody = _parse(GenerateBody, await request.body())
+        body: GenerateBody = parse_body(GenerateBody, await request.body())
         if not body.prompt and not body.suffix:  # Ollama: load the model, answer nothing
             return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
         if body.suffix:  # fill in the middle, framed with the model's FIM tokens
@@ -258,13 +239,19 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
         else:
             turns = ([Message("system", body.system)] if body.system else []) + [Message("user", body.prompt or "")]
             job = generation(body, turns, "")
-        return await answer(
+        return await reply(
             request,
             body,
             job,
             lambda text: {"model": body.model, "created_at": _now(), "response": text},
         )
 
+    _add_model_routes(app, worker=worker, options=options, dependencies=dependencies)
+
+
+def _add_model_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
+    """/api/tags, /api/ps, /api/show and /api/version: the loaded verifier as Ollama lists a model."""
+    n_ctx = worker.verifier.n_ctx
     info_cache: dict[str, dict] = {}
 
     def entry() -> dict:
@@ -304,7 +291,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
 
     @app.post("/api/show", dependencies=dependencies)
     async def show(request: Request):
-        body: ShowBody = _parse(ShowBody, await request.body())
+        body: ShowBody = parse_body(ShowBody, await request.body())
         name = body.model or body.name
         if not name:
             raise ApiError(400, "'model' is required", param="model")
@@ -330,6 +317,10 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
     @app.get("/api/version", dependencies=dependencies)
     async def version():
         return {"version": OLLAMA_VERSION}
+
+
+ENDPOINTS: tuple[str, ...] = ("/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version")
+ERROR_PREFIXES: tuple[str, ...] = ("/api/",)
 
 
 def error_body(error: ApiError) -> dict:

@@ -10,15 +10,14 @@ import numpy as np
 from fastapi import FastAPI, Request
 from pydantic import Field
 
-from .generator import Embedded, EmbeddingRequest, Failed, Worker
-from .jobs import Receiver, submit
-from .openai_fields import _Fields
-from .protocol import ApiError, parse_body, unsupported
+from ..common import ApiError, Body, ServeOptions, parse_body, unsupported
+from ..generator import EmbeddingRequest, Worker
+from ..jobs import embedded
 
 _Tokens = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
-class EmbeddingsBody(_Fields):
+class EmbeddingsBody(Body):
     input: str | Annotated[list[str], Field(min_length=1, max_length=2048)] | _Tokens | list[_Tokens]
     model: str | None = None
     encoding_format: Literal["float", "base64"] | None = "float"
@@ -35,25 +34,24 @@ class EmbeddingsBody(_Fields):
         return [self.input] if isinstance(self.input[0], int) else list(self.input)
 
 
-def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> None:
-    def errors(status: int, message: str) -> Exception:
-        return ApiError(status, message, kind="invalid_request_error" if status < 500 else "server_error")
+ENDPOINTS: tuple[str, ...] = ("/v1/embeddings",)
+ERROR_PREFIXES: tuple[str, ...] = ("/v1/embeddings", "/embeddings")
 
+
+def error_body(error: ApiError) -> dict:
+    """OpenAI's error shape, as on the other /v1 routes."""
+    return error.body()
+
+
+def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
     async def embeddings(request: Request):
-        body: EmbeddingsBody = parse_body(EmbeddingsBody, await request.body())  # type: ignore[arg-type]
+        body: EmbeddingsBody = parse_body(EmbeddingsBody, await request.body())
         if options.strict_model and body.model not in (None, options.model_name):
             raise ApiError(404, f"unknown model {str(body.model)[:200]!r}", param="model", code="model_not_found")
         n_embd = worker.verifier.info().n_embd
         if body.dimensions not in (None, n_embd):
             raise unsupported("dimensions", f"this model's embeddings have {n_embd}")
-        receiver = Receiver(submit(worker, EmbeddingRequest(body.inputs()), errors), request)
-        try:
-            result = await receiver.next()
-        finally:
-            receiver.close()
-        if isinstance(result, Failed):
-            raise errors(result.status, str(result.error))
-        assert isinstance(result, Embedded)
+        result = await embedded(worker, EmbeddingRequest(body.inputs()), request)
         data = []
         for index, vector in enumerate(result.vectors):
             if body.encoding_format == "base64":

@@ -1,5 +1,5 @@
-"""OpenAI's response shapes (chat and text completions, whole or as stream chunks), plus
-llama-server's `timings` object, built from the worker's `Finished` message."""
+"""OpenAI's response shapes (chat and text completions, whole or as stream chunks), built from the
+worker's `Finished` message, with llama-server's `timings` (common.py)."""
 
 from __future__ import annotations
 
@@ -8,45 +8,13 @@ import secrets
 import time
 from typing import Any, Literal
 
-from .draft_marks import Span
-from .generator import Finished
-from .text import TokenLogprob
+from ...common import timings, usage
+from ...draft_marks import Span
+from ...generator import Finished
+from ...text import TokenLogprob
 
 # OpenAI's backend configuration id (a string in its schema): the server and its version.
 SYSTEM_FINGERPRINT = "fp_specgguf_0.1"
-
-
-def usage(finished: Finished) -> dict:
-    return {
-        "prompt_tokens": finished.n_prompt,
-        "completion_tokens": finished.n_completion,
-        "total_tokens": finished.n_prompt + finished.n_completion,
-        "prompt_tokens_details": {"cached_tokens": finished.n_cached},
-    }
-
-
-def timings(finished: Finished) -> dict:
-    """llama-server's names, so tools written for it read them unchanged. prompt_n counts the prompt
-    tokens evaluated, cache_n those the verifier's cache already held; predicted_n every generated
-    token (after a stop string too); draft_n / draft_n_accepted the drafts proposed / accepted."""
-    stats = finished.stats
-    prompt_n = finished.n_prompt - finished.n_cached
-    prompt_ms, predicted_ms = stats.prefill_seconds * 1000, stats.wall_seconds * 1000
-    return {
-        "cache_n": finished.n_cached,
-        "prompt_n": prompt_n,
-        "prompt_ms": round(prompt_ms, 3),
-        "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
-        "prompt_per_second": round(prompt_n / prompt_ms * 1000, 3) if prompt_ms > 0 else 0.0,
-        "predicted_n": stats.n_tokens,
-        "predicted_ms": round(predicted_ms, 3),
-        "predicted_per_token_ms": round(predicted_ms / stats.n_tokens, 3) if stats.n_tokens else 0.0,
-        "predicted_per_second": round(stats.tokens_per_second, 3),
-        "draft_n": stats.n_drafted,
-        "draft_n_accepted": stats.n_accepted,
-        # specgguf's own: accepted drafts by who proposed them ("model", "ngram", "grammar": forced tokens)
-        "draft_n_accepted_by_source": dict(stats.accepted_by_source),
-    }
 
 
 class Shape:
@@ -159,7 +127,8 @@ class Shape:
 
     def _marked(self, body: dict, spans: list[Span], **more) -> dict:
         """`mark_drafts`: specgguf's own object beside OpenAI's fields, on every chunk with a choice."""
-        return {**body, "specgguf": {"spans": [span.as_json() for span in spans], **more}} if self.marks else body
+        shaped = [{"text": span.text, "source": span.source} for span in spans]
+        return {**body, "specgguf": {"spans": shaped, **more}} if self.marks else body
 
     def usage_chunk(self, finished: Finished) -> dict:
         """`stream_options.include_usage`: one more chunk, with no choices and the usage."""

@@ -1,94 +1,31 @@
-"""The server's request bodies as pydantic models, and OpenAI-style errors.
-
-Bodies are validated strictly from the raw JSON (`model_validate_json`): a wrong
-type, an unknown field or a value out of range is a 400 naming the field. Every
-field OpenAI's API reference defines is declared: those that have no meaning for a
-local server are accepted and ignored (openai_fields.py lists them), those that
-would change the answer and are not done (`n` > 1, images, audio, ...) get a 400
-naming them, never a silent ignore.
+"""OpenAI's chat and text completion request bodies, read by `common.parse_body`. Every field
+OpenAI's API reference defines is declared: those that have no meaning for a local server are
+accepted and ignored (fields.py lists them), those that would change the answer and are not done
+(`n` > 1, images, audio, ...) get a 400 naming them, never a silent ignore.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
-from ..conversation import Message, Role, ToolCall
-from ..core.drafters import DrafterKind
-from ..core.sampling import Penalties, SamplingSettings
-from ..grammar import MAX_GRAMMAR_CHARS, GrammarError, GrammarSpec
-from .openai_fields import ChatIgnored, CommonIgnored, MessageFields, refuse_chat_extras
-
-
-class ApiError(Exception):
-    """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-        headers: dict[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+from ....conversation import Message, Role, ToolCall
+from ....core.sampling import Penalties, SamplingSettings
+from ....grammar import MAX_GRAMMAR_CHARS, GrammarError, GrammarSpec
+from ...common import AccountFields, ApiError, Body, Speculative, sampling_from, unsupported
+from ...tool_syntax import Tool
+from ...tools import ToolPlan
+from .fields import ChatIgnored, MessageFields, refuse_chat_extras
 
 
-def unsupported(param: str, why: str = "") -> ApiError:
-    return ApiError(
-        400,
-        f"'{param}' is not supported by specgguf{': ' + why if why else ''}",
-        param=param,
-        code="unsupported_parameter",
-    )
+class StreamSpeculative(Speculative):
+    """`speculative` for chat and text completions: common's drafting fields, and `mark_drafts`."""
 
-
-def sampling_from(fields: Any, defaults: SamplingSettings, penalties: Callable[[], Penalties]) -> SamplingSettings:
-    """A request's `temperature`, `top_k`, `top_p` and `min_p` over the server's defaults (None: the
-    default; top_p 0: only the most likely token, greedy decoding) with `penalties()`; a value out
-    of range is a 400."""
-    temperature = defaults.temperature if fields.temperature is None else fields.temperature
-    top_p = defaults.top_p if fields.top_p is None else fields.top_p
-    if top_p == 0.0:
-        temperature, top_p = 0.0, 1.0
-    try:
-        return SamplingSettings(
-            temperature=temperature,
-            top_k=defaults.top_k if fields.top_k is None else fields.top_k,
-            top_p=top_p,
-            min_p=defaults.min_p if fields.min_p is None else fields.min_p,
-            penalties=penalties(),
-        )
-    except ValueError as error:
-        raise ApiError(400, str(error)) from None
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class Speculative(_Strict):
-    """Per-request drafting: {"k": 8 | "auto" | "adaptive", "drafter": ..., "p_min": ...}."""
-
-    k: Annotated[int, Field(ge=0, le=64)] | Literal["auto", "adaptive"] | None = None
-    drafter: DrafterKind | None = None
-    p_min: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-
-
-class StreamSpeculative(Speculative):  # chat and text completions
     mark_drafts: bool = False  # with stream: each chunk says who wrote its text (draft_marks.py; the page asks)
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(Body):
     """OpenAI's `response_format.json_schema`: the schema the answer validates against (always enforced)."""
 
     name: Annotated[str, Field(max_length=64)] = "response"
@@ -97,7 +34,7 @@ class JsonSchemaFormat(_Strict):
     strict: bool | None = None  # the grammar enforces the schema either way
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(Body):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -114,7 +51,7 @@ class ResponseFormat(_Strict):
         )
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Body):
     include_usage: bool | None = False
     include_obfuscation: bool | None = None  # OpenAI's padding against side channels: ignored
 
@@ -126,7 +63,7 @@ _Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 _TokenId = Annotated[str, Field(pattern=r"^[0-9]{1,9}$")]
 
 
-class _Common(CommonIgnored, _Strict):
+class _Common(AccountFields, Body):
     """What chat and text completions share."""
 
     model: str | None = None
@@ -183,7 +120,14 @@ class _Common(CommonIgnored, _Strict):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def sampling(self, defaults: SamplingSettings) -> SamplingSettings:
-        return sampling_from(self, defaults, lambda: self.penalties(defaults.penalties))
+        return sampling_from(
+            defaults,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            penalties=lambda: self.penalties(defaults.penalties),
+        )
 
     def penalties(self, defaults: Penalties) -> Penalties:
         bias = tuple(sorted((int(token), value) for token, value in (self.logit_bias or {}).items()))
@@ -199,39 +143,39 @@ class _Common(CommonIgnored, _Strict):
 _ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]  # OpenAI's rule for function names
 
 
-class FunctionDefinition(_Strict):
+class FunctionDefinition(Body):
     name: _ToolName
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema; none: any object
     strict: bool | None = None  # the grammar enforces the schema either way
 
 
-class ToolDefinition(_Strict):
+class ToolDefinition(Body):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(_Strict):
+class NamedFunction(Body):
     name: str
 
 
-class ToolChoiceFunction(_Strict):
+class ToolChoiceFunction(Body):
     type: Literal["function"]
     function: NamedFunction
 
 
-class CalledFunction(_Strict):
+class CalledFunction(Body):
     name: str
     arguments: str
 
 
-class MessageToolCall(_Strict):
+class MessageToolCall(Body):
     id: Annotated[str, Field(max_length=256)]
     type: Literal["function"] = "function"
     function: CalledFunction
 
 
-class ChatMessage(MessageFields, _Strict):
+class ChatMessage(MessageFields, Body):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -324,6 +268,46 @@ class ChatRequest(ChatIgnored, _Common):
             messages.append(Message(_TEMPLATE_ROLES[message.role], text, calls, message.tool_call_id))
         return messages
 
+    def tool_plan(self) -> ToolPlan | None:
+        """The request's tools, checked: each schema compiles, names are unique, tool_choice names one of
+        them, the history calls only them. None: no tools (or tool_choice "none" without tools)."""
+        choice = self.tool_choice
+        named = None if choice is None or isinstance(choice, str) else choice.function.name
+        if not self.tools:
+            if named is not None or choice == "required":
+                raise ApiError(400, "'tool_choice' needs 'tools'", param="tool_choice")
+            return None
+        if self.response_format is not None and self.response_format.type != "text" or self.grammar is not None:
+            raise ApiError(400, "'tools' cannot be combined with 'response_format' or 'grammar'", param="tools")
+        tools = []
+        for i, definition in enumerate(self.tools):
+            function, param = definition.function, f"tools[{i}].function.parameters"
+            parameters = function.parameters if function.parameters is not None else {"type": "object"}
+            try:
+                GrammarSpec.json_schema(parameters, f"'{param}'").compile()
+            except GrammarError as error:
+                raise ApiError(
+                    400, f"{error} (tool {function.name!r})", param=param, code="invalid_tool_schema"
+                ) from None
+            tools.append(Tool(function.name, function.description, parameters))
+        names = [tool.name for tool in tools]
+        if len(set(names)) < len(names):
+            duplicate = next(name for name in names if names.count(name) > 1)
+            raise ApiError(400, f"two tools are named {duplicate!r}", param="tools")
+        if named is not None and named not in names:
+            raise ApiError(400, f"'tool_choice' names {named[:64]!r}, which is not in 'tools'", param="tool_choice")
+        for i, message in enumerate(self.messages):
+            for j, call in enumerate(message.tool_calls or []):
+                if call.function.name not in names:
+                    raise ApiError(
+                        400,
+                        f"messages[{i}] calls an unknown tool {call.function.name[:64]!r} (not in 'tools')",
+                        param=f"messages[{i}].tool_calls[{j}].function.name",
+                    )
+        definitions = [definition.model_dump(exclude_none=True, by_alias=True) for definition in self.tools]
+        mode = named or (choice if isinstance(choice, str) else None) or "auto"
+        return ToolPlan(tools, definitions, mode, self.parallel_tool_calls is not False)
+
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -378,39 +362,3 @@ class CompletionRequest(_Common):
     @property
     def n_top_logprobs(self) -> int | None:
         return self.logprobs
-
-
-_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
-
-
-def _param_name(loc: tuple) -> str | None:
-    """("messages", 0, "role") -> "messages[0].role", leaving out pydantic's union-member tags."""
-    name = ""
-    for part in loc:
-        if isinstance(part, int):
-            name += f"[{part}]"
-        elif part.isidentifier() and part not in _UNION_TAGS:
-            name += f".{part}" if name else part
-    return name or None
-
-
-def parse_body(model: type[_Common], raw: bytes) -> Any:
-    """The request body as `model`, or an ApiError (400) that names the first bad field."""
-    try:
-        request = model.model_validate_json(raw)
-    except ValidationError as error:
-        # Of a union's failed branches, the deepest error says most ("stop[0]: too long", not "not a string").
-        first = max(error.errors(include_url=False), key=lambda detail: len(_param_name(detail["loc"]) or ""))
-        if first["type"] == "json_invalid":
-            raise ApiError(400, f"the body is not valid JSON: {first['msg']}") from None
-        if first["type"] == "model_type" and not first["loc"]:
-            raise ApiError(400, "the body must be a JSON object") from None
-        param = _param_name(first["loc"])
-        # A union's branches failing at the same place: say what each would have taken.
-        messages = dict.fromkeys(
-            detail["msg"] for detail in error.errors(include_url=False) if _param_name(detail["loc"]) == param
-        )
-        message = "unknown field" if first["type"] == "extra_forbidden" else "; or ".join(messages)
-        raise ApiError(400, f"'{param}': {message}" if param else message, param=param) from None
-    request.refuse_unsupported()
-    return request

@@ -1,7 +1,7 @@
 """Anthropic's Messages API over the same engine: POST /v1/messages (whole, or its streaming events
 message_start ... message_stop) and POST /v1/messages/count_tokens. Text content, `system`,
 `stop_sequences`, `temperature`/`top_k`/`top_p`; the key as `x-api-key` (or a Bearer header).
-Errors are Anthropic's `{"type": "error", "error": {"type", "message"}}` (app.py shapes them)."""
+Errors are Anthropic's `{"type": "error", "error": {"type", "message"}}` (`error_body`)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import secrets
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..conversation import Message
-from ..core.sampling import SamplingSettings
-from .generator import Delta, Failed, Finished, GenerationRequest, Worker
-from .jobs import ClientGone, messages, started, whole
-from .protocol import ApiError, parse_body, unsupported
+from ...conversation import Message
+from ...core.sampling import SamplingSettings
+from ..common import ApiError, Body, ServeOptions, parse_body, sampling_from, unsupported
+from ..generator import Delta, Failed, Finished, Worker
+from ..jobs import Answer, answer, failure, messages, stream
+from ..plan import GenerationRequest
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -30,13 +30,14 @@ _ERROR_TYPES = {
 }
 
 
+ENDPOINTS: tuple[str, ...] = ("/v1/messages", "/v1/messages/count_tokens")
+ERROR_PREFIXES: tuple[str, ...] = ("/v1/messages",)
+
+
 def error_body(error: ApiError) -> dict:
+    """Anthropic's error shape."""
     kind = _ERROR_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": error.message}}
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Block(BaseModel):
@@ -58,12 +59,12 @@ def _text(content: str | list[Block], where: str) -> str:
     return "\n".join(texts)
 
 
-class AnthropicMessage(_Body):
+class AnthropicMessage(Body):
     role: Literal["user", "assistant"]
     content: str | list[Block]
 
 
-class MessagesBody(_Body):
+class MessagesBody(Body):
     model: str
     messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1)]
@@ -109,17 +110,7 @@ class MessagesBody(_Body):
         return turns
 
     def sampling(self, defaults: SamplingSettings) -> SamplingSettings:
-        temperature = defaults.temperature if self.temperature is None else self.temperature
-        top_p = defaults.top_p if self.top_p is None else self.top_p
-        if top_p == 0.0:
-            temperature, top_p = 0.0, 1.0
-        return SamplingSettings(
-            temperature=temperature,
-            top_k=defaults.top_k if self.top_k is None else self.top_k,
-            top_p=top_p,
-            min_p=defaults.min_p,
-            penalties=defaults.penalties,
-        )
+        return sampling_from(defaults, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
 
 class CountBody(MessagesBody):
@@ -147,25 +138,22 @@ def _event(name: str, data: dict) -> str:
     return f"event: {name}\ndata: {json.dumps({'type': name, **data}, ensure_ascii=False)}\n\n"
 
 
-def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> None:
-    def errors(status: int, message: str) -> Exception:
-        return ApiError(status, message)
-
-    def parsed(body_type, raw: bytes):
-        body = parse_body(body_type, raw)
-        if options.strict_model and body.model != options.model_name:
-            raise ApiError(404, f"model: {body.model[:200]}")
-        return body
+def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
+    def check_model(name: str) -> None:
+        if options.strict_model and name != options.model_name:
+            raise ApiError(404, f"model: {name[:200]}")
 
     @app.post("/v1/messages/count_tokens", dependencies=dependencies)
     async def count_tokens(request: Request):
-        body: CountBody = parsed(CountBody, await request.body())
+        body = parse_body(CountBody, await request.body())
+        check_model(body.model)
         text = worker.templates.render(body.history())
         return {"input_tokens": len(worker.verifier.tokenize(text, special=True))}
 
     @app.post("/v1/messages", dependencies=dependencies)
     async def create(request: Request):
-        body: MessagesBody = parsed(MessagesBody, await request.body())
+        body = parse_body(MessagesBody, await request.body())
+        check_model(body.model)
         generation = GenerationRequest(
             messages=body.history(),
             text="",
@@ -174,23 +162,18 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
             seed=None,
             stops=list(body.stop_sequences),
         )
-        receiver = await started(worker, generation, request, errors)
+        reply = await answer(worker, generation, request, stream=bool(body.stream))
         message = {"id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant", "model": body.model}
-        if not body.stream:
-            try:
-                answer = await whole(receiver, errors)
-            except ClientGone:
-                return JSONResponse({}, 499)
-            content = [{"type": "text", "text": answer.text}]
-            return {**message, "content": content, **_stop(answer.finished), "usage": _usage(answer.finished)}
-        receiver.close()
+        if isinstance(reply, Answer):
+            content = [{"type": "text", "text": reply.text}]
+            return {**message, "content": content, **_stop(reply.finished), "usage": _usage(reply.finished)}
 
         async def events():
             start = {**message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": _usage(None)}
             yield _event("message_start", {"message": start})
             yield _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
             yield _event("ping", {})
-            async for item in messages(receiver.job):
+            async for item in messages(reply):
                 if isinstance(item, Delta):
                     yield _event(
                         "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": item.text}}
@@ -200,6 +183,6 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
                     yield _event("message_delta", {"delta": _stop(item), "usage": _usage(item)})
                     yield _event("message_stop", {})
                 elif isinstance(item, Failed):
-                    yield _event("error", error_body(ApiError(item.status, str(item.error))) | {"type": "error"})
+                    yield _event("error", error_body(failure(item)) | {"type": "error"})
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return stream(events())

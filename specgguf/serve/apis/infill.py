@@ -13,28 +13,23 @@ import json
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse
+from pydantic import Field
 
-from ..conversation import FimRequest
-from ..core.sampling import Penalties, SamplingSettings
-from ..prepare import KChoice, parse_k
-from .generator import Delta, Failed, Finished, GenerationRequest, Worker
-from .jobs import ClientGone, messages, started, whole
-from .protocol import ApiError, Speculative, parse_body, sampling_from, unsupported
-from .shapes import timings
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+from ...conversation import FimRequest
+from ...core.sampling import SamplingSettings
+from ..common import ApiError, Body, ServeOptions, Speculative, llama_sampling, parse_body, timings, unsupported
+from ..generator import Delta, Failed, Finished, Worker
+from ..jobs import Answer, answer, failure, messages, stream
+from ..plan import GenerationRequest, RequestDrafting
 
 
-class Chunk(_Body):
+class Chunk(Body):
     text: str = ""
     filename: str = "tmp"
 
 
-class InfillBody(_Body):
+class InfillBody(Body):
     """The fields llama.vscode and llama.vim send, and llama-server's usual sampling ones."""
 
     input_prefix: str = ""
@@ -78,20 +73,8 @@ class InfillBody(_Body):
         return llama_sampling(self, defaults, n_ctx)
 
 
-def llama_sampling(options: Any, defaults: SamplingSettings, n_ctx: int) -> SamplingSettings:
-    """Sampling from llama.cpp-style fields (llama-server's and Ollama's `options`): temperature, top_k,
-    top_p (0: greedy), min_p, repeat/frequency/presence penalties and repeat_last_n (-1: the context)."""
-    last_n = defaults.penalties.last_n if options.repeat_last_n is None else options.repeat_last_n
-    return sampling_from(
-        options,
-        defaults,
-        lambda: Penalties(
-            frequency=options.frequency_penalty or 0.0,
-            presence=options.presence_penalty or 0.0,
-            repeat=1.0 if options.repeat_penalty is None else options.repeat_penalty,
-            last_n=n_ctx if last_n == -1 else last_n,
-        ),
-    )
+ENDPOINTS: tuple[str, ...] = ("/infill",)
+ERROR_PREFIXES: tuple[str, ...] = ("/infill",)
 
 
 def error_body(error: ApiError) -> dict:
@@ -113,22 +96,8 @@ def _pick(body: dict, fields: list[str] | None) -> dict:
     return picked
 
 
-def _drafting(speculative: Speculative | None) -> dict:
-    if speculative is None:
-        return {}
-    k = speculative.k
-    return {
-        "k": None if k is None else parse_k(k) if isinstance(k, str) else KChoice("fixed", k),
-        "drafter": speculative.drafter,
-        "p_min": speculative.p_min,
-    }
-
-
-def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> None:
+def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
     n_ctx = worker.verifier.n_ctx
-
-    def errors(status: int, message: str) -> Exception:
-        return ApiError(status, message, kind="invalid_request_error" if status < 500 else "server_error")
 
     def result(text: str, finished: Finished | None, body: InfillBody) -> dict:
         out: dict = {"index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": finished is not None}
@@ -148,7 +117,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
 
     @app.post("/infill", dependencies=dependencies)
     async def infill(request: Request):
-        body: InfillBody = parse_body(InfillBody, await request.body())  # type: ignore[arg-type]
+        body: InfillBody = parse_body(InfillBody, await request.body())
         if options.strict_model and body.model not in (None, options.model_name):
             raise ApiError(404, f"unknown model {body.model[:200]!r}", param="model")
         n_predict = options.max_tokens if body.n_predict in (None, -1) else body.n_predict
@@ -167,26 +136,20 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
             ),
             n_indent=body.n_indent,
             t_max_predict_ms=body.t_max_predict_ms,
-            **_drafting(body.speculative),
+            drafting=body.speculative.drafting() if body.speculative else RequestDrafting(),
         )
-        receiver = await started(worker, generation, request, errors)
-        if not body.stream:
-            try:
-                answer = await whole(receiver, errors)
-            except ClientGone:
-                return JSONResponse({}, 499)
-            return JSONResponse(result(answer.text if n_predict else "", answer.finished, body))
-        receiver.close()
+        reply = await answer(worker, generation, request, stream=bool(body.stream))
+        if isinstance(reply, Answer):
+            return JSONResponse(result(reply.text if n_predict else "", reply.finished, body))
 
         async def events():
-            async for message in messages(receiver.job):
+            async for message in messages(reply):
                 if isinstance(message, Delta):
                     if n_predict:
                         yield f"data: {json.dumps(result(message.text, None, body))}\n\n"
                 elif isinstance(message, Finished):
                     yield f"data: {json.dumps(result('', message, body))}\n\n"
                 elif isinstance(message, Failed):
-                    failure = ApiError(message.status, str(message.error), kind="server_error")
-                    yield f"data: {json.dumps(error_body(failure))}\n\n"
+                    yield f"data: {json.dumps(error_body(failure(message)))}\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return stream(events())

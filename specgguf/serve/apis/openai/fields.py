@@ -3,7 +3,8 @@
 not done here, refused by name. docs/serve.md lists both.
 
 Ignored: `store`, `metadata`, `service_tier`, `user`, `safety_identifier`, `prompt_cache_key`,
-`prompt_cache_retention`, `prompt_cache_options` (prompts are cached anyway), `reasoning_effort`
+`prompt_cache_retention`, `prompt_cache_options` (common.AccountFields, which the Responses API
+shares; prompts are cached anyway), `reasoning_effort`
 and `verbosity` (hints for OpenAI's reasoning models), `prediction` (a latency hint: the answer is
 the same without it), `stream_options.include_obfuscation`, `modalities: ["text"]`, `audio: null`,
 and, in messages, `refusal: null`, `annotations` and `audio: null` (what the openai SDK sends back
@@ -15,27 +16,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from ...common import Body, unsupported
 
 
-class _Fields(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class CommonIgnored(_Fields):
-    """Chat and text completions: accepted, never read."""
-
-    user: str | None = None
-    store: bool | None = None
-    metadata: dict[str, str] | None = None
-    service_tier: str | None = None
-    safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
-    prompt_cache_retention: str | None = None
-    prompt_cache_options: dict[str, Any] | None = None
-
-
-class ChatIgnored(_Fields):
+class ChatIgnored(Body):
     """Chat only: accepted; `refuse_chat_extras` refuses the values that would change the answer."""
 
     reasoning_effort: str | None = None
@@ -47,7 +31,7 @@ class ChatIgnored(_Fields):
     moderation: dict[str, Any] | None = None
 
 
-class MessageFields(_Fields):
+class MessageFields(Body):
     """What an answer's message carries besides its role and content, as the SDK sends it back."""
 
     refusal: str | None = None
@@ -56,8 +40,6 @@ class MessageFields(_Fields):
     function_call: Any = None
 
     def refuse_extras(self, where: str) -> None:
-        from .protocol import unsupported
-
         if self.audio is not None:
             raise unsupported(f"{where}.audio", "no audio")
         if self.function_call is not None:
@@ -65,8 +47,6 @@ class MessageFields(_Fields):
 
 
 def refuse_chat_extras(request: ChatIgnored) -> None:
-    from .protocol import unsupported
-
     if request.modalities and "audio" in request.modalities:
         raise unsupported("modalities", 'only ["text"]')
     if request.audio is not None:

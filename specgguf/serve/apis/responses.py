@@ -12,15 +12,14 @@ from collections import OrderedDict
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..conversation import Message
-from ..core.sampling import SamplingSettings
-from .generator import Delta, Failed, Finished, GenerationRequest, Worker
-from .jobs import ClientGone, messages, started, whole
-from .openai_fields import CommonIgnored
-from .protocol import ApiError, parse_body, unsupported
+from ...conversation import Message
+from ...core.sampling import SamplingSettings
+from ..common import AccountFields, ApiError, ServeOptions, parse_body, sampling_from, unsupported
+from ..generator import Delta, Failed, Finished, Worker
+from ..jobs import Answer, answer, messages, stream
+from ..plan import GenerationRequest
 
 MEMORY = 256  # stored responses a later request may continue from
 _ROLES: dict[str, Literal["system", "user", "assistant"]] = {
@@ -40,7 +39,7 @@ class Item(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
-class ResponsesBody(CommonIgnored):
+class ResponsesBody(AccountFields):
     model: str | None = None
     input: str | list[Item] = ""
     instructions: str | None = None
@@ -83,17 +82,7 @@ class ResponsesBody(CommonIgnored):
         return [_message(item, index) for index, item in enumerate(self.input)]
 
     def sampling(self, defaults: SamplingSettings) -> SamplingSettings:
-        temperature = defaults.temperature if self.temperature is None else self.temperature
-        top_p = defaults.top_p if self.top_p is None else self.top_p
-        if top_p == 0.0:
-            temperature, top_p = 0.0, 1.0
-        return SamplingSettings(
-            temperature=temperature,
-            top_k=defaults.top_k,
-            top_p=top_p,
-            min_p=defaults.min_p,
-            penalties=defaults.penalties,
-        )
+        return sampling_from(defaults, temperature=self.temperature, top_p=self.top_p)
 
 
 def _message(item: Item, index: int) -> Message:
@@ -113,16 +102,22 @@ def _message(item: Item, index: int) -> Message:
     return Message(_ROLES[item.role], "\n".join(texts))
 
 
-def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> None:
-    memory: OrderedDict[str, list[Message]] = OrderedDict()
+ENDPOINTS: tuple[str, ...] = ("/v1/responses",)
+ERROR_PREFIXES: tuple[str, ...] = ("/v1/responses", "/responses")
 
-    def errors(status: int, message: str) -> Exception:
-        return ApiError(status, message, kind="invalid_request_error" if status < 500 else "server_error")
+
+def error_body(error: ApiError) -> dict:
+    """OpenAI's error shape, as on the other /v1 routes."""
+    return error.body()
+
+
+def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
+    memory: OrderedDict[str, list[Message]] = OrderedDict()
 
     @app.post("/v1/responses", dependencies=dependencies)
     @app.post("/responses", dependencies=dependencies)
     async def create(request: Request):
-        body: ResponsesBody = parse_body(ResponsesBody, await request.body())  # type: ignore[arg-type]
+        body: ResponsesBody = parse_body(ResponsesBody, await request.body())
         if options.strict_model and body.model not in (None, options.model_name):
             raise ApiError(404, f"unknown model {str(body.model)[:200]!r}", param="model", code="model_not_found")
         history: list[Message] = []
@@ -145,7 +140,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
             seed=None,
             stops=[],
         )
-        receiver = await started(worker, generation, request, errors)
+        reply = await answer(worker, generation, request, stream=bool(body.stream))
         shape = _Shape(body, options.model_name)
 
         def remember(text: str) -> None:
@@ -154,19 +149,10 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
                 while len(memory) > MEMORY:
                     memory.popitem(last=False)
 
-        if not body.stream:
-            try:
-                answer = await whole(receiver, errors)
-            except ClientGone:
-                return JSONResponse({}, 499)
-            remember(answer.text)
-            return shape.response(answer.text, answer.finished)
-        receiver.close()
-        return StreamingResponse(
-            _events(shape, receiver.job, remember),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
+        if isinstance(reply, Answer):
+            remember(reply.text)
+            return shape.response(reply.text, reply.finished)
+        return stream(_events(shape, reply, remember))
 
 
 async def _events(shape: _Shape, job, remember):

@@ -1,0 +1,51 @@
+"""Calibration runs: the engine, greedy at a fixed K, over a few prompts (token ids), the verifier
+left empty after. What draft_variant.py measures a draft by (`acceptance`) and ranks a hot
+vocabulary with (`written_counts`: the tokens the verifier itself writes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from .drafters import DrafterKind, DraftSettings, build_drafter
+from .engine import FixedK, StepEvent, speculate
+from .model import Model
+from .sampling import SamplingSettings
+
+
+def _greedy(
+    verifier: Model, kind: DrafterKind, draft: Model | None, prompts: Sequence[list[int]], *, k: int, max_tokens: int
+) -> Iterator[StepEvent]:
+    for tokens in prompts:
+        yield from speculate(
+            verifier=verifier,
+            drafter=build_drafter(kind, draft, DraftSettings()),
+            prompt_tokens=tokens,
+            k=FixedK(k),
+            max_tokens=max_tokens,
+            settings=SamplingSettings(temperature=0.0),
+            rng=np.random.default_rng(0),
+        )
+
+
+def acceptance(verifier: Model, draft: Model, prompts: Sequence[list[int]], *, k: int, max_tokens: int) -> float:
+    """Per-position acceptance of `draft`'s drafts: the chance a position is accepted given the ones
+    before it were (a position is tested only then: the first rejection ends the step)."""
+    accepted = tested = 0
+    for event in _greedy(verifier, "model", draft, prompts, k=k, max_tokens=max_tokens):
+        accepted += event.n_accepted
+        tested += min(event.n_accepted + 1, event.n_drafted)
+    verifier.rewind(0)
+    return accepted / tested if tested else 0.0
+
+
+def written_counts(verifier: Model, prompts: Sequence[list[int]], *, k: int, max_tokens: int) -> np.ndarray:
+    """How often the verifier writes each token answering `prompts` (drafted by n-grams alone: the
+    same tokens, sooner)."""
+    counts = np.zeros(verifier.n_vocab, dtype=np.int64)
+    for event in _greedy(verifier, "ngram", None, prompts, k=k, max_tokens=max_tokens):
+        np.add.at(counts, np.asarray(event.tokens, dtype=np.int64), 1)
+    verifier.rewind(0)
+    return counts

@@ -1,0 +1,149 @@
+"""A request, planned: `GenerationRequest` (what an API asks for, as typed values) becomes a `Plan`
+(the prompt's tokens, the constraint the answer follows, the drafter and the K policy) that the
+worker thread (generator.py) runs. Planning reads the models (tokenizer, chat template, FIM tokens)
+and the cached conversations (cache_slots.py), so it runs on the worker thread too, right before
+the plan it makes; a bad request raises a `SpecggufError` here, before anything is generated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..conversation import FimRequest, Message, Prompts, fill_in_middle
+from ..core.constraint import Constraint
+from ..core.drafters import DRAFTER_KINDS, DrafterKind
+from ..core.drafting import Drafter
+from ..core.engine import FixedK, KPolicy
+from ..core.ngram_cache import SessionNgrams
+from ..core.sampling import SamplingSettings
+from ..errors import ContextFullError, PromptError, UsageError
+from ..grammar import GrammarSpec, constraint_for
+from ..prepare import KChoice, Prepared
+from .tool_syntax import SYNTAXES, Family
+from .tools import ToolPlan, call_constraint
+
+
+@dataclass(frozen=True)
+class RequestDrafting:
+    """A request's own drafting (specgguf's `speculative` field); None: the server's default."""
+
+    k: KChoice | None = None
+    drafter: DrafterKind | None = None
+    p_min: float | None = None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate, as typed values (built from a validated request body)."""
+
+    messages: list[Message] | None  # chat: rendered with the verifier's own template (or ChatML)
+    text: str  # completions: the raw prompt (tokenized as `run --raw` does)
+    max_tokens: int
+    settings: SamplingSettings
+    seed: int | None
+    stops: list[str]
+    drafting: RequestDrafting = RequestDrafting()
+    n_top_logprobs: int | None = None  # None: no log-probabilities; else alternatives per token
+    grammar: GrammarSpec | None = None  # what the answer must follow (response_format, grammar), compiled once already
+    tools: ToolPlan | None = None  # the chat request's tools (tools.py)
+    prompt_tokens: list[int] | None = None  # the prompt as token ids (then `text` is not read)
+    fim: FimRequest | None = None  # fill in the middle, framed with the model's FIM tokens
+    n_indent: int = 0  # FIM: stop at a later line indented less than this (llama-server's n_indent)
+    t_max_predict_ms: int = 0  # FIM: past this time, stop at the next new line (0: no limit)
+    mark_drafts: bool = False  # each Delta says who wrote its text (draft_marks.py)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A request made ready to run."""
+
+    request: GenerationRequest
+    prompt: list[int]  # the prompt's tokens: its whole text tokenized fresh (or the request's ids, or FIM's)
+    constraint: Constraint | None  # the grammar (response_format, grammar) or the tool calls' lazy one
+    drafter: Drafter | None
+    policy: KPolicy
+
+
+class Planner:
+    """Plans requests against the loaded pair and the server's drafting defaults."""
+
+    def __init__(self, *, prepared: Prepared, templates: Prompts, tool_family: Family):
+        self.prepared = prepared
+        self.verifier, self.draft, self.defaults = prepared.verifier, prepared.draft, prepared.options
+        self.templates, self.tool_family = templates, tool_family
+        self._policies: dict[tuple, tuple[KPolicy, object]] = {}  # adaptive policies keep learning
+
+    def plan(self, request: GenerationRequest) -> Plan:
+        """The prompt's tokens, constraint, drafter and K policy; a bad request raises."""
+        if request.prompt_tokens is not None:
+            prompt = list(request.prompt_tokens)
+        elif request.fim is not None:
+            prompt = self._fim_prompt(request)
+        else:
+            text, special = self._prompt_text(request)
+            prompt = self.templates.tokens(text, special=special)  # fresh, whatever came before
+        self._check_token_ids(request, prompt)
+        if not prompt:
+            raise PromptError("the prompt is empty")
+        if len(prompt) >= self.verifier.n_ctx:
+            raise ContextFullError(
+                f"the prompt is {len(prompt)} tokens but the context holds"
+                f" {self.verifier.n_ctx}; shorten it (or start the server with a larger -c)"
+            )
+        constraint: Constraint | None
+        if request.tools is not None:
+            constraint = call_constraint(self.verifier, request.tools, SYNTAXES[self.tool_family])
+        else:
+            constraint = None if request.grammar is None else constraint_for(self.verifier, request.grammar)
+        drafter, policy = self._drafting(request)
+        return Plan(request, prompt, constraint, drafter, policy)
+
+    def _fim_prompt(self, request: GenerationRequest) -> list[int]:
+        framing = self.verifier.fim_tokens()
+        if framing is None:
+            raise PromptError(
+                "this model has no fill-in-the-middle tokens (FIM prefix/suffix/middle): infill needs"
+                " a code model that has them, such as Qwen2.5-Coder"
+            )
+        assert request.fim is not None
+        return fill_in_middle(
+            self.templates, request.fim, framing, n_ctx=self.verifier.n_ctx, n_predict=request.max_tokens
+        )
+
+    def _check_token_ids(self, request: GenerationRequest, prompt: list[int]) -> None:
+        n_vocab = self.verifier.n_vocab
+        if request.prompt_tokens is not None and (bad := [t for t in prompt if t >= n_vocab]):
+            raise UsageError(f"prompt: token id {bad[0]} is not in the model's vocabulary ({n_vocab} tokens)")
+        if bad := [token for token, _ in request.settings.penalties.bias if token >= n_vocab]:
+            raise UsageError(f"logit_bias: token id {bad[0]} is not in the model's vocabulary ({n_vocab} tokens)")
+
+    def _prompt_text(self, request: GenerationRequest) -> tuple[str, bool]:
+        """The prompt's text, and whether special tokens in it are parsed (chat templates write them)."""
+        if request.messages is None:
+            return request.text, False
+        tools = None if request.tools is None else request.tools.definitions
+        return self.templates.render(request.messages, tools), True  # a failing or looping template: PromptError
+
+    def _drafting(self, request: GenerationRequest) -> tuple[Drafter | None, KPolicy]:
+        """The drafter and K policy for a request: the server's defaults, overridden per request."""
+        wanted = request.drafting
+        kind = wanted.drafter or self.defaults.drafter
+        choice = wanted.k or self.defaults.k
+        p_min = self.defaults.p_min if wanted.p_min is None else wanted.p_min
+        if DRAFTER_KINDS[kind].needs_model and self.draft is None and not (choice.mode == "fixed" and choice.k == 0):
+            if wanted.drafter is not None or wanted.k is not None:
+                raise UsageError(
+                    f"drafter {kind!r} needs a draft model, and this server has none loaded (start"
+                    ' it with -md or --pair, or ask for "drafter": "ngram" or "k": 0)'
+                )
+            choice = KChoice("fixed", 0)
+        # A seeded request drafts without what earlier requests taught the n-gram cache: the same
+        # drafts consume the same random numbers, so the same seed gives the same answer.
+        session = SessionNgrams() if request.seed is not None else None
+        drafter = self.prepared.drafter(kind, p_min=p_min, session=session)
+        if choice.mode == "fixed":
+            return drafter, FixedK(choice.k or 0)
+        key = (choice.mode, kind, request.settings.greedy)
+        if key not in self._policies:
+            self._policies[key] = self.prepared.policy(choice, temperature=request.settings.temperature, drafter=kind)
+        return drafter, self._policies[key][0]
