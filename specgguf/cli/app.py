@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
+from importlib import metadata
+from typing import Annotated
 
 import typer
 from typer.exceptions import TyperException
@@ -24,8 +26,24 @@ app = typer.Typer(
 )
 
 
+def _print_version(asked: bool) -> None:
+    if not asked:
+        return
+    try:
+        version = metadata.version("specgguf")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        version = "(unknown: not installed as a package)"
+    typer.echo(f"specgguf {version}")
+    raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
     """Speculative decoding for llama.cpp GGUF models: the big model's answers, sooner."""
 
 

@@ -1,5 +1,5 @@
-"""The HTTP server. app (the guards, the API key, /health, /metrics, every API's routes, each error in
-its API's shape; `run_server`) over two halves that the import contracts keep apart:
+"""The HTTP server. app (the guards, the API key, /health, /metrics, the page at /, every API's routes,
+each error in its API's shape; `run_server`) over two halves that the import contracts keep apart, beside the page:
 
 - apis/: one entry per API, importing none of each other: openai/ (chat and text completions, the
   models list: routes; bodies, fields and shapes for its request bodies, accepted or refused
@@ -8,8 +8,11 @@ its API's shape; `run_server`) over two halves that the import contracts keep ap
 - the machinery, which imports no API: common (options, ApiError, body parsing, the sampling
   reader, usage and timings), jobs (submit a job, read its answer whole or as a stream), plan (a
   request -> prompt tokens, constraint, drafter, K policy), generator (the one thread that runs
-  plans through the engine), text (stop strings, logprobs), tools and tool_syntax (tool calling:
+  plans through the engine), text (stop strings, logprobs), draft_marks (who wrote each streamed
+  chunk: an accepted draft or the verifier), tools and tool_syntax (tool calling:
   the lazy grammar, each family's call syntax), cache_slots (several cached conversations),
   transport (body limit, request counts, uvicorn, addresses), guard (Host, Origin, content type;
   a one-line log), metrics (Prometheus).
+- page/: the chat page at / (static index.html, page.css, page.js; routes answers those three
+  paths), a client of OpenAI's chat completions that imports no API.
 """

@@ -2,9 +2,9 @@
 OpenAI's API and others (apis/, one entry each).
 
 `create_app` puts the guards in front (body limit, Host/Origin/Content-Type, request counting), the
-API key check, /health, /metrics and every API's routes; an error raised anywhere becomes a JSON
-body in the shape of the API whose path it is. `run_server` loads the pair as `run` does and
-serves until Ctrl-C or SIGTERM.
+API key check, /health, /metrics, the chat page at / (page/) and every API's routes; an error raised
+anywhere becomes a JSON body in the shape of the API whose path it is. `run_server` loads the pair as
+`run` does and serves until Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .generator import Worker
 from .guard import Guard, HostPolicy, quiet_logs
 from .jobs import ClientGone
 from .metrics import CONTENT_TYPE, Metrics
+from .page import routes as page
 from .transport import BodyLimit, CountRequests, Server, check_address, listen
 
 
@@ -76,6 +77,8 @@ def create_app(
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+
+    page.add_routes(app)  # the chat page at / (no key: the page asks for it)
 
     @app.get("/health")
     async def health():

@@ -30,6 +30,7 @@ from ..core.stats import Generation, GenerationStats
 from ..errors import ContextFullError, PromptError, SpecggufError, UsageError
 from ..prepare import Prepared
 from .cache_slots import CacheSlots
+from .draft_marks import DraftMarks, Span
 from .plan import GenerationRequest, Planner
 from .text import AnswerText, TokenLogprob, token_logprobs
 from .tool_syntax import family_of
@@ -64,6 +65,7 @@ class Delta:
     text: str
     logprobs: list[TokenLogprob] = field(default_factory=list)  # for the tokens this text starts
     tool_calls: list[dict] = field(default_factory=list)  # OpenAI's delta.tool_calls entries
+    spans: list[Span] = field(default_factory=list)  # `text` by writer, when the request marks drafts
 
 
 @dataclass(frozen=True)
@@ -222,6 +224,7 @@ class Worker:
         calls, opener, answer = self._answer_text(request)
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_top, n_logprobs_sent = request.n_top_logprobs, 0
+        marks = DraftMarks(self.verifier.token_bytes) if request.mark_drafts else None
         generation = self.prepared.generate(
             prompt,
             drafter=plan.drafter,
@@ -238,9 +241,12 @@ class Worker:
                         event.target_logits, event.tokens, n_top=n_top, token_bytes=self.verifier.token_bytes
                     )
                 fragments = [] if calls is None else calls.feed(event.tokens)
-                delta = answer.add(event.tokens) if calls is None else calls.content(answer.add(event.tokens))
+                text = answer.add(event.tokens)
+                delta = text if calls is None else calls.content(text)
+                # Marks follow the answer's text; with tools its content is held back and cut, unmarked.
+                spans = [] if marks is None or calls is not None else marks.step(event, delta)
                 if delta:
-                    job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
+                    job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()], spans=spans))
                     n_logprobs_sent = max(n_logprobs_sent, answer.n_tokens_shown())
                 if fragments:
                     job.send(Delta("", tool_calls=fragments))
@@ -257,7 +263,8 @@ class Worker:
         cancelled = job.cancelled.is_set() and not answer.stopped
         ending = answer.finish() if calls is None else calls.finish(answer, generation.stats.stop)
         if not cancelled and ending:
-            job.send(Delta(ending, logprobs[n_logprobs_sent : answer.n_tokens_shown()]))
+            spans = [] if marks is None or calls is not None else marks.spans(ending)
+            job.send(Delta(ending, logprobs[n_logprobs_sent : answer.n_tokens_shown()], spans=spans))
         finished = _finished(job, prompt, n_cached, answer, calls, opener, generation)
         if self.metrics is not None:
             self.metrics.observe(finished)

@@ -50,6 +50,7 @@ class GenerationRequest:
     fim: FimRequest | None = None  # fill in the middle, framed with the model's FIM tokens
     n_indent: int = 0  # FIM: stop at a later line indented less than this (llama-server's n_indent)
     t_max_predict_ms: int = 0  # FIM: past this time, stop at the next new line (0: no limit)
+    mark_drafts: bool = False  # each Delta says who wrote its text (draft_marks.py)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             request,
             body,
             _generation_request(body, body.template_messages(), "", options),
-            Shape("chat", options.model_name, logprobs=body.n_top_logprobs is not None),
+            Shape("chat", options.model_name, logprobs=body.n_top_logprobs is not None, marks=body.marks_drafts),
             worker=worker,
             options=options,
         )
@@ -71,7 +71,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             request,
             body,
             _generation_request(body, None, body.text, options),
-            Shape("text", options.model_name, logprobs=body.n_top_logprobs is not None),
+            Shape("text", options.model_name, logprobs=body.n_top_logprobs is not None, marks=body.marks_drafts),
             worker=worker,
             options=options,
         )
@@ -106,7 +106,9 @@ async def _events(job: Job, shape: Shape, include_usage: bool):
     yield shape.sse(shape.first_chunk(include_usage))
     async for message in messages(job):
         if isinstance(message, Delta):
-            yield shape.sse(shape.chunk(message.text, message.logprobs, include_usage, message.tool_calls))
+            yield shape.sse(
+                shape.chunk(message.text, message.logprobs, include_usage, message.tool_calls, message.spans)
+            )
         elif isinstance(message, Finished):
             yield shape.sse(shape.last_chunk(message, include_usage))
             if include_usage:
@@ -134,4 +136,5 @@ def _generation_request(
         prompt_tokens=None if completion is None else completion.tokens,
         # A completion with a suffix fills in the middle (as Ollama and OpenAI's instruct models do).
         fim=FimRequest(text, completion.suffix) if completion is not None and completion.suffix is not None else None,
+        mark_drafts=body.marks_drafts,
     )

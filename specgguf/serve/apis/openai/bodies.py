@@ -19,6 +19,12 @@ from ...tools import ToolPlan
 from .fields import ChatIgnored, MessageFields, refuse_chat_extras
 
 
+class StreamSpeculative(Speculative):
+    """`speculative` for chat and text completions: common's drafting fields, and `mark_drafts`."""
+
+    mark_drafts: bool = False  # with stream: each chunk says who wrote its text (draft_marks.py; the page asks)
+
+
 class JsonSchemaFormat(Body):
     """OpenAI's `response_format.json_schema`: the schema the answer validates against (always enforced)."""
 
@@ -70,7 +76,7 @@ class _Common(AccountFields, Body):
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     seed: int | None = None  # negative: a random seed (llama.cpp's -1)
     stop: _StopString | Annotated[list[_StopString], Field(max_length=16)] | None = None
-    speculative: Speculative | None = None
+    speculative: StreamSpeculative | None = None
     # Applied identically to the verifier's and the draft's logits (core/sampling.apply_penalties).
     logit_bias: dict[_TokenId, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     frequency_penalty: _Penalty | None = None
@@ -85,6 +91,8 @@ class _Common(AccountFields, Body):
             raise unsupported("n", "one choice per request")
         if self.stream_options is not None and self.stream_options.include_usage and not self.stream:
             raise ApiError(400, "'stream_options' needs 'stream': true", param="stream_options")
+        if self.marks_drafts and not self.stream:
+            raise ApiError(400, "'speculative.mark_drafts' needs 'stream': true", param="speculative.mark_drafts")
         if any(stop == "" for stop in self.stop_strings):
             raise ApiError(400, "'stop' strings must not be empty", param="stop")
 
@@ -102,6 +110,10 @@ class _Common(AccountFields, Body):
         except GrammarError as error:
             raise ApiError(400, f"'{param}': {error}", param=param, code="invalid_grammar") from None
         return spec
+
+    @property
+    def marks_drafts(self) -> bool:
+        return self.speculative is not None and self.speculative.mark_drafts
 
     @property
     def stop_strings(self) -> list[str]:

@@ -9,6 +9,7 @@ import time
 from typing import Any, Literal
 
 from ...common import timings, usage
+from ...draft_marks import Span
 from ...generator import Finished
 from ...text import TokenLogprob
 
@@ -19,8 +20,9 @@ SYSTEM_FINGERPRINT = "fp_specgguf_0.1"
 class Shape:
     """One response's id and envelope; `kind` "chat" (/v1/chat/completions) or "text" (/v1/completions)."""
 
-    def __init__(self, kind: Literal["chat", "text"], model: str, *, logprobs: bool = False):
+    def __init__(self, kind: Literal["chat", "text"], model: str, *, logprobs: bool = False, marks: bool = False):
         self.kind, self.model, self.logprobs = kind, model, logprobs
+        self.marks = marks  # chunks carry `specgguf`: spans by writer, and the whole stats at the end
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
         self._text_offset = 0  # where the next token starts in the text (the legacy logprobs' text_offset)
@@ -99,22 +101,34 @@ class Shape:
 
     def first_chunk(self, include_usage: bool) -> dict:
         """Chat streams open with the assistant's role (OpenAI does); text streams with empty text."""
-        return self._chunk([self._choice("", None, chunk=True, role=True)], include_usage)
+        return self._marked(self._chunk([self._choice("", None, chunk=True, role=True)], include_usage), [])
 
     def chunk(
-        self, text: str, logprobs: list[TokenLogprob], include_usage: bool, tool_calls: list[dict] | None = None
+        self,
+        text: str,
+        logprobs: list[TokenLogprob],
+        include_usage: bool,
+        tool_calls: list[dict] | None = None,
+        spans: list[Span] | None = None,
     ) -> dict:
         shown = None if tool_calls and not text else text
-        return self._chunk(
+        body = self._chunk(
             [self._choice(shown, None, chunk=True, logprobs=logprobs, tool_calls=tool_calls)], include_usage
         )
+        return self._marked(body, spans or [])
 
     def last_chunk(self, finished: Finished, include_usage: bool) -> dict:
         """The finish reason, with llama-server's `timings` (its streams carry them on the last chunk)."""
-        return {
+        body = {
             **self._chunk([self._choice(None, finished.finish_reason, chunk=True)], include_usage),
             "timings": timings(finished),
         }
+        return self._marked(body, [], stats=finished.stats.as_dict())
+
+    def _marked(self, body: dict, spans: list[Span], **more) -> dict:
+        """`mark_drafts`: specgguf's own object beside OpenAI's fields, on every chunk with a choice."""
+        shaped = [{"text": span.text, "source": span.source} for span in spans]
+        return {**body, "specgguf": {"spans": shaped, **more}} if self.marks else body
 
     def usage_chunk(self, finished: Finished) -> dict:
         """`stream_options.include_usage`: one more chunk, with no choices and the usage."""
