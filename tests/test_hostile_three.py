@@ -5,6 +5,7 @@ one-line warning and a skip, a non-zero exit where it fails, nothing written out
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -236,3 +237,73 @@ def test_a_json_schema_file_that_cannot_be_read_is_one_line(cli, tiny_verifier, 
     )
     if schema != "deep":
         assert "--grammar" in cli("run", "-m", tiny_verifier, "--grammar", path, "the cat").error_line()
+
+
+# --- the worker: one deadline for the handshake, its own places, a throttled log ------------
+def test_peers_trickling_a_token_cannot_keep_its_holder_out(tmp_path, cli, tiny_verifier, tiny_draft):
+    import socket
+    import threading
+
+    from specgguf.llama import rpc_frames as frames
+    from specgguf.llama.rpc_relay import _LOG_BURST, _LOG_EVERY
+    from test_rpc_relay import _HELLO_ANSWER, HELLO, LoggedWorker, receive, serves_a_real_client
+
+    worker = LoggedWorker(tmp_path / "worker.log", "--token", "s3cret", token="s3cret")
+    address = (worker.address.host, worker.address.port)
+    stop = threading.Event()
+    try:
+        before = worker.log()
+        tricklers = [socket.create_connection(address, timeout=30) for _ in range(32)]
+        started = time.monotonic()
+
+        def trickle() -> None:  # one byte of a long token a second from each, for as long as it is open
+            for byte in frames.TOKEN_MAGIC + struct.pack("<H", 1024) + b"a" * 1024:
+                for connection in tricklers:
+                    with contextlib.suppress(OSError):
+                        connection.send(bytes([byte]))
+                if stop.wait(1.0):
+                    return
+
+        threading.Thread(target=trickle, daemon=True).start()
+        time.sleep(0.5)  # every place taken
+        with socket.create_connection(address, timeout=10) as holder:
+            assert frames.present_token(holder, "s3cret") == frames.TOKEN_ACCEPTED
+            holder.sendall(HELLO)
+            assert len(receive(holder, _HELLO_ANSWER)) == _HELLO_ANSWER
+        args = ["-m", tiny_verifier, "-md", tiny_draft, "-c", "256", "--temp", "0", "-n", "4", "-t", "1", "-k", "2"]
+        serves_a_real_client(cli, args, worker.address, env={"SPECGGUF_WORKER_TOKEN": "s3cret"})
+        for connection in tricklers:  # each ended by the handshake's deadline, though it kept sending
+            assert connection.recv(1) == b""
+        assert time.monotonic() - started < 25
+        logged = worker.wait_for_log("no handshake within 10 s of connecting", after=before)[len(before) :]
+        lines = [line for line in logged.splitlines() if "refused" in line or "dropped" in line]
+        most = _LOG_BURST + (time.monotonic() - started) / _LOG_EVERY  # a burst, then a line every 2 s at most
+        assert 1 <= len(lines) <= most < 32, logged
+        assert worker.process.poll() is None
+    finally:
+        stop.set()
+        worker.stop()
+
+
+def test_the_refusal_log_is_a_burst_then_a_line_now_and_then_with_a_count(monkeypatch):
+    from specgguf.llama import rpc_relay
+
+    monkeypatch.setattr(rpc_relay, "_LOG_EVERY", 0.2)
+    lines: list[str] = []
+    log = rpc_relay.ThrottledLog(lines.append)
+    for i in range(50):
+        log(f"refused peer {i}")
+    assert lines == [f"refused peer {i}" for i in range(rpc_relay._LOG_BURST)]
+    time.sleep(0.3)
+    log("refused one more")
+    held_back = 50 - rpc_relay._LOG_BURST
+    assert lines[-2:] == [f"... and {held_back} more refused or dropped connection(s), not logged", "refused one more"]
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_an_empty_worker_token_in_the_environment_is_an_error(cli, value):
+    from test_rpc import free_port
+
+    result = cli.process("worker", "--port", str(free_port()), env={"SPECGGUF_WORKER_TOKEN": value}, timeout=60)
+    line = result.error_line()  # (in a process: a worker that starts serves until it is stopped)
+    assert "SPECGGUF_WORKER_TOKEN" in line and ("empty" in line or "only spaces" in line)
