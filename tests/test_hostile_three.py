@@ -307,3 +307,56 @@ def test_an_empty_worker_token_in_the_environment_is_an_error(cli, value):
     result = cli.process("worker", "--port", str(free_port()), env={"SPECGGUF_WORKER_TOKEN": value}, timeout=60)
     line = result.error_line()  # (in a process: a worker that starts serves until it is stopped)
     assert "SPECGGUF_WORKER_TOKEN" in line and ("empty" in line or "only spaces" in line)
+
+
+# --- signals: Ctrl-C at any import, a model file cut short under a running process ----------
+INTERRUPT_AT_IMPORT = """
+import os
+import sys
+
+
+class InterruptAtImport:  # Ctrl-C just as the module named in $INTERRUPT_AT_IMPORT starts to import
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == os.environ["INTERRUPT_AT_IMPORT"]:
+            sys.meta_path.remove(InterruptAtImport)
+            os.kill(os.getpid(), 2)
+        return None
+
+
+sys.meta_path.insert(0, InterruptAtImport)
+"""
+
+
+@pytest.mark.parametrize("module", ["signal", "specgguf.__main__", "numpy", "typer", "specgguf.cli.app", "llama_cpp"])
+def test_ctrl_c_at_any_import_is_one_line_and_130(cli, tiny_verifier, tmp_path, module):
+    """A sitecustomize module sends the SIGINT at a chosen import, instead of a timer that may miss it
+    (`signal`: specgguf/__init__.py imported it before its handler was in place, a traceback)."""
+    (tmp_path / "sitecustomize.py").write_text(INTERRUPT_AT_IMPORT)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = {"INTERRUPT_AT_IMPORT": module, "PYTHONPATH": path}
+    result = cli.process("run", "-m", tiny_verifier, "-n", "4", "the cat", env=env, timeout=120)
+    assert (result.returncode, result.stderr) == (130, "specgguf: error: interrupted\n")
+
+
+def test_a_model_file_cut_short_under_a_running_chat_is_one_line(tiny_verifier, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    model = shutil.copyfile(tiny_verifier, tmp_path / "verifier.gguf")
+    chat = subprocess.Popen(
+        [sys.executable, "-m", "specgguf", "chat", "-m", model, "-md", model, "-c", "256", "-n", "8", "-t", "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert chat.stdin is not None and chat.stdout is not None
+    chat.stdin.write(b"the cat\n")
+    chat.stdin.flush()
+    assert chat.stdout.readline()  # the first answer: the weights are mapped and in use
+    os.truncate(model, 0)  # cut short under it: the next page read is a SIGBUS
+    _, stderr = chat.communicate(b"the dog\n", timeout=120)
+    lines = stderr.decode().strip().splitlines()
+    assert chat.returncode == 1 and "Traceback" not in stderr.decode(), stderr
+    assert lines[-1].startswith("specgguf: error: a model file changed while this process was reading it")

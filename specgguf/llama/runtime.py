@@ -1,5 +1,6 @@
 """llama.cpp's process-wide state, set up once on import: its log (kept in a ring buffer, shown
-on failure or with SPECGGUF_DEBUG=1), Ctrl-C while it loads, and the thread governor."""
+on failure or with SPECGGUF_DEBUG=1), Ctrl-C while it loads, one line for a model file cut short
+under a running process (SIGBUS), and the thread governor."""
 
 from __future__ import annotations
 
@@ -69,8 +70,37 @@ def load_model(
         return llama_cpp.llama_model_load_from_file(str(path).encode(), params)
 
 
+# --- a model file cut short or rewritten under us: llama.cpp reads weights through a memory map, and
+# a page whose bytes are gone is a SIGBUS, which kills the process without a word. A Python handler
+# cannot help (it would run after the faulting instruction, which the kernel retries forever), so the
+# handler is C-level, through libc's signal(): one line, then the process ends.
+_BUS_ERROR_LINE = (
+    b"specgguf: error: a model file changed while this process was reading it (cut short or rewritten"
+    b" in place: SIGBUS); stopped\n"
+)
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_int)
+def _on_bus_error(_signum: int) -> None:  # pragma: no cover - runs in a dying process
+    os.write(2, _BUS_ERROR_LINE)
+    os._exit(1)
+
+
+def _catch_bus_errors() -> None:
+    """Our SIGBUS handler, unless Python's faulthandler is on (its thread dump is what a debugger wants)."""
+    import faulthandler
+
+    if not hasattr(signal, "SIGBUS") or faulthandler.is_enabled():
+        return
+    libc = ctypes.CDLL(None)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    libc.signal(signal.SIGBUS, ctypes.cast(_on_bus_error, ctypes.c_void_p))
+
+
 llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
+_catch_bus_errors()
 
 
 _governor: ThreadGovernor | None = None
