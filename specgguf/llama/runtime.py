@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -52,6 +53,30 @@ def interruptible() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
     if _interrupted.is_set():
         raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def ends_at_ctrl_c(partial: Path) -> Iterator[None]:
+    """For a llama.cpp call that cannot be asked to stop (the quantizer): Ctrl-C ends the process at
+    once, exit 130 with one line, the partial file it was writing removed. Its handler runs at
+    llama.cpp's next log line (where a KeyboardInterrupt would be dropped: "Exception ignored") or
+    when the call returns, so a minute's quantization is not waited out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(_signum: int, _frame: object) -> None:
+        partial.unlink(missing_ok=True)
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os.write(2, b"specgguf: error: interrupted\n")
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def load_model(
