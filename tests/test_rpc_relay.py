@@ -186,7 +186,7 @@ def test_a_flood_of_connections_is_turned_away_in_one_line(worker, cli, tiny_arg
     held = [socket.create_connection((worker.address.host, worker.address.port), timeout=10) for _ in range(32)]
     try:
         for connection in held:
-            connection.sendall(HELLO[:1])  # past the handshake (a token-less worker's: one byte), in a request
+            connection.sendall(HELLO)  # past the handshake (a token-less worker's: a first byte), quiet when closed
         time.sleep(0.5)  # all 32 served: every slot taken
         for _ in range(20):
             with socket.create_connection((worker.address.host, worker.address.port), timeout=10) as extra:

@@ -218,7 +218,7 @@ class WorkerRelay:
         """The log line for a connection that ended in error."""
         with self._lock:
             if client in self._ended:
-                return f"dropped {peer}: still in its handshake when {_MAX_WAITING} newer connections were"
+                return f"dropped {peer}: ended in its handshake to make room for a newer connection"
         if isinstance(error, TimeoutError):
             return f"refused {peer}: no handshake within {_TOKEN_WAIT:g} s of connecting"
         if isinstance(error, OSError):
