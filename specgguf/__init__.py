@@ -1,11 +1,13 @@
 """specgguf: speculative decoding for llama.cpp GGUF models.
 
 Started as the program (`specgguf`, `python -m specgguf`), this runs before anything else of ours: a
-Ctrl-C from here until `__main__.main` takes over is exit 130 with one line, never a traceback.
+Ctrl-C from here until `__main__.main` takes over is exit 130 with one line, never a traceback. It
+imports nothing that is not loaded already when Python starts (`_signal`, not `signal`, whose import
+builds enums for a millisecond: a Ctrl-C in it was a traceback), so the handler is in place at once.
 """
 
+import _signal  # type: ignore[import-not-found]  # typeshed has no stub for the C module `signal` wraps
 import os as _os
-import signal as _signal
 import sys as _sys
 
 

@@ -11,10 +11,11 @@ about a quarter of the verifier's size. None: the caller drafts with n-grams alo
 from __future__ import annotations
 
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SpecggufError
+from .errors import SpecggufError, terminal_safe
 from .files.gguf_header import START, STEP, SummaryIndex, VocabSummary, tail_texts
 from .files.local_models import LocalModel, local_models
 from .files.registry import ModelFile, Pair, load_registry
@@ -110,14 +111,23 @@ def _registry_draft(verifier: Path, vocab: VocabInfo, here: list[LocalModel]) ->
 
 
 def scan(models: list[LocalModel], index: SummaryIndex) -> list[Found]:
-    """The readable GGUF models among `models`, each with its summary."""
+    """The readable GGUF models among `models`, each with its summary; each other one skipped with a warning."""
     found = []
     for model in models:
         try:
             found.append(Found(model, index.get(model.path)))
-        except (SpecggufError, OSError):
-            continue  # not a GGUF, cut short, unreadable: never a draft
+        except (SpecggufError, OSError) as error:  # not a GGUF, cut short, malformed, unreadable: never a draft
+            _skipped(model, error)
     return found
+
+
+def _skipped(model: LocalModel, error: Exception) -> None:
+    if isinstance(error, OSError):
+        reason = error.strerror or str(error)
+    else:
+        reason = str(error).removeprefix(f"{model.path}: ").removeprefix(f"{model.path.resolve()}: ")
+    if sys.stderr is not None:
+        sys.stderr.write(f"specgguf: warning: skipped {terminal_safe(model.ref)}: {terminal_safe(reason)}\n")
 
 
 def find_draft(verifier: Path) -> FoundDraft | None:

@@ -19,7 +19,6 @@ verifier's file never is). prepare.py asks once (`load_chosen`), and the choice 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,9 @@ from .core.hot_vocab import HotVocab
 from .core.kpolicy import expected_rate
 from .errors import ModelLoadError
 from .files import hot_vocab
+from .files.assets import DERIVED_DRAFTS, cache_dir
 from .files.derived import counts_path, derived_path
+from .files.partial import cannot_write_in, partial_file
 from .llama.loaded import LoadedModel, ModelSettings
 from .llama.variants import ORIGINAL_VARIANT, Auto, Variant
 from .tuning import Candidate, MeasuredVariants
@@ -89,10 +90,8 @@ def written_counts(verifier: LoadedModel) -> np.ndarray:
     except (OSError, ValueError):
         pass  # not there yet, or damaged: counted again
     counts = _count_answers(verifier)
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    partial = kept.with_name(kept.name + ".incomplete.npy")
-    np.save(partial, counts)
-    os.replace(partial, kept)
+    with partial_file(kept) as partial, partial.open("wb") as out:
+        np.save(out, counts)
     return counts
 
 
@@ -141,6 +140,12 @@ def open_draft(path: Path, settings: ModelSettings) -> LoadedModel:
     model = settings.load(path)
     if maps is None:
         return model
+    if len(maps.ids) != model.n_vocab:
+        model.close()
+        raise ModelLoadError(
+            f"{hot_vocab.sidecar(path)}: {len(maps.ids)} ids for the {model.n_vocab} tokens of its model;"
+            " delete it to rebuild"
+        )
     n_embd = getattr(model, "n_embd", None)
     if maps.rows is not None and n_embd is not None and maps.rows.n_embd != n_embd:
         model.close()
@@ -219,6 +224,8 @@ def choose(
         return DraftChoice(requested, derive(source, requested, verifier, announce), f"--draft-variant {requested}")
     if source.stat().st_size < MIN_DERIVED_BYTES:
         return DraftChoice(ORIGINAL_VARIANT, source, "a small draft is used as given")
+    if (unwritable := cannot_write_in(cache_dir() / DERIVED_DRAFTS)) is not None:
+        return DraftChoice(ORIGINAL_VARIANT, source, f"the draft as given: {unwritable}")
     key = tuning.draft_variant_key(source, verifier)
     measured = tuning.stored_draft_variant(key)
     files = {ORIGINAL_VARIANT: source}

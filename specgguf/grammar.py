@@ -21,6 +21,7 @@ import numpy as np
 from llguidance import LLMatcher, LLTokenizer, grammar_from
 
 from .errors import SpecggufError, UsageError, terminal_safe
+from .files.small_files import FileRefused, loads, read_small
 
 GrammarKind = Literal["json_object", "json_schema", "gbnf", "lark", "regex"]
 GRAMMAR_KINDS: dict[GrammarKind, str] = {
@@ -162,15 +163,15 @@ def grammar_from_files(*, json_schema: Path | None, grammar: Path | None) -> Gra
         return None
     option = "--json-schema" if json_schema is not None else "--grammar"
     try:
-        if path.stat().st_size > MAX_GRAMMAR_CHARS:
-            raise UsageError(f"{option}: {terminal_safe(str(path))} is over {MAX_GRAMMAR_CHARS // 1024} KiB")
-        text = path.read_text(encoding="utf-8")
+        text = read_small(path, max_bytes=MAX_GRAMMAR_CHARS).decode("utf-8")
+    except FileRefused as refused:  # a FIFO or /dev/zero would block or never end
+        raise UsageError(f"{option}: {terminal_safe(str(path))} is {refused}") from None
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"{option}: cannot read {terminal_safe(str(path))}: {_first_line(error)}") from None
     if json_schema is not None:
         try:
-            spec = GrammarSpec.json_schema(json.loads(text), f"{option} {terminal_safe(path.name)}")
-        except json.JSONDecodeError as error:
+            spec = GrammarSpec.json_schema(loads(text), f"{option} {terminal_safe(path.name)}")
+        except ValueError as error:
             raise GrammarError(f"{option}: {terminal_safe(path.name)} is not JSON: {error}") from None
     else:
         spec = GrammarSpec("gbnf", text)

@@ -24,7 +24,14 @@ from pathlib import Path
 from rich.console import Console
 
 from ..errors import UsageError
-from ..llama.rpc import PROTOCOL_MAJOR, PROTOCOL_MINOR, RpcWorkerError, check_listen_address, is_loopback
+from ..llama.rpc import (
+    PROTOCOL_MAJOR,
+    PROTOCOL_MINOR,
+    TOKEN_ENV,
+    RpcWorkerError,
+    check_listen_address,
+    is_loopback,
+)
 from ..llama.rpc_relay import WorkerRelay
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -115,8 +122,12 @@ def serve(
 
     if not 0 < port < 65536:
         raise UsageError(f"--port must be 1-65535, not {port}")
+    if token is None and TOKEN_ENV in os.environ:  # click reads an empty variable as no value at all
+        raise UsageError(f"{TOKEN_ENV} is set but empty: give the shared secret there, or unset it to serve without")
     if token is not None and not 0 < len(token.encode()) <= 1024:
         raise UsageError("--token must be 1 to 1024 bytes")
+    if token is not None and not token.strip():
+        raise UsageError(f"--token ({TOKEN_ENV}) is only spaces: give a shared secret")
     check_listen_address(host, port)
     if cache_dir is not None:
         try:

@@ -23,13 +23,13 @@ those stays lossless: a token it cannot propose has q = 0, and the verifier stil
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ModelLoadError
+from .partial import partial_file
 
 CONTROL_TYPES = (2, 3, 4, 5)  # unknown, control, user-defined, unused: kept whatever their id
 CUT_TENSORS = ("token_embd.weight", "output.weight")
@@ -105,8 +105,9 @@ def feed_map(tokens: list[str], ids: np.ndarray) -> np.ndarray:
 
 def build(source: Path, destination: Path, *, n_hot: int, counts: np.ndarray | None = None) -> Path:
     """Write the hot-vocabulary copy of `source` as `destination` (its id maps and whole embedding
-    table beside it), through partial files renamed at the end; `counts[token]`: how often the
-    verifier wrote each token on the calibration set (None: by id alone)."""
+    table beside it), through partial files renamed at the end (none is left when it fails: a full
+    disk is an error naming the file and the disk); `counts[token]`: how often the verifier wrote
+    each token on the calibration set (None: by id alone)."""
     import gguf  # read and written with llama.cpp's own GGUF library
 
     reader = gguf.GGUFReader(str(source))
@@ -121,12 +122,30 @@ def build(source: Path, destination: Path, *, n_hot: int, counts: np.ndarray | N
         raise ModelLoadError(f"{source.name}: a hot vocabulary of {n_hot} of {len(tokens)} tokens makes no sense")
     if counts is not None and len(counts) != len(tokens):
         counts = None  # counted in another vocabulary: by id alone
+    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embedding is None:
+        raise ModelLoadError(f"{source.name}: no token_embd.weight tensor; a hot vocabulary needs it")
     ids = hot_ids(types, n_hot, counts)
+    # Each file through a partial of its own (files/partial.py), each written where its own partial
+    # is the innermost (so an error names that file); the model is renamed last, so that a model
+    # under its name always has its maps and table beside it.
+    with partial_file(destination) as partial:
+        _write_cut(reader, partial, arch, ids)
+        with partial_file(rows_file(destination)) as partial_table:
+            with partial_table.open("wb") as table:  # rows as stored, as bytes
+                np.save(table, np.ascontiguousarray(embedding.data).view(np.uint8))
+            with partial_file(sidecar(destination)) as partial_maps, partial_maps.open("wb") as maps:
+                np.savez(maps, ids=ids, feed=feed_map(tokens, ids), row_type=int(embedding.tensor_type))
+    return destination
+
+
+def _write_cut(reader, path: Path, arch: str, ids: np.ndarray) -> None:
+    """The source's GGUF as `path`, its vocabulary cut to `ids` (tensors, token lists, special ids)."""
+    import gguf
+
     renumber = {int(old): new for new, old in enumerate(ids.tolist())}
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    partial = destination.with_name(destination.name + ".incomplete")
-    writer = gguf.GGUFWriter(str(partial), arch)
-    for field in fields.values():
+    writer = gguf.GGUFWriter(str(path), arch)
+    for field in reader.fields.values():
         if field.name == "general.architecture" or field.name.startswith("GGUF."):
             continue
         kind = field.types[0]
@@ -150,19 +169,6 @@ def build(source: Path, destination: Path, *, n_hot: int, counts: np.ndarray | N
     for _, data in tensors:
         writer.write_tensor_data(np.ascontiguousarray(data), tensor_endianess=reader.endianess)
     writer.close()
-    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-    if embedding is None:
-        raise ModelLoadError(f"{source.name}: no token_embd.weight tensor; a hot vocabulary needs it")
-    table = rows_file(destination)
-    partial_table = table.with_name(table.name + ".incomplete.npy")
-    np.save(partial_table, np.ascontiguousarray(embedding.data).view(np.uint8))  # rows as stored, as bytes
-    maps = sidecar(destination)
-    partial_maps = maps.with_name(maps.name + ".incomplete.npz")
-    np.savez(partial_maps, ids=ids, feed=feed_map(tokens, ids), row_type=int(embedding.tensor_type))
-    os.replace(partial_table, table)
-    os.replace(partial_maps, maps)
-    os.replace(partial, destination)
-    return destination
 
 
 def load_maps(path: Path) -> HotMaps | None:

@@ -9,9 +9,9 @@ must resolve inside the folder: a link out of it is refused, not followed.
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,17 +19,27 @@ from pathlib import Path
 from ..errors import terminal_safe
 from .ollama import StoreError
 from .paths import UnsafePathError, inside, relative_parts
+from .small_files import read_json, read_small
 
 PREFIX = "lmstudio:"
 ENV = "SPECGGUF_LMSTUDIO_MODELS"
 _LATER_SHARD = re.compile(r"-0*([2-9]|[1-9]\d+)-of-\d+\.gguf$", re.IGNORECASE)
+MAX_SETTINGS_BYTES = 1 << 20  # LM Studio's settings.json is a few KiB
+_warned: set[Path] = set()
+
+
+def _warn_settings(path: Path, error: Exception) -> None:
+    if path not in _warned and sys.stderr is not None:
+        _warned.add(path)
+        reason = terminal_safe(str(error).splitlines()[0] if str(error) else type(error).__name__)
+        sys.stderr.write(f"specgguf: warning: {terminal_safe(str(path))}: {reason}; using LM Studio's default folder\n")
 
 
 def _home() -> Path:
     pointer = Path.home() / ".lmstudio-home-pointer"
     try:
-        named = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else ""
-    except (OSError, UnicodeDecodeError):
+        named = read_small(pointer, max_bytes=MAX_SETTINGS_BYTES).decode("utf-8").strip() if pointer.exists() else ""
+    except (OSError, ValueError):
         named = ""
     if named and Path(named).expanduser().is_dir():
         return Path(named).expanduser()
@@ -45,8 +55,11 @@ def store_root() -> Path:
         return Path(os.environ[ENV]).expanduser()
     home = _home()
     try:
-        settings = json.loads((home / "settings.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        settings = read_json(home / "settings.json", max_bytes=MAX_SETTINGS_BYTES)
+    except FileNotFoundError:
+        settings = None
+    except (OSError, ValueError) as error:  # LM Studio's own file, damaged: its default folder, said once
+        _warn_settings(home / "settings.json", error)
         settings = None
     folder = settings.get("downloadsFolder") if isinstance(settings, dict) else None
     if isinstance(folder, str) and folder.strip():

@@ -11,7 +11,6 @@ Anything else is refused with one line, before a byte outside the store is read.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from ..errors import ModelLoadError, terminal_safe
 from .paths import UnsafePathError, inside
+from .small_files import FileRefused, read_json
 
 PREFIX = "ollama:"
 MODEL_LAYER = "application/vnd.ollama.image.model"
@@ -95,14 +95,15 @@ def _inside_store(store: Path, path: Path, what: str) -> Path:
 
 def _read_manifest(store: Path, name: OllamaName) -> dict:
     path = _inside_store(store, inside(store, "manifests").joinpath(*name.parts), f"the manifest of {name}")
-    if not path.is_file():
+    if not path.exists():
         raise StoreError(f"{name} is not in the Ollama store ({store}): `ollama pull {str(name)[len(PREFIX) :]}`")
-    if path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise StoreError(f"the manifest of {name} is over {MAX_MANIFEST_BYTES} bytes: not an Ollama manifest")
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise StoreError(f"the manifest of {name} ({path}) is not JSON: the store is damaged") from None
+        data = read_json(path, max_bytes=MAX_MANIFEST_BYTES)
+    except FileRefused as refused:
+        raise StoreError(f"the manifest of {name} ({path}) is {refused}: not an Ollama manifest") from None
+    except ValueError as error:
+        reason = terminal_safe(str(error).splitlines()[0] if str(error) else "")
+        raise StoreError(f"the manifest of {name} ({path}) is not JSON ({reason}): the store is damaged") from None
     if not isinstance(data, dict) or not isinstance(data.get("layers"), list):
         raise StoreError(f"the manifest of {name} ({path}) has no list of layers: not an Ollama manifest")
     return data

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import secrets
 from pathlib import Path
 
 import llama_cpp
 
 from ..errors import ModelLoadError
-from .runtime import reason
+from .runtime import ends_at_ctrl_c, reason
 from .variants import Requantization
 
 
@@ -28,7 +29,9 @@ def requantize(
     n_threads: int | None = None,
 ) -> Path:
     """Write `source` re-quantized to `ftype` (and token_embd to `token_embedding`) as `destination`,
-    through a partial file renamed at the end: never a half-written model under the final name."""
+    through a partial file of its own renamed at the end: never a half-written model under the final
+    name, and two processes making it at once both succeed. Ctrl-C ends the process at once (exit 130,
+    one line, the partial removed): llama.cpp's quantizer cannot be asked to stop."""
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     if token_embedding is not None:
@@ -36,16 +39,21 @@ def requantize(
     params.allow_requantize = True
     params.nthread = n_threads or (os.cpu_count() or 1)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    partial = destination.with_name(destination.name + ".incomplete")
+    # A partial of its own: two processes making the same variant at once each rename a whole file.
+    # Named before it exists and the Ctrl-C handler set first, so no interrupt finds it unnamed.
+    partial = destination.with_name(f"{destination.name}.{secrets.token_hex(4)}.incomplete")
     try:
-        status = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params))
-    except BaseException:  # Ctrl-C is raised once llama.cpp returns: no partial file stays behind
+        with ends_at_ctrl_c(partial):
+            os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            status = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params))
+        if status != 0:
+            raise ModelLoadError(
+                f"could not re-quantize {source.name} into {destination.parent}: {reason(str(status))}"
+            )
+        os.replace(partial, destination)
+    except BaseException:  # no partial file stays behind
         partial.unlink(missing_ok=True)
         raise
-    if status != 0:
-        partial.unlink(missing_ok=True)
-        raise ModelLoadError(f"could not re-quantize {source.name}: {reason(str(status))}")
-    os.replace(partial, destination)
     return destination
 
 

@@ -3,8 +3,11 @@
 `WorkerRelay` is what a `specgguf worker` listens with: for each client it checks the
 shared secret (with `--token`), then passes on only requests that `rpc_frames` admits to
 ggml's RPC server on a private loopback port (`connect_inner`); the first request it
-refuses closes that client's connection with one log line, and the worker goes on.
-ggml's answers come back unchanged.
+refuses closes that client's connection with one log line (a burst, then a line every
+2 s at most and a count: `ThrottledLog`), and the worker goes on. ggml's answers come back unchanged. The handshake
+(the token, or a token-less client's first byte) has one deadline in all, and connections
+in their handshake have places of their own, the oldest ended when a new one needs its
+place: peers that trickle a token a byte at a time cannot keep the token's holder out.
 
 `TokenTunnel` is the client side: ggml's RPC client connects by itself, to a HOST:PORT,
 and knows no token, so it is pointed at a loopback port of this process that presents
@@ -28,9 +31,11 @@ import numpy as np
 from . import rpc_frames as frames
 from .rpc_frames import Refused
 
-_MAX_CLIENTS = 32  # connections open at once (ggml serves one; the rest wait, or are being refused)
-_TOKEN_WAIT = 10.0  # seconds a new client has to start (its token, or HELLO)
+_MAX_CLIENTS = 32  # connections served at once (ggml serves one; the rest wait, or are being refused)
+_MAX_WAITING = 32  # connections in their handshake; a new one past these ends the oldest
+_TOKEN_WAIT = 10.0  # seconds a new client has for its whole handshake (its token, or HELLO's first byte)
 _CHUNK = 1 << 20
+_LOG_BURST, _LOG_EVERY = 10, 2.0  # refusals logged: this many at once, then one line per 2 s at most
 
 
 def _nodelay(connection: socket.socket) -> None:
@@ -55,6 +60,57 @@ def _read(stream, size: int, what: str) -> bytes:
     return data
 
 
+class _Handshake:
+    """Reads from a new client's socket against one deadline for the whole handshake: a peer that sends
+    a byte every few seconds runs out of time as surely as a silent one (socket timeouts are per read)."""
+
+    def __init__(self, client: socket.socket) -> None:
+        self.client, self.deadline = client, time.monotonic() + _TOKEN_WAIT
+
+    def _wait(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        self.client.settimeout(left)
+
+    def peek(self) -> bytes:
+        self._wait()
+        return self.client.recv(1, socket.MSG_PEEK)
+
+    def read(self, size: int, what: str) -> bytes:
+        data = b""
+        while len(data) < size:
+            self._wait()
+            chunk = self.client.recv(size - len(data))
+            if not chunk:
+                raise Refused(f"the connection ended inside {what} ({len(data)} of {size} bytes)")
+            data += chunk
+        return data
+
+
+class ThrottledLog:
+    """A burst of `_LOG_BURST` lines, then one line per `_LOG_EVERY` seconds at most; the lines held back
+    are counted in the next one that is logged."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self.log, self._lock = log, threading.Lock()
+        self._allowance, self._last, self._held_back = float(_LOG_BURST), time.monotonic(), 0
+
+    def __call__(self, line: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._allowance = min(_LOG_BURST, self._allowance + (now - self._last) / _LOG_EVERY)
+            self._last = now
+            if self._allowance < 1:
+                self._held_back += 1
+                return
+            self._allowance -= 1
+            if self._held_back:
+                self.log(f"... and {self._held_back} more refused or dropped connection(s), not logged")
+                self._held_back = 0
+            self.log(line)
+
+
 class WorkerRelay:
     """Listens on the worker's public address; each client in a thread of its own."""
 
@@ -69,9 +125,13 @@ class WorkerRelay:
         type_traits: tuple[np.ndarray, np.ndarray] | None = None,
     ):
         self.listener, self.connect_inner, self.limit, self.log = listener, connect_inner, limit, log
+        self.refusals = ThrottledLog(log)
         self.type_traits = type_traits  # ggml's block and type sizes: with them, tensors' data is checked
         self._token_digest = hashlib.sha256(token.encode()).digest() if token is not None else None
-        self._slots = threading.BoundedSemaphore(_MAX_CLIENTS)
+        self._lock = threading.Lock()
+        self._serving = 0  # connections past their handshake
+        self._waiting: dict[socket.socket, None] = {}  # in their handshake, oldest first
+        self._ended: set[socket.socket] = set()  # ended by a newer connection while in their handshake
         self._turned_away = 0  # connections closed at once while all slots were taken, since the last log line
         self._last_turned_away_log = 0.0
 
@@ -81,30 +141,50 @@ class WorkerRelay:
                 client, peer = self.listener.accept()
             except OSError:
                 return  # closed
-            if not self._slots.acquire(blocking=False):
+            if not self._wait_in_handshake(client):
                 client.close()
                 self._turned_away += 1
                 if time.monotonic() - self._last_turned_away_log > 10:  # a flood is one line per 10 s
-                    self.log(f"turned away {self._turned_away} connection(s): {_MAX_CLIENTS} already open")
+                    self.log(f"turned away {self._turned_away} connection(s): {_MAX_CLIENTS} already served")
                     self._turned_away, self._last_turned_away_log = 0, time.monotonic()
                 continue
-            threading.Thread(target=self._serve_in_slot, args=(client, f"{peer[0]}:{peer[1]}"), daemon=True).start()
+            threading.Thread(target=self._serve, args=(client, f"{peer[0]}:{peer[1]}"), daemon=True).start()
 
-    def _serve_in_slot(self, client: socket.socket, peer: str) -> None:
-        try:
-            self._serve(client, peer)
-        finally:
-            self._slots.release()
+    def _wait_in_handshake(self, client: socket.socket) -> bool:
+        """A place among the connections in their handshake (the oldest is ended when all are taken);
+        False when every serving slot is taken."""
+        with self._lock:
+            if self._serving >= _MAX_CLIENTS:
+                return False
+            if len(self._waiting) >= _MAX_WAITING:
+                oldest = next(iter(self._waiting))
+                del self._waiting[oldest]
+                self._ended.add(oldest)
+                with contextlib.suppress(OSError):
+                    oldest.shutdown(socket.SHUT_RDWR)  # its thread's read ends, and it leaves
+            self._waiting[client] = None
+            return True
+
+    def _start_serving(self, client: socket.socket) -> None:
+        with self._lock:
+            if client not in self._waiting:
+                raise Refused("ended while in its handshake")  # by a newer connection, just now
+            del self._waiting[client]
+            if self._serving >= _MAX_CLIENTS:
+                raise Refused(f"{_MAX_CLIENTS} clients already served")
+            self._serving += 1
 
     def _serve(self, client: socket.socket, peer: str) -> None:
         _nodelay(client)
-        stream = client.makefile("rb", buffering=_CHUNK)
         inner: socket.socket | None = None
+        serving = False
         try:
-            client.settimeout(_TOKEN_WAIT)
-            if not self._admit(client, stream):
+            if not self._admit(client, _Handshake(client)):
                 return
+            self._start_serving(client)
+            serving = True
             client.settimeout(None)
+            stream = client.makefile("rb", buffering=_CHUNK)
             inner = self.connect_inner()
             _nodelay(inner)
             buffers = frames.Buffers(*self.type_traits) if self.type_traits is not None else None
@@ -115,37 +195,51 @@ class WorkerRelay:
                 self._relay_requests(stream, inner, answers, buffers)
             finally:
                 answers.put(None)
-            # The client is done sending: ggml finishes what it was sent, and its last answers go back.
-            inner.shutdown(socket.SHUT_WR)
+            # The client is done sending: ggml finishes what it was sent, and its last answers go back
+            # (unless they have already: the answers' thread then ended both connections itself).
+            with contextlib.suppress(OSError):
+                inner.shutdown(socket.SHUT_WR)
             passing.join()
-        except Refused as refused:
-            self.log(f"refused {peer}: {refused}")
-        except TimeoutError:
-            self.log(f"refused {peer}: silent for {_TOKEN_WAIT:g} s after connecting")
-        except OSError as error:
-            self.log(f"dropped {peer}: {error.strerror or error}")
+        except (Refused, OSError) as error:
+            self.refusals(self._why(client, peer, error))
         finally:
+            with self._lock:
+                self._waiting.pop(client, None)
+                self._ended.discard(client)
+                if serving:
+                    self._serving -= 1
             for connection in (inner, client):
                 if connection is not None:
                     with contextlib.suppress(OSError):
                         connection.shutdown(socket.SHUT_RDWR)
                     connection.close()
 
-    def _admit(self, client: socket.socket, stream) -> bool:
+    def _why(self, client: socket.socket, peer: str, error: Exception) -> str:
+        """The log line for a connection that ended in error."""
+        with self._lock:
+            if client in self._ended:
+                return f"dropped {peer}: ended in its handshake to make room for a newer connection"
+        if isinstance(error, TimeoutError):
+            return f"refused {peer}: no handshake within {_TOKEN_WAIT:g} s of connecting"
+        if isinstance(error, OSError):
+            return f"dropped {peer}: {error.strerror or error}"
+        return f"refused {peer}: {error}"
+
+    def _admit(self, client: socket.socket, handshake: _Handshake) -> bool:
         """The token check; False for a client that left without a word (a port check)."""
-        start = stream.peek(1)[:1]
+        start = handshake.peek()
         if not start:
             return False
         if start != frames.TOKEN_MAGIC[:1]:
             if self._token_digest is not None:
                 raise Refused("no token (this worker was started with --token)")
             return True
-        if _read(stream, len(frames.TOKEN_MAGIC), "the token") != frames.TOKEN_MAGIC:
+        if handshake.read(len(frames.TOKEN_MAGIC), "the token") != frames.TOKEN_MAGIC:
             raise Refused(f"unknown command {start[0]}")
-        (length,) = struct.unpack("<H", _read(stream, 2, "the token"))
+        (length,) = struct.unpack("<H", handshake.read(2, "the token"))
         if length > frames.MAX_TOKEN_BYTES:
             raise Refused(f"a token of {length} bytes")
-        given = hashlib.sha256(_read(stream, length, "the token")).digest()
+        given = hashlib.sha256(handshake.read(length, "the token")).digest()
         if self._token_digest is None:
             client.sendall(frames.TOKEN_MAGIC + bytes([frames.TOKEN_NOT_NEEDED]))
             raise Refused("a token, but this worker was started without --token")

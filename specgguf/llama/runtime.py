@@ -1,5 +1,6 @@
 """llama.cpp's process-wide state, set up once on import: its log (kept in a ring buffer, shown
-on failure or with SPECGGUF_DEBUG=1), Ctrl-C while it loads, and the thread governor."""
+on failure or with SPECGGUF_DEBUG=1), Ctrl-C while it loads, one line for a model file cut short
+under a running process (SIGBUS), and the thread governor."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -53,6 +55,30 @@ def interruptible() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def ends_at_ctrl_c(partial: Path) -> Iterator[None]:
+    """For a llama.cpp call that cannot be asked to stop (the quantizer): Ctrl-C ends the process at
+    once, exit 130 with one line, the partial file it was writing removed. Its handler runs at
+    llama.cpp's next log line (where a KeyboardInterrupt would be dropped: "Exception ignored") or
+    when the call returns, so a minute's quantization is not waited out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(_signum: int, _frame: object) -> None:
+        partial.unlink(missing_ok=True)
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os.write(2, b"specgguf: error: interrupted\n")
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def load_model(
     path: Path, params: llama_cpp.llama_model_params, *, on_progress: Callable[[], None] | None = None
 ) -> ctypes.c_void_p | None:
@@ -69,8 +95,37 @@ def load_model(
         return llama_cpp.llama_model_load_from_file(str(path).encode(), params)
 
 
+# --- a model file cut short or rewritten under us: llama.cpp reads weights through a memory map, and
+# a page whose bytes are gone is a SIGBUS, which kills the process without a word. A Python handler
+# cannot help (it would run after the faulting instruction, which the kernel retries forever), so the
+# handler is C-level, through libc's signal(): one line, then the process ends.
+_BUS_ERROR_LINE = (
+    b"specgguf: error: a model file changed while this process was reading it (cut short or rewritten"
+    b" in place: SIGBUS); stopped\n"
+)
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_int)
+def _on_bus_error(_signum: int) -> None:  # pragma: no cover - runs in a dying process
+    os.write(2, _BUS_ERROR_LINE)
+    os._exit(1)
+
+
+def _catch_bus_errors() -> None:
+    """Our SIGBUS handler, unless Python's faulthandler is on (its thread dump is what a debugger wants)."""
+    import faulthandler
+
+    if not hasattr(signal, "SIGBUS") or faulthandler.is_enabled():
+        return
+    libc = ctypes.CDLL(None)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    libc.signal(signal.SIGBUS, ctypes.cast(_on_bus_error, ctypes.c_void_p))
+
+
 llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
+_catch_bus_errors()
 
 
 _governor: ThreadGovernor | None = None
