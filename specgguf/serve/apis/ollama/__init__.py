@@ -20,12 +20,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from ...conversation import FimRequest, Message
-from ...core.sampling import SamplingSettings
-from ..common import ApiError, Body, ServeOptions, llama_sampling, parse_body, unsupported
-from ..generator import Delta, Failed, Finished, Worker
-from ..jobs import Answer, answer, messages, stream
-from ..plan import GenerationRequest
+from ....conversation import FimRequest, Message
+from ....core.sampling import SamplingSettings
+from ...common import ApiError, Body, ServeOptions, llama_sampling, parse_body, unsupported
+from ...generator import Delta, Failed, Finished, Worker
+from ...jobs import Answer, answer, messages, stream
+from ...plan import GenerationRequest
 
 OLLAMA_VERSION = "0.12.0"  # the Ollama API this server speaks (clients check it)
 
