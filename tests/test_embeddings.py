@@ -1,5 +1,5 @@
-"""/v1/embeddings from the verifier through the openai SDK, against a live server (tiny model); the
-limits, and a client that hangs up."""
+"""/v1/embeddings (the openai SDK) and Ollama's /api/embed and /api/embeddings (the `ollama` client) from the
+verifier, against a live server (tiny model); the limits, and a client that hangs up."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import ollama
 import pytest
 
 from live_server import live_server
@@ -48,6 +49,45 @@ def test_the_body_follows_openais_schema_and_bad_bodies_are_400s(server):
         assert http.post("/v1/embeddings", json={"input": ""}).status_code == 400
         assert http.post("/v1/embeddings", json={"input": [10**7]}).status_code == 400
         assert http.post("/v1/embeddings", json={"input": "the dog"}).status_code == 200
+
+
+def test_ollamas_embed_and_embeddings_through_the_client(server):
+    """Ollama's /api/embed and older /api/embeddings: the same vectors as /v1/embeddings."""
+    client = ollama.Client(host=server.base_url)
+    texts = ["the cat sat on the mat", "water and the sea"]
+    openai_vectors = [item.embedding for item in server.client().embeddings.create(model="m", input=texts).data]
+    both = client.embed(model="nomic-embed-text", input=texts, keep_alive="5m", options={"num_ctx": 8192})
+    assert both.model == "nomic-embed-text" and len(both.embeddings) == 2
+    assert np.allclose(both.embeddings, openai_vectors, atol=1e-5)
+    assert both.prompt_eval_count > 5 and both.total_duration > 0 and both.load_duration == 0
+    one = client.embed(model="m", input=texts[0])
+    assert np.allclose(one.embeddings, openai_vectors[:1], atol=1e-5) and one.prompt_eval_count < both.prompt_eval_count
+    older = client.embeddings(model="m", prompt=texts[1])
+    assert np.allclose(older.embedding, openai_vectors[1], atol=1e-5)
+    # `dimensions`: the first N values, normalised again.
+    short = np.array(client.embed(model="m", input=texts[0], dimensions=16).embeddings[0])
+    head = np.array(openai_vectors[0][:16])
+    assert short.shape == (16,) and np.allclose(short, head / np.linalg.norm(head), atol=1e-5)
+    # An empty input only loads the model, as Ollama's does.
+    assert client.embed(model="m", input="").embeddings == [] and client.embed(model="m", input=[]).embeddings == []
+    assert client.embeddings(model="m", prompt="").embedding == []
+
+
+def test_ollamas_truncate_and_errors(server):
+    client = ollama.Client(host=server.base_url)
+    long_text = "the cat sat on the mat and " * 200  # far more tokens than the context's 256
+    cut = client.embed(model="m", input=long_text)  # Ollama truncates by default
+    assert cut.prompt_eval_count == 256 and len(cut.embeddings[0]) == 64
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.embed(model="m", input=long_text, truncate=False)
+    assert refused.value.status_code == 400 and "context holds 256" in refused.value.error
+    assert len(client.embeddings(model="m", prompt=long_text).embedding) == 64
+    with server.http() as http:
+        for path, bad in (("/api/embed", {"model": "m", "input": [1, 2]}), ("/api/embeddings", {"prompt": "x"})):
+            response = http.post(path, json=bad)
+            assert response.status_code == 400 and set(response.json()) == {"error"}, response.text
+        too_many = http.post("/api/embed", json={"model": "m", "input": ["a"] * 2049})
+        assert too_many.status_code == 400 and "2048" in too_many.json()["error"]
 
 
 def test_embedding_limits_are_400s_in_openais_shape(server):
