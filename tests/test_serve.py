@@ -333,6 +333,7 @@ def test_metrics_name_every_apis_endpoints(server):
         ("POST", "/v1/messages/count_tokens", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
          "/v1/messages/count_tokens"),
         ("POST", "/embeddings", {"input": ""}, "/v1/embeddings"),  # a 400, counted as such
+        ("POST", "/api/embed", {"model": MODEL, "input": ""}, "/api/embed"),
         ("GET", "/models", None, "/v1/models"),
         ("GET", "/v1/models/verifier", None, "/v1/models/{id}"),
         ("GET", "/no/such/route", None, "other"),

@@ -6,7 +6,9 @@ llama.cpp contexts are not thread-safe, and a pair of models can only decode one
 sequence at a time here: so the HTTP side never touches a model. It submits a
 `Job` to a bounded FIFO queue (full: `QueueFull`, answered 503) and reads the
 job's messages (`Started`, `Delta`, `Finished`, `Failed`) from an asyncio queue
-that the worker fills with `call_soon_threadsafe`.
+that the worker fills with `call_soon_threadsafe`. An embedding job runs in turns: when its turn
+(`EMBEDDING_TURN_SECONDS`) is over and others wait, it goes to the back of the queue; its client
+hanging up stops it at the next input.
 
 Prefix reuse: a prompt is always the fresh tokenization of the request's whole text
 (as llama-server's is), and the engine keeps whatever token prefix of it each
@@ -22,6 +24,7 @@ import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..conversation import Prompts
@@ -41,11 +44,18 @@ class QueueFull(Exception):
     pass
 
 
+MAX_EMBEDDING_INPUTS = 2048  # inputs in one embedding request (OpenAI's limit)
+MAX_EMBEDDING_TOKENS = 300_000  # tokens in all in one embedding request (OpenAI's limit)
+EMBEDDING_TURN_SECONDS = 0.25  # an embedding job's turn on the worker while others wait
+
+
 @dataclass(frozen=True)
 class EmbeddingRequest:
-    """Texts (or token ids) to embed with the verifier's pooled embedding context."""
+    """Texts (or token ids) to embed with the verifier's pooled embedding context; `truncate`: an
+    input longer than the context is cut to it (Ollama's default) instead of refused."""
 
-    inputs: list[str] | list[list[int]]
+    inputs: Sequence[str | list[int]]
+    truncate: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,14 @@ class Failed:
     status: int  # as HTTP would say it: 400 the request's fault, 500 the server's, 503 shutting down
 
 
+@dataclass
+class EmbeddingProgress:
+    """An embedding job between its turns: its inputs' tokens and the vectors made so far."""
+
+    tokens: list[list[int]]
+    vectors: list[list[float]] = field(default_factory=list)
+
+
 @dataclass(eq=False)  # compared by identity
 class Job:
     request: GenerationRequest | EmbeddingRequest
@@ -93,6 +111,7 @@ class Job:
     messages: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
+    embedding: EmbeddingProgress | None = None  # an embedding job's progress (it runs in turns)
 
     def send(self, message) -> None:
         """From the worker thread to the request's coroutine."""
@@ -174,32 +193,74 @@ class Worker:
         while (job := self._next_job()) is not None:
             try:
                 if isinstance(job.request, EmbeddingRequest):
-                    self._embed(job, job.request)
+                    if not self._embed(job, job.request):
+                        self._wait_again(job)
                 else:
                     self._generate(job)
             except Exception as error:  # noqa: BLE001 - the worker must survive anything; the client hears why
                 self._forget_caches()
                 job.send(Failed(SpecggufError(f"generation failed: {type(error).__name__}: {error}"), status=500))
 
-    def _embed(self, job: Job, request: EmbeddingRequest) -> None:
-        """On the worker thread too: the embedding context shares the weights with the generating one."""
-        try:
-            tokens = [self.verifier.tokenize(item) if isinstance(item, str) else item for item in request.inputs]
-            for index, item in enumerate(tokens):
-                if not item:
-                    raise PromptError(f"input[{index}] is empty")
-                if len(item) > self.verifier.n_ctx:
-                    raise ContextFullError(
-                        f"input[{index}] is {len(item)} tokens but the context holds {self.verifier.n_ctx}"
-                    )
-                if max(item) >= self.verifier.n_vocab:
-                    raise UsageError(f"input[{index}]: a token id is not in the model's vocabulary")
-            embedder = self.verifier.embedder()  # made on first use
-        except SpecggufError as error:
-            job.send(Failed(error, status=400))
-            return
-        vectors = [embedder.embed(item).tolist() for item in tokens]
-        job.send(Embedded(vectors, sum(len(item) for item in tokens)))
+    def _wait_again(self, job: Job) -> None:
+        """An embedding job whose turn is over goes to the back of the queue (past its limit: it waited already)."""
+        with self._changed:
+            if self._stopping:
+                job.send(Failed(SpecggufError("the server is shutting down"), status=503))
+            else:
+                self._waiting.append(job)
+
+    def _others_waiting(self) -> bool:
+        with self._changed:
+            self._drop_cancelled()
+            return bool(self._waiting)
+
+    def _embed(self, job: Job, request: EmbeddingRequest) -> bool:
+        """One turn of an embedding job; False when it has more to do and others are waiting. On the
+        worker thread too: the embedding context shares the weights with the generating one. A client
+        that hangs up stops it at the next input."""
+        if job.embedding is None:
+            try:
+                job.embedding = EmbeddingProgress(self._embedding_tokens(request))
+                self.verifier.embedder()  # made on first use
+            except SpecggufError as error:
+                job.send(Failed(error, status=400))
+                return True
+        progress, embedder = job.embedding, self.verifier.embedder()
+        turn_ends = time.perf_counter() + EMBEDDING_TURN_SECONDS
+        while len(progress.vectors) < len(progress.tokens):
+            if job.cancelled.is_set():  # its client hung up, or the server is stopping
+                status, why = (
+                    (503, "the server is shutting down") if self._stopping else (499, "the request was cancelled")
+                )
+                job.send(Failed(SpecggufError(why), status=status))
+                return True
+            if time.perf_counter() > turn_ends and self._others_waiting():
+                return False
+            progress.vectors.append(embedder.embed(progress.tokens[len(progress.vectors)]).tolist())
+        job.send(Embedded(progress.vectors, sum(len(item) for item in progress.tokens)))
+        return True
+
+    def _embedding_tokens(self, request: EmbeddingRequest) -> list[list[int]]:
+        """The inputs as tokens, checked (and cut to the context when the request says so)."""
+        if len(request.inputs) > MAX_EMBEDDING_INPUTS:
+            raise UsageError(f"'input' holds {len(request.inputs)} inputs; the limit is {MAX_EMBEDDING_INPUTS}")
+        n_ctx, n_tokens = self.verifier.n_ctx, 0
+        tokens: list[list[int]] = []
+        for index, item in enumerate(request.inputs):
+            item_tokens = self.verifier.tokenize(item) if isinstance(item, str) else item
+            if not item_tokens:
+                raise PromptError(f"input[{index}] is empty")
+            if len(item_tokens) > n_ctx and not request.truncate:
+                raise ContextFullError(f"input[{index}] is {len(item_tokens)} tokens but the context holds {n_ctx}")
+            if max(item_tokens) >= self.verifier.n_vocab:
+                raise UsageError(f"input[{index}]: a token id is not in the model's vocabulary")
+            tokens.append(item_tokens[:n_ctx])
+            n_tokens += len(tokens[-1])
+            if n_tokens > MAX_EMBEDDING_TOKENS:
+                raise UsageError(
+                    f"'input' holds more than {MAX_EMBEDDING_TOKENS} tokens, the limit for one request: split it"
+                )
+        return tokens
 
     def _forget_caches(self) -> None:
         """After a failure inside a model call a cache may hold tokens its `cached` list does not."""

@@ -1,7 +1,7 @@
 """The server's APIs, one entry each, over the same machinery (common, jobs, plan, generator):
 openai (chat and text completions, the models list), responses (OpenAI's Responses API),
 embeddings (OpenAI's /v1/embeddings), anthropic (Anthropic's Messages API), ollama (Ollama's
-/api/...), infill (llama-server's /infill).
+/api/..., its embedding routes in ollama/embed.py), infill (llama-server's /infill).
 
 Each gives its routes (`add_routes`, and `ENDPOINTS`, the paths /metrics counts by name) and its
 error shape (`error_body`, for the paths under its `ERROR_PREFIXES`; OpenAI's shape answers every

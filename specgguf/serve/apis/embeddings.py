@@ -11,20 +11,24 @@ from fastapi import FastAPI, Request
 from pydantic import Field
 
 from ..common import ApiError, Body, ServeOptions, parse_body, unsupported
-from ..generator import EmbeddingRequest, Worker
+from ..generator import MAX_EMBEDDING_INPUTS, EmbeddingRequest, Worker
 from ..jobs import embedded
 
 _Tokens = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class EmbeddingsBody(Body):
-    input: str | Annotated[list[str], Field(min_length=1, max_length=2048)] | _Tokens | list[_Tokens]
+    input: str | Annotated[list[str], Field(min_length=1)] | _Tokens | list[_Tokens]
     model: str | None = None
     encoding_format: Literal["float", "base64"] | None = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
     user: str | None = None
 
     def refuse_unsupported(self) -> None:
+        if len(self.inputs()) > MAX_EMBEDDING_INPUTS:  # tokens in all: counted on the worker
+            raise ApiError(
+                400, f"'input' holds {len(self.inputs())} inputs; the limit is {MAX_EMBEDDING_INPUTS}", param="input"
+            )
         if any(isinstance(item, str) and not item for item in self.inputs()):
             raise ApiError(400, "'input' must not hold an empty string", param="input")
 

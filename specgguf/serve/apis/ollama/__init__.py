@@ -1,5 +1,6 @@
 """Ollama's API over the same engine: /api/chat, /api/generate (NDJSON streams, as Ollama streams by
-default, or one body), /api/tags, /api/show, /api/ps, /api/version.
+default, or one body), /api/tags, /api/show, /api/ps, /api/version; /api/embed and /api/embeddings
+in embed.py.
 
 Its errors are Ollama's `{"error": "..."}` (`error_body`, for every path under /api/). Any model
 name means the loaded model (unless --strict-model); `keep_alive` is accepted and ignored (the
@@ -20,12 +21,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from ...conversation import FimRequest, Message
-from ...core.sampling import SamplingSettings
-from ..common import ApiError, Body, ServeOptions, llama_sampling, parse_body, unsupported
-from ..generator import Delta, Failed, Finished, Worker
-from ..jobs import Answer, answer, messages, stream
-from ..plan import GenerationRequest
+from ....conversation import FimRequest, Message
+from ....core.sampling import SamplingSettings
+from ...common import ApiError, Body, ServeOptions, llama_sampling, parse_body, unsupported
+from ...generator import Delta, Failed, Finished, Worker
+from ...jobs import Answer, answer, messages, stream
+from ...plan import GenerationRequest
+from . import embed
 
 OLLAMA_VERSION = "0.12.0"  # the Ollama API this server speaks (clients check it)
 
@@ -247,6 +249,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         )
 
     _add_model_routes(app, worker=worker, options=options, dependencies=dependencies)
+    embed.add_embed_routes(app, worker=worker, options=options, dependencies=dependencies)
 
 
 def _add_model_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
@@ -319,7 +322,14 @@ def _add_model_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, de
         return {"version": OLLAMA_VERSION}
 
 
-ENDPOINTS: tuple[str, ...] = ("/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version")
+ENDPOINTS: tuple[str, ...] = (
+    "/api/chat",
+    "/api/generate",
+    "/api/tags",
+    "/api/show",
+    "/api/ps",
+    "/api/version",
+) + embed.ENDPOINTS
 ERROR_PREFIXES: tuple[str, ...] = ("/api/",)
 
 
