@@ -194,10 +194,10 @@ class StepCosts:
     def learned(self, *, min_steps: int = LEARNED_MIN_STEPS) -> MachineCosts | None:
         """What the steps taught, as a table of the prior's shape (for tuning.json: the next run's
         prior), or None before `min_steps` steps: a short run's few steps are not kept."""
-        if self.n_steps < min_steps:
-            return None
-        verify = self.verify(np.arange(len(self.table)))
-        return MachineCosts(tuple(float(c) for c in verify), self.draft_seconds("model"))
+        verify, draft = self.verify(np.arange(len(self.table))), self.draft_seconds("model")
+        if self.n_steps < min_steps or not (np.all(verify > 0) and np.isfinite(verify).all() and draft >= 0):
+            return None  # (a model that takes no time, as a fake's, teaches nothing to keep)
+        return MachineCosts(tuple(float(c) for c in verify), draft)
 
 
 def _extend(sizes: np.ndarray, costs: np.ndarray, ks: np.ndarray) -> np.ndarray:
