@@ -147,6 +147,10 @@ class StepCosts:
         recent = self.draft_by_source.get(source)
         return prior if recent is None else recent.estimate(prior)
 
+    def measured(self, k: int) -> bool:
+        """Whether steps measured verifying k drafts often enough to outvote the prior."""
+        return len(self.verify_by_k.get(k, ())) > self.trust
+
     def curve(self) -> tuple[np.ndarray, np.ndarray]:
         """(k, seconds) for the table's sizes and every size steps measured past it, as learned."""
         if self._curve is None:
@@ -175,7 +179,8 @@ class StepCosts:
 
     def step(self, ks: np.ndarray, source: str = "model") -> np.ndarray:
         ks = np.asarray(ks)
-        return ks * self.draft_seconds(source) + self.verify(ks) + self.overhead
+        # (never 0: a model that takes no measurable time, as a test's fake, still has rates)
+        return np.maximum(ks * self.draft_seconds(source) + self.verify(ks) + self.overhead, 1e-9)
 
     def observe(self, event: StepEvent) -> None:
         if not event.tokens and event.n_drafted == 0:

@@ -225,6 +225,8 @@ class AdaptiveK:
             self.plain_steps, self.probe_interval = 0, min(2 * self.probe_interval, self.config.max_probe_interval)
             return 1
         self.plain_steps, self.probe_interval = 0, self.config.probe_every
+        if self.steps % self.config.recheck_every == 0 and not self.costs.measured(0) and self.config.k_min == 0:
+            return 0  # plain decoding's own cost, what every draft must beat, measured a few times
         if self.confidence_seen:
             return self.config.k_max  # a cap: `keep_drafting` ends the draft
         if self.steps % self.config.explore_every == 0:
