@@ -8,24 +8,28 @@ and holds the ablation that decided what stays):
   with k drafts emits E(k) = 1 + c_1 + c_1·c_2 + … + c_1·…·c_k tokens on average
   (the accepted drafts plus the verifier's own token). With every c_i equal this
   is Leviathan et al.'s (1 − a^(k+1)) / (1 − a).
-- Cost. A step costs T(k) = k·t_draft + t_verify(k + 1)·s + overhead, where
-  t_verify is the verifier's batch cost table measured once per machine before
-  the first answer (costs.py) and s the ratio of measured to tabled cost over the
-  steps so far (it follows context length and machine load).
+- Cost. A step costs T(k) = k·t_draft + t_verify(k + 1) + overhead, each learned from
+  the steps run (costs.py's StepCosts: recent medians), the verifier's batch cost table
+  measured once per machine before the first answer only their prior. A hybrid's
+  sources share one cost curve; what a run learned goes back to tuning.json.
 - Decision. K* = argmax E(k) / T(k) over k_min ≤ k ≤ k_max; k = 0 is plain
   decoding. Because the costs are known before generation starts, a pair that
-  cannot win here even with every draft accepted never drafts at all, and one
-  that can starts drafting at once: no warm-up step is lost.
-  When plain looks best the policy still drafts while c_1 raised by `doubt`
-  standard errors would win (too few drafts seen to give up), and after giving
-  up it probes with one draft after `probe_every` plain steps, doubling the wait
-  after each probe that does not win speculation back.
+  cannot win here even with every draft accepted does not draft at all (asked again
+  every `recheck_every` steps at the learned costs), and one that can starts
+  drafting at once: no warm-up step is lost.
+  Each source decides on its own acceptance against its break-even at the learned
+  costs. When plain looks best the policy still drafts while c_1 raised by `doubt`
+  standard errors would win (for the source's first `evidence` drafts only), and
+  after giving up it probes with one draft after `probe_every` plain steps,
+  doubling the wait after each probe that does not win speculation back, and never
+  so often that lost probes cost over `probe_budget` of plain decoding's time.
 - Draft length. A draft model reports its top probability per token, so K* ≥ 1
   only says "speculate": `keep_drafting` stops the draft when one more token no
   longer raises the step's expected tokens per second, with the draft's
   confidence calibrated online against what the verifier accepted. Proposers
   without a confidence (prompt lookup) draft K* tokens, and every `explore_every`
-  steps K* + 2, to keep estimates for deeper positions.
+  steps up to K* + 2 where that loses under `explore_budget`, to keep estimates for
+  deeper positions.
 - Trees. After each draft token the draft model also reports its runner-up's
   probability; `branch` adds the runner-up as a sibling leaf (checked in the same
   verifier pass) where the chance it is taken, times what a token is worth in the
