@@ -391,7 +391,8 @@ class ScriptedSeconds:
     and records the K it chose."""
 
     def __init__(self, policy, costs: MachineCosts):
-        self.policy, self.costs, self.chosen = policy, costs, []
+        self.policy, self.costs = policy, costs
+        self.chosen: list[int] = []
         self.branches = False
 
     def choose(self, source="model"):
