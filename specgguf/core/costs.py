@@ -132,20 +132,26 @@ class StepCosts:
         self.catchup_seconds = Recent(trust=0)  # the draft model reading tokens decoded without it
         self.n_steps = 0
         self._curve: tuple[np.ndarray, np.ndarray] | None = None
+        self._known: dict[str, float] = {}  # estimates since the last step (a policy asks many times a step)
+
+    def _cached(self, name: str, estimate: Callable[[], float]) -> float:
+        if name not in self._known:
+            self._known[name] = estimate()
+        return self._known[name]
 
     @property
     def scale(self) -> float:
-        return self.ratio.estimate(1.0)
+        return self._cached("scale", lambda: self.ratio.estimate(1.0))
 
     @property
     def overhead(self) -> float:
-        return self.overhead_seconds.estimate(0.0)
+        return self._cached("overhead", lambda: self.overhead_seconds.estimate(0.0))
 
     def draft_seconds(self, source: str) -> float:
         """Seconds per draft token from this source: learned, or the prior at the learned scale."""
         prior = self.scale * self.prior_draft.get(source, 0.0)
         recent = self.draft_by_source.get(source)
-        return prior if recent is None else recent.estimate(prior)
+        return prior if recent is None else self._cached(f"draft {source}", lambda: recent.estimate(prior))
 
     def measured(self, k: int) -> bool:
         """Whether steps measured verifying k drafts often enough to outvote the prior."""
@@ -186,6 +192,7 @@ class StepCosts:
         if not event.tokens and event.n_drafted == 0:
             return
         k, self.n_steps, self._curve = event.n_drafted, self.n_steps + 1, None
+        self._known.clear()
         self.overhead_seconds.add(event.sample_seconds)
         tabled = _extend(np.arange(len(self.table)), self.table, np.array([k]))[0]  # past its end: its slope
         self.ratio.add(event.verify_seconds / tabled)
