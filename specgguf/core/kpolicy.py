@@ -142,7 +142,8 @@ class Acceptance:
 
 
 class AdaptiveK:
-    """Decides K for one drafter ("model": a draft model, or "ngram"); learns only from its own steps."""
+    """Decides K for one drafter ("model": a draft model, or "ngram"); learns its acceptance only from its own
+    steps (the costs from every step)."""
 
     def __init__(
         self,
