@@ -3,7 +3,8 @@
 `prepare` loads the verifier and draft (refusing pairs llama.cpp would refuse) and
 gets this machine's costs for them (tuning.probe: stored, or measured once now).
 `Prepared.drafter` and `Prepared.policy` then give the drafter and K policy for an answer; `run`,
-`chat` (whose /k changes K between turns), `bench` and `serve` (per request) ask it.
+`chat` (whose /k changes K between turns), `bench` and `serve` (per request) ask it. At the end,
+`Prepared.keep_learned_costs` keeps what an adaptive policy learned of the costs (tuning.json).
 
 Where K comes from: `-k N`, `-k adaptive`, or `-k auto` (the default). `auto` uses
 the best K `bench` stored for this pair here (tuning.py); if that says speculation
@@ -39,7 +40,7 @@ from .llama.compat import ensure_compatible
 from .llama.loaded import LoadedModel, ModelSettings
 from .llama.rpc import DEFAULT_TIMEOUT, RpcWorker
 from .llama.variants import AUTO, ORIGINAL_VARIANT, Auto, Variant
-from .tuning import BenchResult, probe, stored_measurement
+from .tuning import BenchResult, keep_learned, probe, stored_measurement
 
 MEASURING = "measuring this machine's costs for the pair (once; kept in tuning.json)"
 
@@ -229,6 +230,15 @@ class Prepared:
             constraint=constraint,
         )
         return Generation(events)
+
+    def keep_learned_costs(self, policy: KPolicy) -> MachineCosts | None:
+        """What an adaptive policy's steps taught about this machine's costs, once enough steps ran
+        (else None): the prior for this session's next answers and, in tuning.json, the next run's."""
+        learned = policy.learned_costs() if isinstance(policy, (AdaptiveK, PerSource)) else None
+        if learned is not None:
+            self._costs = learned
+            keep_learned(self.verifier, self.draft, learned)
+        return learned
 
     def save_ngrams(self) -> Path | None:
         """With --keep-ngrams, write the session's n-gram cache back (atomically); where it went."""

@@ -4,7 +4,8 @@
   which `-k auto` uses (prepare.make_policy).
 - Measured costs per model file and settings (`stored_seconds`): the verifier's verify cost by
   batch size and the draft's cost per token, which adaptive K starts from: `probe` gives the
-  stored ones, or measures them once now (core/costs.py's `measure`) and keeps them.
+  stored ones, or measures them once now (core/costs.py's `measure`) and keeps them; a run long
+  enough to learn them from its steps keeps what it learned instead (`keep_learned`).
 - The draft variants `--draft-variant auto` measured for a draft and verifier, and its choice
   (`stored_draft_variant`, a `MeasuredVariants`: draft_variant.py).
 
@@ -363,6 +364,14 @@ def probe(
         assert draft is not None  # no draft costs [0.0]
         draft_cost = [measure_draft(draft, store=True)]
     return MachineCosts(tuple(verify), draft_cost[0])
+
+
+def keep_learned(verifier: LoadedModel, draft: LoadedModel | None, learned: MachineCosts) -> None:
+    """What a run's steps taught (core/costs.py's StepCosts.learned) replaces the stored costs: the
+    next run's prior. A probe on a busy machine is not kept for good."""
+    _keep(key_for(verifier), list(learned.verify))
+    if draft is not None:
+        _keep(key_for(draft, "draft_costs"), [learned.draft])
 
 
 def measure_draft(draft: LoadedModel, *, store: bool) -> float:

@@ -384,3 +384,42 @@ def test_a_verifier_masked_to_the_drafts_vocabulary_fails_the_hot_vocabulary_che
     monkeypatch.setattr(specgguf.core.engine, "accept_tree", masked)
     p_value, _ = _sequence_p_value("hot", FixedK(3), seed=7)
     assert p_value < 1e-12
+
+
+class ScriptedSeconds:
+    """An adaptive policy that sees each step take what `costs` says (the fakes take no time),
+    and records the K it chose."""
+
+    def __init__(self, policy, costs: MachineCosts):
+        self.policy, self.costs = policy, costs
+        self.chosen: list[int] = []
+        self.branches = False
+
+    def choose(self, source="model"):
+        self.chosen.append(self.policy.choose(source))
+        return self.chosen[-1]
+
+    def keep_drafting(self, confidences):
+        return self.policy.keep_drafting(confidences)
+
+    def branch(self, confidences, runner_up):
+        return False
+
+    def observe(self, event):
+        k, table = event.n_drafted, self.costs.verify
+        event.verify_seconds = table[min(k, len(table) - 1)] + max(0, k - len(table) + 1) * 0.02
+        event.draft_seconds = self.costs.draft * k if event.draft_source == "model" else 0.0
+        self.policy.observe(event)
+
+
+def test_greedy_output_does_not_depend_on_what_the_costs_taught():
+    # A prior 4x too high on a compute-bound machine: the policy drafts, learns, stops, probes;
+    # whatever K it chooses, the output is the verifier's.
+    true = MachineCosts((0.0335, 0.052, 0.066, 0.079, 0.095, 0.117), draft=0.0205)
+    busy = MachineCosts(tuple(4 * c for c in true.verify[:1]) + true.verify[1:], draft=true.draft)
+    for kind in ("model", "ngram", "hybrid"):
+        verifier, draft = _models(draft_choice=sometimes_wrong)
+        policy = ScriptedSeconds(adaptive_policy(kind, busy, PolicyConfig(k_max=8)), true)
+        _, tokens = _run(verifier, draft, k=policy, max_tokens=200, kind=kind)
+        assert tokens == _plain_greedy(counting, [1], 200)
+        assert len(set(policy.chosen)) >= 3  # K changed as the costs were learned

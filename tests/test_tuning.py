@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from specgguf.core.costs import MachineCosts
-from specgguf.core.engine import FixedK
+from specgguf import tuning
+from specgguf.core.costs import LEARNED_MIN_STEPS, MachineCosts
+from specgguf.core.engine import FixedK, StepEvent
 from specgguf.core.kpolicy import AdaptiveK, PerSource
 from specgguf.errors import UsageError
-from specgguf.prepare import KChoice, make_policy, parse_k
+from specgguf.prepare import DraftOptions, KChoice, Prepared, make_policy, parse_k
 from specgguf.tuning import BenchResult, load_tuning, store_measurement, stored_measurement, tuning_path
 
 VERIFIER, DRAFT = Path("/models/big.gguf"), Path("/models/small.gguf")
@@ -121,7 +124,6 @@ def test_tuning_file_survives_a_corrupt_write_and_keeps_other_pairs():
 
 
 def test_a_draft_variant_entry_comes_back_as_a_typed_value_and_a_bad_one_is_a_warning(capsys):
-    from specgguf import tuning
     from specgguf.llama.variants import ORIGINAL_VARIANT, parse_variant
 
     hot = parse_variant("q4_0+hot32k")
@@ -139,3 +141,42 @@ def test_a_draft_variant_entry_comes_back_as_a_typed_value_and_a_bad_one_is_a_wa
         tuning_path().write_text(json.dumps(data))
         assert tuning.stored_draft_variant("draft_variant|bad") is None
         assert f"unknown variant in {name!r}" in capsys.readouterr().err
+
+
+def test_what_a_run_learned_of_the_costs_is_kept_only_after_enough_steps(tmp_path):
+    (tmp_path / "v.gguf").write_bytes(b"v" * 10)
+    (tmp_path / "d.gguf").write_bytes(b"d" * 5)
+    verifier, draft = (
+        SimpleNamespace(path=tmp_path / name, n_threads=2, n_gpu_layers=0) for name in ("v.gguf", "d.gguf")
+    )
+    # The first run's probe met a busy machine: every cost stored 4x too high.
+    true = MachineCosts((0.0335, 0.052, 0.066, 0.079, 0.095, 0.117), draft=0.0205)
+    busy = MachineCosts(tuple(4 * c for c in true.verify), draft=4 * true.draft)
+    tuning.store_seconds(tuning.key_for(verifier), list(busy.verify))
+    tuning.store_seconds(tuning.key_for(draft, "draft_costs"), [busy.draft])
+    resolved = SimpleNamespace(verifier=verifier.path, draft=draft.path, recommended_k=None)
+    prepared = Prepared(resolved=resolved, verifier=verifier, draft=draft, options=DraftOptions())
+    assert prepared.costs == busy  # read back, nothing measured
+    policy, _ = prepared.policy(temperature=0.0)
+    assert isinstance(policy, PerSource)
+
+    def step(k, source):
+        seconds = true.verify[k] * (1.1 if k % 2 else 0.95)  # the steps vary; the median is robust
+        event = StepEvent([1] * k, [], 3, k, k, true.draft * k, seconds, 0.0, draft_source=source if k else None)
+        policy.observe(event)
+
+    for i in range(LEARNED_MIN_STEPS - 1):  # plain steps, n-gram drafts and the draft model's
+        step(i % 3, ("model", "ngram")[i % 2])
+    assert prepared.keep_learned_costs(policy) is None  # a short run keeps nothing
+    assert tuning.stored(verifier) == list(busy.verify) and prepared.costs == busy
+    step(1, "model")
+    learned = prepared.keep_learned_costs(policy)
+    assert learned is not None and prepared.costs == learned
+    # The sizes the steps ran are the measured ones; the others follow their scale (~0.25).
+    np.testing.assert_allclose(learned.verify[:3], [0.95 * true.verify[0], 1.1 * true.verify[1], 0.95 * true.verify[2]])
+    np.testing.assert_allclose(learned.verify[3:], np.array(true.verify[3:]), rtol=0.1)
+    assert learned.draft == pytest.approx(true.draft)
+    # The next run starts from what this one learned.
+    assert tuning.probe(verifier, draft, on_measure=pytest.fail) == MachineCosts(
+        tuple(round(c, 6) for c in learned.verify), round(learned.draft, 6)
+    )

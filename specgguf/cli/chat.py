@@ -357,6 +357,7 @@ def run_chat(
         repl.loop()  # a second Ctrl-C in an answer raises LeftWithCtrlC: the n-grams are kept all the same
     finally:
         prepared.save_ngrams()
+        prepared.keep_learned_costs(repl.session.policy)  # the last K policy's (/k starts a new one)
     if repl.n_failed and not interactive:  # a script must see that some answers are missing
         raise SpecggufError(
             f"{repl.n_failed} question{'s' if repl.n_failed > 1 else ''} got no complete"

@@ -85,6 +85,7 @@ def run_prompt(
     elif not quiet:
         _report(stats, k_source, prepared, err_console)
     prepared.save_ngrams()  # after the answer is out: a failure here loses nothing written
+    prepared.keep_learned_costs(policy)
     return result
 
 

@@ -5,6 +5,9 @@ cost, so it needs those costs before the first step: learning them by drafting
 loses time exactly where speculation does not pay. `tuning.probe` measures them
 once per machine, model file and settings (a few seconds, announced) with `measure`
 and keeps them in tuning.json; `bench` measures a longer, repeated table that replaces it.
+That table is only the prior: `StepCosts` learns each cost from the steps actually run
+(a probe on a busy machine is easily several times too slow), and what a long enough
+run learned goes back to tuning.json as the next run's prior (tuning.keep_learned).
 
 On a CPU the verify cost is not a straight line in the batch size: llama.cpp
 picks kernels by batch shape (one token goes through matrix-vector kernels, the
@@ -16,13 +19,22 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from .model import Model
 
+if TYPE_CHECKING:
+    from .engine import StepEvent
+
 PROBE_BATCH = 6  # the probe times batches of 1..6 tokens (K up to 5); the policy extends the table past that
 PROBE_CONTEXT = 32
+LEARN_WINDOW = 32  # recent measurements per cost whose median the policy uses
+LEARNED_MIN_STEPS = 32  # steps a run must have taken before what it learned replaces tuning.json's costs
 
 
 @dataclass(frozen=True)
@@ -71,3 +83,137 @@ def measure(
 def describe(costs: list[float]) -> str:
     """One line for people: 'verify ms by batch size: 1: 37 · 2: 61 · …'."""
     return "verify ms by batch size: " + " · ".join(f"{n}: {c * 1000:.0f}" for n, c in enumerate(costs, 1))
+
+
+class Recent:
+    """A cost learned from the steps: the median of the most recent measurements, with a prior
+    counted as `trust` of them. One wild step moves nothing; once a few more measurements than
+    `trust` agree, they decide, and the window follows the machine's load and the context's length."""
+
+    def __init__(self, *, trust: int, window: int = LEARN_WINDOW):
+        self.trust = trust
+        self.samples: deque[float] = deque(maxlen=window)
+
+    def add(self, seconds: float) -> None:
+        self.samples.append(seconds)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def estimate(self, prior: float) -> float:
+        values = sorted([*self.samples, *[prior] * self.trust])
+        if not values:
+            return prior
+        middle = len(values) // 2
+        return values[middle] if len(values) % 2 else 0.5 * (values[middle - 1] + values[middle])
+
+
+class StepCosts:
+    """T(k), the seconds a step with k drafts takes: learned from the steps run, the costs measured
+    before generation (a `MachineCosts`, tuning.json's table) only as the prior.
+
+    - Scale: the median ratio of measured to tabled verify cost over recent steps (past the table's
+      end, to its slope extended). It moves every cost alike (a busy probe, a longer context, a loaded machine) and
+      prices what no step has measured yet, the draft model's token included: one scale for both
+      models, so a slower verifier alone never makes drafting look cheaper than it is.
+    - Each batch size: the median of its own recent verify times, the scaled table counted as
+      `trust` of them; a size past the table starts from the learned curve's slope.
+    - Each source's draft cost per token, the same way (the model's prior scaled; n-gram drafts ~0).
+    """
+
+    def __init__(self, costs: MachineCosts, *, trust: int):
+        self.table = np.asarray(costs.verify, dtype=float)
+        self.prior_draft: dict[str, float] = {"model": costs.draft}
+        self.trust = trust
+        self.ratio = Recent(trust=trust)  # measured / tabled verify seconds
+        self.verify_by_k: dict[int, Recent] = {}  # k drafts -> recent verify seconds for k + 1 tokens
+        self.draft_by_source: dict[str, Recent] = {}  # seconds per draft token
+        self.overhead_seconds = Recent(trust=0)  # per step, outside drafting and verifying (sampling, rollback)
+        self.catchup_seconds = Recent(trust=0)  # the draft model reading tokens decoded without it
+        self.n_steps = 0
+        self._curve: tuple[np.ndarray, np.ndarray] | None = None
+        self._known: dict[str, float] = {}  # estimates since the last step (a policy asks many times a step)
+
+    def _cached(self, name: str, estimate: Callable[[], float]) -> float:
+        if name not in self._known:
+            self._known[name] = estimate()
+        return self._known[name]
+
+    @property
+    def scale(self) -> float:
+        return self._cached("scale", lambda: self.ratio.estimate(1.0))
+
+    @property
+    def overhead(self) -> float:
+        return self._cached("overhead", lambda: self.overhead_seconds.estimate(0.0))
+
+    def draft_seconds(self, source: str) -> float:
+        """Seconds per draft token from this source: learned, or the prior at the learned scale."""
+        prior = self.scale * self.prior_draft.get(source, 0.0)
+        recent = self.draft_by_source.get(source)
+        return prior if recent is None else self._cached(f"draft {source}", lambda: recent.estimate(prior))
+
+    def measured(self, k: int) -> bool:
+        """Whether steps measured verifying k drafts often enough to outvote the prior."""
+        return len(self.verify_by_k.get(k, ())) > self.trust
+
+    def curve(self) -> tuple[np.ndarray, np.ndarray]:
+        """(k, seconds) for the table's sizes and every size steps measured past it, as learned."""
+        if self._curve is None:
+            scale = self.scale
+            sizes = np.arange(len(self.table))
+            costs = [
+                self.verify_by_k[k].estimate(scale * c) if k in self.verify_by_k else scale * c
+                for k, c in enumerate(self.table)
+            ]
+            for k in sorted(k for k in self.verify_by_k if k >= len(self.table)):
+                prior = float(_extend(sizes, np.asarray(costs), np.array([k]))[0])
+                sizes, costs = np.append(sizes, k), [*costs, self.verify_by_k[k].estimate(prior)]
+            self._curve = sizes, np.asarray(costs)
+        return self._curve
+
+    def verify(self, ks: np.ndarray) -> np.ndarray:
+        """Seconds to verify k drafts (a batch of k + 1): the learned curve, interpolated between
+        the sizes it knows, past them the slope of its last half."""
+        sizes, costs = self.curve()
+        return _extend(sizes, costs, np.asarray(ks, dtype=float))
+
+    def per_extra_token(self) -> float:
+        """Seconds one more token adds to a verify batch: the learned table's average slope."""
+        costs = self.verify(np.arange(len(self.table)))
+        return float(max(0.0, costs[-1] - costs[0]) / max(1, len(self.table) - 1))
+
+    def step(self, ks: np.ndarray, source: str = "model") -> np.ndarray:
+        ks = np.asarray(ks)
+        # (never 0: a model that takes no measurable time, as a test's fake, still has rates)
+        return np.maximum(ks * self.draft_seconds(source) + self.verify(ks) + self.overhead, 1e-9)
+
+    def observe(self, event: StepEvent) -> None:
+        if not event.tokens and event.n_drafted == 0:
+            return
+        k, self.n_steps, self._curve = event.n_drafted, self.n_steps + 1, None
+        self._known.clear()
+        self.overhead_seconds.add(event.sample_seconds)
+        tabled = _extend(np.arange(len(self.table)), self.table, np.array([k]))[0]  # past its end: its slope
+        self.ratio.add(event.verify_seconds / tabled)
+        self.verify_by_k.setdefault(k, Recent(trust=self.trust)).add(event.verify_seconds)
+        if event.chain_drafted and event.draft_source is not None:
+            per_token = (event.draft_seconds - event.draft_catchup_seconds) / event.chain_drafted
+            self.draft_by_source.setdefault(event.draft_source, Recent(trust=self.trust)).add(per_token)
+            if event.draft_catchup_seconds:
+                self.catchup_seconds.add(event.draft_catchup_seconds)
+
+    def learned(self, *, min_steps: int = LEARNED_MIN_STEPS) -> MachineCosts | None:
+        """What the steps taught, as a table of the prior's shape (for tuning.json: the next run's
+        prior), or None before `min_steps` steps: a short run's few steps are not kept."""
+        verify, draft = self.verify(np.arange(len(self.table))), self.draft_seconds("model")
+        if self.n_steps < min_steps or not (np.all(verify > 0) and np.isfinite(verify).all() and draft >= 0):
+            return None  # (a model that takes no time, as a fake's, teaches nothing to keep)
+        return MachineCosts(tuple(float(c) for c in verify), draft)
+
+
+def _extend(sizes: np.ndarray, costs: np.ndarray, ks: np.ndarray) -> np.ndarray:
+    """Interpolate costs by size; past the last size, the slope of the known costs' last half."""
+    half = int(np.searchsorted(sizes, sizes[-1] / 2))
+    slope = max(0.0, (costs[-1] - costs[half]) / max(1.0, sizes[-1] - sizes[half]))
+    return np.where(ks <= sizes[-1], np.interp(ks, sizes, costs), costs[-1] + slope * (ks - sizes[-1]))

@@ -8,24 +8,28 @@ and holds the ablation that decided what stays):
   with k drafts emits E(k) = 1 + c_1 + c_1·c_2 + … + c_1·…·c_k tokens on average
   (the accepted drafts plus the verifier's own token). With every c_i equal this
   is Leviathan et al.'s (1 − a^(k+1)) / (1 − a).
-- Cost. A step costs T(k) = k·t_draft + t_verify(k + 1)·s + overhead, where
-  t_verify is the verifier's batch cost table measured once per machine before
-  the first answer (costs.py) and s the ratio of measured to tabled cost over the
-  steps so far (it follows context length and machine load).
+- Cost. A step costs T(k) = k·t_draft + t_verify(k + 1) + overhead, each learned from
+  the steps run (costs.py's StepCosts: recent medians), the verifier's batch cost table
+  measured once per machine before the first answer only their prior. A hybrid's
+  sources share one cost curve; what a run learned goes back to tuning.json.
 - Decision. K* = argmax E(k) / T(k) over k_min ≤ k ≤ k_max; k = 0 is plain
   decoding. Because the costs are known before generation starts, a pair that
-  cannot win here even with every draft accepted never drafts at all, and one
-  that can starts drafting at once: no warm-up step is lost.
-  When plain looks best the policy still drafts while c_1 raised by `doubt`
-  standard errors would win (too few drafts seen to give up), and after giving
-  up it probes with one draft after `probe_every` plain steps, doubling the wait
-  after each probe that does not win speculation back.
+  cannot win here even with every draft accepted does not draft at all (asked again
+  every `recheck_every` steps at the learned costs), and one that can starts
+  drafting at once: no warm-up step is lost.
+  Each source decides on its own acceptance against its break-even at the learned
+  costs. When plain looks best the policy still drafts while c_1 raised by `doubt`
+  standard errors would win (for the source's first `evidence` drafts only), and
+  after giving up it probes with one draft after `probe_every` plain steps,
+  doubling the wait after each probe that does not win speculation back, and never
+  so often that lost probes cost over `probe_budget` of plain decoding's time.
 - Draft length. A draft model reports its top probability per token, so K* ≥ 1
   only says "speculate": `keep_drafting` stops the draft when one more token no
   longer raises the step's expected tokens per second, with the draft's
   confidence calibrated online against what the verifier accepted. Proposers
   without a confidence (prompt lookup) draft K* tokens, and every `explore_every`
-  steps K* + 2, to keep estimates for deeper positions.
+  steps up to K* + 2 where that loses under `explore_budget`, to keep estimates for
+  deeper positions.
 - Trees. After each draft token the draft model also reports its runner-up's
   probability; `branch` adds the runner-up as a sibling leaf (checked in the same
   verifier pass) where the chance it is taken, times what a token is worth in the
@@ -40,7 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costs import MachineCosts
+from .costs import MachineCosts, StepCosts
 from .drafters import DRAFTER_KINDS, FORCED, DrafterKind
 from .drafting import Source
 from .engine import KPolicy, StepEvent
@@ -59,11 +63,15 @@ class PolicyConfig:
     prior_acceptance: float = 0.5  # c_i before any evidence ...
     prior_drafts: float = 4.0  # ... worth this many drafts
     doubt: float = 2.0  # standard errors of optimism about c_1 before falling back to plain
+    evidence: int = 16  # first drafts tested (not decayed) after which `doubt` no longer keeps a source drafting
     probe_every: int = 16  # plain steps before the first probe; doubles after each lost probe ...
     max_probe_interval: int = 128  # ... up to this
+    probe_budget: float = 0.02  # ... and never more often than losing this share of plain decoding's time
     explore_every: int = 8
+    explore_budget: float = 0.1  # explore deeper only where the estimate says it loses at most this share
     calibration_decay: float = 0.995  # slower: each confidence bin sees only some of the drafts
-    cost_trust: int = 3  # the measured table counts as this many steps at scale 1
+    cost_trust: int = 3  # the prior (tuning.json's costs) counts as this many measured steps
+    recheck_every: int = 16  # steps between asking again whether drafting could win at the learned costs
     worth_trying: float = 0.9  # draft at all only if some K wins at this acceptance per position
     # Draft trees (--draft-tree): add the draft's runner-up beside the chain where it pays
     # (`AdaptiveK.branch`). Off by default: on the CPUs measured it did not win beyond the noise
@@ -99,6 +107,7 @@ class Acceptance:
         self.config = config
         self.drafted = np.zeros(config.k_max)  # decayed count of drafts tested at each position
         self.accepted = np.zeros(config.k_max)  # ... and of those accepted
+        self.first_tested = 0  # steps that tested a first draft, not decayed: how much evidence there is
         # Chance the verifier accepts a draft of this top probability (earlier drafts accepted).
         self.calibrated = Calibration(config.calibration_decay)
 
@@ -126,69 +135,29 @@ class Acceptance:
         self.accepted *= decay
         self.drafted[: min(n_accepted + 1, n)] += 1  # position i is tested only if 1..i-1 were accepted
         self.accepted[: min(n_accepted, n)] += 1
+        self.first_tested += n > 0
         if confidences:
             tested = confidences[: n_accepted + 1]
             self.calibrated.observe(tested, [i < n_accepted for i in range(len(tested))])
 
 
-class StepCosts:
-    """T(k): the costs measured before generation, scaled by what the steps measure."""
-
-    def __init__(self, costs: MachineCosts, config: PolicyConfig, *, draft_seconds: float):
-        self.table = np.asarray(costs.verify, dtype=float)
-        self.draft_seconds = draft_seconds  # per draft token, at scale 1
-        self.scale = 1.0
-        self.beyond: dict[int, float] = {}  # k past the table -> measured seconds at scale 1 (decayed)
-        self.overhead = 0.0  # seconds per step outside drafting and verifying (sampling, rollback)
-        self.decay = config.decay
-        self.seen = {"scale": config.cost_trust}
-
-    def verify(self, ks: np.ndarray) -> np.ndarray:
-        """Seconds to verify k drafts (a batch of k + 1): the table, then the batch sizes past it
-        that steps measured (interpolated), then the slope of the known costs' last half."""
-        sizes = np.concatenate([np.arange(len(self.table)), sorted(self.beyond)])
-        costs = np.concatenate([self.table, [self.beyond[k] for k in sorted(self.beyond)]])
-        half = int(np.searchsorted(sizes, sizes[-1] / 2))
-        slope = max(0.0, (costs[-1] - costs[half]) / max(1.0, sizes[-1] - sizes[half]))
-        ks = np.asarray(ks, dtype=float)
-        inside = np.interp(ks, sizes, costs)
-        return self.scale * np.where(ks <= sizes[-1], inside, costs[-1] + slope * (ks - sizes[-1]))
-
-    def per_extra_token(self) -> float:
-        """Seconds one more token adds to a verify batch: the probed table's average slope."""
-        return float(self.scale * max(0.0, self.table[-1] - self.table[0]) / max(1, len(self.table) - 1))
-
-    def step(self, ks: np.ndarray) -> np.ndarray:
-        # One scale for both models: context length and machine load slow both alike, so a
-        # slower verifier alone never makes drafting look cheaper than it is.
-        return self.scale * ks * self.draft_seconds + self.verify(ks) + self.overhead
-
-    def _average(self, key: str, old: float, new: float) -> float:
-        """Decayed mean; the first samples count equally (a cold first step must not dominate)."""
-        self.seen[key] = n = self.seen.get(key, 0) + 1
-        weight = max(1.0 - self.decay, 1.0 / n)
-        return (1.0 - weight) * old + weight * new
-
-    def observe(self, event: StepEvent) -> None:
-        k = event.n_drafted
-        self.overhead = self._average("overhead", self.overhead, event.sample_seconds)
-        if k < len(self.table):  # the scale compares like with like: measured sizes only
-            self.scale = self._average("scale", self.scale, event.verify_seconds / self.table[k])
-        else:  # a batch the probe did not time: learn its own cost
-            self.beyond[k] = self._average(
-                f"verify {k}", float(self.verify(np.array([k]))[0]) / self.scale, event.verify_seconds / self.scale
-            )
-        if event.chain_drafted:  # the draft model evaluated the chain; siblings cost it nothing
-            per_token = (event.draft_seconds - event.draft_catchup_seconds) / event.chain_drafted
-            self.draft_seconds = self._average("draft", self.draft_seconds, per_token / self.scale)
-
-
 class AdaptiveK:
-    """Decides K for one drafter ("model": a draft model, or "ngram"); learns only from its own steps."""
+    """Decides K for one drafter ("model": a draft model, or "ngram"); learns its acceptance only from its own
+    steps (the costs from every step)."""
 
-    def __init__(self, costs: MachineCosts, config: PolicyConfig = PolicyConfig(), *, source: Source = "model"):
+    def __init__(
+        self,
+        costs: MachineCosts,
+        config: PolicyConfig = PolicyConfig(),
+        *,
+        source: Source = "model",
+        shared: StepCosts | None = None,
+    ):
         self.config, self.source = config, source
-        self.costs = StepCosts(costs, config, draft_seconds=costs.draft if source == "model" else 0.0)
+        # The costs are the machine's, whichever source drafted: a hybrid's sides share one `shared`
+        # (PerSource observes it); a policy alone learns its own.
+        self.owns_costs = shared is None
+        self.costs = StepCosts(costs, trust=config.cost_trust) if shared is None else shared
         self.acceptance = Acceptance(config)
         # Siblings (the draft's runner-up beside the chain): how often the verifier takes one,
         # given its parent was kept; and what a token is worth, in the seconds steps take per token.
@@ -197,13 +166,13 @@ class AdaptiveK:
         self.confidence_seen = False  # the drafter reports confidence: `keep_drafting` sets the length
         self.steps = self.plain_steps = 0
         self.probe_interval = config.probe_every
-        # Decided once, from the costs measured before generation: whether drafting is worth
-        # trying at all here (not re-decided on each step's noise).
+        # Decided from the costs before generation, then again every `recheck_every` steps at the
+        # costs the steps taught (not on each step's noise).
         self.worth_drafting = config.k_min > 0 or self.could_win()
 
     def rates(self, optimism: float = 0.0) -> np.ndarray:
         """Expected tokens per second E(k) / T(k) for k = 0..k_max."""
-        return self.acceptance.expected(optimism) / self.costs.step(np.arange(self.config.k_max + 1))
+        return self.acceptance.expected(optimism) / self.costs.step(np.arange(self.config.k_max + 1), self.source)
 
     def could_win(self) -> bool:
         """Would some K beat plain decoding if drafts were right as often as `worth_trying` says
@@ -212,36 +181,61 @@ class AdaptiveK:
         ks = np.arange(self.config.k_max + 1)
         a = self.config.worth_trying
         expected = (1.0 - a ** (ks + 1)) / (1.0 - a)
-        ceiling = expected / self.costs.step(ks)
+        ceiling = expected / self.costs.step(ks, self.source)
         return bool(ceiling[1:].max() > ceiling[0])
 
     def best_k(self) -> int:
         k_min, rates = self.config.k_min, self.rates()
         k = k_min + int(np.argmax(rates[k_min:]))
-        if k == 0 and self.rates(optimism=self.config.doubt)[1:].max() > rates[0]:
+        undecided = self.acceptance.first_tested < self.config.evidence
+        if k == 0 and undecided and self.rates(optimism=self.config.doubt)[1:].max() > rates[0]:
             k = 1 + int(np.argmax(rates[1:]))  # too few drafts seen to give up on speculation yet
         return k
+
+    def probe_wait(self) -> int:
+        """Plain steps before a source that is off drafts once more: `probe_interval` (doubled after
+        each lost probe), and never so often that lost probes cost more than `probe_budget` of plain
+        decoding's time. A probe loses at most one draft's cost and verifying one more token, and for
+        the draft model its catching up on the tokens decoded without it."""
+        plain, one = self.costs.step(np.array([0, 1]), self.source)
+        lost = one - plain + (self.costs.catchup_seconds.estimate(0.0) if self.source == "model" else 0.0)
+        return max(self.probe_interval, int(np.ceil(lost / (self.config.probe_budget * plain))))
+
+    def explore_k(self, k: int) -> int:
+        """K for an exploring step (deeper positions' estimates need drafts there): k + 2, or less
+        where the estimate says going deeper loses more than `explore_budget` of the step's rate."""
+        rates = self.rates()
+        deeper = [
+            j
+            for j in range(k + 1, min(k + 2, self.config.k_max) + 1)
+            if rates[j] >= (1 - self.config.explore_budget) * rates[k]
+        ]
+        return max(deeper, default=k)
 
     def choose(self, source: Source = "model") -> int:
         if source == FORCED:
             return self.forced_k()
         self.steps += 1
+        if self.steps % self.config.recheck_every == 0:
+            self.worth_drafting = self.config.k_min > 0 or self.could_win()
         if not self.worth_drafting:
             return 0
         k = self.best_k()
         if k == 0:
             self.plain_steps += 1
-            if self.plain_steps < self.probe_interval:
+            if self.plain_steps < self.probe_wait():
                 return 0
             # Probe with one draft in case the text became easier to draft; each probe that does
             # not win speculation back doubles the wait (the draft first reads what it missed).
             self.plain_steps, self.probe_interval = 0, min(2 * self.probe_interval, self.config.max_probe_interval)
-            return 1 + int(np.argmax(self.rates()[1:]))
+            return 1
         self.plain_steps, self.probe_interval = 0, self.config.probe_every
+        if self.steps % self.config.recheck_every == 0 and not self.costs.measured(0) and self.config.k_min == 0:
+            return 0  # plain decoding's own cost, what every draft must beat, measured a few times
         if self.confidence_seen:
             return self.config.k_max  # a cap: `keep_drafting` ends the draft
         if self.steps % self.config.explore_every == 0:
-            return min(k + 2, self.config.k_max)
+            return self.explore_k(k)
         return k
 
     def forced_k(self) -> int:
@@ -270,7 +264,7 @@ class AdaptiveK:
         lengths = np.arange(n, self.config.k_max + 1)
         streak = all_accepted[-1] * np.cumsum(self.ahead(acceptance) ** np.arange(1, len(lengths)))
         expected = 1.0 + all_accepted.sum() + np.concatenate([[0.0], streak])
-        rates = expected / self.costs.step(lengths)
+        rates = expected / self.costs.step(lengths, self.source)
         return bool(rates[1:].max() > rates[0])
 
     def ahead(self, acceptance: np.ndarray) -> float:
@@ -296,12 +290,17 @@ class AdaptiveK:
         reach = float(np.prod([self.acceptance.calibrated(c) for c in confidences[:-1]]))
         return reach * self.sides(runner_up) * self.seconds_per_token > self.costs.per_extra_token()
 
+    def learned_costs(self) -> MachineCosts | None:
+        """What the steps taught about this machine's costs, once enough steps ran (StepCosts.learned)."""
+        return self.costs.learned()
+
     def observe(self, event: StepEvent) -> None:
+        if self.owns_costs:
+            self.costs.observe(event)
         if event.n_drafted and event.draft_source != self.source:
-            return  # another drafter's step (an n-gram proposal in a hybrid): not this one's costs
+            return  # another drafter's step (an n-gram proposal in a hybrid): not this one's acceptance
         if not event.tokens and event.n_drafted == 0:
             return
-        self.costs.observe(event)
         if event.tokens:
             seconds = event.draft_seconds + event.verify_seconds + event.sample_seconds
             self.seconds_per_token = 0.9 * self.seconds_per_token + 0.1 * seconds / len(event.tokens)
@@ -320,6 +319,7 @@ class PerSource:
     may be a fixed K (the one `bench` stored)."""
 
     policies: dict[Source, KPolicy] = field(default_factory=dict)
+    costs: StepCosts | None = None  # the adaptive sides' shared costs, which this observes (else each its own)
 
     def choose(self, source: Source = "model") -> int:
         if source not in self.policies:  # a grammar's forced tokens: as an adaptive side says, else all
@@ -337,7 +337,15 @@ class PerSource:
     def branch(self, confidences: list[float], runner_up: float) -> bool:
         return self.policies["model"].branch(confidences, runner_up)
 
+    def learned_costs(self) -> MachineCosts | None:
+        if self.costs is not None:
+            return self.costs.learned()
+        adaptive = [policy for policy in self.policies.values() if isinstance(policy, AdaptiveK)]
+        return adaptive[0].learned_costs() if adaptive else None
+
     def observe(self, event: StepEvent) -> None:
+        if self.costs is not None:
+            self.costs.observe(event)
         for policy in self.policies.values():
             policy.observe(event)  # each learns from its own drafter's steps, and all from plain ones
 
@@ -348,7 +356,11 @@ def adaptive_policy(
     """The adaptive K policy for a drafter kind: one per source it drafts from."""
     spec = DRAFTER_KINDS[kind]
     if spec.mixed:
-        return PerSource({source: AdaptiveK(costs, config, source=source) for source in spec.sources})
+        shared = StepCosts(costs, trust=config.cost_trust)
+        sides: dict[Source, KPolicy] = {
+            source: AdaptiveK(costs, config, source=source, shared=shared) for source in spec.sources
+        }
+        return PerSource(sides, shared)
     return AdaptiveK(costs, config, source=spec.sources[0])
 
 
@@ -359,5 +371,5 @@ def expected_rate(costs: MachineCosts, acceptance: float, config: PolicyConfig =
     1 / t_verify(1): then this draft cannot win here, and a faster one comes closer.)"""
     ks = np.arange(1, config.k_max + 1)
     expected = np.cumsum(float(acceptance) ** np.arange(config.k_max + 1))[1:]
-    seconds = StepCosts(costs, config, draft_seconds=costs.draft).step(ks)
+    seconds = StepCosts(costs, trust=config.cost_trust).step(ks)
     return float((expected / seconds).max())
