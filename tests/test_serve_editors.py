@@ -30,6 +30,47 @@ def server(coder):
         yield live
 
 
+PREFIX, SUFFIX = "def add(a, b):\n", "\n\nprint(add(1, 2))\n"
+
+
+def test_a_completions_prompt_reads_fim_marker_texts_as_the_fim_tokens(server, coder):
+    import llama_cpp
+
+    text = f"{FIM_TEXTS[0]}{PREFIX}{FIM_TEXTS[1]}{SUFFIX}{FIM_TEXTS[2]}"
+    vocab = llama_cpp.Llama(str(coder), vocab_only=True, verbose=False)
+    special = vocab.tokenize(text.encode(), special=True)
+    assert len(special) < len(vocab.tokenize(text.encode(), special=False))
+    client, greedy = server.client(), {"max_tokens": 8, "temperature": 0}
+    as_text = client.completions.create(model="coder", prompt=text, **greedy)
+    as_ids = client.completions.create(model="coder", prompt=special, **greedy)
+    with server.http() as http:
+        infill = http.post(
+            "/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 8, "temperature": 0}
+        )
+    assert (
+        as_text.usage.prompt_tokens == as_ids.usage.prompt_tokens == len(special) == infill.json()["tokens_evaluated"]
+    )
+    assert as_text.choices[0].text == as_ids.choices[0].text == infill.json()["content"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="chat content is tokenized with special-token parsing until issue 37's conversation.py change lands",
+)
+def test_chat_content_with_fim_marker_texts_stays_text(server, coder):
+    import llama_cpp
+
+    marked = f"{FIM_TEXTS[0]}{PREFIX}{FIM_TEXTS[1]}{SUFFIX}{FIM_TEXTS[2]}"
+    vocab = llama_cpp.Llama(str(coder), vocab_only=True, verbose=False)
+    client = server.client()
+    plain = client.chat.completions.create(model="coder", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+    with_markers = client.chat.completions.create(
+        model="coder", messages=[{"role": "user", "content": "x" + marked}], max_tokens=1
+    )
+    n_marked_as_text = len(vocab.tokenize(("x" + marked).encode(), special=False)) - len(vocab.tokenize(b"x"))
+    assert with_markers.usage.prompt_tokens - plain.usage.prompt_tokens == n_marked_as_text
+
+
 def test_a_prompt_longer_than_the_context_is_context_length_exceeded(server):
     client = server.client()
     with pytest.raises(openai.BadRequestError) as completion:

@@ -137,4 +137,5 @@ def _generation_request(
         # A completion with a suffix fills in the middle (as Ollama and OpenAI's instruct models do).
         fim=FimRequest(text, completion.suffix) if completion is not None and completion.suffix is not None else None,
         mark_drafts=body.marks_drafts,
+        parse_special=completion is not None,  # a completions prompt is raw model input; chat content is text
     )
