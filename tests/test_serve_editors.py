@@ -203,6 +203,18 @@ def test_samplers_name_the_samplers_that_are_on():
         samplers_on(settings, ["top_q"])
 
 
+def test_samplers_turn_off_over_http_what_they_do_not_name(server):
+    """llama.vscode's `samplers` leave out "temperature": its `temperature` 0 is then not read, the
+    logits are sampled as they are, the same seeded answer as temperature 1."""
+    base = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 8, "seed": 5}
+    base |= {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    with server.http() as http:
+        unnamed = http.post("/infill", json={**base, "temperature": 0, "samplers": ["top_k", "top_p", "infill"]})
+        at_one = http.post("/infill", json={**base, "temperature": 1.0})
+        greedy = http.post("/infill", json={**base, "temperature": 0})
+    assert unnamed.json()["content"] == at_one.json()["content"] != greedy.json()["content"]
+
+
 def test_fields_that_would_change_the_answer_and_typos_are_refused_by_name(server):
     refused = {
         "dry_multiplier": 0.8,
