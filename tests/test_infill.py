@@ -108,11 +108,13 @@ def test_a_llama_vscode_request_gets_the_middle(server):
         fields = ["content", "timings/prompt_n", "timings/predicted_n", "truncated", "tokens_cached"]
         picked = http.post("/infill", json={**LLAMA_VSCODE, "response_fields": fields}).json()
         assert set(picked) == set(fields)
-        again = http.post("/infill", json={**LLAMA_VSCODE, "response_fields": fields, "temperature": 0}).json()
+        # llama-server's `samplers` name the samplers on: greedy needs "temperature" among them (at 0).
+        greedy = {"temperature": 0, "samplers": ["top_k", "top_p", "temperature"]}
+        again = http.post("/infill", json={**LLAMA_VSCODE, "response_fields": fields, **greedy}).json()
         assert again["timings/prompt_n"] < 10  # the same prompt: read from the cache
         warm_up = http.post("/infill", json={**LLAMA_VSCODE, "n_predict": 0}).json()
         assert warm_up["content"] == ""  # llama.vim's warm-up: the prompt read, nothing answered
-        with http.stream("POST", "/infill", json={**LLAMA_VSCODE, "stream": True, "temperature": 0}) as response:
+        with http.stream("POST", "/infill", json={**LLAMA_VSCODE, "stream": True, **greedy}) as response:
             events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
         assert events[-1]["stop"] is True and not any(event["stop"] for event in events[:-1])
         assert "".join(event["content"] for event in events) == again["content"]

@@ -36,7 +36,7 @@ BAD_CHAT = [
     ({"messages": [{"role": "user"}]}, 400, "messages[0].content"),
     ({"messages": [{"role": "tool", "content": "42", "tool_call_id": "a"}]}, 400, "messages[0].tool_call_id"),
     ({"messages": [{"role": "function", "content": "42", "name": "f"}]}, 400, "messages[0].role"),
-    ({"messages": HELLO, "max_tokens": -1}, 400, "max_tokens"),
+    ({"messages": HELLO, "max_tokens": -2}, 400, "max_tokens"),  # -1 is llama-server's "no limit": the server's
     ({"messages": HELLO, "max_tokens": 0}, 400, "max_tokens"),
     ({"messages": HELLO, "max_tokens": "ten"}, 400, "max_tokens"),
     ({"messages": HELLO, "max_tokens": 1.5}, 400, "max_tokens"),

@@ -1,9 +1,10 @@
 """What every API of the server shares, and none owns: the server's options (`ServeOptions`),
 `ApiError` (an error with its status; each API answers it in its own shape), strict request bodies
 (`Body`) read by `parse_body`, OpenAI's `AccountFields` (chat, completions and Responses accept
-them), the sampling reader (`sampling_from`: a request's fields over the server's defaults;
-`llama_sampling` for llama.cpp-style fields), specgguf's own `speculative` field, and a finished
-answer's `usage` (OpenAI's) and `timings` (llama-server's).
+them), llama-server's `LlamaServerFields` (/infill, chat and completions accept them), the
+sampling reader (`sampling_from`: a request's fields over the server's defaults; `llama_sampling`
+for llama.cpp-style fields; `samplers_on` for llama-server's `samplers`), specgguf's own
+`speculative` field, and a finished answer's `usage` (OpenAI's) and `timings` (llama-server's).
 
 Bodies are validated strictly from the raw JSON (`model_validate_json`): a wrong type, an unknown
 field or a value out of range is a 400 naming the field; `Body.refuse_unsupported` then refuses,
@@ -76,16 +77,18 @@ def sampling_from(
     top_p: float | None = None,
     min_p: float | None = None,
     penalties: Callable[[], Penalties] | None = None,
+    samplers: list[str] | str | None = None,
 ) -> SamplingSettings:
     """The one reading of a request's sampling fields over the server's defaults: None is the
     default, top_p 0 only the most likely token (greedy decoding), `penalties()` the request's
-    penalties (none: the defaults'); a value out of range is a 400."""
+    penalties (none: the defaults'), `samplers` llama-server's chain (`samplers_on`); a value out
+    of range is a 400."""
     temperature = defaults.temperature if temperature is None else temperature
     top_p = defaults.top_p if top_p is None else top_p
     if top_p == 0.0:
         temperature, top_p = 0.0, 1.0
     try:
-        return SamplingSettings(
+        settings = SamplingSettings(
             temperature=temperature,
             top_k=defaults.top_k if top_k is None else top_k,
             top_p=top_p,
@@ -94,6 +97,41 @@ def sampling_from(
         )
     except ValueError as error:
         raise ApiError(400, str(error)) from None
+    return settings if samplers is None else samplers_on(settings, samplers)
+
+
+# llama.cpp's sampler names, their other names and one-letter codes (common/sampling.cpp), as the
+# knob each is here; None: a sampler not done here, whose own field keeps it off (dry_multiplier 0,
+# typical_p 1, xtc_probability 0, top_n_sigma -1), or `infill`, which is not done (docs/serve.md).
+_SAMPLERS: dict[str, str | None] = {
+    **dict.fromkeys(("top_k", "k"), "top_k"),
+    **dict.fromkeys(("top_p", "nucleus", "p"), "top_p"),
+    **dict.fromkeys(("min_p", "m"), "min_p"),
+    **dict.fromkeys(("temperature", "temp", "t"), "temperature"),
+    **dict.fromkeys(("penalties", "e"), "penalties"),
+    **dict.fromkeys(("dry", "d", "typ_p", "typical_p", "typical", "y", "xtc", "x"), None),
+    **dict.fromkeys(("top_n_sigma", "s", "infill", "i"), None),
+}
+
+
+def samplers_on(settings: SamplingSettings, samplers: list[str] | str) -> SamplingSettings:
+    """llama-server's `samplers` (names, or a string of one-letter codes): the samplers in its chain.
+    One not named is off, as in llama.cpp's chain: top_k 0, top_p 1, min_p 0, temperature 1 (the
+    logits as they are), no penalties (the logit bias stays). The order is not read: the chain here
+    is always penalties, top_k, top_p, min_p, temperature. An unknown name is a 400."""
+    names = list(samplers) if isinstance(samplers, str) else samplers
+    for name in names:
+        if name not in _SAMPLERS:
+            raise ApiError(400, f"'samplers': unknown sampler {name[:40]!r}", param="samplers")
+    on = {_SAMPLERS[name] for name in names}
+    bias = settings.penalties.bias
+    return SamplingSettings(
+        temperature=settings.temperature if "temperature" in on else 1.0,
+        top_k=settings.top_k if "top_k" in on else 0,
+        top_p=settings.top_p if "top_p" in on else 1.0,
+        min_p=settings.min_p if "min_p" in on else 0.0,
+        penalties=settings.penalties if "penalties" in on else Penalties(bias=bias),
+    )
 
 
 class LlamaSampling(Protocol):
@@ -109,9 +147,11 @@ class LlamaSampling(Protocol):
     presence_penalty: float | None
 
 
-def llama_sampling(fields: LlamaSampling, defaults: SamplingSettings, n_ctx: int) -> SamplingSettings:
+def llama_sampling(
+    fields: LlamaSampling, defaults: SamplingSettings, n_ctx: int, samplers: list[str] | str | None = None
+) -> SamplingSettings:
     """Sampling from llama.cpp-style fields: temperature, top_k, top_p (0: greedy), min_p,
-    repeat/frequency/presence penalties and repeat_last_n (-1: the context)."""
+    repeat/frequency/presence penalties and repeat_last_n (-1: the context), llama-server's `samplers`."""
     last_n = defaults.penalties.last_n if fields.repeat_last_n is None else fields.repeat_last_n
     return sampling_from(
         defaults,
@@ -125,6 +165,7 @@ def llama_sampling(fields: LlamaSampling, defaults: SamplingSettings, n_ctx: int
             repeat=1.0 if fields.repeat_penalty is None else fields.repeat_penalty,
             last_n=n_ctx if last_n == -1 else last_n,
         ),
+        samplers=samplers,
     )
 
 
@@ -135,6 +176,64 @@ class Body(BaseModel):
 
     def refuse_unsupported(self) -> None:
         """A field whose value would change the answer and is not done here: an ApiError naming it."""
+
+
+class LlamaServerFields(Body):
+    """llama-server's own request fields that its clients send (llama.vscode, llama.vim, its web
+    page) beyond the sampling fields each API applies, for /infill, chat and text completions
+    (docs/serve.md lists them). Accepted and ignored where the answer is the same without them: the
+    slot, the prompt cache (always on), timings and progress reports, the context shift (a prompt
+    that does not fit is refused), and the settings of samplers that are off. Refused by name
+    (`refuse_llama_extras`) when they turn on what is not done here: DRY, XTC, typical-p, dynamic
+    temperature, mirostat, top-n-sigma, min_keep, ignore_eos, LoRA adapters."""
+
+    samplers: list[Annotated[str, Field(max_length=40)]] | Annotated[str, Field(max_length=40)] | None = None
+    # Accepted and ignored.
+    id_slot: int | None = None
+    cache_prompt: bool | None = None
+    t_max_prompt_ms: int | None = None
+    timings_per_token: bool | None = None
+    return_tokens: bool | None = None
+    return_progress: bool | None = None
+    post_sampling_probs: bool | None = None
+    n_keep: int | None = None
+    n_discard: int | None = None
+    n_cache_reuse: int | None = None
+    dynatemp_exponent: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[str] | None = None
+    xtc_threshold: float | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    # Refused unless off (llama.cpp's values that turn each off).
+    dry_multiplier: float | None = None
+    xtc_probability: float | None = None
+    typical_p: float | None = None
+    dynatemp_range: float | None = None
+    mirostat: int | None = None
+    top_n_sigma: float | None = None
+    min_keep: int | None = None
+    ignore_eos: bool | None = None
+    lora: list[dict[str, Any]] | None = None
+
+    def refuse_llama_extras(self) -> None:
+        for name, is_off in (
+            ("dry_multiplier", lambda value: value == 0),
+            ("xtc_probability", lambda value: value == 0 or (self.xtc_threshold or 0.1) > 0.5),
+            ("typical_p", lambda value: value >= 1),
+            ("dynatemp_range", lambda value: value <= 0),
+            ("mirostat", lambda value: value == 0),
+            ("top_n_sigma", lambda value: value <= 0),
+            ("min_keep", lambda value: value <= 1),  # every sampler here keeps at least one token
+            ("ignore_eos", lambda value: value is False),
+        ):
+            value = getattr(self, name)
+            if value is not None and not is_off(value):
+                raise unsupported(name)
+        if any(adapter.get("scale", 1) != 0 for adapter in self.lora or []):
+            raise unsupported("lora", "no LoRA adapters")
 
 
 class AccountFields(Body):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from ..errors import ContextFullError
 from .common import ApiError
 from .generator import Delta, Embedded, EmbeddingRequest, Failed, Finished, Job, QueueFull, Worker
 from .plan import GenerationRequest
@@ -49,9 +50,11 @@ class Receiver:
 
 
 def failure(message: Failed) -> ApiError:
-    """A failed job as an error: the request's fault (4xx) or the server's (5xx)."""
+    """A failed job as an error: the request's fault (4xx) or the server's (5xx). A prompt longer than
+    the context has OpenAI's code, which client libraries map to their own error."""
     kind = "invalid_request_error" if message.status < 500 else "server_error"
-    return ApiError(message.status, str(message.error), kind=kind)
+    code = "context_length_exceeded" if isinstance(message.error, ContextFullError) else None
+    return ApiError(message.status, str(message.error), kind=kind, code=code)
 
 
 def submit(worker: Worker, work: GenerationRequest | EmbeddingRequest) -> Job:

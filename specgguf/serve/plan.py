@@ -51,6 +51,7 @@ class GenerationRequest:
     n_indent: int = 0  # FIM: stop at a later line indented less than this (llama-server's n_indent)
     t_max_predict_ms: int = 0  # FIM: past this time, stop at the next new line (0: no limit)
     mark_drafts: bool = False  # each Delta says who wrote its text (draft_marks.py)
+    parse_special: bool = False  # `text`'s special-token texts become those tokens (llama-server's raw prompt)
 
 
 @dataclass(frozen=True)
@@ -118,9 +119,11 @@ class Planner:
             raise UsageError(f"logit_bias: token id {bad[0]} is not in the model's vocabulary ({n_vocab} tokens)")
 
     def _prompt_text(self, request: GenerationRequest) -> tuple[str, bool]:
-        """The prompt's text, and whether special tokens in it are parsed (chat templates write them)."""
+        """The prompt's text, and whether special tokens in it are parsed: chat templates write them;
+        a completions prompt is the model's raw input, its `<|fim_prefix|>` the FIM token, as
+        llama-server reads it."""
         if request.messages is None:
-            return request.text, False
+            return request.text, request.parse_special
         tools = None if request.tools is None else request.tools.definitions
         return self.templates.render(request.messages, tools), True  # a failing or looping template: PromptError
 

@@ -10,6 +10,8 @@ nearby code is drafted for free.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
@@ -18,19 +20,33 @@ from pydantic import Field
 
 from ...conversation import FimRequest
 from ...core.sampling import SamplingSettings
-from ..common import ApiError, Body, ServeOptions, Speculative, llama_sampling, parse_body, timings, unsupported
+from ..common import (
+    ApiError,
+    Body,
+    LlamaServerFields,
+    ServeOptions,
+    Speculative,
+    llama_sampling,
+    parse_body,
+    timings,
+    unsupported,
+)
 from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import Answer, answer, failure, messages, stream
 from ..plan import GenerationRequest, RequestDrafting
+
+MAX_COMPLETIONS = 8  # llama-server's bound is its slot count (4 by default)
 
 
 class Chunk(Body):
     text: str = ""
     filename: str = "tmp"
+    time: Any = None  # when the editor gathered it (llama.vscode: ms since 1970, llama.vim: reltime()): not read
 
 
-class InfillBody(Body):
-    """The fields llama.vscode and llama.vim send, and llama-server's usual sampling ones."""
+class InfillBody(LlamaServerFields, Body):
+    """The fields llama.vscode and llama.vim send, llama-server's usual sampling ones, and the rest of
+    llama-server's (common.LlamaServerFields: its `samplers` applied, others accepted or refused)."""
 
     input_prefix: str = ""
     input_suffix: str = ""
@@ -38,6 +54,7 @@ class InfillBody(Body):
     prompt: str = ""
     model: str | None = None
     n_predict: Annotated[int, Field(ge=-1)] | None = None  # -1: the server's limit; 0: only read the prompt
+    n_cmpl: Annotated[int, Field(ge=1, le=MAX_COMPLETIONS)] = 1  # several: answered one after another, as a list
     temperature: Annotated[float, Field(ge=0.0)] | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
     top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
@@ -53,24 +70,17 @@ class InfillBody(Body):
     presence_penalty: float | None = None
     response_fields: list[str] | None = None
     speculative: Speculative | None = None  # specgguf's own, as on /v1/completions
-    # Accepted and ignored: the one slot, the prompt cache (always on), llama.cpp's sampler order.
-    id_slot: int | None = None
-    cache_prompt: bool | None = None
-    samplers: list[str] | None = None
-    t_max_prompt_ms: int | None = None
-    # Refused unless off.
-    n_probs: int | None = None
-    typical_p: float | None = None
-    mirostat: int | None = None
-    ignore_eos: bool | None = None
+    n_probs: int | None = None  # refused unless 0
 
     def refuse_unsupported(self) -> None:
-        for name, off in (("n_probs", 0), ("typical_p", 1.0), ("mirostat", 0), ("ignore_eos", False)):
-            if getattr(self, name) not in (None, off):
-                raise unsupported(name)
+        self.refuse_llama_extras()
+        if self.n_probs not in (None, 0):
+            raise unsupported("n_probs")
+        if self.n_cmpl > 1 and self.stream:
+            raise unsupported("n_cmpl", "one completion per stream")
 
     def sampling(self, defaults: SamplingSettings, n_ctx: int) -> SamplingSettings:
-        return llama_sampling(self, defaults, n_ctx)
+        return llama_sampling(self, defaults, n_ctx, self.samplers)
 
 
 ENDPOINTS: tuple[str, ...] = ("/infill",)
@@ -99,8 +109,8 @@ def _pick(body: dict, fields: list[str] | None) -> dict:
 def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
     n_ctx = worker.verifier.n_ctx
 
-    def result(text: str, finished: Finished | None, body: InfillBody) -> dict:
-        out: dict = {"index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": finished is not None}
+    def result(text: str, finished: Finished | None, body: InfillBody, index: int = 0) -> dict:
+        out: dict = {"index": index, "content": text, "tokens": [], "id_slot": 0, "stop": finished is not None}
         if finished is not None:
             out |= {
                 "model": options.model_name,
@@ -138,6 +148,8 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             t_max_predict_ms=body.t_max_predict_ms,
             drafting=body.speculative.drafting() if body.speculative else RequestDrafting(),
         )
+        if body.n_cmpl > 1 and n_predict:  # llama.vscode's alternatives: a list, as llama-server answers
+            return JSONResponse(await _several(worker, generation, request, body.n_cmpl, result, body))
         reply = await answer(worker, generation, request, stream=bool(body.stream))
         if isinstance(reply, Answer):
             return JSONResponse(result(reply.text if n_predict else "", reply.finished, body))
@@ -153,3 +165,23 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
                     yield f"data: {json.dumps(error_body(failure(message)))}\n\n"
 
         return stream(events())
+
+
+async def _several(
+    worker: Worker,
+    generation: GenerationRequest,
+    request: Request,
+    n: int,
+    result: Callable[[str, Finished, InfillBody, int], dict],
+    body: InfillBody,
+) -> list[dict]:
+    """`n_cmpl` completions of one prompt, one after another (the later ones read it from the cache),
+    each its own draw: a seeded request's take the seeds seed, seed + 1, ..."""
+    answers = []
+    for index in range(n):
+        seed = generation.seed
+        seed = seed + index if seed is not None and seed >= 0 else seed
+        reply = await answer(worker, replace(generation, seed=seed), request, stream=False)
+        assert isinstance(reply, Answer)
+        answers.append(result(reply.text, reply.finished, body, index))
+    return answers

@@ -8,6 +8,7 @@ other API claims. (The Responses API and embeddings are OpenAI's too: responses.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -58,7 +59,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         return await _answer(
             request,
             body,
-            _generation_request(body, body.template_messages(), "", options),
+            _generation_request(body, body.template_messages(), "", options, worker.verifier.n_ctx),
             Shape("chat", options.model_name, logprobs=body.n_top_logprobs is not None, marks=body.marks_drafts),
             worker=worker,
             options=options,
@@ -70,7 +71,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         return await _answer(
             request,
             body,
-            _generation_request(body, None, body.text, options),
+            _generation_request(body, None, body.text, options, worker.verifier.n_ctx),
             Shape("text", options.model_name, logprobs=body.n_top_logprobs is not None, marks=body.marks_drafts),
             worker=worker,
             options=options,
@@ -95,6 +96,8 @@ async def _answer(
             code="model_not_found",
         )
     reply = await answer(worker, generation, request, stream=bool(body.stream))
+    if isinstance(reply, Answer) and body.warm_up:  # n_predict 0: the prompt is read, nothing answered
+        reply = Answer("", replace(reply.finished, n_completion=0, tool_calls=[], finish_reason="length"), [])
     if isinstance(reply, Answer):
         return JSONResponse(shape.response(reply.text, reply.finished, reply.logprobs))
     include_usage = body.stream_options is not None and bool(body.stream_options.include_usage)
@@ -119,14 +122,18 @@ async def _events(job: Job, shape: Shape, include_usage: bool):
 
 
 def _generation_request(
-    body: ChatRequest | CompletionRequest, messages: list[Message] | None, text: str, options: ServeOptions
+    body: ChatRequest | CompletionRequest,
+    messages: list[Message] | None,
+    text: str,
+    options: ServeOptions,
+    n_ctx: int,
 ) -> GenerationRequest:
     completion = body if isinstance(body, CompletionRequest) else None
     return GenerationRequest(
         messages=messages,
         text=text,
         max_tokens=body.token_limit or options.max_tokens,
-        settings=body.sampling(options.settings),
+        settings=body.sampling(options.settings, n_ctx),
         seed=body.seed,
         stops=body.stop_strings,
         drafting=body.speculative.drafting() if body.speculative else RequestDrafting(),
@@ -137,4 +144,5 @@ def _generation_request(
         # A completion with a suffix fills in the middle (as Ollama and OpenAI's instruct models do).
         fim=FimRequest(text, completion.suffix) if completion is not None and completion.suffix is not None else None,
         mark_drafts=body.marks_drafts,
+        parse_special=completion is not None,  # a completions prompt is raw model input; chat content is text
     )

@@ -13,7 +13,7 @@ from pydantic import Field
 from ....conversation import Message, Role, ToolCall
 from ....core.sampling import Penalties, SamplingSettings
 from ....grammar import MAX_GRAMMAR_CHARS, GrammarError, GrammarSpec
-from ...common import AccountFields, ApiError, Body, Speculative, sampling_from, unsupported
+from ...common import AccountFields, ApiError, Body, LlamaServerFields, Speculative, sampling_from, unsupported
 from ...tool_syntax import Tool
 from ...tools import ToolPlan
 from .fields import ChatIgnored, MessageFields, refuse_chat_extras
@@ -63,13 +63,15 @@ _Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 _TokenId = Annotated[str, Field(pattern=r"^[0-9]{1,9}$")]
 
 
-class _Common(AccountFields, Body):
-    """What chat and text completions share."""
+class _Common(AccountFields, LlamaServerFields, Body):
+    """What chat and text completions share, with llama-server's own fields (common.LlamaServerFields;
+    its `samplers` applied, others accepted or refused by name)."""
 
     model: str | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | Literal[-1] | None = None  # -1: llama-server's "no limit"
+    n_predict: Annotated[int, Field(ge=-1)] | None = None  # llama-server's name; 0: read the prompt, answer nothing
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None  # 0: only the top token (greedy)
     top_k: Annotated[int, Field(ge=0)] | None = None
@@ -81,12 +83,18 @@ class _Common(AccountFields, Body):
     logit_bias: dict[_TokenId, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     frequency_penalty: _Penalty | None = None
     presence_penalty: _Penalty | None = None
+    repeat_penalty: Annotated[float, Field(gt=0.0)] | None = None  # llama-server's
+    repeat_last_n: Annotated[int, Field(ge=-1)] | None = None  # -1: the context
+    response_fields: list[str] | None = None  # llama-server's /completion shape only: ignored here
     # Declared only to be refused by name (see `refuse_unsupported`).
     n: Annotated[int, Field(ge=1, le=128)] | None = None
     response_format: ResponseFormat | None = None
     grammar: Annotated[str, Field(max_length=MAX_GRAMMAR_CHARS)] | None = None  # llama-server's GBNF field
 
     def refuse_unsupported(self) -> None:
+        self.refuse_llama_extras()
+        if self.warm_up and self.stream:
+            raise ApiError(400, "'n_predict': 0 (read the prompt only) needs 'stream': false", param="n_predict")
         if self.n not in (None, 1):
             raise unsupported("n", "one choice per request")
         if self.stream_options is not None and self.stream_options.include_usage and not self.stream:
@@ -112,6 +120,22 @@ class _Common(AccountFields, Body):
         return spec
 
     @property
+    def _limits(self) -> tuple[int | None, ...]:
+        """The answer's token limits as given, the one that wins first."""
+        return self.max_tokens, self.n_predict
+
+    @property
+    def token_limit(self) -> int | None:
+        """None: the server's (also for -1, llama-server's "no limit"); n_predict 0: one token, not shown."""
+        given = next((limit for limit in self._limits if limit is not None), None)
+        return None if given in (None, -1) else max(1, given)
+
+    @property
+    def warm_up(self) -> bool:
+        """llama-server's n_predict 0 (llama.vim's warm-up): the prompt read into the cache, no answer."""
+        return next((limit for limit in self._limits if limit is not None), None) == 0
+
+    @property
     def marks_drafts(self) -> bool:
         return self.speculative is not None and self.speculative.mark_drafts
 
@@ -119,23 +143,25 @@ class _Common(AccountFields, Body):
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
-    def sampling(self, defaults: SamplingSettings) -> SamplingSettings:
+    def sampling(self, defaults: SamplingSettings, n_ctx: int) -> SamplingSettings:
         return sampling_from(
             defaults,
             temperature=self.temperature,
             top_k=self.top_k,
             top_p=self.top_p,
             min_p=self.min_p,
-            penalties=lambda: self.penalties(defaults.penalties),
+            penalties=lambda: self.penalties(defaults.penalties, n_ctx),
+            samplers=self.samplers,
         )
 
-    def penalties(self, defaults: Penalties) -> Penalties:
+    def penalties(self, defaults: Penalties, n_ctx: int) -> Penalties:
         bias = tuple(sorted((int(token), value) for token, value in (self.logit_bias or {}).items()))
+        last_n = defaults.last_n if self.repeat_last_n is None else self.repeat_last_n
         return Penalties(
             frequency=defaults.frequency if self.frequency_penalty is None else self.frequency_penalty,
             presence=defaults.presence if self.presence_penalty is None else self.presence_penalty,
-            repeat=defaults.repeat,
-            last_n=defaults.last_n,
+            repeat=defaults.repeat if self.repeat_penalty is None else self.repeat_penalty,
+            last_n=n_ctx if last_n == -1 else last_n,
             bias=bias or defaults.bias,
         )
 
@@ -309,8 +335,8 @@ class ChatRequest(ChatIgnored, _Common):
         return ToolPlan(tools, definitions, mode, self.parallel_tool_calls is not False)
 
     @property
-    def token_limit(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+    def _limits(self) -> tuple[int | None, ...]:
+        return self.max_completion_tokens, self.max_tokens, self.n_predict
 
     @property
     def n_top_logprobs(self) -> int | None:
@@ -354,10 +380,6 @@ class CompletionRequest(_Common):
         if isinstance(self.prompt, str) or isinstance(self.prompt[0], str):
             return None
         return self.prompt if isinstance(self.prompt[0], int) else self.prompt[0]
-
-    @property
-    def token_limit(self) -> int | None:
-        return self.max_tokens
 
     @property
     def n_top_logprobs(self) -> int | None:

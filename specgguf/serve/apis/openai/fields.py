@@ -9,7 +9,8 @@ and `verbosity` (hints for OpenAI's reasoning models), `prediction` (a latency h
 the same without it), `stream_options.include_obfuscation`, `modalities: ["text"]`, `audio: null`,
 and, in messages, `refusal: null`, `annotations` and `audio: null` (what the openai SDK sends back
 of an answer). Refused: `modalities` with "audio", `audio` output, `web_search_options`,
-`moderation`, and an assistant message's `audio` reference.
+`moderation`, and an assistant message's `audio` reference. llama-server's own fields, which its
+clients send here too, are common.LlamaServerFields.
 """
 
 from __future__ import annotations
