@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import ContextFullError, PromptError
+from .block_verify import accept_block
 from .constraint import Constraint
 from .drafting import Branch, Drafter, Drafts, DraftStep, NoDrafter, Source, ingest
 from .forced_drafter import ForcedDrafter
@@ -255,10 +256,11 @@ def _accept(
     walk: GrammarWalk | None = None,
 ) -> tuple[list[int], int]:
     """(accepted draft nodes, the verifier's next token): at temperature 0 the path of the
-    verifier's argmax, else the speculative sampling rule over the tree (sampling.accept_tree)
-    on the processed distributions. Each row gets the processing the draft's row for that position
-    got: penalties and logit bias (sampling.apply_penalties) with that row's own context (the
-    step's context plus the node's path), then, under a grammar (`walk`), the mask of its state there."""
+    verifier's argmax, else the speculative sampling rule over the tree (sampling.accept_tree), or
+    on a chain block verification if the settings ask for it (block_verify.accept_block), on the
+    processed distributions. Each row gets the processing the draft's row for that position got:
+    penalties and logit bias (sampling.apply_penalties) with that row's own context (the step's
+    context plus the node's path), then, under a grammar (`walk`), the mask of its state there."""
     parents = drafts.tree()
 
     @functools.cache
@@ -279,6 +281,15 @@ def _accept(
     def target_probs(node: int) -> np.ndarray:  # only the rows the walk reaches are processed
         return process_logits(row(node), settings)[0]
 
+    n_drafts = len(drafts.tokens)
+    if settings.acceptance == "block" and n_drafts and parents == list(range(-1, n_drafts - 1)):  # a chain
+        n_accepted, next_token = accept_block(
+            target_probs=np.array([target_probs(node) for node in range(-1, n_drafts)]),
+            draft_probs=np.array(drafts.probs).reshape(n_drafts, -1),
+            draft_tokens=drafts.tokens,
+            rng=rng,
+        )
+        return list(range(n_accepted)), next_token
     return accept_tree(
         target_probs=target_probs, draft_probs=drafts.probs, draft_tokens=drafts.tokens, parents=parents, rng=rng
     )
