@@ -8,6 +8,7 @@ variants fail the same checks the real rule passes.
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -307,3 +308,28 @@ def test_no_drafts_draw_from_the_first_row():
         target_probs=target_rows, draft_probs=np.zeros((0, 4)), draft_tokens=[], rng=np.random.default_rng(0)
     )
     assert (n_kept, token) == (0, 1)
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+def test_run_accept_block_reaches_the_settings(cli, tiny_verifier, tiny_draft):
+    pair = ["-m", tiny_verifier, "-md", tiny_draft, "-c", "256", "-k", "3", "-n", "12", "--seed", "2", "--json"]
+    result = cli("run", *pair, "--temp", "1.0", "--accept", "block", "the cat")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["settings"]["acceptance"] == "block" and report["n_tokens"] == 12
+    default = json.loads(cli("run", *pair, "the cat").stdout)
+    assert default["settings"]["acceptance"] == "token"  # off unless asked
+
+
+def test_run_refuses_an_unknown_acceptance_rule(cli, tiny_verifier, tiny_draft):
+    result = cli("run", "-m", tiny_verifier, "-md", tiny_draft, "--accept", "tree", "the cat")
+    assert result.returncode != 0 and "--accept must be token or block" in result.stderr
+
+
+def test_a_server_request_keeps_the_servers_acceptance_rule():
+    from specgguf.serve.common import sampling_from
+
+    request = sampling_from(SamplingSettings(acceptance="block"), temperature=1.2, top_k=10)
+    assert request.acceptance == "block" and request.temperature == 1.2 and request.top_k == 10
