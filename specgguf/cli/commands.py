@@ -11,6 +11,7 @@ import typer
 
 from ..core.drafters import DEFAULT_DRAFTER
 from .options import (
+    Accept,
     CtxSize,
     Drafter,
     DraftMax,
@@ -61,6 +62,7 @@ def run(
     top_k: TopK = 40,
     top_p: TopP = 0.95,
     min_p: MinP = 0.05,
+    accept: Accept = "token",
     seed: Seed = None,
     ctx_size: CtxSize = 4096,
     threads: Threads = None,
@@ -95,7 +97,7 @@ def run(
     text = read_prompt(prompt)
     constraint = grammar_from_files(json_schema=json_schema, grammar=grammar)  # checked before the models load
     out_console, err_console = consoles(json_output)
-    settings = sampling_settings(temp, top_k, top_p, min_p)
+    settings = sampling_settings(temp, top_k, top_p, min_p, accept)
     seed = parse_seed(seed)  # checked before the models load
     resolved, load, drafting = pair_setup(
         model=model,
@@ -157,6 +159,7 @@ def chat(
     top_k: TopK = 40,
     top_p: TopP = 0.95,
     min_p: MinP = 0.05,
+    accept: Accept = "token",
     seed: Seed = None,
     ctx_size: CtxSize = 4096,
     threads: Threads = None,
@@ -173,7 +176,7 @@ def chat(
     from .chat import run_chat
 
     out_console, err_console = consoles(False)
-    settings = sampling_settings(temp, top_k, top_p, min_p)
+    settings = sampling_settings(temp, top_k, top_p, min_p, accept)
     seed = parse_seed(seed)
     resolved, load, drafting = pair_setup(
         model=model,
@@ -234,6 +237,7 @@ def serve(
     top_k: TopK = 40,
     top_p: TopP = 0.95,
     min_p: MinP = 0.05,
+    accept: Accept = "token",
     ctx_size: CtxSize = 4096,
     threads: Threads = None,
     n_gpu_layers: GpuLayers = 0,
@@ -296,7 +300,7 @@ def serve(
     check_address(host, api_key=api_key, insecure=insecure)
     hosts, origins = parse_hosts(allowed_hosts), parse_origins(cors_origin)
     _, err_console = consoles(False)
-    settings = sampling_settings(temp, top_k, top_p, min_p)
+    settings = sampling_settings(temp, top_k, top_p, min_p, accept)
     resolved, load, drafting = pair_setup(
         model=model,
         model_draft=model_draft,

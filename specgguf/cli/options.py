@@ -94,6 +94,14 @@ Temperature = Annotated[float, typer.Option("--temp", min=0.0, help="Temperature
 TopK = Annotated[int, typer.Option("--top-k", min=0, help="Top-k (0 = off).")]
 TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p (1 = off).")]
 MinP = Annotated[float, typer.Option("--min-p", min=0.0, max=1.0, help="Min-p (0 = off).")]
+Accept = Annotated[
+    str,
+    typer.Option(
+        "--accept",
+        help="How a chain of drafts is accepted when sampling: token (token by token) or block (jointly, Sun et al."
+        " 2025: the same output law, never fewer drafts kept on average). Trees and --temp 0 are not affected.",
+    ),
+]
 Seed = Annotated[int | None, typer.Option("--seed", help="RNG seed (default or -1: random, reported in --json).")]
 CtxSize = Annotated[int, typer.Option("-c", "--ctx-size", min=16, help="Context size in tokens.")]
 Threads = Annotated[int | None, typer.Option("-t", "--threads", min=1, help="CPU threads (default: all).")]
@@ -165,9 +173,17 @@ def parse_threads(threads: int | None, err_console: Console) -> int | None:
     return threads
 
 
-def sampling_settings(temp: float, top_k: int, top_p: float, min_p: float) -> SamplingSettings:
+def sampling_settings(temp: float, top_k: int, top_p: float, min_p: float, accept: str = "token") -> SamplingSettings:
+    if accept not in ("token", "block"):
+        raise UsageError(f"--accept must be token or block, got {accept!r}")
     try:
-        return SamplingSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+        return SamplingSettings(
+            temperature=temp,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            acceptance="block" if accept == "block" else "token",
+        )
     except ValueError as error:
         raise UsageError(str(error)) from None
 

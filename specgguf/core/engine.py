@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import ContextFullError, PromptError
+from .block_verify import accept_block
 from .constraint import Constraint
 from .drafting import Branch, Drafter, Drafts, DraftStep, NoDrafter, Source, ingest
 from .forced_drafter import ForcedDrafter
@@ -30,6 +31,7 @@ from .sampling import (
     mask_logits,
     process_logits,
 )
+from .verify_tree import VerifyTree
 
 
 class KPolicy(Protocol):
@@ -244,49 +246,6 @@ def check_prompt(verifier: Model, prompt_tokens: Sequence[int], max_tokens: int)
         )
 
 
-@dataclass
-class VerifyTree:
-    """The verifier's batch: the pending token(s) as a chain, then the draft tree's distinct nodes
-    (a sampled sibling may repeat its parent's other draw: it is checked once)."""
-
-    tokens: list[int]
-    parents: list[int]
-    root: int  # index of the newest pending token, whose row scores what follows the context
-    rows: list[int]  # draft node -> its index in `tokens`
-
-    @classmethod
-    def build(cls, pending: list[int], drafts: Drafts) -> VerifyTree:
-        tokens, parents, root = list(pending), list(range(-1, len(pending) - 1)), len(pending) - 1
-        index: dict[tuple[int, int], int] = {}
-        rows: list[int] = []
-        for token, parent in zip(drafts.tokens, drafts.tree()):
-            key = (root if parent < 0 else rows[parent], token)
-            if key not in index:
-                index[key] = len(tokens)
-                tokens.append(token)
-                parents.append(key[0])
-            rows.append(index[key])
-        return cls(tokens, parents, root, rows)
-
-    @property
-    def n_checked(self) -> int:
-        """Distinct draft tokens in the batch."""
-        return len(self.tokens) - self.root - 1
-
-    @property
-    def n_rows(self) -> int:
-        """Logits rows needed: the newest pending token's and every node's."""
-        return len(self.tokens) - self.root
-
-    def row(self, node: int) -> int:
-        """The logits row scoring what follows draft node `node` (-1: the context)."""
-        return (self.root if node < 0 else self.rows[node]) - self.root
-
-    def kept(self, path: list[int]) -> list[int]:
-        """The batch indices to keep: the pending tokens, then the accepted path."""
-        return list(range(self.root + 1)) + [self.rows[node] for node in path]
-
-
 def _accept(
     tree: VerifyTree,
     target_logits: np.ndarray,
@@ -297,10 +256,11 @@ def _accept(
     walk: GrammarWalk | None = None,
 ) -> tuple[list[int], int]:
     """(accepted draft nodes, the verifier's next token): at temperature 0 the path of the
-    verifier's argmax, else the speculative sampling rule over the tree (sampling.accept_tree)
-    on the processed distributions. Each row gets the processing the draft's row for that position
-    got: penalties and logit bias (sampling.apply_penalties) with that row's own context (the
-    step's context plus the node's path), then, under a grammar (`walk`), the mask of its state there."""
+    verifier's argmax, else the speculative sampling rule over the tree (sampling.accept_tree), or
+    on a chain block verification if the settings ask for it (block_verify.accept_block), on the
+    processed distributions. Each row gets the processing the draft's row for that position got:
+    penalties and logit bias (sampling.apply_penalties) with that row's own context (the step's
+    context plus the node's path), then, under a grammar (`walk`), the mask of its state there."""
     parents = drafts.tree()
 
     @functools.cache
@@ -321,6 +281,15 @@ def _accept(
     def target_probs(node: int) -> np.ndarray:  # only the rows the walk reaches are processed
         return process_logits(row(node), settings)[0]
 
+    n_drafts = len(drafts.tokens)
+    if settings.acceptance == "block" and n_drafts and parents == list(range(-1, n_drafts - 1)):  # a chain
+        n_accepted, next_token = accept_block(
+            target_probs=np.array([target_probs(node) for node in range(-1, n_drafts)]),
+            draft_probs=np.array(drafts.probs).reshape(n_drafts, -1),
+            draft_tokens=drafts.tokens,
+            rng=rng,
+        )
+        return list(range(n_accepted)), next_token
     return accept_tree(
         target_probs=target_probs, draft_probs=drafts.probs, draft_tokens=drafts.tokens, parents=parents, rng=rng
     )

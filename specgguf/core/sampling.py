@@ -15,10 +15,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 MIN_TEMPERATURE = 1e-6  # below it, sampling is greedy decoding (and 1/T would overflow near 1e-308)
+
+# How a chain of drafts is accepted when sampling: token by token (`accept_drafts`), or jointly
+# (block_verify.accept_block). Trees keep the tree rule; at temperature 0 both are the greedy rule.
+Acceptance = Literal["token", "block"]
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,15 @@ NO_PENALTIES = Penalties()
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """The knobs of llama.cpp's sampler chain, with llama.cpp's defaults."""
+    """The knobs of llama.cpp's sampler chain, with llama.cpp's defaults, and the acceptance rule
+    for a chain of drafts (which changes how many drafts are kept, never the output's law)."""
 
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
     penalties: Penalties = field(default=NO_PENALTIES)
+    acceptance: Acceptance = "token"
 
     def __post_init__(self) -> None:
         for name, value in (("temperature", self.temperature), ("top-p", self.top_p), ("min-p", self.min_p)):
@@ -78,6 +85,8 @@ class SamplingSettings:
             raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min-p must be in [0, 1], got {self.min_p}")
+        if self.acceptance not in ("token", "block"):
+            raise ValueError(f"acceptance must be 'token' or 'block', got {self.acceptance!r}")
 
     @property
     def greedy(self) -> bool:

@@ -94,6 +94,7 @@ def sampling_from(
             top_p=top_p,
             min_p=defaults.min_p if min_p is None else min_p,
             penalties=defaults.penalties if penalties is None else penalties(),
+            acceptance=defaults.acceptance,
         )
     except ValueError as error:
         raise ApiError(400, str(error)) from None
