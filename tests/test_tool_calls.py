@@ -250,13 +250,15 @@ def _stream(text: str, *, family="hermes", stop="eos", chunk=3):
     content, streamed = "", dict[int, dict]()
     for at in range(0, len(data), chunk):
         for delta in calls.feed(data[at : at + chunk]):
-            entry = streamed.setdefault(delta["index"], {"name": delta["function"].get("name"), "arguments": ""})
-            entry["arguments"] += delta["function"]["arguments"]
+            entry = streamed.setdefault(delta.index, {"name": delta.name, "arguments": ""})
+            entry["arguments"] += delta.arguments
         content += calls.content(answer.add(data[at : at + chunk]))
     content += calls.finish(answer, stop)
     reason, whole = calls.result()
-    assert list(streamed.values()) == [call["function"] for call in whole]  # the stream is the whole answer
-    return content, reason, [(call["function"]["name"], call["function"]["arguments"]) for call in whole]
+    assert list(streamed.values()) == [
+        {"name": call.name, "arguments": call.arguments} for call in whole
+    ]  # the stream is the whole answer
+    return content, reason, [(call.name, call.arguments) for call in whole]
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Protocol, TypeVar
+from typing import Annotated, Any, Literal, ParamSpec, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -23,6 +23,7 @@ from ..core.sampling import Penalties, SamplingSettings
 from ..prepare import KChoice, parse_k
 from .generator import Finished
 from .plan import RequestDrafting
+from .tools import ToolPlan, ToolsError, plan_tools as _plan_tools
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,22 @@ def unsupported(param: str, why: str = "") -> ApiError:
         param=param,
         code="unsupported_parameter",
     )
+
+
+_P = ParamSpec("_P")
+
+
+def _refusing(plan: Callable[_P, ToolPlan | None]) -> Callable[_P, ToolPlan | None]:
+    def planned(*args: _P.args, **kwargs: _P.kwargs) -> ToolPlan | None:
+        try:
+            return plan(*args, **kwargs)
+        except ToolsError as error:
+            raise ApiError(400, str(error), param=error.param, code=error.code) from None
+
+    return planned
+
+
+plan_tools = _refusing(_plan_tools)  # tools.plan_tools, its refusal an ApiError (400) naming the request's field
 
 
 def sampling_from(
