@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.drafters import DrafterKind
 from ..core.sampling import Penalties, SamplingSettings
+from ..grammar import GrammarError, GrammarSpec
 from ..prepare import KChoice, parse_k
 from .generator import Finished
 from .plan import RequestDrafting
@@ -67,6 +68,15 @@ def unsupported(param: str, why: str = "") -> ApiError:
         param=param,
         code="unsupported_parameter",
     )
+
+
+def checked_grammar(spec: GrammarSpec, param: str) -> GrammarSpec:
+    """A response format's grammar, compiled once to check it: one that does not is a 400 naming `param`."""
+    try:
+        spec.compile()
+    except GrammarError as error:
+        raise ApiError(400, f"'{param}': {error}", param=param, code="invalid_grammar") from None
+    return spec
 
 
 _P = ParamSpec("_P")

@@ -93,6 +93,7 @@ class Job:
     messages: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
+    started: Started | None = None  # its first message, once jobs.started has read it (the prompt's size)
 
     def send(self, message) -> None:
         """From the worker thread to the request's coroutine."""
