@@ -273,7 +273,7 @@ def _add_model_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, de
                     "family": info.architecture,
                     "families": [info.architecture],
                     "parameter_size": words[1] if len(words) > 2 else str(info.n_params),
-                    "quantization_level": words[-1] if len(words) > 2 else "",
+                    "quantization_level": info.file_type or (words[-1] if len(words) > 2 else ""),
                 },
                 "_info": info,
             }
