@@ -7,6 +7,7 @@ structured answer that parses and follows its schema; whole and streamed alike."
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import anthropic
@@ -127,3 +128,98 @@ def test_anthropic_bad_tools_are_400s_naming_the_problem(server, fields, message
         refused = http.post("/v1/messages", json=body)
     assert refused.status_code == 400 and refused.json()["type"] == "error"
     assert message in refused.json()["error"]["message"]
+
+
+# --- Ollama ---
+
+
+@pytest.fixture(scope="module")
+def ollama_client(server):
+    import ollama
+
+    return ollama.Client(host=server.base_url)
+
+
+OLLAMA_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "The weather", "parameters": WEATHER_SCHEMA},
+    }
+]
+
+
+def test_ollama_format_json_and_a_schema_whole_and_streamed(ollama_client):
+    messages = [{"role": "user", "content": "the cat"}]
+    for temperature in (0, 0.8):
+        options = {"temperature": temperature, "num_predict": 300}
+        whole = ollama_client.chat(model="m", messages=messages, format=PET_SCHEMA, options=options)
+        jsonschema.validate(json.loads(whole.message.content), PET_SCHEMA)
+        parts = list(ollama_client.chat(model="m", messages=messages, format=PET_SCHEMA, options=options, stream=True))
+        jsonschema.validate(json.loads("".join(part.message.content for part in parts)), PET_SCHEMA)
+    # "json": any object (a random model may not close it in 40 tokens; the first key comes after its whitespace).
+    anything = ollama_client.chat(model="m", messages=messages, format="json", options={"num_predict": 40})
+    assert re.match(r'\{\s*["}]', anything.message.content)
+    generated = ollama_client.generate(model="m", prompt="the dog", format=PET_SCHEMA, options={"num_predict": 300})
+    jsonschema.validate(json.loads(generated.response), PET_SCHEMA)
+
+
+def test_ollama_tool_results_in_the_history_reach_the_prompt(ollama_client, server):
+    openai = server.client()
+    # The tiny model writes no call unasked (Ollama has no tool_choice): the calls' shape out of the
+    # server is checked below, on the values the generator hands every API.
+    call = {"function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}}
+    history = [
+        *ASK,
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "sunny, 21 C", "tool_name": "get_weather"},
+    ]
+    options = {"temperature": 0, "num_predict": 6}
+    answered = ollama_client.chat(model="m", messages=history, tools=OLLAMA_TOOLS, options=options)
+    assert answered.done_reason in ("stop", "length") and not answered.message.tool_calls
+    # The result is in the prompt: the same as the OpenAI route's for the same conversation.
+    openai_history = [
+        *ASK,
+        {"role": "assistant", "tool_calls": [{"id": "call_1_0", "type": "function", "function": {
+            "name": "get_weather", "arguments": json.dumps(call["function"]["arguments"])}}]},
+        {"role": "tool", "tool_call_id": "call_1_0", "content": "sunny, 21 C"},
+    ]  # fmt: skip
+    same = openai.chat.completions.create(
+        model="m", messages=openai_history, tools=OLLAMA_TOOLS, max_tokens=6, temperature=0
+    )
+    assert answered.prompt_eval_count == same.usage.prompt_tokens > len(ASK[0]["content"].split())
+    assert answered.message.content == same.choices[0].message.content
+
+
+def test_ollama_shapes_calls_and_matches_results_to_them():
+    from specgguf.conversation import ToolCall
+    from specgguf.serve.apis.ollama.chat import OllamaMessage, history, tool_calls
+
+    shaped = tool_calls([ToolCall("call_1", "get_weather", '{"city": "Paris"}'), ToolCall("call_2", "add", '{"a": ')])
+    assert shaped == [{"id": "call_1", "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}}]
+    calls = [{"function": {"name": name, "arguments": {}}} for name in ("a", "b")]
+    turns = history(
+        [
+            OllamaMessage(role="assistant", tool_calls=calls),
+            OllamaMessage(role="tool", content="B", tool_name="b"),
+            OllamaMessage(role="tool", content="A"),
+        ]
+    )
+    assert [call.id for call in turns[0].tool_calls] == ["call_0_0", "call_0_1"]
+    assert [(turn.content, turn.tool_call_id) for turn in turns[1:]] == [("B", "call_0_1"), ("A", "call_0_0")]
+
+
+def test_ollama_bad_tools_and_formats_are_ollamas_errors(server):
+    ask = {"model": "m", "messages": ASK, "stream": False}
+    bad = [
+        ({"format": {"type": "nonsense"}}, "'format'"),
+        ({"tools": OLLAMA_TOOLS, "format": "json"}, "cannot be combined with 'format'"),
+        ({"tools": [*OLLAMA_TOOLS, *OLLAMA_TOOLS]}, "two tools are named"),
+        (
+            {"tools": OLLAMA_TOOLS, "messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "fly"}}]}]},
+            "unknown tool 'fly'",
+        ),
+    ]
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        for fields, message in bad:
+            refused = http.post("/api/chat", json={**ask, **fields})
+            assert refused.status_code == 400 and message in refused.json()["error"], fields
