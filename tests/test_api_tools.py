@@ -223,3 +223,83 @@ def test_ollama_bad_tools_and_formats_are_ollamas_errors(server):
         for fields, message in bad:
             refused = http.post("/api/chat", json={**ask, **fields})
             assert refused.status_code == 400 and message in refused.json()["error"], fields
+
+
+# --- OpenAI's Responses API ---
+
+RESPONSES_TOOLS = [
+    {"type": "function", "name": "get_weather", "description": "The weather", "parameters": WEATHER_SCHEMA}
+]
+
+
+def test_responses_function_call_round_trip_whole_and_streamed(server):
+    client = server.client()
+    asked: dict[str, Any] = {
+        "model": "m",
+        "input": ASK[0]["content"],
+        "tools": RESPONSES_TOOLS,
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+    }
+    response = client.responses.create(**asked)
+    (call,) = [item for item in response.output if item.type == "function_call"]
+    assert call.name == "get_weather" and call.call_id.startswith("call_") and call.status == "completed"
+    jsonschema.validate(json.loads(call.arguments), WEATHER_SCHEMA)
+    assert response.status == "completed" and response.tools[0].name == "get_weather"
+    events = list(client.responses.create(**asked, stream=True))
+    kinds = [event.type for event in events]
+    assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
+    added = [event.item for event in events if event.type == "response.output_item.added"]
+    assert [item.type for item in added] == ["function_call"] and added[0].name == "get_weather"
+    deltas = "".join(event.delta for event in events if event.type == "response.function_call_arguments.delta")
+    assert deltas == call.arguments == events[-1].response.output[-1].arguments
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    # The result back, as input items (the call as the response gave it) and by previous_response_id.
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}
+    items = [ASK[0], call.model_dump(exclude_none=True), result]
+    after = client.responses.create(model="m", input=items, tools=RESPONSES_TOOLS, max_output_tokens=6, temperature=0)
+    assert [item.type for item in after.output] == ["message"] and after.output_text
+    # tool_choice "none" after the call: a plain answer (the tools stay in the prompt).
+    chained = client.responses.create(
+        model="m",
+        input=[result],
+        previous_response_id=response.id,
+        tools=RESPONSES_TOOLS,
+        tool_choice="none",
+        max_output_tokens=6,
+        temperature=0,
+    )
+    assert chained.output_text == after.output_text
+    assert chained.usage.input_tokens == after.usage.input_tokens
+
+
+def test_responses_bodies_with_tools_follow_openais_schema(server):
+    from openai_schema import assert_conforms
+
+    body = {"input": "the weather", "tools": RESPONSES_TOOLS, "tool_choice": "required", "temperature": 0}
+    with server.http() as http:
+        raw = http.post("/v1/responses", json=body).json()
+        assert_conforms(raw, "Response")
+        fmt = {"type": "json_schema", "name": "pets", "schema": PET_SCHEMA, "strict": True}
+        assert_conforms(
+            http.post("/v1/responses", json={"input": "the cat", "text": {"format": fmt}}).json(), "Response"
+        )
+
+
+def test_responses_text_format_whole_and_streamed(server):
+    client = server.client()
+    fmt = {"type": "json_schema", "name": "pets", "schema": PET_SCHEMA, "strict": True}
+    for temperature in (0, 0.8):
+        response = client.responses.create(model="m", input="the cat", text={"format": fmt}, temperature=temperature)
+        assert response.status == "completed" and response.text.format.type == "json_schema"
+        jsonschema.validate(json.loads(response.output_text), PET_SCHEMA)
+        events = client.responses.create(
+            model="m", input="the cat", text={"format": fmt}, temperature=temperature, stream=True
+        )
+        text = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+        jsonschema.validate(json.loads(text), PET_SCHEMA)
+    anything = client.responses.create(
+        model="m", input="the cat", text={"format": {"type": "json_object"}}, max_output_tokens=40
+    )
+    assert re.match(r'\{\s*["}]', anything.output_text)

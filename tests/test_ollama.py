@@ -93,7 +93,7 @@ def test_bad_bodies_get_ollamas_error_shape_and_the_server_keeps_serving(client,
                 {"model": "v", "messages": [{"role": "user", "content": "x"}], "options": {"mirostat": 2}}
             ).encode(),
             json.dumps({"model": "v", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}).encode(),
-            json.dumps({"model": "v", "prompt": "x", "format": "json"}).encode(),
+            json.dumps({"model": "v", "prompt": "x", "format": {"type": "nonsense"}}).encode(),
         ):
             path = "/api/generate" if b"prompt" in body else "/api/chat"
             response = http.post(path, content=body, headers={"Content-Type": "application/json"})
