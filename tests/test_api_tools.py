@@ -303,3 +303,32 @@ def test_responses_text_format_whole_and_streamed(server):
         model="m", input="the cat", text={"format": {"type": "json_object"}}, max_output_tokens=40
     )
     assert re.match(r'\{\s*["}]', anything.output_text)
+
+
+def test_a_call_cut_by_max_tokens_is_kept_as_cut_whole_and_streamed(claude, server):
+    # 60 tokens: the tiny model is inside the call's arguments (tests/test_serve_tools.py's case).
+    asked = {"model": "m", "max_tokens": 60, "messages": ASK, "tools": CLAUDE_TOOLS, "tool_choice": ANY_ONE}
+    message = claude.messages.create(**asked, extra_body=GREEDY)
+    with claude.messages.stream(**asked, extra_body=GREEDY) as stream:
+        final = stream.get_final_message()
+    assert message.stop_reason == final.stop_reason == "max_tokens"
+    assert [(b.type, b.name, b.input) for b in message.content] == [(b.type, b.name, b.input) for b in final.content]
+    assert [b.type for b in message.content] == ["tool_use"]
+    client = server.client()
+    asked_responses: dict[str, Any] = {
+        "model": "m",
+        "input": ASK[0]["content"],
+        "tools": RESPONSES_TOOLS,
+        "tool_choice": "required",
+        "max_output_tokens": 60,
+        "temperature": 0,
+    }
+    response = client.responses.create(**asked_responses)
+    events = list(client.responses.create(**asked_responses, stream=True))
+    assert response.status == events[-1].response.status == "incomplete"
+    (call,) = response.output
+    assert call.type == "function_call" and call.status == "incomplete"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(call.arguments)
+    done = [event.item for event in events if event.type == "response.output_item.done"]
+    assert [(item.status, item.arguments) for item in done] == [("incomplete", call.arguments)]

@@ -12,6 +12,7 @@ import secrets
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
+from pydantic_core import from_json
 
 from ....conversation import ToolCall
 from ...common import ApiError, ServeOptions, parse_body
@@ -62,21 +63,20 @@ def _tool_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-def _tool_use(call: ToolCall) -> dict | None:
-    """A call as a tool_use block; None for one whose arguments are no JSON object (cut by max_tokens)."""
+def _tool_use(call: ToolCall) -> dict:
+    """A call as a tool_use block. One cut by max_tokens is kept, as Anthropic keeps it, its input
+    what of its JSON is whole (read as the SDK reads a stream's partial JSON)."""
     try:
-        arguments = json.loads(call.arguments)
-    except ValueError:
-        return None
-    if not isinstance(arguments, dict):
-        return None
-    return {"type": "tool_use", "id": _tool_id(call.id), "name": call.name, "input": arguments}
+        arguments = from_json(call.arguments, allow_partial=True)
+    except ValueError:  # cut before its first brace
+        arguments = {}
+    input_ = arguments if isinstance(arguments, dict) else {}
+    return {"type": "tool_use", "id": _tool_id(call.id), "name": call.name, "input": input_}
 
 
 def _content(text: str, calls: list[ToolCall]) -> list[dict]:
     """The answer's blocks: its text (none when only blank text comes before calls), then its calls."""
-    uses = [block for call in calls if (block := _tool_use(call)) is not None]
-    return ([{"type": "text", "text": text}] if text.strip() or not uses else []) + uses
+    return ([{"type": "text", "text": text}] if text.strip() or not calls else []) + [_tool_use(c) for c in calls]
 
 
 def _event(name: str, data: dict) -> str:

@@ -91,7 +91,7 @@ async def _events(shape: Shape, job: Job, remember: Callable[[str, list[ToolCall
             for event in items.text(message.text) + [e for delta in message.tool_calls for e in items.call(delta)]:
                 yield event
         elif isinstance(message, Finished):
-            for event in items.close(message.tool_calls):
+            for event in items.close(message.tool_calls, cut=message.finish_reason == "length"):
                 yield event
             remember(items.whole, message.tool_calls)
             final = shape.response(items.whole, message)
@@ -112,7 +112,7 @@ class _Items:
         self.whole = ""  # the message's text
         self.blank = ""
 
-    def _close(self, calls: list[ToolCall]) -> list[str]:
+    def _close(self, calls: list[ToolCall], *, cut: bool = False) -> list[str]:
         shape, at = self.shape, {"output_index": self.index}
         if self.open == "message":
             where = {"item_id": shape.item_id, **at, "content_index": 0}
@@ -131,7 +131,7 @@ class _Items:
                     name=call.name,
                     arguments=call.arguments,
                 ),
-                shape.event("response.output_item.done", **at, item=shape.call_item(call, done=True)),
+                shape.event("response.output_item.done", **at, item=shape.call_item(call, done=True, cut=cut)),
             ]
         else:
             events = []
@@ -181,8 +181,9 @@ class _Items:
             )
         return events
 
-    def close(self, calls: list[ToolCall]) -> list[str]:
-        """The end: blank text not yet sent (or an empty message, if nothing came); the last item closes."""
+    def close(self, calls: list[ToolCall], *, cut: bool) -> list[str]:
+        """The end: blank text not yet sent (or an empty message, if nothing came); the last item
+        closes (`cut`: by max_output_tokens)."""
         events = self._say(self.blank) if self.blank or self.index < 0 else []
         self.blank = ""
-        return events + self._close(calls)
+        return events + self._close(calls, cut=cut)

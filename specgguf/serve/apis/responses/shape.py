@@ -36,20 +36,23 @@ class Shape:
             "content": [self.part(text)] if done else [],
         }
 
-    def call_item(self, call: ToolCall, *, done: bool) -> dict:
+    def call_item(self, call: ToolCall, *, done: bool, cut: bool = False) -> dict:
+        """A call's item; `cut`: its arguments were cut short by max_output_tokens ("incomplete")."""
         return {
             "id": call_item_id(call.id),
             "type": "function_call",
-            "status": "completed" if done else "in_progress",
+            "status": "incomplete" if cut else "completed" if done else "in_progress",
             "call_id": call.id,
             "name": call.name,
             "arguments": call.arguments if done else "",
         }
 
-    def output(self, text: str, calls: list[ToolCall]) -> list[dict]:
-        """The answer's items: its message (none when only blank text comes before calls), its calls."""
+    def output(self, text: str, calls: list[ToolCall], *, cut: bool = False) -> list[dict]:
+        """The answer's items: its message (none when only blank text comes before calls), its calls
+        (`cut`: the answer was, and its last call with it)."""
         message = [self.item(text, done=True)] if text.strip() or not calls else []
-        return message + [self.call_item(call, done=True) for call in calls]
+        last = len(calls) - 1
+        return message + [self.call_item(call, done=True, cut=cut and i == last) for i, call in enumerate(calls)]
 
     def response(self, text: str, finished: Finished | None) -> dict:
         body = self.body
@@ -79,7 +82,7 @@ class Shape:
             "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens,
             "model": self.model,
-            "output": [] if finished is None else self.output(text, finished.tool_calls),
+            "output": [] if finished is None else self.output(text, finished.tool_calls, cut=incomplete),
             "parallel_tool_calls": body.parallel_tool_calls if body.parallel_tool_calls is not None else True,
             "previous_response_id": body.previous_response_id,
             "reasoning": {"effort": None, "summary": None},
