@@ -66,8 +66,6 @@ def plan_tools(
     parallel: bool = True,
     called: Sequence[tuple[str, str]] = (),
     conflicting: str | None = None,
-    tools_param: str = "tools",
-    choice_param: str = "tool_choice",
 ) -> ToolPlan | None:
     """The request's tools, checked: each name is a function name and unique, each schema compiles,
     the choice (`choice` "auto", "none", "required" or None; `named` one function) names one of
@@ -76,16 +74,16 @@ def plan_tools(
     tools (or tool_choice "none" without tools)."""
     if not functions:
         if named is not None or choice == "required":
-            raise ToolsError(f"'{choice_param}' needs '{tools_param}'", param=choice_param)
+            raise ToolsError("'tool_choice' needs 'tools'", param="tool_choice")
         return None
     if conflicting is not None:
-        raise ToolsError(f"'{tools_param}' cannot be combined with {conflicting}", param=tools_param)
+        raise ToolsError(f"'tools' cannot be combined with {conflicting}", param="tools")
     tools = []
     for function in functions:
         if not _NAME.match(function.name):
             raise ToolsError(
                 f"{function.name[:70]!r} is not a function name (1 to 64 of A-Z a-z 0-9 _ . -)",
-                param=function.param.rpartition(".")[0] or tools_param,
+                param=function.param.rpartition(".")[0] + ".name",  # beside its parameters
             )
         parameters = function.parameters if function.parameters is not None else {"type": "object"}
         try:
@@ -98,12 +96,12 @@ def plan_tools(
     names = [tool.name for tool in tools]
     if len(set(names)) < len(names):
         duplicate = next(name for name in names if names.count(name) > 1)
-        raise ToolsError(f"two tools are named {duplicate!r}", param=tools_param)
+        raise ToolsError(f"two tools are named {duplicate!r}", param="tools")
     if named is not None and named not in names:
-        raise ToolsError(f"'{choice_param}' names {named[:64]!r}, which is not in '{tools_param}'", param=choice_param)
+        raise ToolsError(f"'tool_choice' names {named[:64]!r}, which is not in 'tools'", param="tool_choice")
     for name, where in called:
         if name not in names:
-            raise ToolsError(f"a message calls an unknown tool {name[:64]!r} (not in '{tools_param}')", param=where)
+            raise ToolsError(f"a message calls an unknown tool {name[:64]!r} (not in 'tools')", param=where)
     definitions = [  # OpenAI's shape, which chat templates read
         {"type": "function", "function": _defined(function)} for function in functions
     ]
