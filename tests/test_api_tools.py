@@ -165,8 +165,7 @@ def test_ollama_format_json_and_a_schema_whole_and_streamed(ollama_client):
 
 def test_ollama_tool_results_in_the_history_reach_the_prompt(ollama_client, server):
     openai = server.client()
-    # The tiny model writes no call unasked (Ollama has no tool_choice): the calls' shape out of the
-    # server is checked below, on the values the generator hands every API.
+    # The tiny model writes no call unasked (Ollama has no tool_choice): SmolLM2 calls at the end.
     call = {"function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}}
     history = [
         *ASK,
@@ -332,3 +331,56 @@ def test_a_call_cut_by_max_tokens_is_kept_as_cut_whole_and_streamed(claude, serv
         json.loads(call.arguments)
     done = [event.item for event in events if event.type == "response.output_item.done"]
     assert [(item.status, item.arguments) for item in done] == [("incomplete", call.arguments)]
+
+
+# --- Ollama, with a model that calls: SmolLM2-135M-Instruct, shown one call in the history ---
+
+ONE_SHOT = [
+    {"role": "system", "content": "You call tools by writing <tool_call> and the call as JSON."},
+    {"role": "user", "content": "What is the weather in Rome?"},
+    {
+        "role": "assistant",
+        "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
+    },
+    {"role": "tool", "content": "sunny"},
+    {"role": "assistant", "content": "It is sunny in Rome."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+]
+CITY_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def smol_server(smollm2):
+    with live_server("-m", smollm2, "-c", "2048", "-t", "1", "-n", "80") as live:
+        yield live
+
+
+def test_ollama_tool_call_round_trip_whole_and_streamed(smol_server):
+    import ollama
+
+    client, greedy = ollama.Client(host=smol_server.base_url), {"temperature": 0}
+    whole = client.chat(model="m", messages=ONE_SHOT, tools=CITY_TOOLS, options=greedy)
+    assert whole.done_reason == "stop" and whole.message.content == ""
+    ((call),) = whole.message.tool_calls
+    assert (call.function.name, dict(call.function.arguments)) == ("get_weather", {"city": "Paris"})
+    parts = list(client.chat(model="m", messages=ONE_SHOT, tools=CITY_TOOLS, options=greedy, stream=True))
+    assert [part.done for part in parts] == [False] * (len(parts) - 1) + [True]
+    streamed = [c for part in parts for c in part.message.tool_calls or []]
+    assert [(c.function.name, dict(c.function.arguments)) for c in streamed] == [("get_weather", {"city": "Paris"})]
+    # The call and its result back in the history; the model answers in text.
+    history = [
+        *ONE_SHOT,
+        {"role": "assistant", "content": "", "tool_calls": [call.model_dump(exclude_none=True)]},
+        {"role": "tool", "content": "rainy, 12 C", "tool_name": "get_weather"},
+    ]
+    answer = client.chat(model="m", messages=history, tools=CITY_TOOLS, options=greedy)
+    assert answer.message.content and not answer.message.tool_calls
