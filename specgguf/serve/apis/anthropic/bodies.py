@@ -171,7 +171,7 @@ class MessagesBody(Body):
                 Function(t.name, t.description, t.input_schema, f"tools[{i}].input_schema")
                 for i, t in enumerate(self.tools or [])
             ],
-            choice={"any": "required", "tool": None, None: None}.get(kind, kind),
+            choice="required" if kind == "any" else None if kind == "tool" else kind,  # "tool": `named`
             named=choice.name if choice is not None and choice.type == "tool" else None,
             parallel=not (choice is not None and choice.disable_parallel_tool_use),
             called=[
