@@ -71,8 +71,10 @@ def test_count_tokens(client):
 
 def test_errors_are_anthropics_shape(client, server):
     with pytest.raises(anthropic.BadRequestError) as refused:
-        client.messages.create(model="m", max_tokens=4, messages=HELLO, tools=[{"name": "x", "input_schema": {}}])
-    assert "tools" in str(refused.value)
+        client.messages.create(
+            model="m", max_tokens=4, messages=HELLO, tools=[{"type": "web_search_20250305", "name": "web_search"}]
+        )
+    assert "tools[0].type" in str(refused.value)
     with pytest.raises(anthropic.AuthenticationError):
         anthropic.Anthropic(base_url=server.base_url, api_key="wrong", max_retries=0).messages.create(
             model="m", max_tokens=4, messages=HELLO

@@ -254,3 +254,10 @@ def test_keep_path_refuses_a_path_that_is_not_one(tiny_verifier):
     model.eval_tree([30, 31, 32], [-1, 0, 0], n_logits=3)
     with pytest.raises(ValueError, match="not a path"):
         model.keep_path([0, 1, 2])
+
+
+def test_the_file_type_is_named_as_quantize_names_it(gemma270m, tiny_verifier):
+    # llama.cpp's description says "Q4_K - Medium"; Ollama's /api/show and llama.cpp's quantize say "Q4_K_M".
+    gemma = LlamaModel(gemma270m, n_ctx=64).info()
+    assert gemma.file_type == "Q4_K_M" and "Medium" in gemma.description
+    assert LlamaModel(tiny_verifier, n_ctx=64).info().file_type == "F32"

@@ -9,6 +9,7 @@ import ollama
 import pytest
 
 from live_server import live_server
+from specgguf.llama.info import file_type_name
 
 GREEDY = {"temperature": 0, "num_predict": 10}
 
@@ -70,10 +71,17 @@ def test_list_show_ps_and_version(client, server):
     assert listed.models[0].details.format == "gguf" and listed.models[0].size > 0
     shown = client.show("verifier")
     assert shown.details.family == "llama" and "general.architecture" in shown.modelinfo
+    assert shown.details.quantization_level == listed.models[0].details.quantization_level == "F32"
     assert "im_start" in shown.template
     assert client.ps().models[0].context_length == 512
     with server.http() as http:
         assert http.get("/api/version").json()["version"].count(".") == 2
+
+
+def test_quantization_is_named_from_the_gguf_file_type():
+    # llama.cpp's description says "Q4_K - Medium"; Ollama (and llama.cpp's quantize) say "Q4_K_M".
+    assert [file_type_name(value) for value in ("15", "7", "0", "1", "32")] == ["Q4_K_M", "Q8_0", "F32", "F16", "BF16"]
+    assert file_type_name(None) == file_type_name("9999") == file_type_name("x") == ""
 
 
 def test_bad_bodies_get_ollamas_error_shape_and_the_server_keeps_serving(client, server):
@@ -85,7 +93,7 @@ def test_bad_bodies_get_ollamas_error_shape_and_the_server_keeps_serving(client,
                 {"model": "v", "messages": [{"role": "user", "content": "x"}], "options": {"mirostat": 2}}
             ).encode(),
             json.dumps({"model": "v", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}).encode(),
-            json.dumps({"model": "v", "prompt": "x", "format": "json"}).encode(),
+            json.dumps({"model": "v", "prompt": "x", "format": {"type": "nonsense"}}).encode(),
         ):
             path = "/api/generate" if b"prompt" in body else "/api/chat"
             response = http.post(path, content=body, headers={"Content-Type": "application/json"})

@@ -88,13 +88,14 @@ def test_input_items_and_refusals(server):
     ]
     assert client.responses.create(model="m", input=items, max_output_tokens=4, store=True, metadata={"a": "b"}).output
     for bad, name in (
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0].type"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0].call_id"),
+        ({"input": [{"type": "file_search_call", "id": "f"}]}, "input[0].type"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input[0].content[0].type",
         ),
-        ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
         ({"frobnicate": 1}, "frobnicate"),
     ):
         with server.http() as http:

@@ -18,7 +18,7 @@ from specgguf.core.sampling import SamplingSettings
 from specgguf.grammar import GrammarSpec, GuidanceConstraint
 from specgguf.serve.text import AnswerText
 from specgguf.serve.tool_syntax import SYNTAXES, ParsedCall, Tool, family_of
-from specgguf.serve.tools import CallStream, ToolPlan, call_stream
+from specgguf.serve.tools import CallStream, Function, ToolPlan, ToolsError, call_stream, plan_tools
 
 VOCAB, OPEN, END = 6, 4, 5  # a call: OPEN, then 1 or 2, then 3 (it closes)
 
@@ -250,13 +250,15 @@ def _stream(text: str, *, family="hermes", stop="eos", chunk=3):
     content, streamed = "", dict[int, dict]()
     for at in range(0, len(data), chunk):
         for delta in calls.feed(data[at : at + chunk]):
-            entry = streamed.setdefault(delta["index"], {"name": delta["function"].get("name"), "arguments": ""})
-            entry["arguments"] += delta["function"]["arguments"]
+            entry = streamed.setdefault(delta.index, {"name": delta.name, "arguments": ""})
+            entry["arguments"] += delta.arguments
         content += calls.content(answer.add(data[at : at + chunk]))
     content += calls.finish(answer, stop)
     reason, whole = calls.result()
-    assert list(streamed.values()) == [call["function"] for call in whole]  # the stream is the whole answer
-    return content, reason, [(call["function"]["name"], call["function"]["arguments"]) for call in whole]
+    assert list(streamed.values()) == [
+        {"name": call.name, "arguments": call.arguments} for call in whole
+    ]  # the stream is the whole answer
+    return content, reason, [(call.name, call.arguments) for call in whole]
 
 
 @pytest.mark.parametrize(
@@ -288,3 +290,35 @@ def test_tool_choice_none_reads_no_call():
     plan = ToolPlan(TOOLS, [], "none", parallel=True)
     assert call_stream(plan, "hermes", bytes) is None
     assert call_stream(ToolPlan(TOOLS, [], "auto", parallel=True), "hermes", bytes) is not None
+
+
+def test_plan_tools_is_every_apis_one_check():
+    weather = Function("get_weather", "The weather", {"type": "object"}, "tools[0].input_schema")
+    bare = Function("ping", None, None, "tools[1].input_schema")
+    plan = plan_tools([weather, bare], choice=None, named="ping", parallel=False)
+    assert plan is not None and (plan.choice, plan.parallel) == ("ping", False)
+    assert [tool.parameters for tool in plan.tools] == [{"type": "object"}, {"type": "object"}]  # none: any object
+    assert plan.definitions == [  # OpenAI's shape, which chat templates read, as the request gave it
+        {
+            "type": "function",
+            "function": {"name": "get_weather", "description": "The weather", "parameters": {"type": "object"}},
+        },
+        {"type": "function", "function": {"name": "ping"}},
+    ]
+    assert plan_tools([], choice="none") is None and plan_tools([], choice=None) is None
+    for functions, options, param in (
+        ([], {"choice": "required"}, "tool_choice"),
+        ([weather], {"choice": None, "named": "fly"}, "tool_choice"),
+        ([weather, weather], {"choice": None}, "tools"),
+        ([Function("a b", None, None, "tools[0].input_schema")], {"choice": None}, "tools[0].name"),
+        ([Function("x", None, {"type": "nope"}, "tools[0].input_schema")], {"choice": None}, "tools[0].input_schema"),
+        (
+            [weather],
+            {"choice": None, "called": [("fly", "messages[1].content[0].name")]},
+            "messages[1].content[0].name",
+        ),
+        ([weather], {"choice": None, "conflicting": "'format'"}, "tools"),
+    ):
+        with pytest.raises(ToolsError) as refused:
+            plan_tools(functions, **options)
+        assert refused.value.param == param

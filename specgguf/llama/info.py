@@ -19,6 +19,7 @@ class ModelInfo:
     size_bytes: int
     n_ctx_train: int
     n_embd: int
+    file_type: str = ""  # general.file_type's name, as llama.cpp's quantize names it: "Q4_K_M", "F16"
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,19 @@ def model_info(model: Any) -> ModelInfo:  # a llama_model_p
         size_bytes=int(llama_cpp.llama_model_size(model)),
         n_ctx_train=int(llama_cpp.llama_model_n_ctx_train(model)),
         n_embd=int(llama_cpp.llama_model_n_embd(model)),
+        file_type=file_type_name(meta_value(model, "general.file_type")),
     )
+
+
+def file_type_name(value: str | None) -> str:
+    """A GGUF's `general.file_type` (llama.cpp's llama_ftype, a number) as its name ("Q4_K_M");
+    "" when the file does not say or the number is not one this llama.cpp knows."""
+    names = {
+        getattr(llama_cpp, name): name.removeprefix("LLAMA_FTYPE_MOSTLY_").removeprefix("LLAMA_FTYPE_ALL_")
+        for name in dir(llama_cpp)
+        if name.startswith(("LLAMA_FTYPE_MOSTLY_", "LLAMA_FTYPE_ALL_"))
+    }
+    return names.get(int(value), "") if value is not None and value.strip().isdigit() else ""
 
 
 def fim_tokens(vocab: llama_cpp.llama_vocab_p) -> FimTokens | None:

@@ -3,8 +3,8 @@ each error in its API's shape; `run_server`) over two halves that the import con
 
 - apis/: one entry per API, importing none of each other: openai/ (chat and text completions, the
   models list: routes; bodies, fields and shapes for its request bodies, accepted or refused
-  fields and responses), responses (OpenAI's Responses), embeddings, anthropic (Messages),
-  ollama/ (embed.py: its embedding routes), infill (llama-server's /infill).
+  fields and responses), responses/ (OpenAI's Responses), embeddings, anthropic/ (Messages), ollama/
+  (chat.py: tools; embed.py: its embedding routes), infill (llama-server's /infill).
 - the machinery, which imports no API: common (options, ApiError, body parsing, the sampling
   reader, usage and timings), jobs (submit a job, read its answer whole or as a stream), plan (a
   request -> prompt tokens, constraint, drafter, K policy), generator (the one thread that runs

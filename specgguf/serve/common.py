@@ -15,15 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Protocol, TypeVar
+from typing import Annotated, Any, Literal, ParamSpec, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.drafters import DrafterKind
 from ..core.sampling import Penalties, SamplingSettings
+from ..grammar import GrammarError, GrammarSpec
 from ..prepare import KChoice, parse_k
 from .generator import Finished
 from .plan import RequestDrafting
+from .tools import ToolPlan, ToolsError, plan_tools as _plan_tools
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,31 @@ def unsupported(param: str, why: str = "") -> ApiError:
         param=param,
         code="unsupported_parameter",
     )
+
+
+def checked_grammar(spec: GrammarSpec, param: str) -> GrammarSpec:
+    """A response format's grammar, compiled once to check it: one that does not is a 400 naming `param`."""
+    try:
+        spec.compile()
+    except GrammarError as error:
+        raise ApiError(400, f"'{param}': {error}", param=param, code="invalid_grammar") from None
+    return spec
+
+
+_P = ParamSpec("_P")
+
+
+def _refusing(plan: Callable[_P, ToolPlan | None]) -> Callable[_P, ToolPlan | None]:
+    def planned(*args: _P.args, **kwargs: _P.kwargs) -> ToolPlan | None:
+        try:
+            return plan(*args, **kwargs)
+        except ToolsError as error:
+            raise ApiError(400, str(error), param=error.param, code=error.code) from None
+
+    return planned
+
+
+plan_tools = _refusing(_plan_tools)  # tools.plan_tools, its refusal an ApiError (400) naming the request's field
 
 
 def sampling_from(

@@ -1,6 +1,6 @@
 """One worker thread runs every generation, in arrival order, through `engine.speculate`: it plans
-each request (plan.py) and runs the plan. It imports no API; tool calls come out as OpenAI's
-`delta.tool_calls` entries, as the one API with tool calling reads them.
+each request (plan.py) and runs the plan. It imports no API; tool calls come out as API-neutral
+values (tools.CallDelta while streaming, conversation.ToolCall whole) that each API shapes.
 
 llama.cpp contexts are not thread-safe, and a pair of models can only decode one
 sequence at a time here: so the HTTP side never touches a model. It submits a
@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..conversation import Prompts
+from ..conversation import Prompts, ToolCall
 from ..core.drafting import common_prefix
 from ..core.stats import Generation, GenerationStats
 from ..errors import ContextFullError, PromptError, SpecggufError, UsageError
@@ -37,7 +37,7 @@ from .draft_marks import DraftMarks, Span
 from .plan import GenerationRequest, Planner
 from .text import AnswerText, TokenLogprob, token_logprobs
 from .tool_syntax import family_of
-from .tools import CallStream, call_stream
+from .tools import CallDelta, CallStream, call_stream
 
 
 class QueueFull(Exception):
@@ -74,7 +74,7 @@ class Started:
 class Delta:
     text: str
     logprobs: list[TokenLogprob] = field(default_factory=list)  # for the tokens this text starts
-    tool_calls: list[dict] = field(default_factory=list)  # OpenAI's delta.tool_calls entries
+    tool_calls: list[CallDelta] = field(default_factory=list)  # pieces of the answer's calls
     spans: list[Span] = field(default_factory=list)  # `text` by writer, when the request marks drafts
 
 
@@ -86,7 +86,7 @@ class Finished:
     n_completion: int
     stats: GenerationStats
     first_token_seconds: float | None  # from arrival to the first token
-    tool_calls: list[dict] = field(default_factory=list)  # the complete calls (finish_reason "tool_calls")
+    tool_calls: list[ToolCall] = field(default_factory=list)  # the complete calls (finish_reason "tool_calls")
     stop_string: str | None = None  # the stop string that ended the answer
 
 
@@ -112,6 +112,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
     embedding: EmbeddingProgress | None = None  # an embedding job's progress (it runs in turns)
+    started: Started | None = None  # its first message, once jobs.started has read it (the prompt's size)
 
     def send(self, message) -> None:
         """From the worker thread to the request's coroutine."""

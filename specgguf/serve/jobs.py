@@ -81,6 +81,7 @@ async def started(worker: Worker, generation: GenerationRequest, request: Reques
     if isinstance(first, Failed):
         receiver.close()
         raise failure(first)
+    receiver.job.started = first
     return receiver
 
 

@@ -1,23 +1,29 @@
-"""Tool calling in /v1/chat/completions: the request's checked tools (`ToolPlan`, made by OpenAI's
-`ChatRequest.tool_plan`), the grammar that makes every call's arguments follow its tool's schema
-(`call_constraint`: lazy, from the opener on, as llama-server's), and the model's text turned back
-into OpenAI's tool calls, streamed as `delta.tool_calls` (`CallStream`: the content ends where a call
-begins). tool_choice "none" is the plain answer: the tools are in the prompt, no grammar, nothing
-parsed. The syntax of each model family: tool_syntax.py."""
+"""Tool calling, for every API that has it: the request's checked tools (`plan_tools` makes a
+`ToolPlan` from API-neutral `Function`s and a choice; each API reads its own field shapes into
+them), the grammar that makes every call's arguments follow its tool's schema (`call_constraint`:
+lazy, from the opener on, as llama-server's), and the model's text turned back into calls
+(`CallStream`: the content ends where a call begins) as API-neutral values — `CallDelta` pieces
+while streaming, `conversation.ToolCall`s whole — that each API shapes its own way. tool_choice
+"none" is the plain answer: the tools are in the prompt, no grammar, nothing parsed. The syntax
+of each model family: tool_syntax.py."""
 
 from __future__ import annotations
 
 import codecs
 import copy
 import json
+import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..conversation import ToolCall
 from ..core.lazy_grammar import LazyGrammar
-from ..grammar import GrammarSpec, GuidanceConstraint, check_schema
+from ..errors import UsageError
+from ..grammar import GrammarError, GrammarSpec, GuidanceConstraint, check_schema
 from .text import AnswerText
 from .tool_syntax import SYNTAXES, Family, ParsedCall, Tool, ToolSyntax
 
@@ -28,6 +34,98 @@ class ToolPlan:
     definitions: list[dict]  # as the chat template reads them (OpenAI's shape)
     choice: str  # "auto", "required", "none", or the one function's name
     parallel: bool
+
+
+@dataclass(frozen=True)
+class Function:
+    """A tool definition as any API gives it; `param` says where (for the error that names it)."""
+
+    name: str
+    description: str | None
+    parameters: dict[str, Any] | None  # a JSON schema; None: any object
+    param: str  # e.g. "tools[0].function.parameters", "tools[0].input_schema"
+
+
+class ToolsError(UsageError):
+    """A request's tools that cannot be planned; `param` names the request's field (each API says it
+    in its own error shape)."""
+
+    def __init__(self, message: str, *, param: str, code: str | None = None):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for function names (Anthropic's is narrower)
+
+
+def plan_tools(
+    functions: Sequence[Function],
+    *,
+    choice: str | None,
+    named: str | None = None,
+    parallel: bool = True,
+    called: Sequence[tuple[str, str]] = (),
+    conflicting: str | None = None,
+) -> ToolPlan | None:
+    """The request's tools, checked: each name is a function name and unique, each schema compiles,
+    the choice (`choice` "auto", "none", "required" or None; `named` one function) names one of
+    them, the history calls only them (`called`: each call's name and where). `conflicting`: the
+    name of the request's other constraint (a response format), refused beside tools. None: no
+    tools (or tool_choice "none" without tools)."""
+    if not functions:
+        if named is not None or choice == "required":
+            raise ToolsError("'tool_choice' needs 'tools'", param="tool_choice")
+        return None
+    if conflicting is not None:
+        raise ToolsError(f"'tools' cannot be combined with {conflicting}", param="tools")
+    tools = []
+    for function in functions:
+        if not _NAME.match(function.name):
+            raise ToolsError(
+                f"{function.name[:70]!r} is not a function name (1 to 64 of A-Z a-z 0-9 _ . -)",
+                param=function.param.rpartition(".")[0] + ".name",  # beside its parameters
+            )
+        parameters = function.parameters if function.parameters is not None else {"type": "object"}
+        try:
+            GrammarSpec.json_schema(parameters, f"'{function.param}'").compile()
+        except GrammarError as error:
+            raise ToolsError(
+                f"{error} (tool {function.name!r})", param=function.param, code="invalid_tool_schema"
+            ) from None
+        tools.append(Tool(function.name, function.description, parameters))
+    names = [tool.name for tool in tools]
+    if len(set(names)) < len(names):
+        duplicate = next(name for name in names if names.count(name) > 1)
+        raise ToolsError(f"two tools are named {duplicate!r}", param="tools")
+    if named is not None and named not in names:
+        raise ToolsError(f"'tool_choice' names {named[:64]!r}, which is not in 'tools'", param="tool_choice")
+    for name, where in called:
+        if name not in names:
+            raise ToolsError(f"a message calls an unknown tool {name[:64]!r} (not in 'tools')", param=where)
+    definitions = [  # OpenAI's shape, which chat templates read
+        {"type": "function", "function": _defined(function)} for function in functions
+    ]
+    return ToolPlan(tools, definitions, named or choice or "auto", parallel)
+
+
+def _defined(function: Function) -> dict[str, Any]:
+    defined: dict[str, Any] = {"name": function.name}
+    if function.description is not None:
+        defined["description"] = function.description
+    if function.parameters is not None:
+        defined["parameters"] = function.parameters
+    return defined
+
+
+@dataclass(frozen=True)
+class CallDelta:
+    """A streamed piece of the answer's `index`-th call: its id and name first (once, with no
+    arguments), then fragments of its arguments' JSON text."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
 
 
 def call_constraint(verifier: Any, tools_plan: ToolPlan, syntax: ToolSyntax) -> LazyGrammar | None:
@@ -105,8 +203,8 @@ def call_stream(tools_plan: ToolPlan | None, family: Family, token_bytes) -> Cal
 
 
 class CallStream:
-    """The model's text from its first call on, as OpenAI's tool calls: `feed` returns the new
-    `delta.tool_calls` entries (a call's index, id and name first, then its argument fragments),
+    """The model's text from its first call on, as calls: `feed` returns the new `CallDelta`s (a
+    call's index, id and name first, then its argument fragments),
     `content` what of the text is the answer's content, `result` how the answer ends."""
 
     def __init__(self, family: Family, token_bytes, names: list[str] | None = None):
@@ -134,7 +232,7 @@ class CallStream:
     def opened(self) -> bool:
         return self.start() is not None
 
-    def feed(self, tokens: list[int]) -> list[dict]:
+    def feed(self, tokens: list[int]) -> list[CallDelta]:
         for token in tokens:
             self.text += self._decoder.decode(self.token_bytes(token))
         region = self.region()
@@ -164,9 +262,9 @@ class CallStream:
         self.cut = stop != "eos" and not (answer.stopped and answer.matched not in self.syntax.openers)
         return self.content(answer.finish(), final=True)
 
-    def result(self) -> tuple[str | None, list[dict]]:
+    def result(self) -> tuple[str | None, list[ToolCall]]:
         """How the answer ends: a finish reason for its calls (None: no call, the answer's own) and
-        OpenAI's `message.tool_calls`. A call cut short (max_tokens) ends the answer as "length" with
+        the calls. A call cut short (max_tokens) ends the answer as "length" with
         its arguments so far, as OpenAI does; whole calls as "tool_calls"."""
         region = self.region()
         parsed = [] if region is None else self._parsed(region)
@@ -175,7 +273,7 @@ class CallStream:
         complete = [call for call in parsed if call.complete]
         return ("tool_calls", self._whole(complete)) if complete else (None, [])
 
-    def _deltas(self, calls: list[ParsedCall]) -> list[dict]:
+    def _deltas(self, calls: list[ParsedCall]) -> list[CallDelta]:
         deltas = []
         for index, call in enumerate(calls):
             if call.name is None:
@@ -183,23 +281,13 @@ class CallStream:
             if index == len(self.ids):
                 self.ids.append("call_" + secrets.token_hex(12))
                 self.sent.append(0)
-                deltas.append(
-                    {
-                        "index": index,
-                        "id": self.ids[index],
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": ""},
-                    }
-                )
+                deltas.append(CallDelta(index, self.ids[index], call.name, ""))
             if len(call.arguments) > self.sent[index]:
-                deltas.append({"index": index, "function": {"arguments": call.arguments[self.sent[index] :]}})
+                deltas.append(CallDelta(index, None, None, call.arguments[self.sent[index] :]))
                 self.sent[index] = len(call.arguments)
         return deltas
 
-    def _whole(self, parsed: list[ParsedCall]) -> list[dict]:
+    def _whole(self, parsed: list[ParsedCall]) -> list[ToolCall]:
         while len(self.ids) < len(parsed):
             self.ids.append("call_" + secrets.token_hex(12))
-        return [
-            {"id": self.ids[i], "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-            for i, call in enumerate(parsed)
-        ]
+        return [ToolCall(self.ids[i], call.name or "", call.arguments) for i, call in enumerate(parsed)]

@@ -1,6 +1,8 @@
 """Ollama's API over the same engine: /api/chat, /api/generate (NDJSON streams, as Ollama streams by
 default, or one body), /api/tags, /api/show, /api/ps, /api/version; /api/embed and /api/embeddings
-in embed.py.
+in embed.py. `format` ("json" or a JSON schema) constrains the answer as response_format does;
+/api/chat's `tools`, the history's `tool_calls` and `tool` messages, and the answer's
+`message.tool_calls` are in chat.py.
 
 Its errors are Ollama's `{"error": "..."}` (`error_body`, for every path under /api/). Any model
 name means the loaded model (unless --strict-model); `keep_alive` is accepted and ignored (the
@@ -23,11 +25,14 @@ from pydantic import Field
 
 from ....conversation import FimRequest, Message
 from ....core.sampling import SamplingSettings
-from ...common import ApiError, Body, ServeOptions, llama_sampling, parse_body, unsupported
+from ....grammar import GrammarSpec
+from ...common import ApiError, Body, ServeOptions, checked_grammar, llama_sampling, parse_body, unsupported
 from ...generator import Delta, Failed, Finished, Worker
 from ...jobs import Answer, answer, messages, stream
 from ...plan import GenerationRequest
+from ...tools import ToolPlan
 from . import embed
+from .chat import OllamaMessage, OllamaTool, history, tool_calls, tool_plan
 
 OLLAMA_VERSION = "0.12.0"  # the Ollama API this server speaks (clients check it)
 
@@ -102,36 +107,34 @@ class _Generating(Body):
     def refuse_unsupported(self) -> None:
         if self.options is not None:
             self.options.refuse_unsupported()
-        if self.format:
-            raise unsupported("format", "plain text only")
         if self.think not in (None, False):
             raise unsupported("think", "no thinking mode")
         if self.logprobs:
             raise unsupported("logprobs", "use /v1/chat/completions for log-probabilities")
 
-
-class OllamaMessage(Body):
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str | None = ""
-    images: list[str] | None = None
-    thinking: str | None = None
-    tool_calls: list[Any] | None = None
-    tool_name: str | None = None
+    def grammar(self) -> GrammarSpec | None:
+        """`format`: "json" (any JSON object) or a JSON schema the answer follows."""
+        if not self.format:
+            return None
+        spec = GrammarSpec("json_object") if self.format == "json" else GrammarSpec.json_schema(self.format, "'format'")
+        return checked_grammar(spec, "format")
 
 
 class ChatBody(_Generating):
     messages: list[OllamaMessage] = []
-    tools: list[Any] | None = None
+    tools: Annotated[list[OllamaTool], Field(max_length=128)] | None = None
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if self.tools:
-            raise unsupported("tools", "no tool calls")
         for index, message in enumerate(self.messages):
             if message.images:
                 raise unsupported(f"messages[{index}].images", "text only")
-            if message.role == "tool" or message.tool_calls:
-                raise unsupported(f"messages[{index}].role", "no tool calls")
+
+    def history(self) -> list[Message]:
+        return history(self.messages)
+
+    def tool_plan(self) -> ToolPlan | None:
+        return tool_plan(self.tools or [], self.messages, conflicting="'format'" if self.format else None)
 
 
 class GenerateBody(_Generating):
@@ -166,7 +169,7 @@ def _now() -> str:
 def _stats(finished: Finished) -> dict:
     stats, ns = finished.stats, 1_000_000_000
     return {
-        "done_reason": "stop" if finished.finish_reason == "stop" else "length",
+        "done_reason": "length" if finished.finish_reason == "length" else "stop",  # Ollama: "stop" with calls too
         "total_duration": int((stats.wall_seconds + stats.prefill_seconds) * ns),
         "load_duration": 0,
         "prompt_eval_count": finished.n_prompt,  # Ollama: the prompt's tokens (cached ones too)
@@ -180,7 +183,9 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
     """Ollama's routes on `app`; `dependencies` the API-key check."""
     n_ctx = worker.verifier.n_ctx
 
-    def generation(body: _Generating, messages_: list[Message] | None, text: str) -> GenerationRequest:
+    def generation(
+        body: _Generating, messages_: list[Message] | None, text: str, tools: ToolPlan | None = None
+    ) -> GenerationRequest:
         opts = body.options or Options()
         if options.strict_model and body.model != options.model_name:
             raise ApiError(404, f"model {body.model[:200]!r} not found, try pulling it first")
@@ -191,21 +196,27 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             settings=opts.sampling(options.settings, n_ctx),
             seed=opts.seed,
             stops=[stop for stop in opts.stop or [] if stop],
+            grammar=body.grammar(),
+            tools=tools,
         )
 
-    async def reply(request: Request, body: _Generating, job: GenerationRequest, shape: Callable[[str], dict]):
+    async def reply(
+        request: Request, body: _Generating, job: GenerationRequest, shape: Callable[[str, Finished | None], dict]
+    ):
         result = await answer(
             worker, job, request, stream=body.stream is not False
         )  # Ollama streams unless told not to
         if isinstance(result, Answer):
-            return JSONResponse({**shape(result.text), "done": True, **_stats(result.finished)})
+            return JSONResponse({**shape(result.text, result.finished), "done": True, **_stats(result.finished)})
 
         async def lines():
             async for message in messages(result):
-                if isinstance(message, Delta):
-                    yield json.dumps({**shape(message.text), "done": False}) + "\n"
+                if isinstance(message, Delta) and message.text:
+                    yield json.dumps({**shape(message.text, None), "done": False}) + "\n"
                 elif isinstance(message, Finished):
-                    yield json.dumps({**shape(""), "done": True, **_stats(message)}) + "\n"
+                    if message.tool_calls:  # Ollama streams a call whole, in a chunk of its own
+                        yield json.dumps({**shape("", message), "done": False}) + "\n"
+                    yield json.dumps({**shape("", None), "done": True, **_stats(message)}) + "\n"
                 elif isinstance(message, Failed):
                     yield json.dumps({"error": str(message.error)}) + "\n"
 
@@ -217,17 +228,14 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         if not body.messages:  # Ollama loads the model and answers nothing
             return {"model": body.model, "created_at": _now(), "message": {"role": "assistant", "content": ""},
                     "done_reason": "load", "done": True}  # fmt: skip
-        history = [Message(m.role, m.content or "") for m in body.messages]
-        return await reply(
-            request,
-            body,
-            generation(body, history, ""),
-            lambda text: {
-                "model": body.model,
-                "created_at": _now(),
-                "message": {"role": "assistant", "content": text},
-            },
-        )
+
+        def shape(text: str, finished: Finished | None) -> dict:
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if finished is not None and (calls := tool_calls(finished.tool_calls)):
+                message["tool_calls"] = calls
+            return {"model": body.model, "created_at": _now(), "message": message}
+
+        return await reply(request, body, generation(body, body.history(), "", body.tool_plan()), shape)
 
     @app.post("/api/generate", dependencies=dependencies)
     async def generate(request: Request):
@@ -245,7 +253,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             request,
             body,
             job,
-            lambda text: {"model": body.model, "created_at": _now(), "response": text},
+            lambda text, _: {"model": body.model, "created_at": _now(), "response": text},
         )
 
     _add_model_routes(app, worker=worker, options=options, dependencies=dependencies)
@@ -276,7 +284,7 @@ def _add_model_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, de
                     "family": info.architecture,
                     "families": [info.architecture],
                     "parameter_size": words[1] if len(words) > 2 else str(info.n_params),
-                    "quantization_level": words[-1] if len(words) > 2 else "",
+                    "quantization_level": info.file_type or (words[-1] if len(words) > 2 else ""),
                 },
                 "_info": info,
             }
@@ -313,7 +321,7 @@ def _add_model_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, de
                 f"{info.architecture}.context_length": info.n_ctx_train,
                 f"{info.architecture}.embedding_length": info.n_embd,
             },
-            "capabilities": ["completion"],
+            "capabilities": ["completion", "tools"],
             "modified_at": listed["modified_at"],
         }
 

@@ -2,7 +2,7 @@
 routes, without it. The routes are here; the request bodies in bodies.py, the fields accepted and
 ignored, or refused by name, in fields.py, the response shapes (whole, or as stream chunks) in
 shapes.py. Errors are OpenAI's shape (`ApiError.body`), the server's default for every path that no
-other API claims. (The Responses API and embeddings are OpenAI's too: responses.py, embeddings.py.)
+other API claims. (The Responses API and embeddings are OpenAI's too: responses/, embeddings.py.)
 """
 
 from __future__ import annotations

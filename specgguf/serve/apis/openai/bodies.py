@@ -13,9 +13,17 @@ from pydantic import Field
 from ....conversation import Message, Role, ToolCall
 from ....core.sampling import Penalties, SamplingSettings
 from ....grammar import MAX_GRAMMAR_CHARS, GrammarError, GrammarSpec
-from ...common import AccountFields, ApiError, Body, LlamaServerFields, Speculative, sampling_from, unsupported
-from ...tool_syntax import Tool
-from ...tools import ToolPlan
+from ...common import (
+    AccountFields,
+    ApiError,
+    Body,
+    LlamaServerFields,
+    Speculative,
+    plan_tools,
+    sampling_from,
+    unsupported,
+)
+from ...tools import Function, ToolPlan
 from .fields import ChatIgnored, MessageFields, refuse_chat_extras
 
 
@@ -295,44 +303,26 @@ class ChatRequest(ChatIgnored, _Common):
         return messages
 
     def tool_plan(self) -> ToolPlan | None:
-        """The request's tools, checked: each schema compiles, names are unique, tool_choice names one of
-        them, the history calls only them. None: no tools (or tool_choice "none" without tools)."""
+        """The request's tools, checked (tools.plan_tools): None without tools."""
         choice = self.tool_choice
-        named = None if choice is None or isinstance(choice, str) else choice.function.name
-        if not self.tools:
-            if named is not None or choice == "required":
-                raise ApiError(400, "'tool_choice' needs 'tools'", param="tool_choice")
-            return None
-        if self.response_format is not None and self.response_format.type != "text" or self.grammar is not None:
-            raise ApiError(400, "'tools' cannot be combined with 'response_format' or 'grammar'", param="tools")
-        tools = []
-        for i, definition in enumerate(self.tools):
-            function, param = definition.function, f"tools[{i}].function.parameters"
-            parameters = function.parameters if function.parameters is not None else {"type": "object"}
-            try:
-                GrammarSpec.json_schema(parameters, f"'{param}'").compile()
-            except GrammarError as error:
-                raise ApiError(
-                    400, f"{error} (tool {function.name!r})", param=param, code="invalid_tool_schema"
-                ) from None
-            tools.append(Tool(function.name, function.description, parameters))
-        names = [tool.name for tool in tools]
-        if len(set(names)) < len(names):
-            duplicate = next(name for name in names if names.count(name) > 1)
-            raise ApiError(400, f"two tools are named {duplicate!r}", param="tools")
-        if named is not None and named not in names:
-            raise ApiError(400, f"'tool_choice' names {named[:64]!r}, which is not in 'tools'", param="tool_choice")
-        for i, message in enumerate(self.messages):
-            for j, call in enumerate(message.tool_calls or []):
-                if call.function.name not in names:
-                    raise ApiError(
-                        400,
-                        f"messages[{i}] calls an unknown tool {call.function.name[:64]!r} (not in 'tools')",
-                        param=f"messages[{i}].tool_calls[{j}].function.name",
-                    )
-        definitions = [definition.model_dump(exclude_none=True, by_alias=True) for definition in self.tools]
-        mode = named or (choice if isinstance(choice, str) else None) or "auto"
-        return ToolPlan(tools, definitions, mode, self.parallel_tool_calls is not False)
+        constrained = self.response_format is not None and self.response_format.type != "text"
+        return plan_tools(
+            [
+                Function(
+                    d.function.name, d.function.description, d.function.parameters, f"tools[{i}].function.parameters"
+                )
+                for i, d in enumerate(self.tools or [])
+            ],
+            choice=choice if isinstance(choice, str) else None,
+            named=None if choice is None or isinstance(choice, str) else choice.function.name,
+            parallel=self.parallel_tool_calls is not False,
+            called=[
+                (call.function.name, f"messages[{i}].tool_calls[{j}].function.name")
+                for i, message in enumerate(self.messages)
+                for j, call in enumerate(message.tool_calls or [])
+            ],
+            conflicting="'response_format' or 'grammar'" if constrained or self.grammar is not None else None,
+        )
 
     @property
     def _limits(self) -> tuple[int | None, ...]:

@@ -8,10 +8,12 @@ import secrets
 import time
 from typing import Any, Literal
 
+from ....conversation import ToolCall
 from ...common import timings, usage
 from ...draft_marks import Span
 from ...generator import Finished
 from ...text import TokenLogprob
+from ...tools import CallDelta
 
 # OpenAI's backend configuration id (a string in its schema): the server and its version.
 SYSTEM_FINGERPRINT = "fp_specgguf_0.1"
@@ -90,9 +92,8 @@ class Shape:
         return {"index": 0, "delta": delta, "logprobs": shaped, "finish_reason": finish_reason}
 
     def response(self, text: str, finished: Finished, logprobs: list[TokenLogprob]) -> dict:
-        choice = self._choice(
-            text, finished.finish_reason, chunk=False, logprobs=logprobs, tool_calls=finished.tool_calls
-        )
+        calls = [_call(call) for call in finished.tool_calls]
+        choice = self._choice(text, finished.finish_reason, chunk=False, logprobs=logprobs, tool_calls=calls)
         return {**self._envelope(chunk=False, choices=[choice]), "usage": usage(finished), "timings": timings(finished)}
 
     def _chunk(self, choices: list[dict], include_usage: bool) -> dict:
@@ -108,13 +109,12 @@ class Shape:
         text: str,
         logprobs: list[TokenLogprob],
         include_usage: bool,
-        tool_calls: list[dict] | None = None,
+        tool_calls: list[CallDelta] | None = None,
         spans: list[Span] | None = None,
     ) -> dict:
         shown = None if tool_calls and not text else text
-        body = self._chunk(
-            [self._choice(shown, None, chunk=True, logprobs=logprobs, tool_calls=tool_calls)], include_usage
-        )
+        deltas = [_call_delta(delta) for delta in tool_calls or []]
+        body = self._chunk([self._choice(shown, None, chunk=True, logprobs=logprobs, tool_calls=deltas)], include_usage)
         return self._marked(body, spans or [])
 
     def last_chunk(self, finished: Finished, include_usage: bool) -> dict:
@@ -145,3 +145,16 @@ def _text(token: bytes) -> str:
 
 def _token(token: bytes, logprob: float) -> dict:
     return {"token": _text(token), "logprob": logprob, "bytes": list(token)}
+
+
+def _call(call: ToolCall) -> dict:
+    """A whole call, as `message.tool_calls` lists it."""
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _call_delta(delta: CallDelta) -> dict:
+    """A piece of a call, as `delta.tool_calls` streams it: index, id and name first, then arguments."""
+    if delta.id is not None:
+        function = {"name": delta.name, "arguments": delta.arguments}
+        return {"index": delta.index, "id": delta.id, "type": "function", "function": function}
+    return {"index": delta.index, "function": {"arguments": delta.arguments}}
