@@ -134,7 +134,7 @@ def create_app(
         return await _answer(
             request,
             body,
-            _generation_request(body, body.template_messages(), "", options),
+            await asyncio.to_thread(_generation_request, body, body.template_messages(), "", options),
             Shape("chat", options.model_name, logprobs=body.n_top_logprobs is not None),
             worker=worker,
             options=options,
@@ -146,7 +146,7 @@ def create_app(
         return await _answer(
             request,
             body,
-            _generation_request(body, None, body.text, options),
+            await asyncio.to_thread(_generation_request, body, None, body.text, options),
             Shape("text", options.model_name, logprobs=body.n_top_logprobs is not None),
             worker=worker,
             options=options,
@@ -239,6 +239,7 @@ async def _events(job, shape: Shape, include_usage: bool):
 
 
 def _generation_request(body, messages, text: str, options: ServeOptions) -> GenerationRequest:
+    """(On a thread: a grammar's first compilation may take up to grammar.COMPILE_SECONDS.)"""
     speculative = body.speculative
     k = None
     if speculative is not None and speculative.k is not None:

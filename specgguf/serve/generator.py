@@ -31,7 +31,7 @@ from ..core.ngram_cache import SessionNgrams
 from ..core.sampling import SamplingSettings
 from ..core.stats import Generation, GenerationStats
 from ..errors import ContextFullError, PromptError, SpecggufError, UsageError
-from ..grammar import GrammarSpec, constraint_for
+from ..grammar import GrammarError, GrammarSpec, constraint_for
 from ..prepare import KChoice, Prepared
 from .cache_slots import CacheSlots
 from .text import AnswerText, TokenLogprob, token_logprobs
@@ -317,7 +317,7 @@ class Worker:
                     break  # FIM's time limit: the answer ends at this line's end ("length")
         except SpecggufError as error:
             self._forget_caches()
-            job.send(Failed(error, status=500))
+            job.send(Failed(error, status=400 if isinstance(error, GrammarError) else 500))  # a grammar's dead end
             return
         finally:
             generation.close()  # the engine stops at a step boundary: both caches stay consistent
