@@ -160,8 +160,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options, dependencies: list) -> 
     @app.post("/v1/messages/count_tokens", dependencies=dependencies)
     async def count_tokens(request: Request):
         body: CountBody = parsed(CountBody, await request.body())
-        text = worker.templates.render(body.history())
-        return {"input_tokens": len(worker.verifier.tokenize(text, special=True))}
+        return {"input_tokens": len(worker.templates.chat_tokens(body.history()))}
 
     @app.post("/v1/messages", dependencies=dependencies)
     async def create(request: Request):

@@ -238,8 +238,7 @@ class Worker:
         elif request.fim is not None:
             prompt = self._fim_prompt(request)
         else:
-            text, special = self._prompt_text(request)
-            prompt = self.templates.tokens(text, special=special)  # fresh, whatever came before
+            prompt = self._prompt_tokens(request)  # fresh, whatever came before
         self._check_token_ids(request, prompt)
         if not prompt:
             raise PromptError("the prompt is empty")
@@ -344,12 +343,13 @@ class Worker:
         elapsed_ms = (time.perf_counter() - started) * 1000 if started is not None else 0.0
         return elapsed_ms > request.t_max_predict_ms and any(b"\n" in self.verifier.token_bytes(t) for t in tokens)
 
-    def _prompt_text(self, request: GenerationRequest) -> tuple[str, bool]:
-        """The prompt's text, and whether special tokens in it are parsed (chat templates write them)."""
+    def _prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        """A text prompt's tokens, its special tokens parsed (llama-server's); a chat's, the template's
+        special tokens parsed but not those in the messages (conversation.Prompts.chat_tokens)."""
         if request.messages is None:
-            return request.text, False
+            return self.templates.tokens(request.text, special=True)
         tools = None if request.tools is None else request.tools.definitions
-        return self.templates.render(request.messages, tools), True  # a failing or looping template: PromptError
+        return self.templates.chat_tokens(request.messages, tools)  # a failing or looping template: PromptError
 
     def _drafting(self, request: GenerationRequest):
         """The drafter and K policy for a request: the server's defaults, overridden per request."""
