@@ -19,7 +19,12 @@ _Tokens = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class EmbeddingsBody(_Fields):
-    input: str | Annotated[list[str], Field(min_length=1, max_length=2048)] | _Tokens | list[_Tokens]
+    input: (
+        str
+        | Annotated[list[str], Field(min_length=1, max_length=2048)]
+        | _Tokens
+        | Annotated[list[_Tokens], Field(min_length=1, max_length=2048)]  # [] was a 500
+    )
     model: str | None = None
     encoding_format: Literal["float", "base64"] | None = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
