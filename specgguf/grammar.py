@@ -123,7 +123,7 @@ def _compiled(kind: GrammarKind, text: str) -> grammar_check.Verdict:
 def _in_child(kind: GrammarKind, text: str) -> grammar_check.Verdict:
     """`grammar_check.check` in a child process (python -m specgguf.grammar_check), given
     `COMPILE_SECONDS`; killed past them."""
-    request = json.dumps({"kind": kind, "text": text, "json_options": JSON_OPTIONS}).encode("utf-8", "surrogatepass")
+    request = {"kind": kind, "text": text, "json_options": JSON_OPTIONS, "seconds": COMPILE_SECONDS}
     child = subprocess.Popen(
         [sys.executable, "-m", "specgguf.grammar_check"],
         stdin=subprocess.PIPE,
@@ -132,7 +132,7 @@ def _in_child(kind: GrammarKind, text: str) -> grammar_check.Verdict:
         start_new_session=True,  # a Ctrl-C is this process's to handle
     )
     try:
-        answer, _ = child.communicate(request, timeout=COMPILE_SECONDS)
+        answer, _ = child.communicate(json.dumps(request).encode("utf-8", "surrogatepass"), timeout=COMPILE_SECONDS)
     except subprocess.TimeoutExpired:
         return "too large", f"it did not compile within {COMPILE_SECONDS:g} s"
     finally:
@@ -144,8 +144,10 @@ def _in_child(kind: GrammarKind, text: str) -> grammar_check.Verdict:
         return str(verdict), str(detail)
     except ValueError:  # it died before answering
         code = child.returncode
-        how = signal.Signals(-code).name if code < 0 and -code in signal.valid_signals() else f"exit status {code}"
-        return "too large", f"compiling it stopped the compiler ({how})"
+    if code >= 0:  # not killed by the grammar (a stack overflow, its memory or CPU time): it could not run
+        raise SpecggufError(f"the grammar checker (python -m specgguf.grammar_check) failed, exit status {code}")
+    how = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+    return "too large", f"compiling it stopped the compiler ({how})"
 
 
 def _first_line(error: object) -> str:

@@ -21,6 +21,7 @@ Imports nothing of specgguf's but the package (numpy and llama.cpp stay out of t
 from __future__ import annotations
 
 import json
+import math
 import resource
 import sys
 import threading
@@ -82,13 +83,21 @@ def check(kind: str, text: str, json_options: Any) -> Verdict:
     return "ok", grammar
 
 
+def _limit(which: int, value: int) -> None:
+    soft, hard = resource.getrlimit(which)
+    if soft == resource.RLIM_INFINITY or soft > value:
+        resource.setrlimit(which, (value, hard))
+
+
 def main() -> None:
-    """The child: a request ({"kind", "text", "json_options"}) on stdin, `check`'s verdict, on a small
-    stack, as JSON on stdout."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if soft == resource.RLIM_INFINITY or soft > MEMORY_BYTES:
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, hard))
+    """The child: a request ({"kind", "text", "json_options", "seconds"}) on stdin, `check`'s verdict,
+    on a small stack, as JSON on stdout. Its own limits: no core file (a crash writes nothing into the
+    server's folder), `MEMORY_BYTES` of memory, and the parent's deadline in CPU time (the kernel ends
+    it even if the parent is gone)."""
+    _limit(resource.RLIMIT_CORE, 0)
+    _limit(resource.RLIMIT_AS, MEMORY_BYTES)
     request = json.loads(sys.stdin.buffer.read())
+    _limit(resource.RLIMIT_CPU, math.ceil(request["seconds"]) + 1)
     verdicts: list[Verdict] = []
     threading.stack_size(CHECK_STACK_BYTES)
     thread = threading.Thread(

@@ -5,6 +5,8 @@ follow, is refused by name instead of answering "" or failing with llguidance's 
 
 from __future__ import annotations
 
+import shutil
+import sys
 import threading
 import time
 
@@ -14,6 +16,7 @@ import pytest
 
 from live_server import live_server
 from specgguf import grammar
+from specgguf.errors import SpecggufError
 from specgguf.grammar import COMPILE_SECONDS, MAX_GRAMMAR_CHARS, GrammarError, GrammarSpec, constraint_for
 from specgguf.llama.model import LlamaModel
 
@@ -37,6 +40,16 @@ def test_a_chain_of_thousands_of_rules_is_refused_in_bounded_time(monkeypatch):
     with pytest.raises(GrammarError, match="too deeply nested"):
         spec.compile()  # the verdict is cached by the grammar's hash: no second child
     assert len(children) == 1
+
+
+def test_a_checker_that_cannot_run_is_no_verdict_on_the_grammar(monkeypatch):
+    monkeypatch.setattr(sys, "executable", shutil.which("false") or "/bin/false")
+    spec = GrammarSpec("gbnf", 'root ::= "never cached"')
+    with pytest.raises(SpecggufError, match="the grammar checker .* failed, exit status 1") as raised:
+        spec.compile()
+    assert not isinstance(raised.value, GrammarError)  # the server's fault (a 500), not a 400
+    monkeypatch.undo()
+    assert spec.compile()  # and nothing was cached
 
 
 def test_ordinary_grammars_still_compile_and_a_moderate_chain_runs_on_the_verifier(tiny_verifier):
