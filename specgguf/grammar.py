@@ -172,7 +172,10 @@ class GuidanceConstraint:
         if self._past_end or self.matcher.is_stopped():
             return self._eos
         self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        if self.matcher.is_error():  # a dead end (a rule nothing satisfies) or one of llguidance's limits
+        # A dead end (a rule nothing satisfies, behind a choice) or one of llguidance's limits. Also when
+        # a draft led here: the matcher cannot leave an error state (not even by rollback), and an
+        # end-only mask would end the answer as if it were complete.
+        if self.matcher.is_error():
             error = self.matcher.get_error()
             why = "no text can follow the answer so far" if grammar_check.dead_end(error) else _first_line(error)
             raise GrammarError(f"the grammar cannot go on: {why}")
