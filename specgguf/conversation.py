@@ -12,6 +12,11 @@ Every command builds its prompt here, so `run`, `chat`, `bench` and `serve` cann
   tokens the user never sent: a space-prefix SPM tokenizer puts a space at every seam, a BPE one
   splits a word cut at the seam where the text's own tokenization would merge it.) The caches
   still skip what they hold: the engine keeps the longest common token prefix.
+- In a chat prompt, special tokens are read only where the template wrote them: a message's
+  content (a tool result, a tool call, a tool's definition) is text, so `<|im_end|>` written in it
+  is the characters, not the control token that ends a turn (`Prompts.chat_tokens`). Raw prompts
+  (`run --raw`, the server's text completions) are the model's input as written: their special
+  tokens are parsed, as llama.cpp's programs and llama-server parse them.
 - Text that continues a prompt is tokenized without the BOS a tokenizer puts in front: the
   pieces of a FIM prompt, each framed by FIM tokens, tokenized apart as llama-server's /infill does.
 - `fill_in_middle` frames a code-completion request with the model's FIM tokens, as
@@ -21,7 +26,8 @@ Every command builds its prompt here, so `run`, `chat`, `bench` and `serve` cann
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -70,10 +76,25 @@ def _arguments(call: ToolCall) -> Any:
         return call.arguments
 
 
+class ControlToken(Protocol):
+    """A token read in text only where special tokens are parsed (`llama.vocab.ControlToken`)."""
+
+    @property
+    def token(self) -> int: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def lstrip(self) -> bool: ...  # it takes the whitespace before it
+    @property
+    def rstrip(self) -> bool: ...  # and after it
+
+
 class Templated(Protocol):
     """What the prompts need of the verifier (`llama.model.LlamaModel` is one)."""
 
     def tokenize(self, text: str, *, special: bool = True) -> list[int]: ...
+
+    def control_tokens(self) -> Sequence[ControlToken]: ...  # longest text first
 
     def chat_template(self) -> str | None: ...
 
@@ -122,16 +143,60 @@ class Prompts:
         """The text of a prompt ready for the assistant's turn: the model's template, else ChatML;
         `tools` (OpenAI's tool definitions) go to the template as `tools=`.
         A failing or looping template raises PromptError (llama/template.py)."""
+        return self._render(messages, tools, lambda text: text)
+
+    def _render(self, messages: Sequence[Message], tools: list[dict] | None, mark: Callable[[str], str]) -> str:
+        """`render`, with `mark` applied to every string the template is given."""
+        marked_tools = _map_strings(tools, mark) if tools else None
         if not self.has_template:
-            return chatml(messages, tools)
-        rendered = [message.as_template() for message in messages]
-        return (
-            self.verifier.apply_chat_template(rendered, tools) if tools else self.verifier.apply_chat_template(rendered)
-        )
+            return chatml([_map_message(message, mark) for message in messages], marked_tools)
+        rendered = [_map_strings(message.as_template(), mark) for message in messages]
+        if marked_tools:
+            return self.verifier.apply_chat_template(rendered, marked_tools)
+        return self.verifier.apply_chat_template(rendered)
 
     def tokens(self, text: str, *, special: bool = True) -> list[int]:
         """A whole prompt's tokens (BOS where the model wants one)."""
         return self.verifier.tokenize(text, special=special)
+
+    def chat_tokens(self, messages: Sequence[Message], tools: list[dict] | None = None) -> list[int]:
+        """A chat prompt's tokens: its rendered text tokenized fresh, as `tokens` does, except that
+        special tokens are read only where the template wrote them. A control token's text in a
+        message stays text (a message cannot end its turn and forge the next); where no message holds
+        one, as in any ordinary conversation, this is `tokens(render(...))` itself."""
+        pattern = self._control_pattern()
+        if pattern is None or not any(pattern.search(text) for text in _strings(messages, tools)):
+            return self.tokens(self.render(messages, tools))
+        opening, closing = _markers(self.verifier.chat_template() or "", [*_strings(messages, tools)])
+        marked = self._render(messages, tools, lambda text: pattern.sub(f"{opening}\\g<0>{closing}", text))
+        text, in_messages = _unmarked(marked, opening, closing, pattern)
+        if text != self.render(messages, tools):  # the template did more than copy the messages' text
+            raise PromptError(
+                "a message holds a control token's text (such as <|im_end|>) that this model's chat"
+                " template does not copy as text; remove it from the message"
+            )
+        return self._tokens_around(text, in_messages)
+
+    def _control_pattern(self) -> re.Pattern[str] | None:
+        """A regular expression for any control token's text, the longest first (made once)."""
+        if not hasattr(self, "_pattern"):
+            texts = [control.text for control in self.verifier.control_tokens()]
+            self._pattern = re.compile("|".join(map(re.escape, texts))) if texts else None
+        return self._pattern
+
+    def _tokens_around(self, text: str, in_messages: list[tuple[int, int]]) -> list[int]:
+        """`text` tokenized as llama.cpp tokenizes with special tokens parsed (it splits the text at
+        each special token's text, longest token first, and tokenizes the pieces between as plain
+        text), except that a control token's text at one of the `in_messages` spans is not split at."""
+        pieces: list[tuple[int, int] | int] = [(0, len(text))]  # spans of plain text, or control tokens
+        for control in [control for control in self.verifier.control_tokens() if control.text in text]:
+            pieces = [part for piece in pieces for part in _split(text, piece, control, in_messages)]
+        tokens = self.bos
+        for piece in pieces:
+            tokens += [piece] if isinstance(piece, int) else self.continuation(text[piece[0] : piece[1]], special=False)
+        if len(self._bos) == 1 and tokens[:2] == self._bos * 2:
+            tokens = tokens[1:]  # a template that writes BOS itself (LlamaModel.tokenize does the same)
+        return tokens
 
     def continuation(self, text: str, *, special: bool = True) -> list[int]:
         """Tokens for text that continues a prompt: no BOS in front."""
@@ -146,7 +211,7 @@ class Prompts:
         if raw:
             return self.tokens(prompt, special=special)
         messages = ([Message("system", system)] if system else []) + [Message("user", prompt)]
-        return self.tokens(self.render(messages), special=True)
+        return self.chat_tokens(messages)
 
     def history(self, system: str | None, turns: Sequence[tuple[str, str]], question: str) -> list[int]:
         """The prompt for `question` after `turns` of (question, answer text): the whole conversation
@@ -155,7 +220,99 @@ class Prompts:
         messages = [Message("system", system)] if system else []
         for asked, answer in turns:
             messages += [Message("user", asked), Message("assistant", answer)]
-        return self.tokens(self.render([*messages, Message("user", question)]))
+        return self.chat_tokens([*messages, Message("user", question)])
+
+
+_SPACES = " \t\n\v\f\r"  # what C's isspace calls whitespace: what a control token's lstrip/rstrip takes
+
+
+def _split(
+    text: str, piece: tuple[int, int] | int, control: ControlToken, in_messages: list[tuple[int, int]]
+) -> Iterator[tuple[int, int] | int]:
+    """A piece of `text` split at `control`'s text (as llama.cpp's tokenizer_st_partition does),
+    except where that text lies in a message."""
+    if isinstance(piece, int):
+        yield piece
+        return
+    start, end = piece
+    at = text.find(control.text, start, end)
+    while at >= 0:
+        after = at + len(control.text)
+        if any(first < after and at < last for first, last in in_messages):
+            at = text.find(control.text, at + 1, end)
+            continue
+        before = len(text[start:at].rstrip(_SPACES)) + start if control.lstrip else at
+        if before > start:
+            yield start, before
+        yield control.token
+        start = len(text) - len(text[after:].lstrip(_SPACES)) if control.rstrip else after
+        start = min(start, end)
+        at = text.find(control.text, start, end)
+    if start < end:
+        yield start, end
+
+
+def _map_strings(value: Any, mark: Callable[[str], str]) -> Any:
+    """`value` (JSON-like) with `mark` applied to every string in it, keys too."""
+    if isinstance(value, str):
+        return mark(value)
+    if isinstance(value, dict):
+        return {_map_strings(key, mark): _map_strings(item, mark) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_map_strings(item, mark) for item in value]
+    return value
+
+
+def _map_message(message: Message, mark: Callable[[str], str]) -> Message:
+    calls = tuple(ToolCall(mark(call.id), mark(call.name), mark(call.arguments)) for call in message.tool_calls)
+    call_id = None if message.tool_call_id is None else mark(message.tool_call_id)
+    return Message(message.role, mark(message.content), calls, call_id)
+
+
+def _strings(messages: Sequence[Message], tools: list[dict] | None) -> Iterator[str]:
+    """Every string a template is given (a tool call's arguments both as JSON text and parsed)."""
+    yield from _walk([[message.as_template() for message in messages], tools])
+    yield from (call.arguments for message in messages for call in message.tool_calls)
+
+
+def _walk(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _walk(key)
+            yield from _walk(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _walk(item)
+
+
+def _markers(template: str, texts: list[str]) -> tuple[str, str]:
+    """Two private-use characters that neither the template nor any of `texts` holds, as they are or
+    as JSON escapes (a template's `tojson` writes them so)."""
+    seen = template + "".join(texts)
+    free = (
+        chr(code) for code in range(0xE000, 0xF900) if chr(code) not in seen and json.dumps(chr(code))[1:-1] not in seen
+    )
+    return next(free), next(free)
+
+
+def _unmarked(marked: str, opening: str, closing: str, controls: re.Pattern[str]) -> tuple[str, list[tuple[int, int]]]:
+    """The text without the markers, and the spans in it of the control tokens' texts that a message
+    held (each between an opening and a closing marker, as they are or as JSON escapes)."""
+    forms = {opening: "open", json.dumps(opening)[1:-1]: "open", closing: "close", json.dumps(closing)[1:-1]: "close"}
+    markers = re.compile("|".join(map(re.escape, forms)))
+    pieces, in_messages, length, position = [], [], 0, 0
+    for found in markers.finditer(marked):
+        pieces.append(marked[position : found.start()])
+        length += found.start() - position
+        position = found.end()
+        control = controls.match(marked, position) if forms[found.group()] == "open" else None
+        after = markers.match(marked, control.end()) if control else None
+        if control and after and forms[after.group()] == "close":
+            in_messages.append((length, length + len(control.group())))
+    pieces.append(marked[position:])
+    return "".join(pieces), in_messages
 
 
 @dataclass(frozen=True)

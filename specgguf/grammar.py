@@ -5,21 +5,29 @@ Why llguidance: a maintained library (Microsoft's guidance; llama.cpp, vLLM and 
 abi3 CPU wheels, lazy Earley parsing that computes a token mask in well under a millisecond on a
 150k-token vocabulary (scripts/grammar_mask_cost.py measures it), cheap rollback (`LLMatcher.rollback`,
 which drafting needs), forced tokens (`compute_ff_tokens`: free drafts) and JSON-schema, GBNF and Lark
-front ends in one. `GrammarSpec.compile` checks a grammar without a model (the server's 400s);
-`constraint_for` binds it to the verifier's vocabulary (llama/guidance.py).
+front ends in one. `GrammarSpec.compile` checks a grammar without a model (the server's 400s), the
+first time in a child process with a deadline (grammar_check.py says why), then from a cache by the
+grammar's hash; `constraint_for` binds it to the verifier's vocabulary (llama/guidance.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import signal
+import subprocess
+import sys
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from llguidance import LLMatcher, LLTokenizer, grammar_from
+from llguidance import LLMatcher, LLTokenizer
 
+from . import grammar_check
 from .errors import SpecggufError, UsageError, terminal_safe
 from .files.small_files import FileRefused, loads, read_small
 
@@ -42,6 +50,8 @@ WHITESPACE = r"(?: |\n{1,2}[ \t]{0,20})?"
 JSON_OPTIONS: Any = {"whitespace_pattern": WHITESPACE, "coerce_one_of": True}
 MAX_SCHEMA_DEPTH = 32  # nested objects/arrays in a schema; deeper is refused (it would be a DoS, not a use)
 MAX_GRAMMAR_CHARS = 256 * 1024
+COMPILE_SECONDS = 5.0  # a first compilation's deadline (an ordinary grammar takes milliseconds)
+MAX_CACHED = 128  # compiled grammars (and refusals) kept by hash
 
 
 class GrammarError(SpecggufError):
@@ -85,20 +95,68 @@ class GrammarSpec:
         """llguidance's grammar, checked (no model needed); GrammarError says what is wrong."""
         if len(self.text) > MAX_GRAMMAR_CHARS:
             raise GrammarError(f"the {self.kind} is over {MAX_GRAMMAR_CHARS // 1024} KiB")
-        try:
-            if self.kind in ("json_object", "json_schema"):
-                schema = check_schema(json.loads(self.text)) if self.kind == "json_schema" else {"type": "object"}
-                grammar = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
-            else:
-                grammar = grammar_from(
-                    "regex" if self.kind == "regex" else "lark" if self.kind == "lark" else "gbnf", self.text
-                )
-        except (ValueError, TypeError) as error:  # a bad schema's JSON, a GBNF that does not convert
-            raise GrammarError(f"the {self.kind} is not valid: {_first_line(error)}") from None
-        problem = LLMatcher.validate_grammar(grammar)
-        if problem:
-            raise GrammarError(f"the {self.kind} is not valid: {_first_line(problem)}")
-        return grammar
+        if self.kind == "json_schema":
+            try:
+                check_schema(json.loads(self.text))
+            except (ValueError, TypeError, RecursionError) as error:
+                raise GrammarError(f"the {self.kind} is not valid: {_first_line(error)}") from None
+        verdict, detail = _compiled(self.kind, self.text)
+        if verdict == "ok":
+            return detail
+        if verdict == "unsatisfiable":
+            raise GrammarError(f"nothing can satisfy the {self.kind}: {detail}")
+        if verdict == "too large":
+            raise GrammarError(f"the {self.kind} is too large or too deeply nested to follow: {_first_line(detail)}")
+        raise GrammarError(f"the {self.kind} is not valid: {_first_line(detail)}")
+
+
+_cache: OrderedDict[str, grammar_check.Verdict] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _compiled(kind: GrammarKind, text: str) -> grammar_check.Verdict:
+    """The verdict on a grammar: from the cache, else from a child process (`grammar_check`)."""
+    key = hashlib.sha256(json.dumps([kind, text, JSON_OPTIONS]).encode("utf-8", "surrogatepass")).hexdigest()
+    with _cache_lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
+    verdict = _in_child(kind, text)
+    with _cache_lock:
+        _cache[key] = verdict
+        while len(_cache) > MAX_CACHED:
+            _cache.popitem(last=False)
+    return verdict
+
+
+def _in_child(kind: GrammarKind, text: str) -> grammar_check.Verdict:
+    """`grammar_check.check` in a child process (python -m specgguf.grammar_check), given
+    `COMPILE_SECONDS`; killed past them."""
+    request = {"kind": kind, "text": text, "json_options": JSON_OPTIONS, "seconds": COMPILE_SECONDS}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "specgguf.grammar_check"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # a Rust panic's or stack overflow's message is not the user's
+        start_new_session=True,  # a Ctrl-C is this process's to handle
+    )
+    try:
+        answer, _ = child.communicate(json.dumps(request).encode("utf-8", "surrogatepass"), timeout=COMPILE_SECONDS)
+    except subprocess.TimeoutExpired:
+        return "too large", f"it did not compile within {COMPILE_SECONDS:g} s"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    try:
+        verdict, detail = json.loads(answer)
+        return str(verdict), str(detail)
+    except ValueError:  # it died before answering
+        code = child.returncode
+    if code >= 0:  # not killed by the grammar (a stack overflow, its memory or CPU time): it could not run
+        raise SpecggufError(f"the grammar checker (python -m specgguf.grammar_check) failed, exit status {code}")
+    how = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+    return "too large", f"compiling it stopped the compiler ({how})"
 
 
 def _first_line(error: object) -> str:
@@ -123,6 +181,13 @@ class GuidanceConstraint:
         if self._past_end or self.matcher.is_stopped():
             return self._eos
         self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        # A dead end (a rule nothing satisfies, behind a choice) or one of llguidance's limits. Also when
+        # a draft led here: the matcher cannot leave an error state (not even by rollback), and an
+        # end-only mask would end the answer as if it were complete.
+        if self.matcher.is_error():
+            error = self.matcher.get_error()
+            why = "no text can follow the answer so far" if grammar_check.dead_end(error) else _first_line(error)
+            raise GrammarError(f"the grammar cannot go on: {why}")
         mask = np.unpackbits(self._bits.view(np.uint8), bitorder="little").astype(bool)
         return mask[: self.n_vocab] if len(mask) >= self.n_vocab else np.pad(mask, (0, self.n_vocab - len(mask)))
 

@@ -254,10 +254,6 @@ def test_a_completions_prompt_reads_fim_marker_texts_as_the_fim_tokens(server, c
     assert as_text.choices[0].text == as_ids.choices[0].text == infill.json()["content"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="chat content is tokenized with special-token parsing until issue 37's conversation.py change lands",
-)
 def test_chat_content_with_fim_marker_texts_stays_text(server, coder):
     import llama_cpp
 

@@ -296,7 +296,7 @@ def serve(
     from ..serve.app import check_address, run_server
     from ..serve.guard import check_api_key, parse_hosts, parse_origins
 
-    check_api_key(api_key)  # all before a pair is fetched or loaded
+    api_key = check_api_key(api_key)  # all before a pair is fetched or loaded
     check_address(host, api_key=api_key, insecure=insecure)
     hosts, origins = parse_hosts(allowed_hosts), parse_origins(cors_origin)
     _, err_console = consoles(False)

@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 
 MIN_TEMPERATURE = 1e-6  # below it, sampling is greedy decoding (and 1/T would overflow near 1e-308)
+MIN_REPEAT_PENALTY = 1e-6  # below it, the repeat penalty is this (a logit / 1e-310 overflows to inf)
 
 # How a chain of drafts is accepted when sampling: token by token (`accept_drafts`), or jointly
 # (block_verify.accept_block). Trees keep the tree rule; at temperature 0 both are the greedy rule.
@@ -46,6 +47,9 @@ class Penalties:
                 raise ValueError(f"{name} must be a finite number, got {value}")
         if not (math.isfinite(self.repeat) and self.repeat > 0):
             raise ValueError(f"repeat penalty must be > 0, got {self.repeat}")
+        if self.repeat < MIN_REPEAT_PENALTY:  # as a tiny temperature is: the same limit (the repeated
+            # token with the largest logit takes it all), without an inf logit and a NaN softmax
+            object.__setattr__(self, "repeat", MIN_REPEAT_PENALTY)
         if self.last_n < 0:
             raise ValueError(f"the penalty window must be >= 0 tokens, got {self.last_n}")
 

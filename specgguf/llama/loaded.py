@@ -22,6 +22,7 @@ from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker
 if TYPE_CHECKING:
     from .embedding import Embedder
     from .info import FimTokens, ModelInfo
+    from .vocab import ControlToken
 
 
 class LoadedModel(Protocol):
@@ -59,6 +60,8 @@ class LoadedModel(Protocol):
     def tokenize(self, text: str, *, special: bool = True) -> list[int]: ...
 
     def token_bytes(self, token: int) -> bytes: ...
+
+    def control_tokens(self) -> Sequence[ControlToken]: ...  # longest text first
 
     def chat_template(self) -> str | None: ...
 

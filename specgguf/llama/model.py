@@ -306,6 +306,12 @@ class LlamaModel:
             size = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
         return buffer.raw[:size]
 
+    def control_tokens(self) -> tuple[vocab.ControlToken, ...]:
+        """Its control tokens, longest text first (vocab.control_tokens; read once)."""
+        if getattr(self, "_control_tokens", None) is None:
+            self._control_tokens = vocab.control_tokens(self._vocab)
+        return self._control_tokens
+
     def chat_template(self) -> str | None:
         template = llama_cpp.llama_model_chat_template(self._model, None)
         return template.decode("utf-8") if template else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
@@ -25,6 +26,35 @@ def vocab_info(vocab: llama_cpp.llama_vocab_p, name: str) -> VocabInfo:
         eos=llama_cpp.llama_vocab_eos(vocab),
         token_texts=tuple(llama_cpp.llama_vocab_get_text(vocab, token) for token in range(n_vocab)),
     )
+
+
+@dataclass(frozen=True)
+class ControlToken:
+    """A token llama.cpp reads in text only where it parses special tokens (a control or unknown
+    token: `<|im_end|>`, `<eos>`, FIM tokens), and whether it takes the whitespace beside it."""
+
+    token: int
+    text: str
+    lstrip: bool
+    rstrip: bool
+
+
+def control_tokens(vocab: llama_cpp.llama_vocab_p) -> tuple[ControlToken, ...]:
+    """The vocabulary's control tokens, longest text first: the order llama.cpp's tokenizer looks
+    for special tokens in (llama_vocab::impl::tokenizer_st_partition)."""
+    found = []
+    for token in range(llama_cpp.llama_vocab_n_tokens(vocab)):
+        attr = llama_cpp.llama_vocab_get_attr(vocab, token)
+        if not attr & (llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN):
+            continue
+        try:
+            text = llama_cpp.llama_vocab_get_text(vocab, token).decode("utf-8")
+        except UnicodeDecodeError:  # no text a prompt can hold
+            continue
+        lstrip, rstrip = attr & llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP, attr & llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP
+        if text:
+            found.append(ControlToken(token, text, bool(lstrip), bool(rstrip)))
+    return tuple(sorted(found, key=lambda control: (-len(control.text.encode()), control.token)))
 
 
 def read_vocab(path: str | Path, *, metadata_keys: Sequence[str] = ()) -> tuple[VocabInfo, dict[str, str]]:

@@ -31,6 +31,7 @@ from ..conversation import Prompts, ToolCall
 from ..core.drafting import common_prefix
 from ..core.stats import Generation, GenerationStats
 from ..errors import ContextFullError, PromptError, SpecggufError, UsageError
+from ..grammar import GrammarError
 from ..prepare import Prepared
 from .cache_slots import CacheSlots
 from .draft_marks import DraftMarks, Span
@@ -318,7 +319,7 @@ class Worker:
                     break  # FIM's time limit: the answer ends at this line's end ("length")
         except SpecggufError as error:
             self._forget_caches()
-            job.send(Failed(error, status=500))
+            job.send(Failed(error, status=400 if isinstance(error, GrammarError) else 500))  # a grammar's dead end
             return
         finally:
             generation.close()  # the engine stops at a step boundary: both caches stay consistent

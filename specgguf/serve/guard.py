@@ -4,8 +4,11 @@
 (DNS rebinding: a page whose name resolves to 127.0.0.1 would otherwise read the answers), a request
 from a browser page of another origin is refused unless `--cors-origin` names it (allowed ones get
 CORS headers, preflight included), and a POST body must be `application/json` (a page may send a
-"simple" `text/plain` POST to any address without asking first). A client that hangs up mid-body
-ends its request quietly. `OneLineLog` turns the server's error log into one rate-limited line each.
+"simple" `text/plain` POST to any address without asking first) — except JSON sent as form data to
+Ollama's routes by a program (`curl -d`, as Ollama's own examples send it, and Ollama reads any body
+as JSON): a browser page's POST always carries an `Origin`, so a page must still send JSON, and
+that asks first. A client that hangs up mid-body ends its request quietly. `OneLineLog` turns the
+server's error log into one rate-limited line each.
 """
 
 from __future__ import annotations
@@ -97,18 +100,34 @@ def parse_hosts(values: list[str] | None) -> tuple[str, ...]:
     return hosts
 
 
-def check_api_key(api_key: str | None) -> None:
-    if api_key and not (api_key.isascii() and api_key.isprintable()):
+def check_api_key(api_key: str | None) -> str | None:
+    """The key as a client can send it: without the spaces around it (a header's value has none: a key
+    pasted with a trailing space or new line could never match), refused if only spaces (it would
+    ask for a key no client can send) or not printable ASCII. None or "": no key."""
+    if not api_key:
+        return None
+    key = api_key.strip()
+    if not key:
+        raise UsageError("--api-key is only spaces: give a key, or none to serve without one")
+    if not (key.isascii() and key.isprintable()):
         raise UsageError("--api-key must be printable ASCII: an HTTP header cannot carry other characters")
+    return key
 
 
 def _refuse(status: int, message: str, code: str) -> JSONResponse:
     return JSONResponse(ApiError(status, message, code=code).body(), status)
 
 
-def _is_json(content_type: str) -> bool:
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json"
+def _media(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def _json_allowed(path: str, headers: dict[str, str]) -> bool:
+    """Whether a POST's body may be read as JSON: it says it is, or (Ollama's routes, a program) it
+    is `curl -d`'s form data."""
+    media = _media(headers.get("content-type", ""))
+    curl = path.startswith("/api/") and "origin" not in headers and media == "application/x-www-form-urlencoded"
+    return media == "application/json" or curl
 
 
 class Guard:
@@ -137,7 +156,7 @@ class Guard:
             return _refuse(
                 403, f"requests from origin {origin[:100]!r} are not allowed (see serve --cors-origin)", "cors_denied"
             )
-        if scope["method"] == "POST" and not _is_json(headers.get("content-type", "")):
+        if scope["method"] == "POST" and not _json_allowed(scope["path"], headers):
             return _refuse(415, "the request body must be JSON (Content-Type: application/json)", "unsupported_media")
         return None
 

@@ -81,8 +81,7 @@ class Planner:
         elif request.fim is not None:
             prompt = self._fim_prompt(request)
         else:
-            text, special = self._prompt_text(request)
-            prompt = self.templates.tokens(text, special=special)  # fresh, whatever came before
+            prompt = self._prompt_tokens(request)  # fresh, whatever came before
         self._check_token_ids(request, prompt)
         if not prompt:
             raise PromptError("the prompt is empty")
@@ -118,14 +117,14 @@ class Planner:
         if bad := [token for token, _ in request.settings.penalties.bias if token >= n_vocab]:
             raise UsageError(f"logit_bias: token id {bad[0]} is not in the model's vocabulary ({n_vocab} tokens)")
 
-    def _prompt_text(self, request: GenerationRequest) -> tuple[str, bool]:
-        """The prompt's text, and whether special tokens in it are parsed: chat templates write them;
-        a completions prompt is the model's raw input, its `<|fim_prefix|>` the FIM token, as
-        llama-server reads it."""
+    def _prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        """A text prompt's tokens: a completions prompt is the model's raw input, its `<|fim_prefix|>`
+        the FIM token, as llama-server reads it (`parse_special`). A chat's: the template's special
+        tokens parsed, never those in the messages (conversation.Prompts.chat_tokens)."""
         if request.messages is None:
-            return request.text, request.parse_special
+            return self.templates.tokens(request.text, special=request.parse_special)
         tools = None if request.tools is None else request.tools.definitions
-        return self.templates.render(request.messages, tools), True  # a failing or looping template: PromptError
+        return self.templates.chat_tokens(request.messages, tools)  # a failing or looping template: PromptError
 
     def _drafting(self, request: GenerationRequest) -> tuple[Drafter | None, KPolicy]:
         """The drafter and K policy for a request: the server's defaults, overridden per request."""

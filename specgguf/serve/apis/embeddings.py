@@ -18,7 +18,12 @@ _Tokens = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class EmbeddingsBody(Body):
-    input: str | Annotated[list[str], Field(min_length=1)] | _Tokens | list[_Tokens]
+    input: (
+        str
+        | Annotated[list[str], Field(min_length=1)]
+        | _Tokens
+        | Annotated[list[_Tokens], Field(min_length=1)]  # [] was a 500; the count limit: refuse_unsupported
+    )
     model: str | None = None
     encoding_format: Literal["float", "base64"] | None = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None

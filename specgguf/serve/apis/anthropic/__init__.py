@@ -7,6 +7,7 @@ Errors are Anthropic's `{"type": "error", "error": {"type", "message"}}` (`error
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -92,14 +93,16 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
     async def count_tokens(request: Request):
         body = parse_body(CountBody, await request.body())
         check_model(body.model)
-        tools = body.tool_plan()
-        text = worker.templates.render(body.history(), None if tools is None else tools.definitions)
-        return {"input_tokens": len(worker.verifier.tokenize(text, special=True))}
+        tools = await asyncio.to_thread(body.tool_plan)  # its grammars compile off the event loop
+        tokens = worker.templates.chat_tokens(body.history(), None if tools is None else tools.definitions)
+        return {"input_tokens": len(tokens)}
 
     @app.post("/v1/messages", dependencies=dependencies)
     async def create(request: Request):
         body = parse_body(MessagesBody, await request.body())
         check_model(body.model)
+        # Off the event loop: a grammar's first compilation may take up to grammar.COMPILE_SECONDS.
+        grammar, tools = await asyncio.to_thread(lambda: (body.grammar(), body.tool_plan()))
         generation = GenerationRequest(
             messages=body.history(),
             text="",
@@ -107,8 +110,8 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             settings=body.sampling(options.settings),
             seed=None,
             stops=list(body.stop_sequences),
-            grammar=body.grammar(),
-            tools=body.tool_plan(),
+            grammar=grammar,
+            tools=tools,
         )
         reply = await answer(worker, generation, request, stream=bool(body.stream))
         message = {"id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant", "model": body.model}

@@ -11,6 +11,7 @@ model stays loaded while the server runs). `options` map to our sampling as llam
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -235,7 +236,9 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
                 message["tool_calls"] = calls
             return {"model": body.model, "created_at": _now(), "message": message}
 
-        return await reply(request, body, generation(body, body.history(), "", body.tool_plan()), shape)
+        # Off the event loop: a grammar's first compilation may take up to grammar.COMPILE_SECONDS.
+        job = await asyncio.to_thread(lambda: generation(body, body.history(), "", body.tool_plan()))
+        return await reply(request, body, job, shape)
 
     @app.post("/api/generate", dependencies=dependencies)
     async def generate(request: Request):
@@ -243,12 +246,14 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         if not body.prompt and not body.suffix:  # Ollama: load the model, answer nothing
             return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
         if body.suffix:  # fill in the middle, framed with the model's FIM tokens
-            job = replace(generation(body, None, ""), fim=FimRequest(body.prompt or "", body.suffix))
-        elif body.raw:
-            job = generation(body, None, body.prompt or "")
+            job = replace(
+                await asyncio.to_thread(generation, body, None, ""), fim=FimRequest(body.prompt or "", body.suffix)
+            )
+        elif body.raw:  # the model's raw input: special tokens' texts are those tokens, as Ollama reads them
+            job = replace(await asyncio.to_thread(generation, body, None, body.prompt or ""), parse_special=True)
         else:
             turns = ([Message("system", body.system)] if body.system else []) + [Message("user", body.prompt or "")]
-            job = generation(body, turns, "")
+            job = await asyncio.to_thread(generation, body, turns, "")
         return await reply(
             request,
             body,

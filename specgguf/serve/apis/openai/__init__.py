@@ -7,6 +7,7 @@ other API claims. (The Responses API and embeddings are OpenAI's too: responses/
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
 
@@ -59,7 +60,10 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         return await _answer(
             request,
             body,
-            _generation_request(body, body.template_messages(), "", options, worker.verifier.n_ctx),
+            # Off the event loop: a grammar's first compilation may take up to grammar.COMPILE_SECONDS.
+            await asyncio.to_thread(
+                _generation_request, body, body.template_messages(), "", options, worker.verifier.n_ctx
+            ),
             Shape("chat", options.model_name, logprobs=body.n_top_logprobs is not None, marks=body.marks_drafts),
             worker=worker,
             options=options,
@@ -71,7 +75,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         return await _answer(
             request,
             body,
-            _generation_request(body, None, body.text, options, worker.verifier.n_ctx),
+            await asyncio.to_thread(_generation_request, body, None, body.text, options, worker.verifier.n_ctx),
             Shape("text", options.model_name, logprobs=body.n_top_logprobs is not None, marks=body.marks_drafts),
             worker=worker,
             options=options,

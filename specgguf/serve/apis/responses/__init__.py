@@ -8,6 +8,7 @@ shape, as on the other /v1 routes."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 
@@ -54,6 +55,8 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             history = [turn for turn in memory[body.previous_response_id] if turn.role != "system"]
         turns = history + body.turns(history)
         system = [Message("system", body.instructions)] if body.instructions else []
+        # Off the event loop: a grammar's first compilation may take up to grammar.COMPILE_SECONDS.
+        grammar, tools = await asyncio.to_thread(lambda: (body.grammar(), body.tool_plan(history)))
         generation = GenerationRequest(
             messages=system + turns,
             text="",
@@ -61,8 +64,8 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             settings=body.sampling(options.settings),
             seed=None,
             stops=[],
-            grammar=body.grammar(),
-            tools=body.tool_plan(history),
+            grammar=grammar,
+            tools=tools,
         )
         reply = await answer(worker, generation, request, stream=bool(body.stream))
         shape = Shape(body, options.model_name)

@@ -1,0 +1,148 @@
+"""Hostile grammars (issue 36): a grammar's first compilation runs in a child process with a deadline
+(grammar_check.py), so a chain of thousands of rules is one error line for `run` and a 400 for the
+server, which answers everyone else meanwhile; a grammar nothing can satisfy, or one too large to
+follow, is refused by name instead of answering "" or failing with llguidance's internals."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from live_server import live_server
+from specgguf import grammar
+from specgguf.errors import SpecggufError
+from specgguf.grammar import COMPILE_SECONDS, MAX_GRAMMAR_CHARS, GrammarError, GrammarSpec, constraint_for
+from specgguf.llama.model import LlamaModel
+
+CYCLE = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}  # a schema that refers only to itself
+
+
+def chained_rules(n: int) -> str:
+    """GBNF whose rules each refer to the next: the issue's 9,000-rule grammar is 226 KiB."""
+    return "root ::= r0\n" + "".join(f'r{i} ::= "x" r{i + 1}\n' for i in range(n)) + f'r{n} ::= "y"\n'
+
+
+def test_a_chain_of_thousands_of_rules_is_refused_in_bounded_time(monkeypatch):
+    children = []
+    in_child = grammar._in_child
+    monkeypatch.setattr(grammar, "_in_child", lambda *args: children.append(args) or in_child(*args))
+    spec = GrammarSpec("gbnf", chained_rules(3000))
+    started = time.monotonic()
+    with pytest.raises(GrammarError, match="the gbnf is too large or too deeply nested to follow"):
+        spec.compile()  # it crashed this process (SIGSEGV), or took ~50 s holding the interpreter
+    assert time.monotonic() - started < COMPILE_SECONDS + 5
+    with pytest.raises(GrammarError, match="too deeply nested"):
+        spec.compile()  # the verdict is cached by the grammar's hash: no second child
+    assert len(children) == 1
+
+
+def test_a_checker_that_cannot_run_is_no_verdict_on_the_grammar(monkeypatch):
+    monkeypatch.setattr(sys, "executable", shutil.which("false") or "/bin/false")
+    spec = GrammarSpec("gbnf", 'root ::= "never cached"')
+    with pytest.raises(SpecggufError, match="the grammar checker .* failed, exit status 1") as raised:
+        spec.compile()
+    assert not isinstance(raised.value, GrammarError)  # the server's fault (a 500), not a 400
+    monkeypatch.undo()
+    assert spec.compile()  # and nothing was cached
+
+
+def test_ordinary_grammars_still_compile_and_a_moderate_chain_runs_on_the_verifier(tiny_verifier):
+    assert len(chained_rules(9000)) < MAX_GRAMMAR_CHARS  # the size cap alone did not bound it
+    verifier = LlamaModel(tiny_verifier, n_ctx=256)
+    for spec in (
+        GrammarSpec("gbnf", chained_rules(200)),
+        GrammarSpec("gbnf", 'root ::= "a"{1000}'),
+        GrammarSpec.json_schema({"$ref": "#/$defs/a", "$defs": {"a": {"type": "array", "items": {"$ref": "#"}}}}),
+    ):
+        constraint = constraint_for(verifier, spec)  # on this thread's stack: what passed the check fits here
+        assert constraint.allowed().any()
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        GrammarSpec("gbnf", "root ::= root"),
+        GrammarSpec("gbnf", "root ::= rule\nrule ::= rule"),
+        GrammarSpec("gbnf", 'root ::= "answer: " rule\nrule ::= rule'),  # a dead end right after forced text
+        GrammarSpec.json_schema(CYCLE),
+    ],
+)
+def test_a_grammar_nothing_can_satisfy_is_refused(spec):
+    with pytest.raises(GrammarError, match=f"nothing can satisfy the {spec.kind}: no text matches it"):
+        spec.compile()  # it answered "" with finish_reason "stop"
+
+
+def test_a_grammar_too_large_to_follow_is_refused_by_name():
+    with pytest.raises(GrammarError, match="the gbnf is too large or too deeply nested to follow: Too many items"):
+        GrammarSpec("gbnf", 'root ::= "a"{100000}').compile()  # a 500 with llguidance's state dump
+
+
+def test_a_dead_end_found_while_generating_is_a_grammar_error(tiny_verifier):
+    """A dead end behind a choice passes the check; the constraint says so instead of ending the answer."""
+    verifier = LlamaModel(tiny_verifier, n_ctx=256)
+    constraint = constraint_for(verifier, GrammarSpec("gbnf", "root ::= [ab] rule\nrule ::= rule"))
+    allowed = np.flatnonzero(constraint.allowed())
+    assert {verifier.token_bytes(int(token)) for token in allowed} <= {b"a", b"b"}
+    constraint.advance(int(allowed[0]))
+    with pytest.raises(GrammarError, match="the grammar cannot go on: no text can follow the answer so far"):
+        constraint.allowed()  # it allowed only the end tokens: a "stop" for an answer the grammar refuses
+
+
+def test_run_with_a_9000_rule_grammar_is_one_error_line(cli, tmp_path):
+    path = tmp_path / "chain.gbnf"
+    path.write_text(chained_rules(9000))
+    started = time.monotonic()
+    result = cli.process("run", "-m", tmp_path / "missing.gguf", "--grammar", path, "hi", timeout=COMPILE_SECONDS + 60)
+    assert "too large or too deeply nested" in result.error_line()  # no output after 240 s
+    assert result.returncode == 2
+    assert time.monotonic() - started < COMPILE_SECONDS + 30
+
+
+@pytest.fixture(scope="module")
+def server(tiny_verifier):
+    with live_server("-m", tiny_verifier, "-c", "256", "-t", "1", "-n", "8") as live:
+        yield live
+
+
+def _chat(http: httpx.Client, **body) -> httpx.Response:
+    return http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], **body})
+
+
+def test_the_server_answers_health_while_a_9000_rule_grammar_is_refused(server):
+    slowest, answers = 0.0, []
+    with server.http() as http:
+        hostile = threading.Thread(target=lambda: answers.append(_chat(http, grammar=chained_rules(9000))))
+        hostile.start()
+        while hostile.is_alive():
+            started = time.monotonic()
+            assert http.get("/health", timeout=10).status_code == 200
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.1)
+        hostile.join()
+        assert slowest < 2.0  # /health was blocked for minutes, then the server died of SIGSEGV
+        assert answers[0].status_code == 400
+        assert "too large or too deeply nested" in answers[0].json()["error"]["message"]
+        assert _chat(http, grammar='root ::= "ok"').json()["choices"][0]["message"]["content"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"grammar": "root ::= root"}, "nothing can satisfy the gbnf"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": CYCLE}}}, "nothing can satisfy"),
+        ({"grammar": 'root ::= "a"{100000}'}, "too large or too deeply nested to follow: Too many items"),
+        ({"grammar": "root ::= [ab] rule\nrule ::= rule"}, "the grammar cannot go on: no text can follow"),
+    ],
+)
+def test_the_server_refuses_grammars_nothing_can_satisfy_or_follow(server, body, message):
+    with server.http() as http:
+        answer = _chat(http, **body)
+    assert answer.status_code == 400, answer.text  # 200 with "", or a 500 with llguidance's internals
+    assert message in answer.json()["error"]["message"]
+    assert "\n" not in answer.json()["error"]["message"]
