@@ -20,6 +20,7 @@ from specgguf.core.vocab_map import (
     VocabPieces,
     build_vocab_map,
     check_map,
+    token_kind,
     token_piece,
 )
 
@@ -88,3 +89,9 @@ def test_a_damaged_map_is_refused(to_verifier, reason):
 )
 def test_only_whole_characters_are_read(text, whole):
     assert complete_utf8(text) == whole
+
+
+def test_llamas_attribute_bits_become_one_kind():
+    assert [token_kind(bits) for bits in (4, 8, 16, 32, 2, 1, 0, 4 | 128, 8 | 256)] == [
+        NORMAL, CONTROL, USER, BYTE, UNUSED, UNUSED, UNUSED, NORMAL, CONTROL
+    ]  # fmt: skip

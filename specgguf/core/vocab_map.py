@@ -21,8 +21,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# A token's kind, as llama.cpp's token attributes say it (llama/vocab_map.py reads them).
-NORMAL, BYTE, CONTROL, USER, UNUSED = 0, 1, 2, 3, 4
+# A token's kind: llama.cpp's token attribute bits (llama_token_attr) that say what its text is.
+UNUSED, NORMAL, CONTROL, USER, BYTE = 2, 4, 8, 16, 32
+
+
+def token_kind(attributes: int) -> int:
+    """A token's llama.cpp attributes (llama/vocab.py's `VocabTexts`) as one kind; unknown or
+    undefined tokens are UNUSED: never proposed, never matched."""
+    for kind in (CONTROL, USER, BYTE, NORMAL):
+        if attributes & kind:
+            return kind
+    return UNUSED
+
+
 BPE, SPM = 2, 1  # llama.cpp's vocabulary types with a byte form known here
 
 
@@ -61,9 +72,11 @@ class VocabPieces:
     kinds: tuple[int, ...]
 
     @classmethod
-    def from_texts(cls, texts: Sequence[str], kinds: Sequence[int], vocab_type: int) -> VocabPieces:
+    def from_texts(cls, texts: Sequence[str], attributes: Sequence[int], vocab_type: int) -> VocabPieces:
+        """From token texts and their llama.cpp attributes (a kind is one such attribute)."""
+        kinds = tuple(token_kind(attribute) for attribute in attributes)
         pieces = tuple(token_piece(text, kind, vocab_type) for text, kind in zip(texts, kinds, strict=True))
-        return cls(pieces, tuple(kinds))
+        return cls(pieces, kinds)
 
     def key(self, token: int) -> tuple[bool, bytes] | None:
         """What must match for two tokens to be one: the bytes, and whether it is a control token."""
@@ -74,7 +87,7 @@ class VocabPieces:
 
 
 class VocabMapError(ValueError):
-    """A stored map that does not fit its pair (files/vocab_maps.py rebuilds it)."""
+    """A stored map that does not fit its pair (cross_vocab.py rebuilds it)."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ class VocabInfo:
     bos: int
     eos: int
     token_texts: tuple[bytes, ...]  # by token id; read eagerly, so it outlives the model
+    token_attrs: tuple[int, ...] = ()  # by token id: llama.cpp's attribute bits (control, byte, ...)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,81 @@
+"""Cross-vocabulary drafting with real GGUF files: SmolLM2-135M (byte-level BPE) drafting for
+Gemma-3-270M (SentencePiece), each emitted token the verifier's argmax for exactly its context."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specgguf.core.engine import speculate
+from specgguf.core.sampling import SamplingSettings
+from specgguf.core.vocab_map import CONTROL, UNUSED
+from specgguf.cross_vocab import cross_vocab_drafter, pair_map, vocab_pieces
+from specgguf.files.vocab_maps import vocab_map_path
+from specgguf.llama.model import LlamaModel
+from test_backend import RecordingModel
+
+
+@pytest.mark.parametrize("model_file", ["smollm2", "gemma270m"])
+def test_token_texts_as_bytes_are_llamas_own_pieces(model_file, request):
+    """core/vocab_map.py's reading of both forms agrees with llama.cpp's token_to_piece."""
+    model = LlamaModel(request.getfixturevalue(model_file), n_ctx=32)
+    pieces = vocab_pieces(model.vocab_info())
+    text_tokens = [t for t, kind in enumerate(pieces.kinds) if kind not in (CONTROL, UNUSED)]
+    assert len(text_tokens) > 0.9 * len(pieces.kinds)
+    assert [pieces.pieces[t] for t in text_tokens] == [model.token_bytes(t) for t in text_tokens]
+    model.close()
+
+
+def test_smollm2_drafts_for_gemma_greedily_as_gemma_decodes(smollm2, gemma270m):
+    verifier = RecordingModel(LlamaModel(gemma270m, n_ctx=512))
+    draft = LlamaModel(smollm2, n_ctx=512)
+    drafter = cross_vocab_drafter(draft, verifier.model)
+    # Gemma has 262k tokens, SmolLM2 49k: most of SmolLM2's text tokens are Gemma's too.
+    assert 0.1 < drafter.map.overlap < 49152 / 262144 and drafter.map.shared.mean() > 0.8
+    prompt = verifier.tokenize("def fibonacci(n):\n    # return the n-th Fibonacci number\n", special=False)
+    events = list(
+        speculate(
+            verifier=verifier,
+            drafter=drafter,
+            prompt_tokens=prompt,
+            k=4,
+            max_tokens=120,
+            settings=SamplingSettings(temperature=0.0),
+            rng=np.random.default_rng(0),
+        )
+    )
+    output = [token for event in events for token in event.tokens]
+    scored = {tuple(context): row for context, row in verifier.rows}
+    context = list(prompt)
+    for token in output:
+        assert token == int(np.argmax(scored[tuple(context)])), f"token after {len(context)} tokens"
+        context.append(token)
+    assert len(output) >= 100 or events[-1].stop == "eos"
+    assert len(output) >= 100
+    n_drafted, n_accepted = sum(e.n_drafted for e in events), sum(e.n_accepted for e in events)
+    assert 0 < n_accepted < n_drafted  # drafts through text, kept and refused
+    verifier.model.close()
+    draft.close()
+
+
+def test_the_map_is_kept_and_a_damaged_one_built_again(smollm2, gemma270m, capsys):
+    draft, verifier = LlamaModel(smollm2, n_ctx=32).vocab_info(), LlamaModel(gemma270m, n_ctx=32).vocab_info()
+    path = vocab_map_path(smollm2, gemma270m)
+    path.unlink(missing_ok=True)
+    built = pair_map(draft, verifier, draft_path=smollm2, verifier_path=gemma270m)
+    assert path.exists() and capsys.readouterr().err == ""
+    kept = pair_map(draft, verifier, draft_path=smollm2, verifier_path=gemma270m)
+    assert np.array_equal(kept.to_verifier, built.to_verifier) and capsys.readouterr().err == ""
+    wrong = built.to_verifier.copy()
+    wrong[5] = verifier.n_vocab  # an id the verifier does not have
+    for damage in (wrong, built.to_verifier[:100], built.to_verifier.astype(np.int64)):
+        np.save(path, damage)
+        again = pair_map(draft, verifier, draft_path=smollm2, verifier_path=gemma270m)
+        assert np.array_equal(again.to_verifier, built.to_verifier)
+        assert "a damaged vocabulary map" in capsys.readouterr().err
+    path.write_bytes(b"\x93NUMPY garbage")
+    assert np.array_equal(
+        pair_map(draft, verifier, draft_path=smollm2, verifier_path=gemma270m).to_verifier, built.to_verifier
+    )
+    assert "a damaged vocabulary map" in capsys.readouterr().err
+    assert np.array_equal(np.load(path), built.to_verifier)  # stored whole again
