@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .core.cross_drafter import CrossVocabDrafter
+from .core.cross_drafter import CrossVocab
 from .core.vocab_map import VocabMap, VocabMapError, VocabPieces, build_vocab_map, check_map
 from .errors import AssetError
 from .files.vocab_maps import read_array, vocab_map_path, write_array
@@ -48,19 +48,14 @@ def _read_pieces(pieces: VocabPieces, bos: int) -> Sequence[bytes]:
     return read
 
 
-def cross_vocab_drafter(
-    draft: LlamaModel, verifier: LlamaModel, *, p_min: float = 0.0, n_min: int = 0
-) -> CrossVocabDrafter:
-    """The cross-vocabulary drafter for a loaded pair, over the pair's (cached) map."""
+def cross_vocab(draft: LlamaModel, verifier: LlamaModel) -> CrossVocab:
+    """What the cross-vocabulary drafter needs for a loaded pair, over the pair's (cached) map."""
     draft_info, verifier_info = draft.vocab_info(), verifier.vocab_info()
     vocab_map = pair_map(draft_info, verifier_info, draft_path=draft.path, verifier_path=verifier.path)
-    return CrossVocabDrafter(
-        draft,
+    return CrossVocab(
         vocab_map,
         verifier_pieces=_read_pieces(vocab_pieces(verifier_info), verifier_info.bos),
         draft_pieces=vocab_pieces(draft_info).pieces,
         tokenize=draft.text_tokenizer(),
         bos=draft_info.bos if draft_info.add_bos else None,
-        p_min=p_min,
-        n_min=n_min,
     )

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from specgguf.core.cross_drafter import CrossVocabDrafter
 from specgguf.core.engine import speculate
 from specgguf.core.sampling import SamplingSettings
 from specgguf.core.vocab_map import CONTROL, UNUSED
-from specgguf.cross_vocab import cross_vocab_drafter, pair_map, vocab_pieces
+from specgguf.cross_vocab import cross_vocab, pair_map, vocab_pieces
 from specgguf.files.vocab_maps import vocab_map_path
 from specgguf.llama.model import LlamaModel
 from test_backend import RecordingModel
@@ -29,7 +30,7 @@ def test_token_texts_as_bytes_are_llamas_own_pieces(model_file, request):
 def test_smollm2_drafts_for_gemma_greedily_as_gemma_decodes(smollm2, gemma270m):
     verifier = RecordingModel(LlamaModel(gemma270m, n_ctx=512))
     draft = LlamaModel(smollm2, n_ctx=512)
-    drafter = cross_vocab_drafter(draft, verifier.model)
+    drafter = CrossVocabDrafter(draft, cross_vocab(draft, verifier.model))
     # Gemma has 262k tokens, SmolLM2 49k: most of SmolLM2's text tokens are Gemma's too.
     assert 0.1 < drafter.map.overlap < 49152 / 262144 and drafter.map.shared.mean() > 0.8
     prompt = verifier.tokenize("def fibonacci(n):\n    # return the n-th Fibonacci number\n", special=False)

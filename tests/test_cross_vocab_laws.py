@@ -13,11 +13,13 @@ import pytest
 import specgguf.core.cross_drafter
 import specgguf.core.engine
 from fakes import FakeModel, TextVocab
-from specgguf.core.cross_drafter import CrossVocabDrafter
+from specgguf.core.cross_drafter import CrossVocab, CrossVocabDrafter
+from specgguf.core.drafters import DraftSettings, build_drafter
 from specgguf.core.drafting import DraftStep
 from specgguf.core.engine import FixedK, speculate
 from specgguf.core.sampling import SamplingSettings, accept_tree, sparse_distribution
 from specgguf.core.vocab_map import NORMAL, VocabMap, VocabPieces, build_vocab_map
+from specgguf.errors import UsageError
 from test_laws import LENGTH, PROMPT, TARGET, VOCAB, _law, _p_value, _settings, _tally
 
 VERIFIER_PIECES = [b"a", b"b", b"c", b"ab", b"ca", b"cc"]  # test_laws' six-token verifier
@@ -35,14 +37,20 @@ def _map() -> VocabMap:
 
 def _drafter(window: int = 2) -> CrossVocabDrafter:
     draft = FakeModel(lambda context: DRAFT_TABLE[context[-1]], n_vocab=len(DRAFT_PIECES))
-    return CrossVocabDrafter(
-        draft,
-        _map(),
-        verifier_pieces=VERIFIER_PIECES,
-        draft_pieces=DRAFT_PIECES,
-        tokenize=DRAFT_VOCAB.tokenize,
-        window=window,
+    cross = CrossVocab(
+        _map(), verifier_pieces=VERIFIER_PIECES, draft_pieces=DRAFT_PIECES, tokenize=DRAFT_VOCAB.tokenize
     )
+    return CrossVocabDrafter(draft, cross, window=window)
+
+
+def test_the_drafter_table_builds_it_from_the_pairs_map():
+    draft = FakeModel(lambda context: DRAFT_TABLE[context[-1]], n_vocab=len(DRAFT_PIECES))
+    cross = _drafter().map, VERIFIER_PIECES, DRAFT_PIECES, DRAFT_VOCAB.tokenize
+    built = build_drafter("cross", draft, DraftSettings(p_min=0.5, cross=CrossVocab(*cross)))
+    assert isinstance(built, CrossVocabDrafter) and built.p_min == 0.5 and built.model is draft
+    assert build_drafter("cross", None, DraftSettings()) is None  # no draft model
+    with pytest.raises(UsageError, match="vocabulary map"):
+        build_drafter("cross", draft, DraftSettings())
 
 
 def test_the_map_is_the_shared_text():

@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 
 import numpy as np
@@ -63,26 +64,26 @@ def intersection_distribution(
     return sparse_distribution(np.where(shared, logits, -np.inf), settings)
 
 
+@dataclass(frozen=True)
+class CrossVocab:
+    """What a draft model of another vocabulary drafts with besides itself (cross_vocab.py makes it
+    for a loaded pair; the drafter table's `cross` row takes it from DraftSettings)."""
+
+    vocab_map: VocabMap
+    verifier_pieces: Sequence[bytes]  # what the draft reads for each verifier token
+    draft_pieces: Sequence[bytes]  # the bytes of each draft token
+    tokenize: Tokenize
+    bos: int | None = None  # the draft's first token, before the text
+
+
 class CrossVocabDrafter:
     source: Source = "model"
 
-    def __init__(
-        self,
-        model: Model,
-        vocab_map: VocabMap,
-        *,
-        verifier_pieces: Sequence[bytes],
-        draft_pieces: Sequence[bytes],
-        tokenize: Tokenize,
-        bos: int | None = None,
-        window: int = 4,
-        p_min: float = 0.0,
-        n_min: int = 0,
-    ):
-        self.model, self.map = model, vocab_map
-        self.verifier_pieces, self.draft_pieces, self.tokenize = verifier_pieces, draft_pieces, tokenize
+    def __init__(self, model: Model, cross: CrossVocab, *, window: int = 4, p_min: float = 0.0, n_min: int = 0):
+        self.model, self.map, self.tokenize = model, cross.vocab_map, cross.tokenize
+        self.verifier_pieces, self.draft_pieces = cross.verifier_pieces, cross.draft_pieces
         self.window, self.p_min, self.n_min = window, p_min, n_min
-        self._head = [] if bos is None else [bos]  # tokens before the text (BOS), never re-tokenized
+        self._head = [] if cross.bos is None else [cross.bos]  # tokens before the text (BOS), never re-read
         self._seen: list[int] = []  # the verifier tokens read so far ...
         self._seen_ends: list[int] = []  # ... where each one's bytes end in the text
         self._text = bytearray()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from ..errors import UsageError
+from .cross_drafter import CrossVocab, CrossVocabDrafter
 from .drafting import Drafter, Source
 from .hybrid_drafter import HybridDrafter
 from .model import Model
@@ -19,7 +20,7 @@ from .model_drafter import ModelDrafter
 from .ngram_cache import SessionNgrams
 from .ngram_drafter import NgramDrafter
 
-DrafterKind = Literal["model", "ngram", "hybrid"]  # as the command line and the server name them
+DrafterKind = Literal["model", "ngram", "hybrid", "cross"]  # as the command line and the server name them
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class DraftSettings:
     p_min: float = 0.0  # the draft model's early stop: below this top probability ...
     n_min: int = 0  # ... after at least this many drafts
     session: SessionNgrams | None = None  # the n-gram cache the n-gram side drafts from and teaches
+    cross: CrossVocab | None = None  # a draft of another vocabulary: how it reads and proposes (cross_vocab.py)
 
 
 @dataclass(frozen=True)
@@ -59,12 +61,25 @@ def _hybrid(draft: Model, settings: DraftSettings) -> Drafter:
     )
 
 
+def _cross(draft: Model, settings: DraftSettings) -> Drafter:
+    if settings.cross is None:
+        raise UsageError("--drafter cross needs the pair's vocabulary map (a draft of another vocabulary)")
+    return CrossVocabDrafter(draft, settings.cross, p_min=settings.p_min, n_min=settings.n_min)
+
+
 DRAFTER_KINDS: dict[DrafterKind, DrafterSpec] = {
     spec.kind: spec
     for spec in (
         DrafterSpec("hybrid", "n-gram drafts on long matches, else the draft model", True, ("model", "ngram"), _hybrid),
         DrafterSpec("model", "the draft model only", True, ("model",), _model),
         DrafterSpec("ngram", "prompt lookup and the session n-gram cache, no draft model", False, ("ngram",), _ngram),
+        DrafterSpec(
+            "cross",
+            "a draft model of another vocabulary, reading the text, proposing shared tokens",
+            True,
+            ("model",),
+            _cross,
+        ),
     )
 }
 assert set(DRAFTER_KINDS) == set(get_args(DrafterKind)), "every kind has its row"
