@@ -13,7 +13,7 @@ from .core.vocab_map import VocabMap, VocabMapError, VocabPieces, build_vocab_ma
 from .errors import AssetError
 from .files.vocab_maps import read_array, vocab_map_path, write_array
 from .llama.compat import VocabInfo
-from .llama.model import LlamaModel
+from .llama.loaded import LoadedModel
 
 
 def vocab_pieces(info: VocabInfo) -> VocabPieces:
@@ -48,7 +48,7 @@ def _read_pieces(pieces: VocabPieces, bos: int) -> Sequence[bytes]:
     return read
 
 
-def cross_vocab(draft: LlamaModel, verifier: LlamaModel) -> CrossVocab:
+def cross_vocab(draft: LoadedModel, verifier: LoadedModel) -> CrossVocab:
     """What the cross-vocabulary drafter needs for a loaded pair, over the pair's (cached) map."""
     draft_info, verifier_info = draft.vocab_info(), verifier.vocab_info()
     vocab_map = pair_map(draft_info, verifier_info, draft_path=draft.path, verifier_path=verifier.path)

@@ -3,6 +3,8 @@ Gemma-3-270M (SentencePiece), each emitted token the verifier's argmax for exact
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -95,3 +97,30 @@ def test_the_map_is_kept_and_a_damaged_one_built_again(smollm2, gemma270m, capsy
     )
     assert "a damaged vocabulary map" in capsys.readouterr().err
     assert np.array_equal(np.load(path), built.to_verifier)  # stored whole again
+
+
+def test_run_takes_a_draft_of_another_vocabulary_and_says_so(cli, smollm2, gemma270m):
+    """`-md` with another vocabulary: the pair runs, the draft model drafting through text beside the
+    n-gram drafts (the default hybrid), and --json says why and how much the vocabularies share."""
+    args = ("run", "-m", str(gemma270m), "-md", str(smollm2), "--temp", "0", "-n", "40", "-k", "3", "--json")
+    result = cli(*args, "--drafter", "model", "def reverse(text):")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    why = report["settings"]["draft_variant"]["why"]
+    assert why == "another vocabulary: it drafts through the text, 18% of the verifier's tokens shared"
+    assert report["n_tokens"] == 40 and 0 < report["n_accepted"] <= report["n_drafted"]
+    assert report["accepted_by_source"] == {"model": report["n_accepted"]}
+    refused = cli(*args, "--draft-variant", "q4_0", "def reverse(text):")
+    assert (
+        refused.error_line() == "specgguf: error: --draft-variant q4_0: a draft of another vocabulary is used as given"
+    )
+
+
+def test_a_tiny_verifier_takes_smollm2_as_its_draft(cli, tiny_verifier, smollm2):
+    """Once refused as an incompatible pair (test_cli.py's bad inputs), now drafted through text."""
+    result = cli(
+        "run", "-m", str(tiny_verifier), "-md", str(smollm2), "--temp", "0", "-n", "20", "-k", "3", "--json", "hi"
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["n_tokens"] == 20 and report["settings"]["draft_variant"]["why"].startswith("another vocabulary")

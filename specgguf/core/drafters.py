@@ -48,6 +48,9 @@ class DrafterSpec:
 
 
 def _model(draft: Model, settings: DraftSettings) -> Drafter:
+    """The draft model's drafter: through text when it has another vocabulary (`settings.cross`)."""
+    if settings.cross is not None:
+        return CrossVocabDrafter(draft, settings.cross, p_min=settings.p_min, n_min=settings.n_min)
     return ModelDrafter(draft, p_min=settings.p_min, n_min=settings.n_min)
 
 
@@ -56,15 +59,13 @@ def _ngram(draft: Model, settings: DraftSettings) -> Drafter:
 
 
 def _hybrid(draft: Model, settings: DraftSettings) -> Drafter:
-    return HybridDrafter(
-        ModelDrafter(draft, p_min=settings.p_min, n_min=settings.n_min), NgramDrafter(session=settings.session)
-    )
+    return HybridDrafter(_model(draft, settings), NgramDrafter(session=settings.session))
 
 
 def _cross(draft: Model, settings: DraftSettings) -> Drafter:
     if settings.cross is None:
         raise UsageError("--drafter cross needs the pair's vocabulary map (a draft of another vocabulary)")
-    return CrossVocabDrafter(draft, settings.cross, p_min=settings.p_min, n_min=settings.n_min)
+    return _model(draft, settings)
 
 
 DRAFTER_KINDS: dict[DrafterKind, DrafterSpec] = {

@@ -90,6 +90,11 @@ def compare_vocabularies(verifier: VocabInfo, draft: VocabInfo, *, max_examples:
     return findings
 
 
+def vocabularies_match(verifier: VocabInfo, draft: VocabInfo) -> bool:
+    """The pair shares one vocabulary (else it drafts only through text: cross_vocab.py)."""
+    return all(finding.ok for finding in compare_vocabularies(verifier, draft, max_examples=0))
+
+
 def ensure_compatible(verifier: VocabInfo, draft: VocabInfo) -> None:
     """Raise IncompatibleModelsError naming the first rule the pair breaks."""
     for finding in compare_vocabularies(verifier, draft, max_examples=1):
