@@ -20,6 +20,7 @@ from specgguf.core.engine import FixedK, speculate
 from specgguf.core.sampling import SamplingSettings, accept_tree, sparse_distribution
 from specgguf.core.vocab_map import NORMAL, VocabMap, VocabPieces, build_vocab_map
 from specgguf.errors import UsageError
+from test_grammar_laws import GRAMMARS, LENGTH as GRAMMAR_LENGTH
 from test_laws import LENGTH, PROMPT, TARGET, VOCAB, _law, _p_value, _settings, _tally
 
 VERIFIER_PIECES = [b"a", b"b", b"c", b"ab", b"ca", b"cc"]  # test_laws' six-token verifier
@@ -148,3 +149,15 @@ def test_q_not_renormalised_over_the_intersection_fails_the_check(monkeypatch):
 def test_p_cut_to_the_intersection_fails_the_check(monkeypatch):
     monkeypatch.setattr(specgguf.core.engine, "accept_tree", _p_cut_to_the_intersection)
     assert _cross_p_value(SamplingSettings(temperature=1.0), seed=44, n_sequences=8000) < 1e-12
+
+
+@pytest.mark.parametrize("grammar", ["forced", "tool-call"])
+def test_under_a_grammar_the_law_is_the_masked_verifiers(grammar):
+    """A grammar's masks are over verifier ids: the draft proposes only what the mask allows of the
+    intersection (test_grammar_laws.py's grammars and law)."""
+    settings = SamplingSettings(temperature=1.0)
+    tally = _tally(
+        _drafter(), FixedK(3), settings, length=GRAMMAR_LENGTH, seed=45, n_sequences=8000, grammar=GRAMMARS[grammar]
+    )
+    assert tally.sources == {"model", "grammar"}
+    assert _p_value(tally.counts, _law(settings, GRAMMAR_LENGTH, GRAMMARS[grammar]())) > 1e-4
