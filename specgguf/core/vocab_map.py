@@ -26,7 +26,7 @@ UNUSED, NORMAL, CONTROL, USER, BYTE = 2, 4, 8, 16, 32
 
 
 def token_kind(attributes: int) -> int:
-    """A token's llama.cpp attributes (llama/vocab.py's `VocabTexts`) as one kind; unknown or
+    """A token's llama.cpp attributes (llama/compat.py's `VocabInfo.token_attrs`) as one kind; unknown or
     undefined tokens are UNUSED: never proposed, never matched."""
     for kind in (CONTROL, USER, BYTE, NORMAL):
         if attributes & kind:
