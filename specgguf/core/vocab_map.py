@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -100,7 +101,7 @@ class VocabMap:
     def __post_init__(self) -> None:
         check_map(self.to_verifier, n_draft=len(self.to_verifier), n_verifier=self.n_verifier)
 
-    @property
+    @cached_property  # read at every draft
     def shared(self) -> np.ndarray:
         """The draft ids it may propose (bool per draft id)."""
         return self.to_verifier >= 0
