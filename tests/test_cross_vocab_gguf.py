@@ -124,3 +124,10 @@ def test_a_tiny_verifier_takes_smollm2_as_its_draft(cli, tiny_verifier, smollm2)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["n_tokens"] == 20 and report["settings"]["draft_variant"]["why"].startswith("another vocabulary")
+
+
+def test_the_cross_drafter_on_a_pair_of_one_vocabulary_is_one_error_line(cli, tiny_verifier, tiny_draft):
+    result = cli("run", "-m", str(tiny_verifier), "-md", str(tiny_draft), "--drafter", "cross", "-n", "5", "hi")
+    assert result.error_line() == (
+        "specgguf: error: --drafter cross needs the pair's vocabulary map (a draft of another vocabulary)"
+    )
