@@ -18,6 +18,12 @@ from specgguf.llama.model import LlamaModel
 from test_backend import RecordingModel
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """Vocabulary maps go to a cache of the test's own (the models stay where the fixtures put them)."""
+    monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "cache"))
+
+
 @pytest.mark.parametrize("model_file", ["smollm2", "gemma270m"])
 def test_token_texts_as_bytes_are_llamas_own_pieces(model_file, request):
     """core/vocab_map.py's reading of both forms agrees with llama.cpp's token_to_piece."""
