@@ -8,9 +8,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from .core.cross_drafter import CrossVocab
 from .core.vocab_map import VocabMap, VocabMapError, VocabPieces, build_vocab_map, check_map
 from .errors import AssetError
+from .files.derived import counts_path
 from .files.vocab_maps import read_array, vocab_map_path, write_array
 from .llama.compat import VocabInfo
 from .llama.loaded import LoadedModel
@@ -37,6 +40,19 @@ def pair_map(draft: VocabInfo, verifier: VocabInfo, *, draft_path: Path, verifie
     except AssetError as error:  # not kept: built again next time
         sys.stderr.write(f"specgguf: warning: {error}\n")
     return vocab_map
+
+
+def shared_text(vocab_map: VocabMap, verifier_path: Path) -> str:
+    """The overlap in words: of the verifier's vocabulary, and of its own answers where they were
+    counted here (files/derived.py's `counts_path`, the hot vocabulary's calibration; never counted for this)."""
+    text = f"{vocab_map.overlap:.0%} of the verifier's tokens shared"
+    try:
+        written = np.load(counts_path(verifier_path), allow_pickle=False)
+    except (OSError, ValueError):
+        return text  # not counted here (or damaged: draft_variant.py counts again when it needs them)
+    if written.shape == (vocab_map.n_verifier,) and written.dtype == np.int64 and written.min() >= 0:
+        text += f", {vocab_map.answer_share(written):.0%} of its answers"
+    return text
 
 
 def _read_pieces(pieces: VocabPieces, bos: int) -> Sequence[bytes]:

@@ -33,7 +33,7 @@ from .core.kpolicy import K_MAX, AdaptiveK, PerSource, PolicyConfig, adaptive_po
 from .core.ngram_cache import SessionNgrams
 from .core.sampling import SamplingSettings
 from .core.stats import Generation
-from .cross_vocab import cross_vocab
+from .cross_vocab import cross_vocab, shared_text
 from .draft_variant import DraftChoice, load_chosen
 from .errors import UsageError
 from .files.assets import cache_dir
@@ -334,8 +334,7 @@ def prepare(
     cross = None
     if draft is not None and choice is not None and choice.why == CROSS_WHY:
         cross = cross_vocab(draft, verifier)
-        shared = f"{cross.vocab_map.overlap:.0%} of the verifier's tokens shared"
-        choice = replace(choice, why=f"{CROSS_WHY}, {shared}")
+        choice = replace(choice, why=f"{CROSS_WHY}, {shared_text(cross.vocab_map, resolved.verifier)}")
     prepared = Prepared(
         cross=cross,
         resolved=resolved,

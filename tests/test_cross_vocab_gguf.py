@@ -13,6 +13,7 @@ from specgguf.core.engine import speculate
 from specgguf.core.sampling import SamplingSettings
 from specgguf.core.vocab_map import CONTROL, UNUSED
 from specgguf.cross_vocab import cross_vocab, pair_map, vocab_pieces
+from specgguf.files.derived import counts_path
 from specgguf.files.vocab_maps import vocab_map_path
 from specgguf.llama.model import LlamaModel
 from test_backend import RecordingModel
@@ -82,6 +83,11 @@ def test_smollm2_drafts_for_qwen_greedily_as_qwen_decodes(smollm2, qwen_pair):
     assert 0.2 < drafter.map.overlap < 0.4  # of Qwen's 151k tokens (49k are SmolLM2's)
 
 
+def vocab_map_covered(draft_path, verifier_path):
+    draft, verifier = LlamaModel(draft_path, n_ctx=32).vocab_info(), LlamaModel(verifier_path, n_ctx=32).vocab_info()
+    return pair_map(draft, verifier, draft_path=draft_path, verifier_path=verifier_path).verifier_covered
+
+
 def test_the_map_is_kept_and_a_damaged_one_built_again(smollm2, gemma270m, capsys):
     draft, verifier = LlamaModel(smollm2, n_ctx=32).vocab_info(), LlamaModel(gemma270m, n_ctx=32).vocab_info()
     path = vocab_map_path(smollm2, gemma270m)
@@ -116,6 +122,16 @@ def test_run_takes_a_draft_of_another_vocabulary_and_says_so(cli, smollm2, gemma
     assert why == "another vocabulary: it drafts through the text, 18% of the verifier's tokens shared"
     assert report["n_tokens"] == 40 and 0 < report["n_accepted"] <= report["n_drafted"]
     assert report["accepted_by_source"] == {"model": report["n_accepted"]}
+    # Where the verifier's answers were counted (a hot vocabulary's calibration), their share too.
+    written = np.zeros(262144, dtype=np.int64)
+    written[[0, 1, 2]] = 3  # <pad>, <eos>, <bos>: control tokens no SmolLM2 token spells
+    written[int(np.flatnonzero(vocab_map_covered(smollm2, gemma270m))[0])] = 1
+    counts_path(gemma270m).parent.mkdir(parents=True, exist_ok=True)
+    np.save(counts_path(gemma270m), written)
+    report = json.loads(cli(*args, "--drafter", "model", "def reverse(text):").stdout)
+    assert report["settings"]["draft_variant"]["why"].endswith(
+        "18% of the verifier's tokens shared, 10% of its answers"
+    )
     refused = cli(*args, "--draft-variant", "q4_0", "def reverse(text):")
     assert (
         refused.error_line() == "specgguf: error: --draft-variant q4_0: a draft of another vocabulary is used as given"
