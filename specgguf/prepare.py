@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +25,7 @@ import numpy as np
 
 from .core.constraint import Constraint
 from .core.costs import MachineCosts
+from .core.cross_drafter import CrossVocab
 from .core.drafters import DEFAULT_DRAFTER, DRAFTER_KINDS, DrafterKind, DraftSettings, build_drafter
 from .core.drafting import Drafter, Source
 from .core.engine import FixedK, KPolicy, speculate
@@ -32,11 +33,12 @@ from .core.kpolicy import K_MAX, AdaptiveK, PerSource, PolicyConfig, adaptive_po
 from .core.ngram_cache import SessionNgrams
 from .core.sampling import SamplingSettings
 from .core.stats import Generation
+from .cross_vocab import cross_vocab, shared_text
 from .draft_variant import DraftChoice, load_chosen
 from .errors import UsageError
 from .files.assets import cache_dir
 from .files.resolve import ResolvedPair
-from .llama.compat import ensure_compatible
+from .llama.compat import ensure_compatible, vocabularies_match
 from .llama.loaded import LoadedModel, ModelSettings
 from .llama.rpc import DEFAULT_TIMEOUT, RpcWorker
 from .llama.variants import AUTO, ORIGINAL_VARIANT, Auto, Variant
@@ -183,6 +185,7 @@ class Prepared:
     draft_choice: DraftChoice | None = None  # which draft file loaded, and why
     on_measure: Callable[[], None] | None = None  # called before costs are measured (to say so)
     _costs: MachineCosts | None = None
+    cross: CrossVocab | None = None  # a draft of another vocabulary: how it drafts through text (cross_vocab.py)
     # What followed each n-gram in everything this session read and generated (the n-gram and
     # hybrid drafters draft from it); with --keep-ngrams, also what earlier sessions saw.
     ngrams: SessionNgrams = field(default_factory=SessionNgrams)
@@ -203,6 +206,7 @@ class Prepared:
             p_min=self.options.p_min if p_min is None else p_min,
             n_min=self.options.n_min,
             session=self.ngrams if session is None else session,
+            cross=self.cross,
         )
         return build_drafter(kind or self.options.drafter, self.draft, settings)
 
@@ -273,15 +277,28 @@ class Prepared:
         )
 
 
+CROSS_WHY = "another vocabulary: it drafts through the text"
+
+
 def load_models(
-    resolved: ResolvedPair, options: LoadOptions, *, need_draft: bool, announce: Callable[[str], None] | None = None
+    resolved: ResolvedPair,
+    options: LoadOptions,
+    *,
+    need_draft: bool,
+    announce: Callable[[str], None] | None = None,
+    cross_ok: bool = False,
 ) -> tuple[LoadedModel, LoadedModel | None, DraftChoice | None]:
-    """Load the verifier and (if drafting) the draft, refusing pairs llama.cpp would refuse. The draft
+    """Load the verifier and (if drafting) the draft, refusing pairs llama.cpp would refuse unless
+    `cross_ok`: then a draft of another vocabulary is used as given (it drafts through text). The draft
     is the one made for this machine unless --draft-variant says otherwise (draft_variant.py)."""
     verifier = options.verifier_settings.load(resolved.verifier)
     if not need_draft or resolved.draft is None:
         return verifier, None, None
     original = options.draft_settings.load(resolved.draft)  # it must pair before anything is derived from it
+    if cross_ok and not vocabularies_match(verifier.vocab_info(), original.vocab_info()):
+        if options.draft_variant not in (AUTO, ORIGINAL_VARIANT):
+            raise UsageError(f"--draft-variant {options.draft_variant}: a draft of another vocabulary is used as given")
+        return verifier, original, DraftChoice(ORIGINAL_VARIANT, resolved.draft, CROSS_WHY)
     ensure_compatible(verifier.vocab_info(), original.vocab_info())
     if options.rpc and options.draft_variant == AUTO:
         return (
@@ -313,8 +330,13 @@ def prepare(
     made once before loading (a draft for this machine); without it, `on_measure` is called."""
     need_draft = DRAFTER_KINDS[drafting.drafter].needs_model and (keep_draft or not drafting.plain)
     announce = on_announce or (None if on_measure is None else lambda _text: on_measure())
-    verifier, draft, choice = load_models(resolved, load, need_draft=need_draft, announce=announce)
+    verifier, draft, choice = load_models(resolved, load, need_draft=need_draft, announce=announce, cross_ok=True)
+    cross = None
+    if draft is not None and choice is not None and choice.why == CROSS_WHY:
+        cross = cross_vocab(draft, verifier)
+        choice = replace(choice, why=f"{CROSS_WHY}, {shared_text(cross.vocab_map, resolved.verifier)}")
     prepared = Prepared(
+        cross=cross,
         resolved=resolved,
         verifier=verifier,
         draft=draft,

@@ -149,3 +149,27 @@ class TableConstraint:
             tokens.append(token)
             state = self.step(state, token)
         return tokens
+
+
+class TextVocab:
+    """A vocabulary of byte pieces with a longest-match tokenizer (the draft's, in cross-vocabulary
+    tests): deterministic, and its boundaries move as text grows (`a` then `b` reads as `ab`)."""
+
+    def __init__(self, pieces: Sequence[bytes]):
+        self.pieces = list(pieces)
+        self.longest = max(len(piece) for piece in pieces)
+
+    def tokenize(self, text: bytes) -> list[int]:
+        tokens, at = [], 0
+        while at < len(text):
+            for size in range(min(self.longest, len(text) - at), 0, -1):
+                if text[at : at + size] in self.pieces:
+                    tokens.append(self.pieces.index(text[at : at + size]))
+                    at += size
+                    break
+            else:
+                raise AssertionError(f"no piece for {text[at:]!r}")
+        return tokens
+
+    def text(self, tokens: Sequence[int]) -> bytes:
+        return b"".join(self.pieces[token] for token in tokens)

@@ -84,6 +84,9 @@ def test_gemma_and_qwen_differ_in_tokenizer_type(check, qwen_pair, gemma270m):
 def test_smollm2_and_gemma_fail_every_rule(smollm2, gemma270m):
     report = check_pair(draft=gemma270m, verifier=smollm2)
     assert [finding.ok for finding in report.findings] == [False, False, False]
+    cross = {note.item: note.detail for note in report.notes}["shared texts"]
+    # Most of SmolLM2's 49k texts are among Gemma's 262k (both forms read as bytes: test_cross_vocab_gguf.py).
+    assert cross.startswith("94% of the verifier's tokens (") and " of 49152) have a draft token" in cross
     assert report.suggestions == [
         "no registry pair has this verifier: a draft must come from the same model"
         " family (usually its smallest sibling, from the same GGUF producer);"

@@ -120,7 +120,6 @@ BAD_INPUTS = {
     "missing file": (["-m", "{bad}/nope.gguf", "hi"], "no such file"),
     "not a GGUF": (["-m", "{bad}/notes.gguf", "hi"], "not a GGUF file"),
     "truncated GGUF": (["-m", "{bad}/half.gguf", "hi"], "could not load"),
-    "incompatible pair": (["-m", "{verifier}", "-md", "{smollm2}", "hi"], "cannot be paired"),
     "empty prompt": (["-m", "{verifier}", "-md", "{draft}", "   "], "prompt is empty"),
     "prompt longer than the context": (
         ["-m", "{verifier}", "-md", "{draft}", "-c", "16", "the " * 40],

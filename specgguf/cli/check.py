@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.text import Text
 
 from .. import tuning
+from ..core.vocab_map import build_vocab_map
+from ..cross_vocab import vocab_pieces
 from ..errors import terminal_safe
 from ..files.registry import ModelFile, Pair, Registry, load_registry
 from ..files.resolve import Role, find_local, resolve_model
@@ -73,9 +75,10 @@ def read_side(given: str | Path, role: Role) -> Side:
 def check_pair(*, draft: str | Path, verifier: str | Path, max_examples: int = 5) -> Report:
     draft_side, verifier_side = read_side(draft, "draft"), read_side(verifier, "verifier")
     findings = compare_vocabularies(verifier_side.vocab, draft_side.vocab, max_examples=max_examples)
-    report = Report(
-        draft=draft_side, verifier=verifier_side, findings=findings, notes=_notes(draft_side, verifier_side)
-    )
+    notes = _notes(draft_side, verifier_side)
+    if not all(finding.ok for finding in findings):
+        notes.append(_cross_note(draft_side, verifier_side))
+    report = Report(draft=draft_side, verifier=verifier_side, findings=findings, notes=notes)
     report.suggestions.extend(_suggestions(report, load_registry()))
     return report
 
@@ -106,6 +109,19 @@ def _notes(draft: Side, verifier: Side) -> list[Finding]:
     notes.append(_template_note(draft.chat_template, verifier.chat_template))
     notes.append(_variant_note(draft.path, verifier.path))
     return notes
+
+
+def _cross_note(draft: Side, verifier: Side) -> Finding:
+    """What `run -md` does with a draft of another vocabulary: drafts through the text, proposing only
+    the tokens both vocabularies spell the same (cross_vocab.py)."""
+    vocab_map = build_vocab_map(vocab_pieces(draft.vocab), vocab_pieces(verifier.vocab))
+    covered = int(vocab_map.verifier_covered.sum())
+    return Finding(
+        "shared texts",
+        True,
+        f"{vocab_map.overlap:.0%} of the verifier's tokens ({covered} of {verifier.vocab.n_vocab}) have a draft"
+        " token with the same text: `specgguf run -md` drafts through the text, proposing only those",
+    )
 
 
 def _variant_note(draft: Path, verifier: Path) -> Finding:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from ..errors import UsageError
+from .cross_drafter import CrossVocab, CrossVocabDrafter
 from .drafting import Drafter, Source
 from .hybrid_drafter import HybridDrafter
 from .model import Model
@@ -19,7 +20,7 @@ from .model_drafter import ModelDrafter
 from .ngram_cache import SessionNgrams
 from .ngram_drafter import NgramDrafter
 
-DrafterKind = Literal["model", "ngram", "hybrid"]  # as the command line and the server name them
+DrafterKind = Literal["model", "ngram", "hybrid", "cross"]  # as the command line and the server name them
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class DraftSettings:
     p_min: float = 0.0  # the draft model's early stop: below this top probability ...
     n_min: int = 0  # ... after at least this many drafts
     session: SessionNgrams | None = None  # the n-gram cache the n-gram side drafts from and teaches
+    cross: CrossVocab | None = None  # a draft of another vocabulary: how it reads and proposes (cross_vocab.py)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class DrafterSpec:
 
 
 def _model(draft: Model, settings: DraftSettings) -> Drafter:
+    """The draft model's drafter: through text when it has another vocabulary (`settings.cross`)."""
+    if settings.cross is not None:
+        return CrossVocabDrafter(draft, settings.cross, p_min=settings.p_min, n_min=settings.n_min)
     return ModelDrafter(draft, p_min=settings.p_min, n_min=settings.n_min)
 
 
@@ -54,9 +59,13 @@ def _ngram(draft: Model, settings: DraftSettings) -> Drafter:
 
 
 def _hybrid(draft: Model, settings: DraftSettings) -> Drafter:
-    return HybridDrafter(
-        ModelDrafter(draft, p_min=settings.p_min, n_min=settings.n_min), NgramDrafter(session=settings.session)
-    )
+    return HybridDrafter(_model(draft, settings), NgramDrafter(session=settings.session))
+
+
+def _cross(draft: Model, settings: DraftSettings) -> Drafter:
+    if settings.cross is None:
+        raise UsageError("--drafter cross needs the pair's vocabulary map (a draft of another vocabulary)")
+    return _model(draft, settings)
 
 
 DRAFTER_KINDS: dict[DrafterKind, DrafterSpec] = {
@@ -65,6 +74,13 @@ DRAFTER_KINDS: dict[DrafterKind, DrafterSpec] = {
         DrafterSpec("hybrid", "n-gram drafts on long matches, else the draft model", True, ("model", "ngram"), _hybrid),
         DrafterSpec("model", "the draft model only", True, ("model",), _model),
         DrafterSpec("ngram", "prompt lookup and the session n-gram cache, no draft model", False, ("ngram",), _ngram),
+        DrafterSpec(
+            "cross",
+            "a draft model of another vocabulary, reading the text, proposing shared tokens",
+            True,
+            ("model",),
+            _cross,
+        ),
     )
 }
 assert set(DRAFTER_KINDS) == set(get_args(DrafterKind)), "every kind has its row"

@@ -1,5 +1,5 @@
 """Drafting: what every drafter shares. The drafters themselves are one per module
-(`model_drafter`, `ngram_drafter`, `hybrid_drafter`); `drafters` is the table of kinds.
+(`model_drafter`, `ngram_drafter`, `hybrid_drafter`, `cross_drafter`); `drafters` is the table of kinds.
 
 A deterministic proposal is a draft distribution with all its mass on one token
 (a one-hot row), so the acceptance rule stays lossless under sampling: the token

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .drafting import Drafts, DraftStep, Source
-from .model_drafter import ModelDrafter
+from .drafting import Drafter, Drafts, DraftStep, Source
 from .ngram_drafter import NgramDrafter
 
 
@@ -15,7 +14,7 @@ class HybridDrafter:
 
     source: Source = "model"
 
-    def __init__(self, model_drafter: ModelDrafter, ngram: NgramDrafter, *, min_match: int = 3):
+    def __init__(self, model_drafter: Drafter, ngram: NgramDrafter, *, min_match: int = 3):
         self.model_drafter, self.ngram, self.min_match = model_drafter, ngram, min_match
 
     def prepare(self, prompt_tokens: Sequence[int]) -> None:

@@ -28,6 +28,7 @@ class VocabInfo:
     bos: int
     eos: int
     token_texts: tuple[bytes, ...]  # by token id; read eagerly, so it outlives the model
+    token_attrs: tuple[int, ...] = ()  # by token id: llama.cpp's attribute bits (control, byte, ...)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,11 @@ def compare_vocabularies(verifier: VocabInfo, draft: VocabInfo, *, max_examples:
             )
         )
     return findings
+
+
+def vocabularies_match(verifier: VocabInfo, draft: VocabInfo) -> bool:
+    """The pair shares one vocabulary (else it drafts only through text: cross_vocab.py)."""
+    return all(finding.ok for finding in compare_vocabularies(verifier, draft, max_examples=0))
 
 
 def ensure_compatible(verifier: VocabInfo, draft: VocabInfo) -> None:

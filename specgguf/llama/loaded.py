@@ -9,7 +9,7 @@ this before it knows whether one will.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -74,6 +74,8 @@ class LoadedModel(Protocol):
     def fim_tokens(self) -> FimTokens | None: ...
 
     def vocab_info(self) -> VocabInfo: ...
+
+    def text_tokenizer(self) -> Callable[[bytes], list[int]]: ...
 
 
 @dataclass(frozen=True)

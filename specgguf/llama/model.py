@@ -9,7 +9,7 @@ import contextlib
 import ctypes
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -353,3 +353,7 @@ class LlamaModel:
     # --- what the compatibility check reads ---
     def vocab_info(self) -> VocabInfo:
         return vocab.vocab_info(self._vocab, self.path.name)
+
+    def text_tokenizer(self) -> Callable[[bytes], list[int]]:
+        """Bytes -> tokens with no BOS, as a cross-vocabulary draft reads the verifier's text."""
+        return vocab.text_tokenizer(self._vocab)

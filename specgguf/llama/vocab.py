@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,7 @@ def vocab_info(vocab: llama_cpp.llama_vocab_p, name: str) -> VocabInfo:
         bos=llama_cpp.llama_vocab_bos(vocab),
         eos=llama_cpp.llama_vocab_eos(vocab),
         token_texts=tuple(llama_cpp.llama_vocab_get_text(vocab, token) for token in range(n_vocab)),
+        token_attrs=tuple(int(llama_cpp.llama_vocab_get_attr(vocab, token)) for token in range(n_vocab)),
     )
 
 
@@ -55,6 +56,22 @@ def control_tokens(vocab: llama_cpp.llama_vocab_p) -> tuple[ControlToken, ...]:
         if text:
             found.append(ControlToken(token, text, bool(lstrip), bool(rstrip)))
     return tuple(sorted(found, key=lambda control: (-len(control.text.encode()), control.token)))
+
+
+def text_tokenizer(vocab: llama_cpp.llama_vocab_p) -> Callable[[bytes], list[int]]:
+    """Bytes -> the vocabulary's tokens, as a cross-vocabulary draft reads the verifier's text: no BOS,
+    special tokens' texts read as those tokens (core/cross_drafter.py's `Tokenize`)."""
+
+    def tokenize(data: bytes) -> list[int]:
+        capacity = len(data) + 8
+        buffer = (llama_cpp.llama_token * capacity)()
+        count = llama_cpp.llama_tokenize(vocab, data, len(data), buffer, capacity, False, True)
+        if count < 0:
+            buffer = (llama_cpp.llama_token * -count)()
+            count = llama_cpp.llama_tokenize(vocab, data, len(data), buffer, -count, False, True)
+        return list(buffer[:count])
+
+    return tokenize
 
 
 def read_vocab(path: str | Path, *, metadata_keys: Sequence[str] = ()) -> tuple[VocabInfo, dict[str, str]]:
