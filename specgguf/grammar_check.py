@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import resource
 import sys
 import threading
@@ -37,15 +38,25 @@ Verdict = tuple[
 
 
 class _Bytes:
-    """A vocabulary of the 256 bytes and an end token: what any tokenizer can spell."""
+    """A vocabulary of the 256 bytes, any token ids the grammar names (`<[151657]>`: a tool call's
+    opener, special tokens of the real vocabulary), and an end token: what any tokenizer can spell."""
 
-    eos_token_id = 256
     bos_token_id = None
-    tokens = [bytes([value]) for value in range(256)] + [b"\xff<end>"]
-    special_token_ids = [256]
+
+    def __init__(self, n_named: int = 0):
+        self.eos_token_id = max(256, n_named)
+        self.tokens = [bytes([value]) for value in range(256)]
+        self.tokens += [b"\xff<token %d>" % token for token in range(256, self.eos_token_id)] + [b"\xff<end>"]
+        self.special_token_ids = list(range(256, self.eos_token_id + 1))
 
     def __call__(self, text: bytes) -> list[int]:
         return list(text)
+
+
+def _named_tokens(text: str) -> int:
+    """One past the largest token id the grammar names in a `<[...]>` token reference (0: none)."""
+    ids = [int(number) for ref in re.findall(r"<\[([0-9,\-\s]+)\]>", text) for number in re.findall(r"\d+", ref)]
+    return max(ids) + 1 if ids else 0
 
 
 def dead_end(error: str) -> bool:
@@ -69,7 +80,7 @@ def check(kind: str, text: str, json_options: Any) -> Verdict:
     problem = LLMatcher.validate_grammar(grammar)
     if problem:
         return "invalid", problem
-    matcher = LLMatcher(LLTokenizer(TokenizerWrapper(_Bytes())), grammar, log_level=0)
+    matcher = LLMatcher(LLTokenizer(TokenizerWrapper(_Bytes(_named_tokens(text)))), grammar, log_level=0)
     if matcher.is_error():
         return "invalid", matcher.get_error()
     for _ in range(2):  # at the start, and after the text it forces from there

@@ -64,6 +64,15 @@ def test_ordinary_grammars_still_compile_and_a_moderate_chain_runs_on_the_verifi
         assert constraint.allowed().any()
 
 
+def test_a_grammar_that_names_token_ids_passes_the_check():
+    """Tool calls open with a special token named by id (`<[151657]>`, Qwen's <tool_call>): the
+    check's byte vocabulary holds every id the grammar names (it was 'Token range end too large')."""
+    lark = '%llguidance {}\nstart: <[151657]> "{" /[a-z]+/ "}" <[151658]>\n'
+    assert GrammarSpec("lark", lark).compile()
+    with pytest.raises(GrammarError, match="nothing can satisfy"):
+        GrammarSpec("lark", "%llguidance {}\nstart: <[151657]> rule\nrule: rule\n").compile()
+
+
 @pytest.mark.parametrize(
     "spec",
     [
