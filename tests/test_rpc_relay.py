@@ -22,6 +22,7 @@ import pytest
 
 from specgguf.llama import rpc_frames as frames
 from specgguf.llama.rpc import RpcWorker, RpcWorkerError, probe
+from specgguf.llama.rpc_relay import _LOG_EVERY
 from test_rpc import SPECGGUF, free_port
 
 HELLO = struct.pack("<BQ", 14, 24) + bytes(24)
@@ -78,6 +79,13 @@ class LoggedWorker:
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)
         self.process.wait(timeout=10)
+
+
+@pytest.fixture(autouse=True)
+def log_room():
+    """One module-wide worker logs refusals in a burst, then one line per `_LOG_EVERY` seconds
+    (ThrottledLog): the tests before may have spent the burst, so each test waits for room for one."""
+    time.sleep(_LOG_EVERY)
 
 
 @pytest.fixture(scope="module")
