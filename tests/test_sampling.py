@@ -12,6 +12,7 @@ import pytest
 from scipy.stats import chisquare
 
 from specgguf.core.sampling import (
+    TOP_K_WINDOW,
     SamplingSettings,
     accept_drafts,
     accept_greedy,
@@ -21,6 +22,7 @@ from specgguf.core.sampling import (
     process_logits,
     sample_token,
     sparse_distribution,
+    top_k_indices,
 )
 
 N_DRAWS = 100_000
@@ -230,6 +232,7 @@ def _tree_counts(accept, rng, *, n_root, n_below):
 def test_tree_rule_emits_the_target_distribution(n_root, n_below, seed):
     counts, expected = _tree_counts(accept_tree, np.random.default_rng(seed), n_root=n_root, n_below=n_below)
     support = expected > 0
+    assert 4 <= support.sum() < 12  # top-k and another cut both bite
     assert counts[~support].sum() == 0
     assert chisquare(counts[support], expected[support] * TREE_DRAWS).pvalue > 1e-4
 
@@ -237,6 +240,7 @@ def test_tree_rule_emits_the_target_distribution(n_root, n_below, seed):
 def test_the_tree_rule_without_residuals_between_siblings_fails_the_same_check():
     counts, expected = _tree_counts(_wrong_tree_rule, np.random.default_rng(34), n_root=3, n_below=1)
     support = expected > 0
+    assert 4 <= support.sum() < 12  # top-k and another cut both bite
     assert chisquare(counts[support], expected[support] * TREE_DRAWS).pvalue < 1e-12
 
 
@@ -280,3 +284,40 @@ def test_masked_entries_are_set_aside_before_top_k_and_never_survive():
     few[[7, 4000]] = [1.0, 2.0]  # fewer finite entries than top_k: all of them
     tokens, probs = sparse_distribution(few, SamplingSettings(temperature=1.0, top_k=40, top_p=1.0, min_p=0.0))
     assert tokens.tolist() == [4000, 7] and np.isclose(probs.sum(), 1.0)
+
+
+@pytest.mark.parametrize("scale", [0.5, 4.0, 20.0])
+@pytest.mark.parametrize("k", [1, 5, 40])
+def test_top_k_indices_are_the_k_largest_whether_or_not_the_window_holds_them(scale, k):
+    """The window (values within TOP_K_WINDOW of the largest) is only a shortcut: with many values
+    near the top (scale 0.5), few (20) or some, the k largest come out, ties included."""
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        values = np.round(rng.standard_normal(3000) * scale, 1).astype(np.float32)  # rounding makes ties
+        chosen = top_k_indices(values, k)
+        assert len(set(chosen.tolist())) == k
+        np.testing.assert_array_equal(np.sort(values[chosen]), np.sort(values)[-k:])
+
+
+def test_plain_steps_draw_from_the_processed_distribution():
+    """A step without drafts draws from p's support (not the whole vocabulary): the first token's
+    law, over a vocabulary whose logits spread wide enough for top-k's window, is process_logits'."""
+    from scipy.stats import chisquare
+
+    from fakes import FakeModel
+    from specgguf.core.engine import speculate
+
+    vocab = 300
+    logits = np.random.default_rng(3).standard_normal(vocab) * 3.0
+    settings = SamplingSettings(temperature=1.3, top_k=12, top_p=0.97, min_p=0.02)
+    expected = process_logits(logits, settings)[0]
+    assert np.count_nonzero(logits >= logits.max() - TOP_K_WINDOW) < vocab  # the window's path is taken
+    rng, counts = np.random.default_rng(11), np.zeros(vocab)
+    for _ in range(6000):
+        verifier = FakeModel(lambda _context: logits, n_vocab=vocab)
+        (event,) = speculate(verifier=verifier, prompt_tokens=[0], k=0, max_tokens=1, settings=settings, rng=rng)
+        counts[event.tokens[0]] += 1
+    support = expected > 0
+    assert 4 <= support.sum() < 12  # top-k and another cut both bite
+    assert counts[~support].sum() == 0
+    assert chisquare(counts[support], expected[support] * counts.sum()).pvalue > 1e-4

@@ -30,6 +30,8 @@ from .sampling import (
     apply_penalties,
     mask_logits,
     process_logits,
+    sample_token,
+    sparse_distribution,
 )
 from .verify_tree import VerifyTree
 
@@ -284,6 +286,9 @@ def _accept(
         return process_logits(row(node), settings)[0]
 
     n_drafts = len(drafts.tokens)
+    if not n_drafts:  # plain decoding: one draw from p, over its support (not the whole vocabulary)
+        support, probs = sparse_distribution(row(-1), settings)
+        return [], int(support[sample_token(probs, rng)])
     if settings.acceptance == "block" and n_drafts and parents == list(range(-1, n_drafts - 1)):  # a chain
         n_accepted, next_token = accept_block(
             target_probs=np.array([target_probs(node) for node in range(-1, n_drafts)]),

@@ -125,6 +125,21 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum()
 
 
+TOP_K_WINDOW = 12.0  # logits within this of the largest are partitioned first (top_k_indices)
+
+
+def top_k_indices(values: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the k largest values, in no order. A partition of the whole vocabulary costs
+    about 1 ms a row, as much as the rest of a plain step's host work: where at least k values lie
+    within TOP_K_WINDOW of the largest, the k largest are among them, and only those are partitioned
+    (a scan, ~0.04 ms); else the whole row is."""
+    n_values = values.shape[0]
+    near = np.flatnonzero(values >= values.max() - TOP_K_WINDOW)
+    if k <= near.size < n_values:
+        return near[np.argpartition(values[near], near.size - k)[near.size - k :]]
+    return np.argpartition(values, n_values - k)[n_values - k :]
+
+
 def sparse_distribution(logits: np.ndarray, settings: SamplingSettings) -> tuple[np.ndarray, np.ndarray]:
     """One logits row -> (token ids, their probabilities): the support of the processed
     distribution, which the chain keeps small (top-k), so draws need not scan the vocabulary.
@@ -139,7 +154,7 @@ def sparse_distribution(logits: np.ndarray, settings: SamplingSettings) -> tuple
     n_values = values.shape[0]
     # top-k: keep the k largest logits (0 disables).
     if 0 < settings.top_k < n_values:
-        candidates = np.argpartition(values, n_values - settings.top_k)[n_values - settings.top_k :]
+        candidates = top_k_indices(values, settings.top_k)
     else:
         candidates = np.arange(n_values)
     candidate_logits = values[candidates].astype(np.float64)
