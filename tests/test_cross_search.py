@@ -214,3 +214,17 @@ def test_bench_runs_a_pair_of_two_vocabularies_and_shows_the_overlap(cli, ggufs,
     table = cli(*args, "--no-store")
     assert table.returncode == 0, table.stderr
     assert "overlap" in table.stdout and f"{pair['overlap']:.0%}" in table.stdout
+
+
+def test_the_ngram_bar_is_plain_decoding_where_nothing_repeats_and_higher_where_the_text_does():
+    """core/calibration.ngram_rate on scripted verifiers: priced on the verify table alone."""
+    from fakes import FakeModel, one_hot_logits
+    from specgguf.core.calibration import ngram_rate
+
+    verify = (0.010, 0.012, 0.014, 0.016, 0.018)
+    counting = FakeModel(one_hot_logits(lambda context: (len(context) * 7) % 97, 97), n_vocab=97)
+    plain = ngram_rate(counting, [[1, 2]], verify, k=4, max_tokens=40)
+    assert plain == pytest.approx(1 / verify[0])
+    cycling = FakeModel(one_hot_logits(lambda context: context[-4], 97), n_vocab=97)
+    repeating = ngram_rate(cycling, [[5, 6, 7, 8, 5, 6, 7, 8]], verify, k=4, max_tokens=40)
+    assert repeating > 2 / verify[0] and cycling.cached == []  # left empty, as the calibration runs do
