@@ -6,6 +6,7 @@ with it (llama/compat.py's rules: the tokenizer's scalars and the vocabulary fin
 files/gguf_header.py, then the chosen one confirmed by llama.cpp's own vocabulary loader) at most
 about a quarter of the verifier's size. None: the caller drafts with n-grams alone.
 `local_pairs` lists every compatible pair among the local files (`specgguf pairs --local`).
+Drafts of another vocabulary are cross_search.py's, which asks this module first.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class FoundDraft:
     draft: Path | None  # None: no draft model; draft with n-grams alone
     message: str  # which one and why, for stderr
     pair: Pair | None = None  # the registry pair, when it decided
+    cross: bool = False  # of another vocabulary (cross_search.py): adopted only where measured to pay
 
 
 def _agree(ours: object, theirs: object) -> bool:
@@ -110,14 +112,16 @@ def _registry_draft(verifier: Path, vocab: VocabInfo, here: list[LocalModel]) ->
     return None
 
 
-def scan(models: list[LocalModel], index: SummaryIndex) -> list[Found]:
-    """The readable GGUF models among `models`, each with its summary; each other one skipped with a warning."""
+def scan(models: list[LocalModel], index: SummaryIndex, *, warn: bool = True) -> list[Found]:
+    """The readable GGUF models among `models`, each with its summary; each other one skipped (with a
+    warning unless `warn` is False: a second look, after one that warned)."""
     found = []
     for model in models:
         try:
             found.append(Found(model, index.get(model.path)))
         except (SpecggufError, OSError) as error:  # not a GGUF, cut short, malformed, unreadable: never a draft
-            _skipped(model, error)
+            if warn:
+                _skipped(model, error)
     return found
 
 
@@ -208,11 +212,13 @@ class LocalPair:
         }
 
 
-def local_pairs() -> list[LocalPair]:
-    """Every draft/verifier pair among the local files that share a vocabulary, the draft the smaller."""
-    index = SummaryIndex()
-    found = scan(local_models(), index)
-    index.save()
+def local_pairs(found: list[Found] | None = None) -> list[LocalPair]:
+    """Every draft/verifier pair among the local files (or `found`, scanned already) that share a
+    vocabulary, the draft the smaller."""
+    if found is None:
+        index = SummaryIndex()
+        found = scan(local_models(), index)
+        index.save()
     pairs = [
         LocalPair(draft.model, verifier.model, draft.summary.size, verifier.summary.size)
         for verifier in found

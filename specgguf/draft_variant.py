@@ -13,7 +13,9 @@ verifier's file never is). prepare.py asks once (`load_chosen`), and the choice 
   draft position is accepted given the ones before it were, from greedy speculation at K = 4 on a
   short calibration set, code and prose: core/calibration.py), scored by the tokens per second it should give at its
   best fixed K, E(k) / T(k) with E(k) = (1 − a^(k+1)) / (1 − a) and T(k) = k·t_draft + t_verify(k + 1)
-  (core/kpolicy.expected_rate); kept in tuning.json (`tuning.MeasuredVariants`), so measured once;
+  (core/kpolicy.expected_rate); kept in tuning.json (`tuning.MeasuredVariants`), so measured once
+  (`measure_model` measures one loaded draft; cross_search.py measures a found draft of another
+  vocabulary with it, against `ngram_rate`, n-gram drafts alone on the same set and costs);
 - the choice (`pick`), then the chosen file loaded (`open_draft`).
 """
 
@@ -29,6 +31,7 @@ from . import tuning
 from .conversation import Prompts
 from .core import calibration
 from .core.costs import PROBE_CONTEXT, MachineCosts, measure
+from .core.cross_drafter import CrossVocab
 from .core.hot_vocab import HotVocab
 from .core.kpolicy import expected_rate
 from .errors import ModelLoadError
@@ -161,19 +164,39 @@ def calibrate(
     """Measure each draft file here against `verifier` (whose verify costs by batch size are
     `verify`), each loaded with `settings` and closed after."""
     candidates = []
-    questions = _questions(verifier, CALIBRATION)
     for variant, path in files.items():
         draft = open_draft(path, settings)
         try:
-            (seconds,) = measure(draft, max_batch=1, repeats=5, context=PROBE_CONTEXT, statistic=min)
-            acceptance = calibration.acceptance(
-                verifier, draft, questions, k=CALIBRATION_K, max_tokens=CALIBRATION_TOKENS
-            )
+            candidates.append(measure_model(verifier, draft, verify, variant=variant))
         finally:
             draft.close()
-        rate = expected_rate(MachineCosts(verify, seconds), acceptance)
-        candidates.append(Candidate(variant, round(seconds * 1000, 3), round(acceptance, 4), round(rate, 2)))
     return candidates
+
+
+def measure_model(
+    verifier: LoadedModel,
+    draft: LoadedModel,
+    verify: tuple[float, ...],
+    *,
+    variant: Variant = ORIGINAL_VARIANT,
+    cross: CrossVocab | None = None,
+) -> Candidate:
+    """One loaded draft measured here against `verifier` (through text where `cross` is given: a draft
+    of another vocabulary): its cost per draft token, its acceptance on the calibration set, and the
+    tokens per second that should give at its best fixed K."""
+    (seconds,) = measure(draft, max_batch=1, repeats=5, context=PROBE_CONTEXT, statistic=min)
+    acceptance = calibration.acceptance(
+        verifier, draft, _questions(verifier, CALIBRATION), k=CALIBRATION_K, max_tokens=CALIBRATION_TOKENS, cross=cross
+    )
+    rate = expected_rate(MachineCosts(verify, seconds), acceptance)
+    return Candidate(variant, round(seconds * 1000, 3), round(acceptance, 4), round(rate, 2))
+
+
+def ngram_rate(verifier: LoadedModel, verify: tuple[float, ...]) -> float:
+    """Tokens per second n-gram drafts alone should give here on the same calibration set, priced on
+    the same verify costs (core/calibration.py's `ngram_rate`): what a found draft must beat."""
+    questions = _questions(verifier, CALIBRATION)
+    return calibration.ngram_rate(verifier, questions, verify, k=CALIBRATION_K, max_tokens=CALIBRATION_TOKENS)
 
 
 # --- the choice ---

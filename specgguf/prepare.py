@@ -33,6 +33,7 @@ from .core.kpolicy import K_MAX, AdaptiveK, PerSource, PolicyConfig, adaptive_po
 from .core.ngram_cache import SessionNgrams
 from .core.sampling import SamplingSettings
 from .core.stats import Generation
+from .cross_search import Measure, adopt
 from .cross_vocab import cross_vocab, shared_text
 from .draft_variant import DraftChoice, load_chosen
 from .errors import UsageError
@@ -111,6 +112,9 @@ class DraftOptions:
     force_spec: bool = False  # never fall back to plain decoding
     keep_ngrams: bool = False  # the session n-gram cache persists per verifier (read at start, saved at the end)
     trees: bool = False  # draft trees: the runner-up beside the chain where the costs say it pays
+    # The draft was found here, of another vocabulary (cross_search.py): adopted only where measured
+    # (once, kept in tuning.json) to beat n-gram drafts alone; else the run drafts with n-grams alone.
+    trial: bool = False
 
     @property
     def plain(self) -> bool:
@@ -314,6 +318,17 @@ def load_models(
     return verifier, draft, choice
 
 
+def pair_cross(
+    verifier: LoadedModel, draft: LoadedModel | None, choice: DraftChoice | None
+) -> tuple[CrossVocab | None, DraftChoice | None]:
+    """For a draft of another vocabulary (load_models said so), what it drafts through text with, and
+    its choice's reason with the overlap; else (None, choice). Every command's pair goes through here."""
+    if draft is None or choice is None or choice.why != CROSS_WHY:
+        return None, choice
+    cross = cross_vocab(draft, verifier)
+    return cross, replace(choice, why=f"{CROSS_WHY}, {shared_text(cross.vocab_map, verifier.path)}")
+
+
 def prepare(
     resolved: ResolvedPair,
     load: LoadOptions,
@@ -323,18 +338,30 @@ def prepare(
     on_measure: Callable[[], None] | None = None,
     on_announce: Callable[[str], None] | None = None,
     measure_now: bool = True,
+    measure_trial: Measure | None = None,
 ) -> Prepared:
     """Load the pair and learn its costs here (now, unless `measure_now` is False: then on first
     need). The draft model loads unless nothing will draft with it (`--drafter ngram`, or `-k 0`
     unless `keep_draft`: chat's /k can turn drafting on later). `on_announce(text)` hears what is
-    made once before loading (a draft for this machine); without it, `on_measure` is called."""
+    made once before loading (a draft for this machine); without it, `on_measure` is called.
+    A found draft of another vocabulary (`drafting.trial`) is measured (`measure_trial`, else
+    cross_search.measure_trial) unless kept, and dropped where n-gram drafts alone do better."""
     need_draft = DRAFTER_KINDS[drafting.drafter].needs_model and (keep_draft or not drafting.plain)
     announce = on_announce or (None if on_measure is None else lambda _text: on_measure())
     verifier, draft, choice = load_models(resolved, load, need_draft=need_draft, announce=announce, cross_ok=True)
-    cross = None
-    if draft is not None and choice is not None and choice.why == CROSS_WHY:
-        cross = cross_vocab(draft, verifier)
-        choice = replace(choice, why=f"{CROSS_WHY}, {shared_text(cross.vocab_map, resolved.verifier)}")
+    cross, choice = pair_cross(verifier, draft, choice)
+    if drafting.trial and draft is not None and cross is not None:
+        trial = adopt(verifier, draft, cross, measure=measure_trial, announce=announce)
+        verdict = "drafting with it" if trial.adopted else "not drafting with it: n-gram drafts alone"
+        if on_announce is not None:
+            on_announce(f"the draft of another vocabulary measured here: {trial.describe()}; {verdict}")
+        if trial.adopted:
+            assert choice is not None
+            choice = replace(choice, why=f"{choice.why}; measured here: {trial.describe()}")
+        else:
+            draft.close()
+            draft = cross = choice = None
+            resolved, drafting = replace(resolved, draft=None), replace(drafting, drafter="ngram")
     prepared = Prepared(
         cross=cross,
         resolved=resolved,

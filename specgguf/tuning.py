@@ -7,7 +7,8 @@
   stored ones, or measures them once now (core/costs.py's `measure`) and keeps them; a run long
   enough to learn them from its steps keeps what it learned instead (`keep_learned`).
 - The draft variants `--draft-variant auto` measured for a draft and verifier, and its choice
-  (`stored_draft_variant`, a `MeasuredVariants`: draft_variant.py).
+  (`stored_draft_variant`, a `MeasuredVariants`: draft_variant.py); a found draft of another
+  vocabulary measured against n-gram drafts alone (`stored_entry`, read by cross_search.py into a `Trial`).
 
 Entries come back as those typed values, checked on read.
 
@@ -182,10 +183,11 @@ def store_seconds(key: str, costs: list[float]) -> None:
     _update_tuning(update)
 
 
-def draft_variant_key(draft: Path, verifier: LoadedModel) -> str:
-    """The draft made for this machine is measured against one verifier, with its thread count."""
+def draft_variant_key(draft: Path, verifier: LoadedModel, kind: str = "draft_variant") -> str:
+    """The draft made for this machine (or a found draft's trial, `kind`) is measured against one
+    verifier, with its thread count."""
     return (
-        model_key("draft_variant", draft, n_threads=verifier.n_threads, n_gpu_layers=0)
+        model_key(kind, draft, n_threads=verifier.n_threads, n_gpu_layers=0)
         + "|"
         + model_key("verifier", verifier.path, n_threads=verifier.n_threads, n_gpu_layers=verifier.n_gpu_layers)
     )
@@ -265,23 +267,41 @@ def stored_draft_variant(key: str) -> MeasuredVariants | None:
         return None
 
 
+def pair_entries(kind: str, draft: Path, verifier: Path) -> list[tuple[str, object]]:
+    """Every entry of `kind` stored here for this draft file and verifier file, at any thread count:
+    (threads, the raw value; the caller reads it into its typed value)."""
+    head = model_key(kind, draft, n_threads=0, n_gpu_layers=0).split("|threads=")[0] + "|threads="
+    verifier_part = model_key("verifier", verifier, n_threads=0, n_gpu_layers=0).split("|threads=")[0] + "|threads="
+    return [
+        (key[len(head) :].split("|", 1)[0], value)
+        for key, value in _machine_entries().items()
+        if key.startswith(head) and verifier_part in key
+    ]
+
+
 def stored_draft_variants(draft: Path, verifier: Path) -> list[tuple[str, MeasuredVariants]]:
     """Every valid choice stored here for this draft file and verifier file: (threads, entry)."""
-    head = model_key("draft_variant", draft, n_threads=0, n_gpu_layers=0).split("|threads=")[0] + "|threads="
-    verifier_part = model_key("verifier", verifier, n_threads=0, n_gpu_layers=0).split("|threads=")[0] + "|threads="
     found = []
-    for key, value in _machine_entries().items():
-        if key.startswith(head) and verifier_part in key:
-            with contextlib.suppress(InvalidEntry):
-                found.append((key[len(head) :].split("|", 1)[0], MeasuredVariants.from_json(value)))
+    for threads, value in pair_entries("draft_variant", draft, verifier):
+        with contextlib.suppress(InvalidEntry):
+            found.append((threads, MeasuredVariants.from_json(value)))
     return found
 
 
-def keep_draft_variant(key: str, measured: MeasuredVariants) -> None:
-    """Store what was measured; an unwritable config folder costs a warning (measured again next time)."""
+def stored_entry(key: str) -> object | None:
+    """The raw value stored here under `key` (its owner reads it into a typed value, warning via `warn_entry`)."""
+    return _machine_entries().get(key)
+
+
+def warn_entry(key: str, problem: InvalidEntry) -> None:
+    _warn(f"{key}: {problem}")
+
+
+def keep_entry(key: str, value: dict) -> None:
+    """Store a measurement; an unwritable config folder costs a warning (measured again next time)."""
 
     def update(data: dict) -> None:
-        data.setdefault(machine_id(), {})[key] = measured.as_json()
+        data.setdefault(machine_id(), {})[key] = value
 
     try:
         _update_tuning(update)
@@ -289,6 +309,11 @@ def keep_draft_variant(key: str, measured: MeasuredVariants) -> None:
         sys.stderr.write(
             f"specgguf: warning: could not keep the draft's measurement ({error}); measuring again next time\n"
         )
+
+
+def keep_draft_variant(key: str, measured: MeasuredVariants) -> None:
+    """Store what was measured (keep_entry)."""
+    keep_entry(key, measured.as_json())
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from ..core.drafters import DrafterKind, drafter_kind
 from ..core.kpolicy import K_MAX
 from ..errors import SpecggufError, UsageError, terminal_safe
 from ..files.resolve import ResolvedPair
-from ..prepare import LoadOptions, load_models, placement, where_line
+from ..prepare import LoadOptions, load_models, pair_cross, placement, where_line
 from ..tuning import machine_id, store_measurement
 from .measure import (
     DEFAULT_PROMPTS,
@@ -238,8 +238,9 @@ def _measure_target(
     into tuning.json (called once the results are shown). `progress(text)` says what is going on,
     `progress(None)` counts a run."""
     progress(f"loading {target.label}")
-    verifier, draft, choice = load_models(target.pair, load, need_draft=True, announce=progress)
+    verifier, draft, choice = load_models(target.pair, load, need_draft=True, announce=progress, cross_ok=True)
     assert draft is not None  # bench's pairs have a draft (tool_commands.bench)
+    cross, choice = pair_cross(verifier, draft, choice)  # a draft of another vocabulary drafts through text
     prompts = Prompts(verifier)
     tokens = {kind: prompts.question(PROMPTS[kind], raw=False, system=None) for kind in plan.prompts}
     progress(f"{target.label}: verify cost by batch size")
@@ -257,6 +258,7 @@ def _measure_target(
         max_tokens=plan.max_tokens,
         machine_costs=machine,
         on_run=lambda: progress(None),
+        cross=cross,
     )
     best = {t: best_fixed_k(settings, t) for t in plan.temperatures}
     assert target.pair.draft is not None  # load_models(need_draft=True) loaded it
@@ -275,6 +277,8 @@ def _measure_target(
         "where": where_line(verifier, draft),
         "draft": str(target.pair.draft),
         "draft_variant": None if choice is None else {"name": choice.name, "file": str(choice.path), "why": choice.why},
+        # a draft of another vocabulary: the share of the verifier's tokens it can propose (None: the same vocabulary)
+        "overlap": None if cross is None else round(cross.vocab_map.overlap, 4),
         "settings": [s.report() for s in settings],
         "best_k": {str(t): b.as_json() for t, b in best.items()},
         "verify_ms_by_batch": [round(seconds * 1000, 2) for seconds in machine.verify],
@@ -303,12 +307,14 @@ def check_plot_path(path: Path) -> None:
 
 def _table(result: dict) -> Table:
     table = Table(title=result["pair"], title_justify="left")
+    overlap = result.get("overlap")
     for column in (
         "temp",
         "setting",
         "tok/s",
         "speedup (min–max)",
         "accept",
+        *(("overlap",) if overlap is not None else ()),
         "tok/step",
         "accept by position",
         "draft/verify/other",
@@ -328,6 +334,7 @@ def _table(result: dict) -> Table:
             f"{row['tokens_per_second']:.1f}",
             speedup,
             accept,
+            *((f"{overlap:.0%}",) if overlap is not None else ()),
             f"{row['tokens_per_step']:.2f}",
             positions,
             f"{split['draft']:.0%}/{split['verify']:.0%}/{split['other']:.0%}",

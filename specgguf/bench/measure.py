@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.costs import MachineCosts
-from ..core.drafters import DRAFTER_KINDS, DrafterKind, build_drafter
+from ..core.cross_drafter import CrossVocab
+from ..core.drafters import DRAFTER_KINDS, DrafterKind, DraftSettings, build_drafter
 from ..core.drafting import Drafter
 from ..core.engine import FixedK, KPolicy, speculate
 from ..core.kpolicy import K_MAX, PolicyConfig, adaptive_policy
@@ -171,9 +172,11 @@ def run_bench(
     max_tokens: int,
     machine_costs: MachineCosts,
     on_run: Callable[[], None] | None = None,
+    cross: CrossVocab | None = None,
 ) -> list[Setting]:
     """Measure every setting, interleaved: for each repeat and prompt, plain then the rest.
-    Adaptive settings start from `machine_costs` (costs.py), as `run` would from the store."""
+    Adaptive settings start from `machine_costs` (costs.py), as `run` would from the store.
+    `cross`: the draft has another vocabulary and drafts through text (prepare.pair_cross)."""
     models = [m for m in (verifier, draft) if m is not None]
     for repeat in range(repeats):
         for kind, tokens in prompt_tokens.items():
@@ -183,7 +186,7 @@ def run_bench(
                 busy_before = sum(m.busy_seconds for m in models)
                 stats = generate(
                     verifier,
-                    build_drafter(setting.drafter, draft),
+                    build_drafter(setting.drafter, draft, DraftSettings(cross=cross)),
                     tokens,
                     policy=setting.policy(machine_costs),
                     max_tokens=max_tokens,

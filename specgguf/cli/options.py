@@ -335,12 +335,13 @@ def pair_setup(
 def found_draft(
     resolved: ResolvedPair, drafting: DraftOptions, err_console: Console
 ) -> tuple[ResolvedPair, DraftOptions]:
-    """-m without -md: a draft found among the local models (autodraft.py), else n-grams alone; says which."""
-    from ..autodraft import find_draft
+    """-m without -md: a draft found among the local models (autodraft.py; one of another vocabulary,
+    cross_search.py, is measured before it is adopted), else n-grams alone; says which."""
+    from ..cross_search import find_any_draft
 
     if not resolved.verifier.is_file():
         return resolved, drafting  # loading it says what is wrong
-    choice = find_draft(resolved.verifier)
+    choice = find_any_draft(resolved.verifier)
     if choice is None:
         return resolved, drafting  # llama.cpp cannot read it: loading it says why, in one line
     err_console.print(Text(terminal_safe(choice.message), style="dim"), soft_wrap=True)
@@ -354,5 +355,5 @@ def found_draft(
             name=pair.name if pair else None,
             recommended_k=pair.recommended_k if pair else None,
         ),
-        drafting,
+        replace(drafting, trial=choice.cross),
     )

@@ -134,21 +134,24 @@ def show_pairs(*, name: str | None, console: Console) -> None:
 
 
 def show_local_pairs(*, json_output: bool, console: Console, out: TextIO) -> None:
-    """`pairs --local`: every compatible pair among the local files, smallest ratio first per verifier."""
-    from ..autodraft import MAX_RATIO, local_pairs
+    """`pairs --local`: every pair among the local files, smallest ratio first per verifier; then the
+    drafts of another vocabulary (cross_search.py), ranked after them, each with its overlap."""
+    from ..autodraft import MAX_RATIO
+    from ..cross_search import all_local_pairs
 
-    found = local_pairs()
+    found, crosses = all_local_pairs()
     if json_output:
-        out.write(json.dumps([pair.as_dict() for pair in found], ensure_ascii=False) + "\n")
+        rows = [pair.as_dict() | {"vocabulary": "same"} for pair in found] + [pair.as_dict() for pair in crosses]
+        out.write(json.dumps(rows, ensure_ascii=False) + "\n")
         return
-    if not found:
+    if not found and not crosses:
         console.print(
-            "no two local models share a vocabulary (looked in specgguf's cache, the Hugging Face cache,"
-            " Ollama's store and LM Studio's folder)"
+            "no two local models share a vocabulary, and none of another vocabulary is small enough to draft"
+            " for another (looked in specgguf's cache, the Hugging Face cache, Ollama's store and LM Studio's folder)"
         )
         return
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("verifier", "draft", "sizes", "ratio"):
+    for column in ("verifier", "draft", "sizes", "ratio", "vocabulary"):
         table.add_column(column, justify="right" if column == "ratio" else "left", overflow="fold")
     for pair in found:
         table.add_row(
@@ -156,15 +159,32 @@ def show_local_pairs(*, json_output: bool, console: Console, out: TextIO) -> Non
             Text(terminal_safe(pair.draft.ref)),
             f"{size_text(pair.verifier_size)} + {size_text(pair.draft_size)}",
             Text(f"{pair.ratio:.0%}", style="green" if pair.ratio <= MAX_RATIO else ""),
+            "same",
+        )
+    for cross in crosses:
+        trial = cross.draft.trial
+        verdict = "" if trial is None else ", measured faster than n-grams" if trial.adopted else ", measured slower"
+        table.add_row(
+            Text(terminal_safe(cross.verifier.ref)),
+            Text(terminal_safe(cross.draft.model.ref)),
+            cross.sizes,
+            f"{cross.draft.size / cross.verifier_size:.0%}",
+            f"other: {cross.draft.overlap:.0%} shared{verdict}",
         )
     console.print(table)
     console.print()
     for pair in found:
         console.print(Text(terminal_safe(pair.command)), soft_wrap=True)
+    for cross in crosses:
+        console.print(Text(terminal_safe(cross.command)), soft_wrap=True)
+        console.print(Text(f"  {terminal_safe(cross.why)}", style="dim"), soft_wrap=True)
     console.print(
         Text(
             "ratio: the draft's size over the verifier's (green: at most ~1/4, what `-m VERIFIER` alone"
-            " picks). Each pair passed llama.cpp's vocabulary rules on the files' headers; run checks again.",
+            " picks). Each same-vocabulary pair passed llama.cpp's vocabulary rules on the files' headers; run"
+            " checks again. A draft of another vocabulary drafts through text, proposing only the shared tokens"
+            " (exact all the same); `-m VERIFIER` alone tries one only after those that share the vocabulary, and"
+            " uses it only where measured here to beat n-gram drafts alone.",
             style="dim",
         )
     )

@@ -1,6 +1,8 @@
 """Calibration runs: the engine, greedy at a fixed K, over a few prompts (token ids), the verifier
-left empty after. What draft_variant.py measures a draft by (`acceptance`) and ranks a hot
-vocabulary with (`written_counts`: the tokens the verifier itself writes).
+left empty after. What draft_variant.py measures a draft by (`acceptance`; a draft of another
+vocabulary through its `CrossVocab`), what n-gram drafts alone give here (`ngram_rate`, the bar a
+found draft of another vocabulary must clear) and ranks a hot vocabulary with (`written_counts`: the
+tokens the verifier itself writes).
 """
 
 from __future__ import annotations
@@ -9,19 +11,29 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from .costs import MachineCosts, StepCosts
+from .cross_drafter import CrossVocab
 from .drafters import DrafterKind, DraftSettings, build_drafter
 from .engine import FixedK, StepEvent, speculate
+from .kpolicy import PolicyConfig
 from .model import Model
 from .sampling import SamplingSettings
 
 
 def _greedy(
-    verifier: Model, kind: DrafterKind, draft: Model | None, prompts: Sequence[list[int]], *, k: int, max_tokens: int
+    verifier: Model,
+    kind: DrafterKind,
+    draft: Model | None,
+    prompts: Sequence[list[int]],
+    *,
+    k: int,
+    max_tokens: int,
+    cross: CrossVocab | None = None,
 ) -> Iterator[StepEvent]:
     for tokens in prompts:
         yield from speculate(
             verifier=verifier,
-            drafter=build_drafter(kind, draft, DraftSettings()),
+            drafter=build_drafter(kind, draft, DraftSettings(cross=cross)),
             prompt_tokens=tokens,
             k=FixedK(k),
             max_tokens=max_tokens,
@@ -30,11 +42,20 @@ def _greedy(
         )
 
 
-def acceptance(verifier: Model, draft: Model, prompts: Sequence[list[int]], *, k: int, max_tokens: int) -> float:
-    """Per-position acceptance of `draft`'s drafts: the chance a position is accepted given the ones
-    before it were (a position is tested only then: the first rejection ends the step)."""
+def acceptance(
+    verifier: Model,
+    draft: Model,
+    prompts: Sequence[list[int]],
+    *,
+    k: int,
+    max_tokens: int,
+    cross: CrossVocab | None = None,
+) -> float:
+    """Per-position acceptance of `draft`'s drafts (through text where `cross` is given): the chance a
+    position is accepted given the ones before it were (a position is tested only then: the first
+    rejection ends the step)."""
     accepted = tested = 0
-    for event in _greedy(verifier, "model", draft, prompts, k=k, max_tokens=max_tokens):
+    for event in _greedy(verifier, "model", draft, prompts, k=k, max_tokens=max_tokens, cross=cross):
         accepted += event.n_accepted
         tested += min(event.n_accepted + 1, event.n_drafted)
     verifier.rewind(0)
@@ -49,3 +70,19 @@ def written_counts(verifier: Model, prompts: Sequence[list[int]], *, k: int, max
         np.add.at(counts, np.asarray(event.tokens, dtype=np.int64), 1)
     verifier.rewind(0)
     return counts
+
+
+def ngram_rate(
+    verifier: Model, prompts: Sequence[list[int]], verify: tuple[float, ...], *, k: int, max_tokens: int
+) -> float:
+    """Tokens per second n-gram drafts alone (prompt lookup, this run's own n-grams) should give
+    here: their greedy steps at K, each charged what its batch costs to verify (`verify`, by batch
+    size: the same table a draft's expected rate is priced on; an n-gram draft costs nothing to make)."""
+    costs = StepCosts(MachineCosts(verify, 0.0), trust=PolicyConfig().cost_trust)  # as kpolicy.expected_rate
+    tokens, drafted = 0, []
+    for event in _greedy(verifier, "ngram", None, prompts, k=k, max_tokens=max_tokens):
+        tokens += len(event.tokens)
+        drafted.append(event.n_drafted)
+    verifier.rewind(0)
+    seconds = float(costs.step(np.asarray(drafted, dtype=np.int64), "ngram").sum()) if drafted else 0.0
+    return tokens / seconds if seconds > 0 else 0.0

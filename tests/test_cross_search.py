@@ -1,0 +1,230 @@
+"""Drafts of another vocabulary found on disk (cross_search.py): found for `-m` alone and by
+`pairs --local` with their overlap, ranked after the drafts that share the vocabulary unless measured
+faster, measured against n-gram drafts alone before adoption (the measurement injected here, to force
+both outcomes without timing), and the kept decision reused. Over fake stores of tiny generated GGUFs
+of two vocabularies (SentencePiece and byte-level BPE)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fake_stores import add_lmstudio_model, add_ollama_model
+from specgguf import cross_search, tuning
+from specgguf.cross_search import Trial, find_any_draft
+from specgguf.llama.model import LlamaModel
+from tiny_gguf import write_tiny_llama
+
+FASTER = Trial(0.1, 0.8, 900.0, 500.0, 400.0)  # beats n-gram drafts alone and plain decoding
+SLOWER = Trial(0.1, 0.1, 300.0, 500.0, 400.0)  # n-gram drafts alone do better
+
+
+@pytest.fixture(scope="module")
+def ggufs(tmp_path_factory) -> dict[str, Path]:
+    """A verifier (SentencePiece), a small draft sharing its vocabulary, and a small one of another (BPE)."""
+    folder = tmp_path_factory.mktemp("cross-ggufs")
+    return {
+        "big": write_tiny_llama(folder / "big.gguf", base_seed=7, n_embd=128, n_layer=4),
+        "small": write_tiny_llama(folder / "small.gguf", base_seed=7, n_embd=32, n_layer=1, n_head=2),
+        "other": write_tiny_llama(folder / "other.gguf", base_seed=7, n_embd=32, n_layer=1, n_head=2, vocab_type="bpe"),
+    }
+
+
+@pytest.fixture
+def stores(tmp_path, monkeypatch, config_home) -> tuple[Path, Path]:
+    """Empty Ollama store, LM Studio folder, specgguf cache and tuning.json: nothing else is local."""
+    ollama, lmstudio = tmp_path / "ollama" / "models", tmp_path / "lmstudio" / "models"
+    ollama.mkdir(parents=True)
+    lmstudio.mkdir(parents=True)
+    monkeypatch.setenv("OLLAMA_MODELS", str(ollama))
+    monkeypatch.setenv("SPECGGUF_LMSTUDIO_MODELS", str(lmstudio))
+    monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "cache"))
+    return ollama, lmstudio
+
+
+class Scripted:
+    """The measurement, scripted: returns `trial` and counts its calls (what was measured, not timed)."""
+
+    def __init__(self, trial: Trial):
+        self.trial, self.calls = trial, 0
+
+    def __call__(self, verifier, draft, cross) -> Trial:
+        assert cross.vocab_map.overlap > 0.3 and draft.n_vocab == len(cross.vocab_map.to_verifier) != verifier.n_vocab
+        self.calls += 1
+        return self.trial
+
+
+def run_json(cli, *args):
+    result = cli("run", *args, "-n", "6", "--temp", "0", "--seed", "1", "--json", "the cat")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout), " ".join(result.stderr.split())
+
+
+def test_search_finds_a_draft_of_another_vocabulary_and_says_its_overlap(ggufs, stores):
+    ollama, _ = stores
+    verifier = add_ollama_model(ollama, "tiny", "big", ggufs["big"])
+    draft = add_ollama_model(ollama, "other", "small", ggufs["other"])
+    found = find_any_draft(verifier)
+    assert found is not None and found.cross and found.draft == draft
+    assert re.search(
+        r"draft: ollama:other:small: other vocabulary, \d+% of the verifier's tokens shared", found.message
+    )
+    assert "measured against n-gram drafts alone before it is used" in found.message
+
+
+def test_a_draft_sharing_the_vocabulary_ranks_first_unless_the_other_measured_faster(ggufs, stores):
+    ollama, _ = stores
+    verifier = add_ollama_model(ollama, "tiny", "big", ggufs["big"])
+    same = add_ollama_model(ollama, "tiny", "small", ggufs["small"])
+    other = add_ollama_model(ollama, "other", "small", ggufs["other"])
+    found = find_any_draft(verifier)
+    assert found is not None and not found.cross and found.draft == same
+    # Both measured here: the same-vocabulary draft's variants at 600 tok/s, the other's trial at 900.
+    key = f"{tuning.model_key('draft_variant', same, n_threads=2, n_gpu_layers=0)}|" + tuning.model_key(
+        "verifier", verifier, n_threads=2, n_gpu_layers=0
+    )
+    variants = {
+        "choice": "original",
+        "candidates": [{"name": "original", "ms_per_token": 0.1, "acceptance": 0.5, "expected_tokens_per_second": 600}],
+    }
+    tuning.keep_entry(key, variants)
+    cross_key = key.replace(f"draft_variant|{same.name}|", f"cross_trial|{other.name}|").replace(
+        f"|{same.stat().st_size}|", f"|{other.stat().st_size}|", 1
+    )
+    tuning.keep_entry(cross_key, FASTER.as_json())
+    found = find_any_draft(verifier)
+    assert found is not None and found.cross and found.draft == other
+    assert "measured here faster than the draft that shares it" in found.message
+    tuning.keep_entry(cross_key, Trial(0.1, 0.5, 550.0, 500.0, 400.0).as_json())  # faster than n-grams, not it
+    found = find_any_draft(verifier)
+    assert found is not None and found.draft == same
+
+
+def test_run_alone_measures_the_draft_adopts_it_where_it_beats_ngrams_and_keeps_the_decision(
+    cli, ggufs, stores, monkeypatch
+):
+    ollama, _ = stores
+    add_ollama_model(ollama, "tiny", "big", ggufs["big"])
+    draft = add_ollama_model(ollama, "other", "small", ggufs["other"])
+    measured = Scripted(FASTER)
+    monkeypatch.setattr(cross_search, "measure_trial", measured)
+    report, stderr = run_json(cli, "-m", "ollama:tiny:big")
+    assert measured.calls == 1
+    assert report["settings"]["model_draft"] == str(draft) and report["settings"]["drafter"] == "hybrid"
+    assert "other vocabulary" in report["settings"]["draft_variant"]["why"]
+    assert "measured here: 900.0 tok/s expected" in report["settings"]["draft_variant"]["why"]
+    assert "ollama:other:small: other vocabulary" in stderr
+    again, stderr = run_json(cli, "-m", "ollama:tiny:big")  # kept in tuning.json: not measured again
+    assert measured.calls == 1 and again["settings"]["model_draft"] == str(draft)
+    assert "measured here: 900.0 tok/s" in stderr
+    (entries,) = json.loads(tuning.tuning_path().read_text()).values()
+    (kept,) = [value for key, value in entries.items() if key.startswith("cross_trial|")]
+    assert Trial.from_json(kept) == FASTER
+
+
+def test_run_alone_declines_a_draft_that_loses_to_ngrams_and_the_next_run_does_not_load_it(
+    cli, ggufs, stores, monkeypatch
+):
+    ollama, _ = stores
+    add_ollama_model(ollama, "tiny", "big", ggufs["big"])
+    add_ollama_model(ollama, "other", "small", ggufs["other"])
+    measured = Scripted(SLOWER)
+    monkeypatch.setattr(cross_search, "measure_trial", measured)
+    result = cli("run", "-m", "ollama:tiny:big", "-n", "6", "--temp", "0", "--seed", "1", "the cat")
+    assert result.returncode == 0, result.stderr
+    assert measured.calls == 1
+    assert "not drafting with it: n-gram drafts alone" in " ".join(result.stderr.split())
+    report, stderr = run_json(cli, "-m", "ollama:tiny:big")
+    assert measured.calls == 1  # the kept decision: measured once
+    assert report["settings"]["drafter"] == "ngram" and report["settings"]["model_draft"] is None
+    assert "ollama:other:small: other vocabulary" in stderr and "measured here slower" in stderr
+    assert "n-grams alone" in stderr
+
+
+def test_a_damaged_kept_trial_is_measured_again(cli, ggufs, stores, monkeypatch):
+    ollama, _ = stores
+    add_ollama_model(ollama, "tiny", "big", ggufs["big"])
+    add_ollama_model(ollama, "other", "small", ggufs["other"])
+    measured = Scripted(SLOWER)
+    monkeypatch.setattr(cross_search, "measure_trial", measured)
+    run_json(cli, "-m", "ollama:tiny:big")
+    path = tuning.tuning_path()
+    data = json.loads(path.read_text())
+    (entries,) = data.values()
+    (key,) = [key for key in entries if key.startswith("cross_trial|")]
+    entries[key] = {"acceptance": "high"}
+    path.write_text(json.dumps(data))
+    result = cli("run", "-m", "ollama:tiny:big", "-n", "4", "--temp", "0", "the cat")
+    assert result.returncode == 0, result.stderr
+    assert measured.calls == 2 and "warning" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_real_measurement_declines_a_draft_that_never_agrees(ggufs, stores):
+    """The tiny random models never agree (acceptance 0): whatever the timings, n-grams win."""
+    verifier, draft = LlamaModel(ggufs["big"], n_ctx=256), LlamaModel(ggufs["other"], n_ctx=256)
+    try:
+        from specgguf.cross_vocab import cross_vocab
+
+        cross = cross_vocab(draft, verifier)
+        trial = cross_search.adopt(verifier, draft, cross)
+        assert 0.0 <= trial.acceptance <= 1.0 and trial.ngram_tokens_per_second > 0 and trial.ms_per_token > 0
+        if trial.acceptance == 0.0:
+            assert not trial.adopted
+        kept = cross_search.adopt(verifier, draft, cross, measure=Scripted(FASTER))  # kept: not measured again
+        assert kept == Trial.from_json(trial.as_json())
+    finally:
+        verifier.close()
+        draft.close()
+
+
+def test_pairs_local_lists_drafts_of_another_vocabulary_with_overlap_after_the_others(cli, ggufs, stores):
+    ollama, lmstudio = stores
+    add_ollama_model(ollama, "tiny", "big", ggufs["big"])
+    add_ollama_model(ollama, "other", "small", ggufs["other"])
+    add_lmstudio_model(lmstudio, "pub", "Tiny-GGUF", ggufs["small"])
+    result = cli("pairs", "--local", "--json")
+    assert result.returncode == 0, result.stderr
+    same, cross = json.loads(result.stdout)
+    assert same["vocabulary"] == "same" and same["draft"] == "lmstudio:pub/Tiny-GGUF/small.gguf"
+    assert cross["vocabulary"] == "other" and cross["draft"] == "ollama:other:small"
+    assert cross["verifier"] == "ollama:tiny:big" and 0.3 <= cross["overlap"] <= 1 and cross["measured"] is None
+    assert (
+        cross["why"] == f"ollama:other:small: other vocabulary, {cross['overlap']:.0%} of the verifier's tokens shared"
+    )
+    table = cli("pairs", "--local")
+    text = " ".join(table.stdout.split())
+    assert (
+        table.returncode == 0
+        and cross["why"] in text
+        and "specgguf run -m ollama:tiny:big -md ollama:other:small" in text
+    )
+
+
+def test_bench_runs_a_pair_of_two_vocabularies_and_shows_the_overlap(cli, ggufs, config_home, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "cache"))
+    args = ("bench", "-m", ggufs["big"], "-md", ggufs["other"], "--quick", "-k", "2", "--drafters", "model,hybrid")
+    result = cli(*args, "--json", "--no-store")
+    assert result.returncode == 0, result.stderr
+    (pair,) = json.loads(result.stdout)["results"]
+    assert 0.3 <= pair["overlap"] <= 1 and "another vocabulary" in pair["draft_variant"]["why"]
+    assert {row["label"] for row in pair["settings"]} >= {"plain", "model K=2", "hybrid K=adaptive"}
+    table = cli(*args, "--no-store")
+    assert table.returncode == 0, table.stderr
+    assert "overlap" in table.stdout and f"{pair['overlap']:.0%}" in table.stdout
+
+
+def test_the_ngram_bar_is_plain_decoding_where_nothing_repeats_and_higher_where_the_text_does():
+    """core/calibration.ngram_rate on scripted verifiers: priced on the verify table alone."""
+    from fakes import FakeModel, one_hot_logits
+    from specgguf.core.calibration import ngram_rate
+
+    verify = (0.010, 0.012, 0.014, 0.016, 0.018)
+    counting = FakeModel(one_hot_logits(lambda context: (len(context) * 7) % 97, 97), n_vocab=97)
+    plain = ngram_rate(counting, [[1, 2]], verify, k=4, max_tokens=40)
+    assert plain == pytest.approx(1 / verify[0])
+    cycling = FakeModel(one_hot_logits(lambda context: context[-4], 97), n_vocab=97)
+    repeating = ngram_rate(cycling, [[5, 6, 7, 8, 5, 6, 7, 8]], verify, k=4, max_tokens=40)
+    assert repeating > 2 / verify[0] and cycling.cached == []  # left empty, as the calibration runs do
