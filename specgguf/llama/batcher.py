@@ -109,7 +109,8 @@ class Batcher:
 
     def _lead(self) -> None:
         """(Holding the lock.) Decode the pending calls that fit one batch, in arrival order."""
-        taken, n_rows = [], 0
+        taken: list[_Call] = []
+        n_rows = 0
         for call in self._pending:
             if taken and n_rows + len(call.rows.tokens) > self.decoder.n_batch:
                 continue

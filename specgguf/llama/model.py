@@ -128,7 +128,9 @@ class LlamaModel:
         with self._guard("while freeing the context"):
             llama_cpp.llama_free(self._ctx)
         self._ctx = None
-        self._ctx = self._new_context(n_ctx=self.n_ctx * n_seq, n_batch=self.n_batch, n_threads=self.n_threads, n_seq=n_seq)
+        self._ctx = self._new_context(
+            n_ctx=self.n_ctx * n_seq, n_batch=self.n_batch, n_threads=self.n_threads, n_seq=n_seq
+        )
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.n_seq, self.max_leaves, self.cached, self._tree = n_seq, 1, [], None
         self.n_ctx = min(self.n_ctx, llama_cpp.llama_n_ctx_seq(self._ctx))

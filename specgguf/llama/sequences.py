@@ -17,21 +17,18 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import llama_cpp
 import numpy as np
 
 from .batcher import Batcher, Rows, SequenceView
 
-if TYPE_CHECKING:
-    from .model import LlamaModel
-
 
 class LlamaDecoder:
     """Decodes several callers' rows in one llama_batch of a shared context (tokens and embedding rows apart)."""
 
-    def __init__(self, model: LlamaModel):
+    def __init__(self, model: Any):  # model.LlamaModel (not imported: model.py imports this module)
         self.model = model
         self.n_batch = model.n_batch
         self._embd_batch: Any = None
@@ -88,7 +85,7 @@ class LlamaDecoder:
             self._embd_batch = None
 
 
-def sequence_views(model: LlamaModel) -> list[SequenceView]:
+def sequence_views(model: Any) -> list[SequenceView]:
     """A view per sequence of the model's context, over one batcher; the context starts empty."""
     model.clear()
     decoder = LlamaDecoder(model)

@@ -1,0 +1,97 @@
+"""The live sequences of `serve --parallel N`: N `Lane`s, each a KV sequence of the verifier and one
+of the draft (llama/batcher.py's views over one context per model), and how many fit.
+
+A request takes the free lane whose verifier cache shares the longest token prefix with its prompt
+(the least recently used among equals, so a new conversation does not evict a fresher one): the
+lanes are the server's cached conversations, kept live. While its request runs, a lane's thread is a
+participant of both models' batchers: their batches wait for it (briefly) and take its rows along.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.drafting import common_prefix
+from ..core.hot_vocab import HotVocab
+
+MIN_PARALLEL, MAX_AUTO_PARALLEL = 2, 4  # --parallel's default: at least 2, at most 4, as memory allows
+MEMORY_SHARE = 0.5  # of the memory free after loading, what the default lets the sequences take
+
+
+@dataclass(eq=False)
+class Lane:
+    """One live sequence: the verifier's view and the draft's (None without a draft model)."""
+
+    index: int
+    verifier: Any  # batcher.SequenceView
+    draft: Any  # a SequenceView, or a HotVocab over one; None without a draft model
+    busy: bool = False
+    used: float = field(default_factory=time.monotonic)
+
+    @contextlib.contextmanager
+    def live(self) -> Iterator[None]:
+        """While a request runs here: its thread takes part in both models' batches."""
+        with contextlib.ExitStack() as stack:
+            for view in (self.verifier, self.draft):
+                if view is not None:
+                    stack.enter_context(view.participant())
+            yield
+
+    def clear(self) -> None:
+        """After a failure inside a model call: this lane's caches hold what their lists may not say."""
+        for view in (self.verifier, self.draft):
+            if view is not None:
+                view.clear()
+
+
+def draft_views(draft: Any, n_seq: int) -> list[Any]:
+    """The draft's sequences; a hot-vocabulary draft (core/hot_vocab.py) keeps its maps over each."""
+    if isinstance(draft, HotVocab):
+        return [HotVocab(view, draft.ids, draft.feed, draft.rows) for view in draft_views(draft.model, n_seq)]
+    return draft.sequences(n_seq)
+
+
+class Lanes:
+    def __init__(self, verifier: Any, draft: Any, n_seq: int):
+        verifiers = verifier.sequences(n_seq)
+        drafts = draft_views(draft, n_seq) if draft is not None else [None] * n_seq
+        self.lanes = [Lane(index, view, drafts[index]) for index, view in enumerate(verifiers)]
+        self._lock = threading.Lock()
+
+    def acquire(self, prompt: list[int]) -> Lane:
+        """The free lane that holds most of `prompt` (one is free: a thread per lane asks)."""
+        with self._lock:
+            free = [lane for lane in self.lanes if not lane.busy]
+            lane = max(free, key=lambda lane: (common_prefix(lane.verifier.cached, prompt), -lane.used))
+            lane.busy = True
+            return lane
+
+    def release(self, lane: Lane) -> None:
+        with self._lock:
+            lane.busy, lane.used = False, time.monotonic()
+
+
+def memory_available() -> int | None:
+    """Bytes of memory available now (/proc/meminfo's MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def default_parallel(bytes_per_sequence: int, available: int | None) -> int:
+    """How many sequences `serve` keeps live without --parallel: as many as half the free memory holds,
+    at least MIN_PARALLEL, at most MAX_AUTO_PARALLEL."""
+    if available is None or bytes_per_sequence <= 0:
+        return MIN_PARALLEL
+    fits = int(available * MEMORY_SHARE) // bytes_per_sequence
+    return max(MIN_PARALLEL, min(MAX_AUTO_PARALLEL, fits))

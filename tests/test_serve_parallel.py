@@ -1,0 +1,140 @@
+"""`serve --parallel N`: several requests at once, each on a live sequence of its own, with the real
+`openai` and `ollama` clients against a live server (tiny GGUF pair with FIM tokens)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import ollama
+import pytest
+
+from live_server import live_server
+from tiny_gguf import tiny_vocab, write_tiny_llama
+
+GREEDY = {"temperature": 0, "extra_body": {"speculative": {"k": 3}}}
+SCHEMA = {  # as test_serve_structured's: a random model spends many tokens on JSON's whitespace
+    "type": "object",
+    "properties": {"word": {"enum": ["cat", "dog", "sea"]}, "count": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["word", "count"],
+    "additionalProperties": False,
+}
+INFILL = {"input_prefix": "def add(a, b):\n    return", "input_suffix": "\n\nprint(add(1, 2))\n", "n_predict": 12}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A verifier with FIM tokens and its noisy draft (the same vocabulary)."""
+    n = len(tiny_vocab())
+    texts = {n - 3: "<|fim_prefix|>", n - 2: "<|fim_suffix|>", n - 1: "<|fim_middle|>"}
+    folder = tmp_path_factory.mktemp("parallel")
+    verifier = write_tiny_llama(folder / "coder.gguf", base_seed=7, token_text_override=texts)
+    draft = write_tiny_llama(folder / "draft.gguf", base_seed=7, seed=1, noise=0.05, token_text_override=texts)
+    return verifier, draft
+
+
+@pytest.fixture(scope="module")
+def server(pair):
+    verifier, draft = pair
+    args = ("-m", verifier, "-md", draft, "-c", "512", "-t", "1", "-n", "200", "--parallel", "4")
+    with live_server(*args) as live:
+        yield live
+
+
+def _chat(client, content, **options):
+    return client.chat.completions.create(
+        model="coder", messages=[{"role": "user", "content": content}], **{**GREEDY, **options}
+    )
+
+
+def _streamed(client, content, **options) -> str:
+    chunks = _chat(client, content, stream=True, **options)
+    return "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+
+
+def _alone(server) -> dict[str, str]:
+    """Each request's greedy answer with nothing else running."""
+    client = server.client()
+    with server.http() as http:
+        infill = http.post("/infill", json={**INFILL, "temperature": 0}).json()["content"]
+    return {
+        "chat": _streamed(client, "the cat sat on the", max_tokens=40),
+        "schema": _chat(client, "a person", max_tokens=200, response_format=_schema_format())
+        .choices[0]
+        .message.content,
+        "ollama": ollama.Client(host=server.base_url)
+        .chat(
+            model="coder",
+            messages=[{"role": "user", "content": "the dog"}],
+            options={"temperature": 0, "num_predict": 30},
+        )
+        .message.content,
+        "infill": infill,
+    }
+
+
+def _schema_format() -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
+
+
+def test_four_clients_at_once_each_get_their_own_answer(server):
+    """Four streams at once (openai chat, a JSON schema, Ollama's chat, /infill) and a fifth cancelled
+    midway: each answer is the one it gets alone, token for token (greedy)."""
+    alone = _alone(server)
+    json.loads(alone["schema"])  # the schema's answer is JSON
+    client = server.client()
+    started = threading.Event()
+
+    def cancelled() -> int:
+        stream = _chat(client, "a long story about the cat", stream=True, max_tokens=40)
+        n_chunks = 0
+        for _ in stream:
+            n_chunks += 1
+            started.set()
+            if n_chunks == 3:
+                break
+        stream.close()  # the client hangs up midway
+        return n_chunks
+
+    def infill() -> str:
+        started.wait(30)  # a FIM request while the others stream
+        with server.http() as http:
+            return http.post("/infill", json={**INFILL, "temperature": 0}).json()["content"]
+
+    work = {
+        "chat": lambda: _streamed(client, "the cat sat on the", max_tokens=40),
+        "schema": lambda: (
+            _chat(client, "a person", max_tokens=200, response_format=_schema_format()).choices[0].message.content
+        ),
+        "ollama": lambda: "".join(
+            part.message.content
+            for part in ollama.Client(host=server.base_url).chat(
+                model="coder",
+                messages=[{"role": "user", "content": "the dog"}],
+                options={"temperature": 0, "num_predict": 30},
+                stream=True,
+            )
+        ),
+        "infill": infill,
+        "cancelled": cancelled,
+    }
+    with ThreadPoolExecutor(len(work)) as pool:
+        futures = {name: pool.submit(call) for name, call in work.items()}
+        answers = {name: future.result(timeout=120) for name, future in futures.items()}
+    assert answers.pop("cancelled") == 3
+    assert answers == alone
+    # The cancelled request's sequence is free again: four more at once still answer.
+    with ThreadPoolExecutor(4) as pool:
+        again = list(pool.map(lambda _: _streamed(client, "the cat sat on the", max_tokens=40), range(4)))
+    assert again == [alone["chat"]] * 4
+
+
+@pytest.mark.parametrize("parallel", ["1", "2"])
+def test_the_startup_line_says_how_many_at_once(pair, parallel):
+    """--parallel 1 is one request at a time, as before: its startup line says nothing of it."""
+    verifier, draft = pair
+    with live_server("-m", verifier, "-md", draft, "-c", "512", "-t", "1", "-n", "8", "-np", parallel) as live:
+        assert _chat(live.client(), "the cat", max_tokens=8).choices[0].message.content is not None
+    assert ("2 requests at once" in live.stderr) == (parallel == "2")
+    assert "MiB of KV cache each" in live.stderr or parallel == "1"
