@@ -153,7 +153,8 @@ LONG = {
 
 @pytest.fixture(scope="module")
 def slow(smollm2):
-    with live_server("-m", smollm2, "--drafter", "ngram", "-c", "2048", "-t", "1", "--queue-size", "1") as live:
+    args = ("-m", smollm2, "--drafter", "ngram", "-c", "2048", "-t", "1", "--queue-size", "1", "--parallel", "1")
+    with live_server(*args) as live:
         yield live
 
 

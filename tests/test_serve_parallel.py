@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import ollama
 import pytest
 
 from live_server import live_server
+from specgguf.serve.lanes import Lanes, default_parallel
 from tiny_gguf import tiny_vocab, write_tiny_llama
 
 GREEDY = {"temperature": 0, "extra_body": {"speculative": {"k": 3}}}
@@ -138,3 +140,43 @@ def test_the_startup_line_says_how_many_at_once(pair, parallel):
         assert _chat(live.client(), "the cat", max_tokens=8).choices[0].message.content is not None
     assert ("2 requests at once" in live.stderr) == (parallel == "2")
     assert "MiB of KV cache each" in live.stderr or parallel == "1"
+
+
+# --- which lane a request takes (in process) ------------------------------------------------------
+
+
+class _Views:
+    """A model whose `sequences` are plain caches (what `Lanes` reads of a view)."""
+
+    def sequences(self, n_seq: int):
+        return [SimpleNamespace(cached=[], n_past=0) for _ in range(n_seq)]
+
+
+def _hold(lane, tokens: list[int]) -> None:
+    lane.verifier.cached, lane.verifier.n_past = list(tokens), len(tokens)
+
+
+def test_a_request_takes_the_lane_of_its_conversation_and_a_new_one_the_stalest():
+    lanes = Lanes(_Views(), None, 3)
+    system, chat, code = [1, 2, 3, 4], [10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25, 26, 27]
+    _hold(lanes.lanes[0], system + chat)
+    _hold(lanes.lanes[1], code)
+    lanes.lanes[2].used = -1.0  # an empty lane
+    follow_up = lanes.acquire(system + chat + [16, 17])
+    assert follow_up is lanes.lanes[0] and lanes.lanes[0].draft is None
+    completion = lanes.acquire(code[:6] + [30, 31])  # an editor's next completion: most of the file
+    assert completion is lanes.lanes[1]
+    lanes.release(follow_up)
+    lanes.release(completion)
+    # A new conversation that shares only the system prompt keeps the chat: it takes the empty lane.
+    assert lanes.acquire(system + [40, 41, 42, 43, 44, 45, 46]) is lanes.lanes[2]
+    # With every free lane holding another conversation, the least recently used one goes.
+    assert lanes.acquire([50, 51]) is lanes.lanes[0]
+
+
+def test_the_default_takes_what_half_the_free_memory_holds_from_two_to_four():
+    mib = 2**20
+    assert default_parallel(160 * mib, 8192 * mib) == 4
+    assert default_parallel(160 * mib, 1000 * mib) == 3
+    assert default_parallel(160 * mib, 100 * mib) == 2  # at least two
+    assert default_parallel(160 * mib, None) == 2

@@ -1,10 +1,13 @@
 """The live sequences of `serve --parallel N`: N `Lane`s, each a KV sequence of the verifier and one
 of the draft (llama/batcher.py's views over one context per model), and how many fit.
 
-A request takes the free lane whose verifier cache shares the longest token prefix with its prompt
-(the least recently used among equals, so a new conversation does not evict a fresher one): the
-lanes are the server's cached conversations, kept live. While its request runs, a lane's thread is a
-participant of both models' batchers: their batches wait for it (briefly) and take its rows along.
+The lanes are the server's cached conversations, kept live. A request takes, of the free lanes whose
+cache it would keep at least half of (an empty one, a conversation it continues, a file an editor's
+completion is in), the one that holds the longest token prefix of its prompt (the least recently
+used among equals); where it would keep less than half of every free lane's (a new conversation that
+shares only a system prompt), the least recently used lane, so that it evicts the stalest. While
+its request runs, a lane's thread is a participant of both models' batchers: their batches wait for
+it (briefly) and take its rows along.
 """
 
 from __future__ import annotations
@@ -64,10 +67,15 @@ class Lanes:
         self._lock = threading.Lock()
 
     def acquire(self, prompt: list[int]) -> Lane:
-        """The free lane that holds most of `prompt` (one is free: a thread per lane asks)."""
+        """The free lane for `prompt` (one is free: a thread per lane asks), as the docstring above says."""
         with self._lock:
             free = [lane for lane in self.lanes if not lane.busy]
-            lane = max(free, key=lambda lane: (common_prefix(lane.verifier.cached, prompt), -lane.used))
+            shared = {lane.index: common_prefix(lane.verifier.cached, prompt) for lane in free}
+            keeping = [lane for lane in free if 2 * shared[lane.index] >= lane.verifier.n_past]
+            if keeping:
+                lane = max(keeping, key=lambda lane: (shared[lane.index], -lane.used))
+            else:
+                lane = min(free, key=lambda lane: lane.used)
             lane.busy = True
             return lane
 
