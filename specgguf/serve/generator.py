@@ -83,7 +83,12 @@ class Worker:
         self.tool_family = family_of(self.verifier.chat_template())  # how this model writes tool calls
         self.parallel = max(1, parallel)
         # --parallel N: the lanes are the cached conversations; --parallel 1: one cache, and parked ones.
-        self.lanes = Lanes(self.verifier, self.draft, self.parallel) if self.parallel > 1 else None
+        self.lanes = None
+        if self.parallel > 1:
+            # The costs are measured on the models' own caches, which the lanes' sequences replace:
+            # now, before them, where a request could later want them (an adaptive K).
+            _ = prepared.costs
+            self.lanes = Lanes(self.verifier, self.draft, self.parallel)
         self.prompts = CacheSlots([self.verifier, self.draft], cache_slots if self.lanes is None else 1)
         self.planner = Planner(prepared=prepared, templates=self.templates, tool_family=self.tool_family)
         self._waiting: deque[Job] = deque()  # FIFO; a job whose client left is dropped from it
