@@ -8,8 +8,8 @@ says why the cell order changes the logits). The price: llama.cpp splits a batch
 bring different numbers of rows into micro-batches of equal rows per sequence, so a decode where
 one sequence ingests a prompt and another verifies K + 1 rows runs as more than one pass.
 
-`memory_per_sequence` is what one more live sequence costs: its KV cache (keys and values of every
-layer for n_ctx tokens, F16), read from the model's sizes.
+`kv_bytes_per_token` times n_ctx is what one more live sequence costs (`LlamaModel.kv_bytes_per_sequence`):
+its KV cache, keys and values of every layer, F16, from the model's sizes.
 """
 
 from __future__ import annotations
@@ -98,9 +98,20 @@ def sequence_views(model: Any) -> list[SequenceView]:
 
 
 def kv_bytes_per_token(model: Any) -> int:
-    """Keys and values of every layer for one token, F16 (llama.cpp's default cache type)."""
+    """Keys and values of every layer for one token, F16 (llama.cpp's default cache type): the KV
+    heads times the head sizes (the GGUF's key and value lengths where it gives them)."""
     n_layers = llama_cpp.llama_model_n_layer(model)
     n_head, n_head_kv = llama_cpp.llama_model_n_head(model), llama_cpp.llama_model_n_head_kv(model)
-    n_embd = llama_cpp.llama_model_n_embd(model)
-    n_embd_kv = n_embd * n_head_kv // max(1, n_head)
-    return 2 * n_layers * n_embd_kv * 2
+    head = llama_cpp.llama_model_n_embd(model) // max(1, n_head)
+    architecture = _metadata(model, "general.architecture") or ""
+    key = _metadata(model, f"{architecture}.attention.key_length")
+    value = _metadata(model, f"{architecture}.attention.value_length")
+    key_size = int(key) if key and key.isdigit() else head
+    value_size = int(value) if value and value.isdigit() else head
+    return n_layers * n_head_kv * (key_size + value_size) * 2
+
+
+def _metadata(model: Any, key: str) -> str | None:
+    buffer = ctypes.create_string_buffer(128)
+    size = llama_cpp.llama_model_meta_val_str(model, key.encode(), buffer, len(buffer))
+    return buffer.value.decode("utf-8", "replace") if size >= 0 else None

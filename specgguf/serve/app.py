@@ -199,4 +199,5 @@ def concurrency(prepared: Prepared, parallel: int | None) -> tuple[int, str]:
     n_seq = parallel if parallel is not None else default_parallel(per_sequence, memory_available())
     if n_seq == 1:
         return 1, ""
-    return n_seq, f"{n_seq} requests at once ({per_sequence / 2**20:.0f} MiB of KV cache each)"
+    trees = " · draft trees off (they need --parallel 1)" if prepared.options.trees else ""
+    return n_seq, f"{n_seq} requests at once ({per_sequence / 2**20:.0f} MiB of KV cache each){trees}"

@@ -160,12 +160,14 @@ class Worker:
                 self._changed.wait()
 
     def _work(self, index: int) -> None:
-        job = None
-        while (job := self._next_job(job)) is not None:
+        finished: Job | None = None
+        while (job := self._next_job(finished)) is not None:
+            finished = job
             try:
                 if isinstance(job.request, EmbeddingRequest):
                     if not self._embed(job, job.request):
                         self._wait_again(job)
+                        finished = None  # back in the queue: another thread may run it already
                 else:
                     self._generate(job, index)
             except Exception as error:  # noqa: BLE001 - the worker must survive anything; the client hears why
@@ -176,6 +178,7 @@ class Worker:
     def _wait_again(self, job: Job) -> None:
         """An embedding job whose turn is over goes to the back of the queue (past its limit: it waited already)."""
         with self._changed:
+            self._running.discard(job)
             if self._stopping:
                 job.send(Failed(SpecggufError("the server is shutting down"), status=503))
             else:
