@@ -75,7 +75,7 @@ def test_a_sequence_rewinds_only_its_own_cells(tiny_verifier):
     assert second.n_past == 2 and first.n_past == len(tokens)
     first.rewind(len(tokens) - 1)
     again = first.eval(tokens[-1:], n_logits=1)
-    assert (again == expected).all()
+    np.testing.assert_allclose(again, expected, atol=1e-3)  # its cells are all there (batch sizes round apart)
     second.clear()
     assert second.cached == [] and first.n_past == len(tokens)
     model.close()

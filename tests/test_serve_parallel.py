@@ -138,8 +138,9 @@ def test_the_startup_line_says_how_many_at_once(pair, parallel):
     verifier, draft = pair
     with live_server("-m", verifier, "-md", draft, "-c", "512", "-t", "1", "-n", "8", "-np", parallel) as live:
         assert _chat(live.client(), "the cat", max_tokens=8).choices[0].message.content is not None
-    assert ("2 requests at once" in live.stderr) == (parallel == "2")
-    assert "MiB of KV cache each" in live.stderr or parallel == "1"
+    line = " ".join(live.stderr.split())  # as the console wrapped it
+    assert ("2 requests at once" in line) == (parallel == "2")
+    assert ("KiB of KV cache each" in line) == (parallel == "2")  # a tiny model's
 
 
 # --- which lane a request takes (in process) ------------------------------------------------------

@@ -200,4 +200,5 @@ def concurrency(prepared: Prepared, parallel: int | None) -> tuple[int, str]:
     if n_seq == 1:
         return 1, ""
     trees = " · draft trees off (they need --parallel 1)" if prepared.options.trees else ""
-    return n_seq, f"{n_seq} requests at once ({per_sequence / 2**20:.0f} MiB of KV cache each){trees}"
+    size = f"{per_sequence / 2**20:.0f} MiB" if per_sequence >= 2**20 else f"{per_sequence / 2**10:.0f} KiB"
+    return n_seq, f"{n_seq} requests at once ({size} of KV cache each){trees}"
