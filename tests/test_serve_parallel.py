@@ -153,26 +153,29 @@ class _Views:
         return [SimpleNamespace(cached=[], n_past=0) for _ in range(n_seq)]
 
 
-def _hold(lane, tokens: list[int]) -> None:
+def _hold(lane, tokens: list[int], *, fim: bool = False) -> None:
     lane.verifier.cached, lane.verifier.n_past = list(tokens), len(tokens)
+    lane.prompt, lane.fim = list(tokens[:-2]), fim  # the last prompt, and its answer's two tokens
 
 
-def test_a_request_takes_the_lane_of_its_conversation_and_a_new_one_the_stalest():
-    lanes = Lanes(_Views(), None, 3)
+def test_a_request_takes_the_lane_it_continues_and_a_new_one_an_empty_lane():
+    lanes = Lanes(_Views(), None, 4)
     system, chat, code = [1, 2, 3, 4], [10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25, 26, 27]
     _hold(lanes.lanes[0], system + chat)
-    _hold(lanes.lanes[1], code)
+    _hold(lanes.lanes[1], code, fim=True)
+    _hold(lanes.lanes[3], [60, 61, 62, 63])
     lanes.lanes[2].used = -1.0  # an empty lane
     follow_up = lanes.acquire(system + chat + [16, 17])
     assert follow_up is lanes.lanes[0] and lanes.lanes[0].draft is None
-    completion = lanes.acquire(code[:6] + [30, 31])  # an editor's next completion: most of the file
+    completion = lanes.acquire(code[:4] + [30, 31], fim=True)  # an editor's next completion: the file's start
     assert completion is lanes.lanes[1]
     lanes.release(follow_up)
     lanes.release(completion)
-    # A new conversation that shares only the system prompt keeps the chat: it takes the empty lane.
-    assert lanes.acquire(system + [40, 41, 42, 43, 44, 45, 46]) is lanes.lanes[2]
-    # With every free lane holding another conversation, the least recently used one goes.
-    assert lanes.acquire([50, 51]) is lanes.lanes[0]
+    # A new conversation that shares the system prompt (most of the chat's cache) keeps the chat: it
+    # takes the empty lane.
+    assert lanes.acquire(system + chat[:2] + [40]) is lanes.lanes[2]
+    # With no free lane empty or continued, the one where it keeps most and throws away least.
+    assert lanes.acquire([60, 61, 70]) is lanes.lanes[3]
 
 
 def test_the_default_takes_what_half_the_free_memory_holds_from_two_to_four():

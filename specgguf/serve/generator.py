@@ -259,7 +259,7 @@ class Worker:
             self.prompts.select(plan.prompt)  # the cached conversation this prompt continues, if one is parked
             self._run(job, plan, self.verifier, self._forget_caches)
             return
-        lane = self.lanes.acquire(plan.prompt)
+        lane = self.lanes.acquire(plan.prompt, fim=request.fim is not None)
         try:
             with lane.live():
                 self._run(job, self.planner.on_draft(plan, lane.draft), lane.verifier, lane.clear)

@@ -1,11 +1,13 @@
 """The live sequences of `serve --parallel N`: N `Lane`s, each a KV sequence of the verifier and one
 of the draft (llama/batcher.py's views over one context per model), and how many fit.
 
-The lanes are the server's cached conversations, kept live. A request takes, of the free lanes whose
-cache it would keep at least half of (an empty one, a conversation it continues, a file an editor's
-completion is in), the one that holds the longest token prefix of its prompt (the least recently
-used among equals); where it would keep less than half of every free lane's (a new conversation that
-shares only a system prompt), the least recently used lane, so that it evicts the stalest. While
+The lanes are the server's cached conversations, kept live. A request takes, in this order: the free
+lane whose last prompt it continues (all of it but the last token: a chat's follow-up), for a
+fill-in-the-middle request also a lane whose last completion it shares at least half of (an editor's
+completions supersede each other: the same file, the cursor moved), the longest shared prefix
+first; else an empty lane (a new conversation that shares only a system prompt does not end
+another); else the lane where it keeps the most cached tokens less those it throws away, then the
+least recently used. While
 its request runs, a lane's thread is a participant of both models' batchers: their batches wait for
 it (briefly) and take its rows along.
 """
@@ -35,6 +37,8 @@ class Lane:
     draft: Any  # a SequenceView, or a HotVocab over one; None without a draft model
     busy: bool = False
     used: float = field(default_factory=time.monotonic)
+    prompt: list[int] = field(default_factory=list)  # the last prompt answered here
+    fim: bool = False  # ... a fill-in-the-middle one
 
     @contextlib.contextmanager
     def live(self) -> Iterator[None]:
@@ -66,17 +70,30 @@ class Lanes:
         self.lanes = [Lane(index, view, drafts[index]) for index, view in enumerate(verifiers)]
         self._lock = threading.Lock()
 
-    def acquire(self, prompt: list[int]) -> Lane:
-        """The free lane for `prompt` (one is free: a thread per lane asks), as the docstring above says."""
+    def acquire(self, prompt: list[int], *, fim: bool = False) -> Lane:
+        """The free lane for `prompt` (one is free: a thread per lane asks), as the docstring above says;
+        `fim`: a fill-in-the-middle request."""
         with self._lock:
             free = [lane for lane in self.lanes if not lane.busy]
-            shared = {lane.index: common_prefix(lane.verifier.cached, prompt) for lane in free}
-            keeping = [lane for lane in free if 2 * shared[lane.index] >= lane.verifier.n_past]
-            if keeping:
-                lane = max(keeping, key=lambda lane: (shared[lane.index], -lane.used))
+            kept = {lane.index: common_prefix(lane.verifier.cached, prompt) for lane in free}
+
+            def continued(lane: Lane) -> bool:
+                shared = common_prefix(lane.prompt, prompt)
+                return bool(lane.prompt) and (
+                    shared >= len(lane.prompt) - 1 or (fim and lane.fim and 2 * shared >= len(lane.prompt))
+                )
+
+            def value(lane: Lane) -> tuple[int, int, float]:
+                evicted = lane.verifier.n_past - kept[lane.index]
+                return kept[lane.index] - evicted, -evicted, -lane.used
+
+            if going_on := [lane for lane in free if continued(lane)]:
+                lane = max(going_on, key=lambda lane: (kept[lane.index], -lane.used))
+            elif empty := [lane for lane in free if not lane.verifier.n_past]:
+                lane = max(empty, key=lambda lane: -lane.used)
             else:
-                lane = min(free, key=lambda lane: lane.used)
-            lane.busy = True
+                lane = max(free, key=value)
+            lane.busy, lane.prompt, lane.fim = True, list(prompt), fim
             return lane
 
     def release(self, lane: Lane) -> None:
