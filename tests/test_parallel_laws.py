@@ -60,7 +60,7 @@ class MixingContext(FakeContext):
 
 
 def _views(context: FakeContext) -> list[SequenceView]:
-    batcher = Batcher(context, wait_seconds=0.05)
+    batcher = Batcher(context)
     return [
         SequenceView(batcher, seq, n_ctx=4096, n_vocab=VOCAB, is_eog=lambda _token: False)
         for seq in range(len(PROMPTS))
@@ -137,7 +137,7 @@ def test_interleaved_requests_share_batches_and_keep_their_own_rows():
 @pytest.mark.slow
 def test_interleaved_requests_each_follow_the_verifiers_law():
     settings = _settings(1.5)
-    counts, context = _run_interleaved(FakeContext, settings, n_sequences=4000)
+    counts, context = _run_interleaved(FakeContext, settings, n_sequences=2000)
     assert context.n_shared > context.n_decodes / 2
     for prompt, tally in zip(PROMPTS, counts):
         assert _p_value(tally, _law(prompt, settings)) > 1e-4
@@ -146,7 +146,7 @@ def test_interleaved_requests_each_follow_the_verifiers_law():
 @pytest.mark.slow
 def test_a_batcher_that_mixes_rows_across_sequences_fails():
     settings = _settings(1.5)
-    counts, _ = _run_interleaved(MixingContext, settings, n_sequences=4000)
+    counts, _ = _run_interleaved(MixingContext, settings, n_sequences=2000)
     p_values = []
     for prompt, tally in zip(PROMPTS, counts):
         try:
