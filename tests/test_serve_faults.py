@@ -212,7 +212,8 @@ def test_a_full_queue_answers_503_with_retry_after(slow):
 
 
 def test_sigterm_ends_streams_and_exits_cleanly(smollm2):
-    with live_server("-m", smollm2, "--drafter", "ngram", "-c", "2048", "-t", "1") as live:
+    # --parallel 1: a second request waits in the queue while the first runs.
+    with live_server("-m", smollm2, "--drafter", "ngram", "-c", "2048", "-t", "1", "--parallel", "1") as live:
         with (
             live.http() as http,
             live.http() as other,
