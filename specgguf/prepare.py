@@ -30,6 +30,7 @@ from .core.drafters import DEFAULT_DRAFTER, DRAFTER_KINDS, DrafterKind, DraftSet
 from .core.drafting import Drafter, Source
 from .core.engine import FixedK, KPolicy, speculate
 from .core.kpolicy import K_MAX, AdaptiveK, PerSource, PolicyConfig, adaptive_policy
+from .core.model import Model
 from .core.ngram_cache import SessionNgrams
 from .core.sampling import SamplingSettings
 from .core.stats import Generation
@@ -202,17 +203,23 @@ class Prepared:
         return self._costs
 
     def drafter(
-        self, kind: DrafterKind | None = None, *, p_min: float | None = None, session: SessionNgrams | None = None
+        self,
+        kind: DrafterKind | None = None,
+        *,
+        p_min: float | None = None,
+        session: SessionNgrams | None = None,
+        draft: Model | None = None,
     ) -> Drafter | None:
         """The proposer for an answer (None: nothing to draft with). Its n-grams are the
-        session's unless `session` gives others (bench: a new one per run)."""
+        session's unless `session` gives others (bench: a new one per run); it drafts with the
+        draft model unless `draft` gives another view of it (serve --parallel: a live sequence's)."""
         settings = DraftSettings(
             p_min=self.options.p_min if p_min is None else p_min,
             n_min=self.options.n_min,
             session=self.ngrams if session is None else session,
             cross=self.cross,
         )
-        return build_drafter(kind or self.options.drafter, self.draft, settings)
+        return build_drafter(kind or self.options.drafter, self.draft if draft is None else draft, settings)
 
     def generate(
         self,
@@ -224,11 +231,13 @@ class Prepared:
         settings: SamplingSettings,
         seed: int,
         constraint: Constraint | None = None,
+        verifier: Model | None = None,
     ) -> Generation:
         """One answer from the engine over the loaded pair, driven and timed (core.stats.Generation);
-        `constraint`: a grammar the answer follows (grammar.constraint_for)."""
+        `constraint`: a grammar the answer follows (grammar.constraint_for); `verifier`: another view
+        of the verifier (serve --parallel: a live sequence's)."""
         events = speculate(
-            verifier=self.verifier,
+            verifier=self.verifier if verifier is None else verifier,
             drafter=drafter,
             prompt_tokens=prompt_tokens,
             k=policy,

@@ -11,8 +11,11 @@ from specgguf.core.hybrid_drafter import HybridDrafter
 from specgguf.core.kpolicy import AdaptiveK, PerSource
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.ngram_drafter import NgramDrafter
+from specgguf.llama.batcher import Decoder, SequenceView
 from specgguf.llama.loaded import LoadedModel
 from specgguf.llama.model import LlamaModel
+from specgguf.llama.sequences import LlamaDecoder
+from test_parallel_laws import FakeContext
 
 
 def fake_model_is_a_model(model: FakeModel) -> Model:
@@ -21,6 +24,18 @@ def fake_model_is_a_model(model: FakeModel) -> Model:
 
 def llama_model_is_a_model(model: LlamaModel) -> Model:
     return model
+
+
+def sequence_view_is_a_model(model: SequenceView) -> Model:
+    return model
+
+
+def llama_decoder_is_a_decoder(decoder: LlamaDecoder) -> Decoder:
+    return decoder
+
+
+def fake_context_is_a_decoder(decoder: FakeContext) -> Decoder:
+    return decoder
 
 
 def model_drafter_is_a_drafter(drafter: ModelDrafter) -> Drafter:

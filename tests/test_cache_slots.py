@@ -40,7 +40,7 @@ def _alternate(server, order: str = "ABABABABAB"):
 
 
 def test_two_alternating_clients_reread_only_their_new_tokens(tiny_verifier, tiny_draft):
-    args = ("-m", tiny_verifier, "-md", tiny_draft, "-c", "1024", "-t", "1")
+    args = ("-m", tiny_verifier, "-md", tiny_draft, "-c", "1024", "-t", "1", "--parallel", "1")
     with live_server(*args, "--cache-slots", "2") as slots:
         # A client also asks twice in a row: a follow-up of the live conversation parks nothing, even
         # where the earlier answer's generated tokens are not what its text tokenizes to.
@@ -59,6 +59,20 @@ def test_two_alternating_clients_reread_only_their_new_tokens(tiny_verifier, tin
     # With one cache, each client evicts the other: from the second turn on, all but the shared
     # system prompt is read again.
     assert all(cached < previous[0] for (_, cached, _, _), previous in zip(evicting["A"][1:], evicting["A"]))
+
+
+def test_two_alternating_clients_keep_a_live_sequence_each(tiny_verifier, tiny_draft):
+    """--parallel 2: the live sequences are the cached conversations; each client takes the one that
+    holds its conversation, and reads what it reads talking alone, with the same answers."""
+    args = ("-m", tiny_verifier, "-md", tiny_draft, "-c", "1024", "-t", "1")
+    with live_server(*args, "--parallel", "2") as lanes:
+        seen = _alternate(lanes, "ABBAABBAAB")
+    with live_server(*args, "--parallel", "2") as fresh:
+        alone = _alternate(fresh, "AAAAABBBBB")
+    for name in ("A", "B"):
+        for (_, cached, _, _), (previous_prompt, _, _, _) in zip(seen[name][1:], seen[name]):
+            assert cached >= previous_prompt, seen[name]
+        assert seen[name] == alone[name]
 
 
 # --- a hot-vocabulary draft parked and restored (in process, fakes) ------------------------------

@@ -151,7 +151,7 @@ def test_models_without_fim_tokens_and_bad_bodies_get_400s(tiny_verifier, server
 def test_an_infill_between_chat_turns_leaves_the_parked_chat_in_its_slot(fim_model):
     """The editor-plus-chat case --cache-slots is for: a FIM request resets only the live cache's
     text memory; the chat it parked is restored for its next turn (it cleared every slot)."""
-    args = ("-m", fim_model, "--drafter", "ngram", "-k", "4", "-c", "1024", "-t", "1", "--cache-slots", "2")
+    args = ("-m", fim_model, "--drafter", "ngram", "-k", "4", "-c", "1024", "-t", "1", "--cache-slots", "2", "-np", "1")
     with live_server(*args) as live, live.http() as http:
         client = live.client()
         messages = [{"role": "user", "content": "the cat and the dog"}]

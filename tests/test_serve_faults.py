@@ -153,7 +153,8 @@ LONG = {
 
 @pytest.fixture(scope="module")
 def slow(smollm2):
-    with live_server("-m", smollm2, "--drafter", "ngram", "-c", "2048", "-t", "1", "--queue-size", "1") as live:
+    args = ("-m", smollm2, "--drafter", "ngram", "-c", "2048", "-t", "1", "--queue-size", "1", "--parallel", "1")
+    with live_server(*args) as live:
         yield live
 
 
@@ -211,7 +212,8 @@ def test_a_full_queue_answers_503_with_retry_after(slow):
 
 
 def test_sigterm_ends_streams_and_exits_cleanly(smollm2):
-    with live_server("-m", smollm2, "--drafter", "ngram", "-c", "2048", "-t", "1") as live:
+    # --parallel 1: a second request waits in the queue while the first runs.
+    with live_server("-m", smollm2, "--drafter", "ngram", "-c", "2048", "-t", "1", "--parallel", "1") as live:
         with (
             live.http() as http,
             live.http() as other,

@@ -285,9 +285,24 @@ def serve(
     cache_slots: Annotated[
         int,
         typer.Option(
-            "--cache-slots", min=1, max=64, help="Conversations whose caches are kept (parked as saved state, LRU)."
+            "--cache-slots",
+            min=1,
+            max=64,
+            help="Conversations whose caches are kept (parked as saved state, LRU) with --parallel 1;"
+            " with more, the live sequences are the cached conversations.",
         ),
     ] = 4,
+    parallel: Annotated[
+        int | None,
+        typer.Option(
+            "--parallel",
+            "-np",
+            min=1,
+            max=64,
+            help="Requests answered at once, each in a KV sequence of its own, their batches decoded together"
+            " (default: as many as half the free memory holds, 2 to 4). 1: one at a time, draft trees allowed.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...).
 
@@ -339,4 +354,5 @@ def serve(
         cors_origins=origins,
         strict_model=strict_model,
         cache_slots=cache_slots,
+        parallel=parallel,
     )

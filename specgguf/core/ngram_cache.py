@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 import zipfile
 import zlib
 from collections import OrderedDict
@@ -91,7 +92,7 @@ _Entry = int | _Followers
 class SessionNgrams:
     """Counts of the token that followed each n-gram (min_n..max_n tokens), drafting from the best-known one.
 
-    Not thread-safe: one session (one engine at a time) learns and looks up."""
+    Its calls hold a lock: the server's threads (serve --parallel) learn and look up at once."""
 
     def __init__(self, *, min_n: int = 2, max_n: int = 4, max_entries: int = 1_000_000, min_share: float = 0.5):
         """min_share: the most frequent follower's share of its n-gram's counts below which drafting stops.
@@ -111,6 +112,7 @@ class SessionNgrams:
         self.min_share = min_share
         # n-gram -> followers, least recently learned first (keys of several lengths share the table).
         self._table: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._table)
@@ -119,6 +121,10 @@ class SessionNgrams:
         """Count, for each n in min_n..max_n, the token that follows each n-gram in `tokens`, for
         continuations at positions >= start (so a caller can feed a growing sequence incrementally
         without counting anything twice)."""
+        with self._lock:
+            self._learn(tokens, start)
+
+    def _learn(self, tokens: Sequence[int], start: int) -> None:
         if start < 0:
             raise ValueError(f"start must be >= 0, got {start}")
         offset = max(start - self.max_n, 0)  # only the tail that new continuations can see
@@ -155,6 +161,10 @@ class SessionNgrams:
         token (ties: the most recently learned); it is appended and the search repeats, up to k tokens.
         Drafting stops early when no n-gram matches or when that n-gram's best token has less than
         `min_share` of its counts."""
+        with self._lock:
+            return self._lookup(context, k)
+
+    def _lookup(self, context: Sequence[int], k: int) -> tuple[list[int], int]:
         table = self._table
         tail = [int(token) for token in context[max(len(context) - self.max_n, 0) :]]
         drafted: list[int] = []

@@ -20,6 +20,7 @@ from .compat import VocabInfo
 from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker
 
 if TYPE_CHECKING:
+    from .batcher import SequenceView
     from .embedding import Embedder
     from .info import FimTokens, ModelInfo
     from .vocab import ControlToken
@@ -72,6 +73,10 @@ class LoadedModel(Protocol):
     def embedder(self) -> Embedder: ...
 
     def fim_tokens(self) -> FimTokens | None: ...
+
+    def sequences(self, n_seq: int) -> list[SequenceView]: ...  # serve --parallel: a view per sequence
+
+    def kv_bytes_per_sequence(self) -> int: ...
 
     def vocab_info(self) -> VocabInfo: ...
 

@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llama_cpp
 import numpy as np
@@ -26,6 +26,9 @@ from .runtime import check_gguf_file, interruptible, load_model, reason, recent_
 from .state import load_sequence, save_sequence
 from .threads import ThreadGovernor
 from .tree import MAX_TREE_LEAVES, TreeLayout
+
+if TYPE_CHECKING:
+    from .batcher import SequenceView
 
 
 class LlamaModel:
@@ -92,15 +95,18 @@ class LlamaModel:
         self.max_leaves = MAX_TREE_LEAVES  # one sequence per leaf: the most leaves `eval_tree` takes
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.cached: list[int] = []  # the tokens in the KV cache
+        self.n_seq = 1  # sequences in the context (`sequences`: serve --parallel)
+        self._decoders: list[Any] = []  # sequences.LlamaDecoder, freed with the context
         self.busy_seconds = 0.0  # time spent inside llama.cpp evaluating (for overhead figures)
 
-    def _new_context(self, *, n_ctx: int, n_batch: int, n_threads: int) -> llama_cpp.llama_context_p:
+    def _new_context(self, *, n_ctx: int, n_batch: int, n_threads: int, n_seq: int = 1) -> llama_cpp.llama_context_p:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_batch
         # Draft trees: one sequence per leaf, all in one KV cache (the context's cells are shared).
-        params.n_seq_max = MAX_TREE_LEAVES
-        params.kv_unified = True
+        # Several requests (`sequences`): a cache of its own per sequence, no trees (sequences.py).
+        params.n_seq_max = MAX_TREE_LEAVES if n_seq == 1 else n_seq
+        params.kv_unified = n_seq == 1
         params.n_threads = params.n_threads_batch = n_threads
         with self._guard(f"while creating {self.path.name}'s context"), interruptible():
             context = llama_cpp.llama_init_from_model(self._model, params)
@@ -113,11 +119,41 @@ class LlamaModel:
     def n_past(self) -> int:
         return len(self.cached)
 
+    def sequences(self, n_seq: int) -> list[SequenceView]:
+        """Make the context hold `n_seq` sequences of `n_ctx` tokens each (serve --parallel) and return
+        a view per sequence, each the engine's `Model` (batcher.py). The context is made anew, empty;
+        from then on only the views evaluate (draft trees are off: `max_leaves` is 1)."""
+        from .sequences import sequence_views
+
+        with self._guard("while freeing the context"):
+            llama_cpp.llama_free(self._ctx)
+        self._ctx = None
+        self._ctx = self._new_context(
+            n_ctx=self.n_ctx * n_seq, n_batch=self.n_batch, n_threads=self.n_threads, n_seq=n_seq
+        )
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self.n_seq, self.max_leaves, self.cached, self._tree = n_seq, 1, [], None
+        self.n_ctx = min(self.n_ctx, llama_cpp.llama_n_ctx_seq(self._ctx))
+        return sequence_views(self)
+
+    def kv_bytes_per_sequence(self) -> int:
+        """What one more sequence of `n_ctx` tokens costs: keys and values of every layer, F16."""
+        from .sequences import kv_bytes_per_token
+
+        return kv_bytes_per_token(self._model) * self.n_ctx
+
+    def follow_load(self) -> None:
+        """Set the thread count by the machine's load (without -t), before a decode."""
+        if self._governor is not None:
+            self._follow_load(self._governor)
+
     def close(self) -> None:
         if getattr(self, "_ctx", None):
             with self._guard("while freeing the model"):
                 if getattr(self, "_embedder", None) is not None:
                     self._embedder.close()  # its context before the weights it reads
+                for decoder in self._decoders:
+                    decoder.close()
                 llama_cpp.llama_batch_free(self._batch)
                 if self._embd_batch is not None:
                     llama_cpp.llama_batch_free(self._embd_batch)

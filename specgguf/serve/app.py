@@ -22,12 +22,13 @@ from starlette.exceptions import HTTPException
 from ..core.drafters import DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
 from ..files.resolve import ResolvedPair
-from ..prepare import MEASURING, DraftOptions, LoadOptions, prepare
+from ..prepare import MEASURING, DraftOptions, LoadOptions, Prepared, prepare
 from .apis import APIS
 from .common import ApiError, ServeOptions
 from .generator import Worker
 from .guard import Guard, HostPolicy, quiet_logs
 from .jobs import ClientGone
+from .lanes import default_parallel, memory_available
 from .metrics import CONTENT_TYPE, Metrics
 from .page import routes as page
 from .transport import BodyLimit, CountRequests, Server, check_address, listen
@@ -111,7 +112,8 @@ def serve(*, worker: Worker, options: ServeOptions, sock: socket.socket, err_con
     err_console.print(
         Text(
             f"specgguf serve · {options.model_name} · http://{shown_host}:{port}/v1"
-            f"{' · API key required' if options.api_key else ''} · Ctrl-C to stop",
+            f"{' · API key required' if options.api_key else ''}"
+            f"{f' · {options.concurrency}' if options.concurrency else ''} · Ctrl-C to stop",
             style="dim",
         )
     )
@@ -141,6 +143,7 @@ def run_server(
     cors_origins: tuple[str, ...] = (),
     strict_model: bool = False,
     cache_slots: int = 4,
+    parallel: int | None = None,
 ) -> None:
     """Check the address, load the pair (the same set-up as `run`), then serve until stopped."""
     check_address(host, api_key=api_key, insecure=insecure)
@@ -162,7 +165,10 @@ def run_server(
             )
         worker: Worker | None = None
         metrics = Metrics(lambda: worker.n_waiting if worker else 0)
-        worker = Worker(prepared=prepared, queue_size=queue_size, metrics=metrics, cache_slots=cache_slots)
+        n_seq, memory = concurrency(prepared, parallel)
+        worker = Worker(
+            prepared=prepared, queue_size=queue_size, metrics=metrics, cache_slots=cache_slots, parallel=n_seq
+        )
         name = resolved.label or resolved.name or resolved.verifier.stem
         serve(
             worker=worker,
@@ -175,6 +181,7 @@ def run_server(
                 allowed_hosts=allowed_hosts,
                 cors_origins=cors_origins,
                 strict_model=strict_model,
+                concurrency=memory,
             ),
             sock=sock,
             err_console=err_console,
@@ -182,3 +189,16 @@ def run_server(
         prepared.save_ngrams()  # the worker has stopped: nothing else touches the cache now
     finally:
         sock.close()
+
+
+def concurrency(prepared: Prepared, parallel: int | None) -> tuple[int, str]:
+    """How many requests run at once (--parallel, else what memory allows) and the startup line's
+    words for it: the KV cache each live sequence costs, the verifier's and the draft's."""
+    models = [model for model in (prepared.verifier, prepared.draft) if model is not None]
+    per_sequence = sum(model.kv_bytes_per_sequence() for model in models)
+    n_seq = parallel if parallel is not None else default_parallel(per_sequence, memory_available())
+    if n_seq == 1:
+        return 1, ""
+    trees = " · draft trees off (they need --parallel 1)" if prepared.options.trees else ""
+    size = f"{per_sequence / 2**20:.0f} MiB" if per_sequence >= 2**20 else f"{per_sequence / 2**10:.0f} KiB"
+    return n_seq, f"{n_seq} requests at once ({size} of KV cache each){trees}"

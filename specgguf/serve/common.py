@@ -38,6 +38,7 @@ class ServeOptions:
     allowed_hosts: tuple[str, ...] = ()  # Host values besides the bound address and localhost
     cors_origins: tuple[str, ...] = ()  # browser origins that may call the API
     strict_model: bool = False  # an unknown `model` is a 404 (else any name means the loaded model)
+    concurrency: str = ""  # the startup line's words for --parallel (app.concurrency)
 
 
 class ApiError(Exception):

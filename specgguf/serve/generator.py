@@ -1,144 +1,108 @@
-"""One worker thread runs every generation, in arrival order, through `engine.speculate`: it plans
-each request (plan.py) and runs the plan. It imports no API; tool calls come out as API-neutral
-values (tools.CallDelta while streaming, conversation.ToolCall whole) that each API shapes.
+"""The worker: its threads run every generation through `engine.speculate`, taking requests in
+arrival order: each plans a request (plan.py) and runs the plan. It imports no API; tool calls come
+out as API-neutral values (tools.CallDelta while streaming, conversation.ToolCall whole) that each
+API shapes.
 
-llama.cpp contexts are not thread-safe, and a pair of models can only decode one
-sequence at a time here: so the HTTP side never touches a model. It submits a
-`Job` to a bounded FIFO queue (full: `QueueFull`, answered 503) and reads the
-job's messages (`Started`, `Delta`, `Finished`, `Failed`) from an asyncio queue
-that the worker fills with `call_soon_threadsafe`. An embedding job runs in turns: when its turn
-(`EMBEDDING_TURN_SECONDS`) is over and others wait, it goes to the back of the queue; its client
-hanging up stops it at the next input.
+llama.cpp contexts are not thread-safe, so the HTTP side never touches a model. It submits a `Job`
+to a bounded FIFO queue (full: `QueueFull`, answered 503) and reads the job's messages (`Started`,
+`Delta`, `Finished`, `Failed`; messages.py) from an asyncio queue that the worker fills with
+`call_soon_threadsafe`. An embedding job runs in turns: when its turn (`EMBEDDING_TURN_SECONDS`) is
+over and others wait, it goes to the back of the queue; its client hanging up stops it at the next
+input. Embeddings use their own context (one job's input at a time), never a live sequence.
 
-Prefix reuse: a prompt is always the fresh tokenization of the request's whole text
-(as llama-server's is), and the engine keeps whatever token prefix of it each
-model's KV cache already holds; with `--cache-slots N`, the cache of the
-conversation that shares the most (cache_slots.py).
+`--parallel 1`: one thread and the models' own caches, one request at a time. `--parallel N`: N
+threads, each running one request at a time on a live sequence of its own (lanes.py), their model
+calls batched together (llama/batcher.py); a request waits in the queue only while N others run.
+
+Prefix reuse: a prompt is always the fresh tokenization of the request's whole text (as
+llama-server's is), and the engine keeps whatever token prefix of it each model's KV cache already
+holds: with --parallel N, the lane that holds the most of it; with --parallel 1 and `--cache-slots
+N`, the cache of the conversation that shares the most (cache_slots.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from ..conversation import Prompts, ToolCall
+from ..conversation import Prompts
 from ..core.drafting import common_prefix
-from ..core.stats import Generation, GenerationStats
+from ..core.model import Model
+from ..core.stats import Generation
 from ..errors import ContextFullError, PromptError, SpecggufError, UsageError
 from ..grammar import GrammarError
 from ..prepare import Prepared
 from .cache_slots import CacheSlots
-from .draft_marks import DraftMarks, Span
-from .plan import GenerationRequest, Planner
+from .draft_marks import DraftMarks
+from .lanes import Lanes
+from .messages import (  # re-exported: the APIs read them from here
+    EMBEDDING_TURN_SECONDS,
+    MAX_EMBEDDING_INPUTS,
+    MAX_EMBEDDING_TOKENS,
+    Delta,
+    Embedded,
+    EmbeddingProgress,
+    EmbeddingRequest,
+    Failed,
+    Finished,
+    Job,
+    QueueFull,
+    Started,
+)
+from .plan import GenerationRequest, Plan, Planner
 from .text import AnswerText, TokenLogprob, token_logprobs
 from .tool_syntax import family_of
-from .tools import CallDelta, CallStream, call_stream
+from .tools import CallStream, call_stream
 
-
-class QueueFull(Exception):
-    pass
-
-
-MAX_EMBEDDING_INPUTS = 2048  # inputs in one embedding request (OpenAI's limit)
-MAX_EMBEDDING_TOKENS = 300_000  # tokens in all in one embedding request (OpenAI's limit)
-EMBEDDING_TURN_SECONDS = 0.25  # an embedding job's turn on the worker while others wait
-
-
-@dataclass(frozen=True)
-class EmbeddingRequest:
-    """Texts (or token ids) to embed with the verifier's pooled embedding context; `truncate`: an
-    input longer than the context is cut to it (Ollama's default) instead of refused."""
-
-    inputs: Sequence[str | list[int]]
-    truncate: bool = False
-
-
-@dataclass(frozen=True)
-class Embedded:
-    vectors: list[list[float]]
-    n_tokens: int
-
-
-@dataclass(frozen=True)
-class Started:
-    n_prompt: int
-    n_cached: int  # prompt tokens the verifier's cache already held
-
-
-@dataclass(frozen=True)
-class Delta:
-    text: str
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # for the tokens this text starts
-    tool_calls: list[CallDelta] = field(default_factory=list)  # pieces of the answer's calls
-    spans: list[Span] = field(default_factory=list)  # `text` by writer, when the request marks drafts
-
-
-@dataclass(frozen=True)
-class Finished:
-    finish_reason: str  # "stop" or "length"
-    n_prompt: int
-    n_cached: int
-    n_completion: int
-    stats: GenerationStats
-    first_token_seconds: float | None  # from arrival to the first token
-    tool_calls: list[ToolCall] = field(default_factory=list)  # the complete calls (finish_reason "tool_calls")
-    stop_string: str | None = None  # the stop string that ended the answer
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: SpecggufError
-    status: int  # as HTTP would say it: 400 the request's fault, 500 the server's, 503 shutting down
-
-
-@dataclass
-class EmbeddingProgress:
-    """An embedding job between its turns: its inputs' tokens and the vectors made so far."""
-
-    tokens: list[list[int]]
-    vectors: list[list[float]] = field(default_factory=list)
-
-
-@dataclass(eq=False)  # compared by identity
-class Job:
-    request: GenerationRequest | EmbeddingRequest
-    loop: asyncio.AbstractEventLoop
-    messages: asyncio.Queue = field(default_factory=asyncio.Queue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    arrived: float = field(default_factory=time.perf_counter)
-    embedding: EmbeddingProgress | None = None  # an embedding job's progress (it runs in turns)
-    started: Started | None = None  # its first message, once jobs.started has read it (the prompt's size)
-
-    def send(self, message) -> None:
-        """From the worker thread to the request's coroutine."""
-        with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening any more
-            self.loop.call_soon_threadsafe(self.messages.put_nowait, message)
+__all__ = [
+    "MAX_EMBEDDING_INPUTS",
+    "Delta",
+    "Embedded",
+    "EmbeddingRequest",
+    "Failed",
+    "Finished",
+    "Job",
+    "QueueFull",
+    "Started",
+    "Worker",
+]
 
 
 class Worker:
-    """The loaded pair, the planner (plan.py) and the worker thread that runs its plans."""
+    """The loaded pair, the planner (plan.py) and the threads that run its plans (`parallel` of them,
+    each on a live sequence of its own when more than one)."""
 
-    def __init__(self, *, prepared: Prepared, queue_size: int, metrics=None, cache_slots: int = 1):
+    def __init__(self, *, prepared: Prepared, queue_size: int, metrics=None, cache_slots: int = 1, parallel: int = 1):
         self.prepared = prepared
         self.verifier, self.draft = prepared.verifier, prepared.draft
         self.metrics = metrics
         self.templates = Prompts(self.verifier)
         self.tool_family = family_of(self.verifier.chat_template())  # how this model writes tool calls
-        self.prompts = CacheSlots([self.verifier, self.draft], cache_slots)
+        self.parallel = max(1, parallel)
+        # --parallel N: the lanes are the cached conversations; --parallel 1: one cache, and parked ones.
+        self.lanes = None
+        if self.parallel > 1:
+            # The costs are measured on the models' own caches, which the lanes' sequences replace:
+            # now, before them, where a request could later want them (an adaptive K).
+            _ = prepared.costs
+            self.lanes = Lanes(self.verifier, self.draft, self.parallel)
+        self.prompts = CacheSlots([self.verifier, self.draft], cache_slots if self.lanes is None else 1)
         self.planner = Planner(prepared=prepared, templates=self.templates, tool_family=self.tool_family)
         self._waiting: deque[Job] = deque()  # FIFO; a job whose client left is dropped from it
-        self._running: Job | None = None
+        self._running: set[Job] = set()
         self._queue_size = queue_size
         self._changed = threading.Condition()
+        self._embedding = threading.Lock()  # the one embedding context: one input at a time
         self._stopping = False
-        self._thread = threading.Thread(target=self._work, name="specgguf-generator", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._work, args=(index,), name=f"specgguf-generator-{index}", daemon=True)
+            for index in range(self.parallel)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def _drop_cancelled(self) -> None:
         """(Holding the lock.) A job cancelled while waiting gives its place up at once."""
@@ -171,45 +135,55 @@ class Worker:
                 job.cancelled.set()
                 job.send(Failed(SpecggufError("the server is shutting down"), status=503))
             self._waiting.clear()
-            if self._running is not None:
-                self._running.cancelled.set()
-            self._changed.notify()
+            for job in self._running:
+                job.cancelled.set()
+            self._changed.notify_all()
 
     def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
-    # --- the worker thread ---
-    def _next_job(self) -> Job | None:
+    # --- the worker's threads ---
+    def _next_job(self, finished: Job | None) -> Job | None:
         with self._changed:
-            self._running = None
+            if finished is not None:
+                self._running.discard(finished)
             while True:
                 self._drop_cancelled()
                 if self._stopping:
                     return None
                 if self._waiting:
-                    self._running = self._waiting.popleft()
-                    return self._running
+                    job = self._waiting.popleft()
+                    self._running.add(job)
+                    return job
                 self._changed.wait()
 
-    def _work(self) -> None:
-        while (job := self._next_job()) is not None:
+    def _work(self, index: int) -> None:
+        finished: Job | None = None
+        while (job := self._next_job(finished)) is not None:
+            finished = job
             try:
                 if isinstance(job.request, EmbeddingRequest):
                     if not self._embed(job, job.request):
                         self._wait_again(job)
+                        finished = None  # back in the queue: another thread may run it already
                 else:
-                    self._generate(job)
+                    self._generate(job, index)
             except Exception as error:  # noqa: BLE001 - the worker must survive anything; the client hears why
-                self._forget_caches()
+                if self.lanes is None:
+                    self._forget_caches()
                 job.send(Failed(SpecggufError(f"generation failed: {type(error).__name__}: {error}"), status=500))
 
     def _wait_again(self, job: Job) -> None:
         """An embedding job whose turn is over goes to the back of the queue (past its limit: it waited already)."""
         with self._changed:
+            self._running.discard(job)
             if self._stopping:
                 job.send(Failed(SpecggufError("the server is shutting down"), status=503))
             else:
                 self._waiting.append(job)
+                self._changed.notify()
 
     def _others_waiting(self) -> bool:
         with self._changed:
@@ -223,7 +197,8 @@ class Worker:
         if job.embedding is None:
             try:
                 job.embedding = EmbeddingProgress(self._embedding_tokens(request))
-                self.verifier.embedder()  # made on first use
+                with self._embedding:
+                    self.verifier.embedder()  # made on first use
             except SpecggufError as error:
                 job.send(Failed(error, status=400))
                 return True
@@ -238,7 +213,8 @@ class Worker:
                 return True
             if time.perf_counter() > turn_ends and self._others_waiting():
                 return False
-            progress.vectors.append(embedder.embed(progress.tokens[len(progress.vectors)]).tolist())
+            with self._embedding:
+                progress.vectors.append(embedder.embed(progress.tokens[len(progress.vectors)]).tolist())
         job.send(Embedded(progress.vectors, sum(len(item) for item in progress.tokens)))
         return True
 
@@ -271,17 +247,33 @@ class Worker:
                 model.clear()
         self.prompts.forget()
 
-    def _generate(self, job: Job) -> None:
+    def _generate(self, job: Job, index: int) -> None:
         request = job.request
         assert isinstance(request, GenerationRequest)
         try:
-            plan = self.planner.plan(request)
+            plan = self.planner.plan(request, lane=index)
         except SpecggufError as error:
             job.send(Failed(error, status=400))
             return
-        prompt = plan.prompt
-        self.prompts.select(prompt)  # the cached conversation this prompt continues, if one is parked
-        n_cached = common_prefix(self.verifier.cached, prompt[:-1])
+        if self.lanes is None:
+            self.prompts.select(plan.prompt)  # the cached conversation this prompt continues, if one is parked
+            self._run(job, plan, self.verifier, self._forget_caches)
+            return
+        lane = self.lanes.acquire(plan.prompt, fim=request.fim is not None)
+        try:
+            with lane.live():
+                self._run(job, self.planner.on_draft(plan, lane.draft), lane.verifier, lane.clear)
+        except Exception:
+            lane.clear()
+            raise
+        finally:
+            self.lanes.release(lane)
+
+    def _run(self, job: Job, plan: Plan, verifier: Model, forget) -> None:
+        """Run a plan on `verifier` (the model's cache, or a lane's sequence) and send what it says;
+        `forget` empties the caches it used after a failure inside a model call."""
+        request, prompt = plan.request, plan.prompt
+        n_cached = common_prefix(verifier.cached, prompt[:-1])
         job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
         seed = request.seed if request.seed is not None and request.seed >= 0 else secrets.randbelow(2**31)
         calls, opener, answer = self._answer_text(request)
@@ -290,6 +282,7 @@ class Worker:
         marks = DraftMarks(self.verifier.token_bytes) if request.mark_drafts else None
         generation = self.prepared.generate(
             prompt,
+            verifier=verifier,
             drafter=plan.drafter,
             policy=plan.policy,
             max_tokens=request.max_tokens,
@@ -318,7 +311,7 @@ class Worker:
                 if request.t_max_predict_ms and self._new_line_after(request, generation, event.tokens):
                     break  # FIM's time limit: the answer ends at this line's end ("length")
         except SpecggufError as error:
-            self._forget_caches()
+            forget()
             job.send(Failed(error, status=400 if isinstance(error, GrammarError) else 500))  # a grammar's dead end
             return
         finally:

@@ -7,13 +7,14 @@ the plan it makes; a bad request raises a `SpecggufError` here, before anything 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..conversation import FimRequest, Message, Prompts, fill_in_middle
 from ..core.constraint import Constraint
 from ..core.drafters import DRAFTER_KINDS, DrafterKind
 from ..core.drafting import Drafter
 from ..core.engine import FixedK, KPolicy
+from ..core.model import Model
 from ..core.ngram_cache import SessionNgrams
 from ..core.sampling import SamplingSettings
 from ..errors import ContextFullError, PromptError, UsageError
@@ -74,8 +75,9 @@ class Planner:
         self.templates, self.tool_family = templates, tool_family
         self._policies: dict[tuple, tuple[KPolicy, object]] = {}  # adaptive policies keep learning
 
-    def plan(self, request: GenerationRequest) -> Plan:
-        """The prompt's tokens, constraint, drafter and K policy; a bad request raises."""
+    def plan(self, request: GenerationRequest, *, lane: int = 0) -> Plan:
+        """The prompt's tokens, constraint, drafter and K policy; a bad request raises. Each of the
+        worker's threads (`lane`) has adaptive policies of its own: they learn as their steps run."""
         if request.prompt_tokens is not None:
             prompt = list(request.prompt_tokens)
         elif request.fim is not None:
@@ -95,8 +97,20 @@ class Planner:
             constraint = call_constraint(self.verifier, request.tools, SYNTAXES[self.tool_family])
         else:
             constraint = None if request.grammar is None else constraint_for(self.verifier, request.grammar)
-        drafter, policy = self._drafting(request)
+        drafter, policy = self._drafting(request, lane)
         return Plan(request, prompt, constraint, drafter, policy)
+
+    def on_draft(self, plan: Plan, draft: Model | None) -> Plan:
+        """The plan with its drafter over `draft` (a live sequence's view of the draft model)."""
+        if plan.drafter is None:
+            return plan
+        kind, p_min = self._kind(plan.request)
+        session = SessionNgrams() if plan.request.seed is not None else None
+        return replace(plan, drafter=self.prepared.drafter(kind, p_min=p_min, session=session, draft=draft))
+
+    def _kind(self, request: GenerationRequest) -> tuple[DrafterKind, float]:
+        wanted = request.drafting
+        return wanted.drafter or self.defaults.drafter, self.defaults.p_min if wanted.p_min is None else wanted.p_min
 
     def _fim_prompt(self, request: GenerationRequest) -> list[int]:
         framing = self.verifier.fim_tokens()
@@ -126,12 +140,11 @@ class Planner:
         tools = None if request.tools is None else request.tools.definitions
         return self.templates.chat_tokens(request.messages, tools)  # a failing or looping template: PromptError
 
-    def _drafting(self, request: GenerationRequest) -> tuple[Drafter | None, KPolicy]:
+    def _drafting(self, request: GenerationRequest, lane: int) -> tuple[Drafter | None, KPolicy]:
         """The drafter and K policy for a request: the server's defaults, overridden per request."""
         wanted = request.drafting
-        kind = wanted.drafter or self.defaults.drafter
+        kind, p_min = self._kind(request)
         choice = wanted.k or self.defaults.k
-        p_min = self.defaults.p_min if wanted.p_min is None else wanted.p_min
         if DRAFTER_KINDS[kind].needs_model and self.draft is None and not (choice.mode == "fixed" and choice.k == 0):
             if wanted.drafter is not None or wanted.k is not None:
                 raise UsageError(
@@ -145,7 +158,7 @@ class Planner:
         drafter = self.prepared.drafter(kind, p_min=p_min, session=session)
         if choice.mode == "fixed":
             return drafter, FixedK(choice.k or 0)
-        key = (choice.mode, kind, request.settings.greedy)
+        key = (choice.mode, kind, request.settings.greedy, lane)
         if key not in self._policies:
             self._policies[key] = self.prepared.policy(choice, temperature=request.settings.temperature, drafter=kind)
         return drafter, self._policies[key][0]

@@ -1,0 +1,111 @@
+"""Several clients at once (`serve --parallel N`): FIM latency under a streaming chat, and total tok/s.
+
+Starts `specgguf serve --parallel N` (a fresh server per configuration) and prints, side by side:
+- /infill latency alone and while a chat answer of --chat-tokens streams (median of --fim-runs each;
+  the aim: at most 1.5x alone);
+- total and per-client tok/s for 1 and for --clients concurrent chat clients (the aim: 4 clients give
+  at least one client's total, and 2x on a memory-bound pair).
+Quiet machine only (the lead runs it); `--smoke` is a few seconds' check that it runs:
+
+    .venv/bin/python scripts/serve_concurrency.py [--pair NAME | -m V -md D] [--parallel 4] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from live_server import live_server  # noqa: E402
+
+INFILL = {
+    "input_prefix": "def fibonacci(n):\n    ",
+    "input_suffix": "\n\nprint(fibonacci(10))\n",
+    "n_predict": 16,
+    "temperature": 0,
+}
+QUESTIONS = [
+    "Write a Python function that merges two sorted lists, with a docstring.",
+    "Explain how a hash table handles collisions, with a short example.",
+    "Write a bash script that counts the lines of every .py file in a folder.",
+    "What is the difference between a process and a thread? Give an example.",
+]
+
+
+def fim_seconds(server) -> float:
+    with server.http() as http:
+        start = time.perf_counter()
+        response = http.post("/infill", json=INFILL)
+        response.raise_for_status()
+        return time.perf_counter() - start
+
+
+def chat_tokens(server, question: str, n: int) -> int:
+    response = server.client().chat.completions.create(
+        model="m", messages=[{"role": "user", "content": question}], max_tokens=n, temperature=0
+    )
+    return response.usage.completion_tokens
+
+
+def fim_under_load(server, runs: int, chat_n: int) -> tuple[float, float]:
+    """Median /infill seconds alone, then while a chat answer of chat_n tokens streams."""
+    alone = statistics.median(fim_seconds(server) for _ in range(runs))
+    loaded: list[float] = []
+    while len(loaded) < runs:
+        chat = threading.Thread(target=chat_tokens, args=(server, QUESTIONS[0], chat_n))
+        chat.start()
+        time.sleep(0.3)  # the chat is streaming
+        while chat.is_alive() and len(loaded) < runs:
+            loaded.append(fim_seconds(server))
+        chat.join()
+    return alone, statistics.median(loaded)
+
+
+def throughput(server, clients: int, n: int) -> tuple[float, float]:
+    """Total tok/s of `clients` chat requests at once, and the slowest client's tok/s."""
+
+    def one(index: int) -> tuple[int, float]:
+        start = time.perf_counter()
+        tokens = chat_tokens(server, QUESTIONS[index % len(QUESTIONS)], n)
+        return tokens, time.perf_counter() - start
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = list(pool.map(one, range(clients)))
+    wall = time.perf_counter() - start
+    return sum(tokens for tokens, _ in results) / wall, min(tokens / seconds for tokens, seconds in results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair")
+    parser.add_argument("-m", dest="model")
+    parser.add_argument("-md", dest="draft")
+    parser.add_argument("--parallel", type=int, default=4)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--chat-tokens", type=int, default=256)
+    parser.add_argument("--fim-runs", type=int, default=20)
+    parser.add_argument("-n", type=int, default=128, help="tokens per chat answer in the throughput runs")
+    parser.add_argument("--smoke", action="store_true", help="a few seconds: does it run?")
+    args = parser.parse_args()
+    if args.smoke:
+        args.chat_tokens, args.fim_runs, args.n = 32, 2, 16
+    models = ["--pair", args.pair] if args.pair else ["-m", args.model] + (["-md", args.draft] if args.draft else [])
+    with live_server(*models, "--parallel", str(args.parallel), startup_timeout=600) as server:
+        alone, loaded = fim_under_load(server, args.fim_runs, args.chat_tokens)
+        print(f"/infill: {alone * 1000:.0f} ms alone, {loaded * 1000:.0f} ms under a chat ({loaded / alone:.2f}x)")
+        one_total, _ = throughput(server, 1, args.n)
+        many_total, slowest = throughput(server, args.clients, args.n)
+        print(
+            f"chat: 1 client {one_total:.1f} tok/s; {args.clients} clients {many_total:.1f} tok/s in total"
+            f" ({many_total / one_total:.2f}x), the slowest {slowest:.1f} tok/s"
+        )
+
+
+if __name__ == "__main__":
+    main()

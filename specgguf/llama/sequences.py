@@ -1,0 +1,117 @@
+"""The real `batcher.Decoder`: one `LlamaModel`'s context holding `n_seq` sequences (`serve --parallel N`).
+
+The context is made with `n_seq_max = N` and a KV cache per sequence (`kv_unified` off: llama.cpp
+gives each sequence a stream of n_ctx cells of its own). That keeps each sequence exact against
+the same request alone: its cells stay in its own order, as in a context of its own, where a
+unified cache would put one sequence's new token into a hole another's rollback left (tree.py
+says why the cell order changes the logits). The price: llama.cpp splits a batch whose sequences
+bring different numbers of rows into micro-batches of equal rows per sequence, so a decode where
+one sequence ingests a prompt and another verifies K + 1 rows runs as more than one pass.
+
+`kv_bytes_per_token` times n_ctx is what one more live sequence costs (`LlamaModel.kv_bytes_per_sequence`):
+its KV cache, keys and values of every layer, F16, from the model's sizes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from .batcher import Batcher, Rows, SequenceView
+
+
+class LlamaDecoder:
+    """Decodes several callers' rows in one llama_batch of a shared context (tokens and embedding rows apart)."""
+
+    def __init__(self, model: Any):  # model.LlamaModel (not imported: model.py imports this module)
+        self.model = model
+        self.n_batch = model.n_batch
+        self._embd_batch: Any = None
+
+    def decode(self, work: Sequence[Rows]) -> list[np.ndarray]:
+        results: dict[int, np.ndarray] = {}
+        for embedded in (False, True):
+            group = [(index, rows) for index, rows in enumerate(work) if (rows.embeddings is not None) == embedded]
+            if group:
+                results.update(self._decode_group(group, embedded))
+        return [results[index] for index in range(len(work))]
+
+    def _decode_group(self, group: list[tuple[int, Rows]], embedded: bool) -> dict[int, np.ndarray]:
+        model = self.model
+        batch = self._embedding_batch() if embedded else model._batch
+        slot = 0
+        for _, rows in group:
+            first_output = len(rows.tokens) - rows.n_logits
+            if rows.embeddings is not None:
+                address = ctypes.cast(batch.embd, ctypes.c_void_p).value or 0
+                ctypes.memmove(address + slot * model.n_embd * 4, rows.embeddings.ctypes.data, rows.embeddings.nbytes)
+            for i, token in enumerate(rows.tokens):
+                if rows.embeddings is None:
+                    batch.token[slot] = token
+                batch.pos[slot] = rows.start + i
+                batch.n_seq_id[slot] = 1
+                batch.seq_id[slot][0] = rows.seq
+                batch.logits[slot] = i >= first_output
+                slot += 1
+        batch.n_tokens = slot
+        n_outputs = sum(rows.n_logits for _, rows in group)
+        model.follow_load()
+        started = time.perf_counter()
+        model._decode(batch)
+        logits = model._logits(n_outputs, started)  # the outputs in batch order, as llama.cpp sorts them back
+        out, offset = {}, 0
+        for index, rows in group:
+            out[index] = logits[offset : offset + rows.n_logits]
+            offset += rows.n_logits
+        return out
+
+    def _embedding_batch(self) -> Any:
+        if self._embd_batch is None:
+            self._embd_batch = llama_cpp.llama_batch_init(self.n_batch, self.model.n_embd, 1)
+        return self._embd_batch
+
+    def remove(self, seq: int, start: int) -> None:
+        with self.model._guard("while rolling back the cache"):
+            llama_cpp.llama_memory_seq_rm(self.model._memory, seq, start, -1)
+
+    def close(self) -> None:
+        if self._embd_batch is not None:
+            llama_cpp.llama_batch_free(self._embd_batch)
+            self._embd_batch = None
+
+
+def sequence_views(model: Any) -> list[SequenceView]:
+    """A view per sequence of the model's context, over one batcher; the context starts empty."""
+    model.clear()
+    decoder = LlamaDecoder(model)
+    model._decoders.append(decoder)
+    batcher = Batcher(decoder)
+    return [
+        SequenceView(batcher, seq, n_ctx=model.n_ctx, n_vocab=model.n_vocab, is_eog=model.is_eog)
+        for seq in range(model.n_seq)
+    ]
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """Keys and values of every layer for one token, F16 (llama.cpp's default cache type): the KV
+    heads times the head sizes (the GGUF's key and value lengths where it gives them)."""
+    n_layers = llama_cpp.llama_model_n_layer(model)
+    n_head, n_head_kv = llama_cpp.llama_model_n_head(model), llama_cpp.llama_model_n_head_kv(model)
+    head = llama_cpp.llama_model_n_embd(model) // max(1, n_head)
+    architecture = _metadata(model, "general.architecture") or ""
+    key = _metadata(model, f"{architecture}.attention.key_length")
+    value = _metadata(model, f"{architecture}.attention.value_length")
+    key_size = int(key) if key and key.isdigit() else head
+    value_size = int(value) if value and value.isdigit() else head
+    return n_layers * n_head_kv * (key_size + value_size) * 2
+
+
+def _metadata(model: Any, key: str) -> str | None:
+    buffer = ctypes.create_string_buffer(128)
+    size = llama_cpp.llama_model_meta_val_str(model, key.encode(), buffer, len(buffer))
+    return buffer.value.decode("utf-8", "replace") if size >= 0 else None
