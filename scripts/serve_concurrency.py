@@ -3,8 +3,9 @@
 Starts `specgguf serve --parallel N` (a fresh server per configuration) and prints, side by side:
 - /infill latency alone and while a chat answer of --chat-tokens streams (median of --fim-runs each;
   the aim: at most 1.5x alone);
-- total and per-client tok/s for 1 and for --clients concurrent chat clients (the aim: 4 clients give
-  at least one client's total, and 2x on a memory-bound pair).
+- total tok/s of --clients chat questions asked one after another and all at once, each on a fresh
+  server (a question asked before would come back from the caches), and the slowest request's tok/s
+  (the aim: at once, at least one client's total, and 2x on a memory-bound pair).
 Quiet machine only (the lead runs it); `--smoke` is a few seconds' check that it runs:
 
     .venv/bin/python scripts/serve_concurrency.py [--pair NAME | -m V -md D] [--parallel 4] [--smoke]
@@ -66,8 +67,10 @@ def fim_under_load(server, runs: int, chat_n: int) -> tuple[float, float]:
     return alone, statistics.median(loaded)
 
 
-def throughput(server, clients: int, n: int) -> tuple[float, float]:
-    """Total tok/s of `clients` chat requests at once, and the slowest client's tok/s."""
+def throughput(server, clients: int, n: int, *, together: bool) -> tuple[float, float]:
+    """Total tok/s of `clients` chat requests (different questions), all at once (`together`) or one
+    after another, and the slowest request's tok/s. Each configuration runs on a fresh server: a
+    question answered before would come back from the n-gram and prompt caches."""
 
     def one(index: int) -> tuple[int, float]:
         start = time.perf_counter()
@@ -75,8 +78,11 @@ def throughput(server, clients: int, n: int) -> tuple[float, float]:
         return tokens, time.perf_counter() - start
 
     start = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        results = list(pool.map(one, range(clients)))
+    if together:
+        with ThreadPoolExecutor(clients) as pool:
+            results = list(pool.map(one, range(clients)))
+    else:
+        results = [one(index) for index in range(clients)]
     wall = time.perf_counter() - start
     return sum(tokens for tokens, _ in results) / wall, min(tokens / seconds for tokens, seconds in results)
 
@@ -99,12 +105,15 @@ def main() -> None:
     with live_server(*models, "--parallel", str(args.parallel), startup_timeout=600) as server:
         alone, loaded = fim_under_load(server, args.fim_runs, args.chat_tokens)
         print(f"/infill: {alone * 1000:.0f} ms alone, {loaded * 1000:.0f} ms under a chat ({loaded / alone:.2f}x)")
-        one_total, _ = throughput(server, 1, args.n)
-        many_total, slowest = throughput(server, args.clients, args.n)
-        print(
-            f"chat: 1 client {one_total:.1f} tok/s; {args.clients} clients {many_total:.1f} tok/s in total"
-            f" ({many_total / one_total:.2f}x), the slowest {slowest:.1f} tok/s"
-        )
+    speeds = {}
+    for together in (False, True):
+        with live_server(*models, "--parallel", str(args.parallel), startup_timeout=600) as server:
+            speeds[together] = throughput(server, args.clients, args.n, together=together)
+    (one_total, _), (many_total, slowest) = speeds[False], speeds[True]
+    print(
+        f"chat, {args.clients} questions: one after another {one_total:.1f} tok/s; all at once {many_total:.1f}"
+        f" tok/s in total ({many_total / one_total:.2f}x), the slowest {slowest:.1f} tok/s"
+    )
 
 
 if __name__ == "__main__":
