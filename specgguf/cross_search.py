@@ -183,20 +183,20 @@ def cross_drafts(
     except (SpecggufError, OSError):
         return []
     real = verifier.resolve()
-    others = [
-        item
+    candidates = [
+        (item, stored_trial(item.model.path, verifier))
         for item in found
         if item.summary.size <= MAX_RATIO * ours.size
         and item.model.path.resolve() != real
         and not vocab_match(ours, item.summary)
-        and not (measured_only and stored_trial(item.model.path, verifier) is None)
     ]
+    others = [(item, trial) for item, trial in candidates if not (measured_only and trial is None)]
     try:
         verifier_info = _vocab(verifier, seen) if others else None
     except SpecggufError:
         return []
     drafts = []
-    for item in others:
+    for item, trial in others:
         assert verifier_info is not None
         try:
             info = _vocab(item.model.path, seen)
@@ -206,7 +206,6 @@ def cross_drafts(
             continue
         overlap = _overlap(item.model.path, info, verifier, verifier_info)
         if overlap >= MIN_OVERLAP:
-            trial = stored_trial(item.model.path, verifier)
             drafts.append(CrossDraft(item.model, item.summary.size, overlap, trial))
     return sorted(drafts, key=CrossDraft.rank)
 

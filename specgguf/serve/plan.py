@@ -104,13 +104,18 @@ class Planner:
         """The plan with its drafter over `draft` (a live sequence's view of the draft model)."""
         if plan.drafter is None:
             return plan
-        kind, p_min = self._kind(plan.request)
-        session = SessionNgrams() if plan.request.seed is not None else None
-        return replace(plan, drafter=self.prepared.drafter(kind, p_min=p_min, session=session, draft=draft))
+        return replace(plan, drafter=self._drafter(plan.request, draft))
 
-    def _kind(self, request: GenerationRequest) -> tuple[DrafterKind, float]:
-        wanted = request.drafting
-        return wanted.drafter or self.defaults.drafter, self.defaults.p_min if wanted.p_min is None else wanted.p_min
+    def _kind(self, request: GenerationRequest) -> DrafterKind:
+        return request.drafting.drafter or self.defaults.drafter
+
+    def _drafter(self, request: GenerationRequest, draft: Model | None = None) -> Drafter | None:
+        """The request's drafter, over `draft` if given (a live sequence's view), else the draft model.
+        A seeded request drafts without what earlier requests taught the n-gram cache: the same
+        drafts consume the same random numbers, so the same seed gives the same answer."""
+        p_min = self.defaults.p_min if request.drafting.p_min is None else request.drafting.p_min
+        session = SessionNgrams() if request.seed is not None else None
+        return self.prepared.drafter(self._kind(request), p_min=p_min, session=session, draft=draft)
 
     def _fim_prompt(self, request: GenerationRequest) -> list[int]:
         framing = self.verifier.fim_tokens()
@@ -143,7 +148,7 @@ class Planner:
     def _drafting(self, request: GenerationRequest, lane: int) -> tuple[Drafter | None, KPolicy]:
         """The drafter and K policy for a request: the server's defaults, overridden per request."""
         wanted = request.drafting
-        kind, p_min = self._kind(request)
+        kind = self._kind(request)
         choice = wanted.k or self.defaults.k
         if DRAFTER_KINDS[kind].needs_model and self.draft is None and not (choice.mode == "fixed" and choice.k == 0):
             if wanted.drafter is not None or wanted.k is not None:
@@ -152,10 +157,7 @@ class Planner:
                     ' it with -md or --pair, or ask for "drafter": "ngram" or "k": 0)'
                 )
             choice = KChoice("fixed", 0)
-        # A seeded request drafts without what earlier requests taught the n-gram cache: the same
-        # drafts consume the same random numbers, so the same seed gives the same answer.
-        session = SessionNgrams() if request.seed is not None else None
-        drafter = self.prepared.drafter(kind, p_min=p_min, session=session)
+        drafter = self._drafter(request)
         if choice.mode == "fixed":
             return drafter, FixedK(choice.k or 0)
         key = (choice.mode, kind, request.settings.greedy, lane)
