@@ -344,3 +344,13 @@ def test_where_no_draft_can_beat_plain_decoding_the_original_is_kept():
     assert draft_variant.pick([slow, fast], verify) == ORIGINAL_VARIANT  # 27 tok/s < 1 / 0.035 s = 28.6
     winning = tuning.Candidate(hot, 10.0, 0.81, 31.0)
     assert draft_variant.pick([slow, winning], verify) == hot
+
+
+def test_a_draft_never_right_never_looks_faster_than_plain_on_a_noisy_verify_table():
+    """Noise can make a batch of 2 rows measure cheaper than 1 (tiny models under load); priced on that
+    table as it stands, a draft that is never right would look faster than plain decoding. The rate
+    takes the table as never falling (MachineCosts.rising)."""
+    noisy = MachineCosts((0.010, 0.008, 0.012, 0.014), draft=0.0001)
+    assert noisy.rising().verify == (0.010, 0.010, 0.012, 0.014)
+    assert expected_rate(noisy, 0.0) < 1.0 / noisy.verify[0]
+    assert expected_rate(noisy, 0.9) > 1.0 / noisy.verify[0]  # a draft that is right still wins

@@ -78,7 +78,7 @@ def ngram_rate(
     """Tokens per second n-gram drafts alone (prompt lookup, this run's own n-grams) should give
     here: their greedy steps at K, each charged what its batch costs to verify (`verify`, by batch
     size: the same table a draft's expected rate is priced on; an n-gram draft costs nothing to make)."""
-    costs = StepCosts(MachineCosts(verify, 0.0), trust=PolicyConfig().cost_trust)  # as kpolicy.expected_rate
+    costs = StepCosts(MachineCosts(verify, 0.0).rising(), trust=PolicyConfig().cost_trust)  # as kpolicy.expected_rate
     tokens, drafted = 0, []
     for event in _greedy(verifier, "ngram", None, prompts, k=k, max_tokens=max_tokens):
         tokens += len(event.tokens)

@@ -368,8 +368,9 @@ def expected_rate(costs: MachineCosts, acceptance: float, config: PolicyConfig =
     """Tokens per second a draft should give at its best fixed K ≥ 1, when each draft position is
     accepted with probability `acceptance` given the ones before it were: max over k of E(k) / T(k),
     E(k) = 1 + a + … + a^k, T(k) = k·t_draft + t_verify(k + 1). (It may be below plain decoding's
-    1 / t_verify(1): then this draft cannot win here, and a faster one comes closer.)"""
+    1 / t_verify(1): then this draft cannot win here, and a faster one comes closer. The verify table
+    is taken as never falling, MachineCosts.rising.)"""
     ks = np.arange(1, config.k_max + 1)
     expected = np.cumsum(float(acceptance) ** np.arange(config.k_max + 1))[1:]
-    seconds = StepCosts(costs, trust=config.cost_trust).step(ks)
+    seconds = StepCosts(costs.rising(), trust=config.cost_trust).step(ks)
     return float((expected / seconds).max())
