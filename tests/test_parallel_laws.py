@@ -85,12 +85,16 @@ def _run_interleaved(context_type: type[FakeContext], settings: SamplingSettings
     verifiers, drafts = _views(verifier_context), _views(draft_context)
     counts = [np.zeros((VOCAB,) * LENGTH) for _ in PROMPTS]
     errors: list[BaseException] = []
+    # Every thread joins both batchers before any decodes: a thread started first would otherwise run
+    # alone for as long as the others take to start (most of a short run, on a loaded machine).
+    everyone_in = threading.Barrier(len(PROMPTS))
 
     def answer(lane: int) -> None:
         rng = np.random.default_rng(100 + lane)
         verifier, draft = verifiers[lane], drafts[lane]
         try:
             with verifier.participant(), draft.participant():
+                everyone_in.wait(timeout=60)
                 for _ in range(n_sequences):
                     events = speculate(
                         verifier=verifier,
