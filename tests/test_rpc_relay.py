@@ -314,6 +314,35 @@ def test_the_packets_are_real_and_a_dead_ggml_server_is_started_again(worker, cl
     serves_a_real_client(cli, tiny_args, worker.address)
 
 
+SLOW_ANSWER = """
+import socket, sys, time
+with socket.create_server(("127.0.0.1", int(sys.argv[1]))) as server:
+    while True:
+        connection, _ = server.accept()
+        if connection.recv(1):  # a request (the worker's own readiness check sends none)
+            time.sleep(1.0)  # a graph that takes longer than connecting may
+            connection.sendall(b"answer")
+        connection.close()
+"""
+
+
+def test_the_worker_waits_for_a_slow_answer_from_ggml(monkeypatch):
+    """Connecting to ggml's server is bounded, its answers are not: a graph that computes for longer
+    than the connect time-out (a long prompt on a slow worker) must not cut the client off."""
+    from specgguf.cli import worker
+
+    monkeypatch.setattr(worker, "_CONNECT_WAIT", 0.2)
+    inner = worker.InnerServer(n_threads=1, cache_dir=None)
+    inner._command = [sys.executable, "-c", SLOW_ANSWER, "PORT"]
+    inner.start()
+    try:
+        with inner.connect() as connection:
+            connection.sendall(b"?")
+            assert connection.recv(16) == b"answer"
+    finally:
+        inner.stop()
+
+
 def test_a_ggml_server_that_cannot_start_stops_the_worker():
     from specgguf.cli.worker import InnerServer
 

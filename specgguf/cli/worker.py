@@ -37,6 +37,7 @@ from ..llama.rpc_relay import WorkerRelay
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _START_TRIES = 3
 _START_WAIT = 60.0  # seconds for the child to load llama.cpp and listen
+_CONNECT_WAIT = 10.0  # seconds to connect to it (not to wait for its answers: a graph takes what it takes)
 
 
 def _free_port() -> int:
@@ -88,7 +89,11 @@ class InnerServer:
         """A connection to it, for one client (waiting while it restarts)."""
         if not self._ready.wait(_START_WAIT):
             raise OSError("ggml's RPC server is not running")
-        return socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        connection = socket.create_connection(("127.0.0.1", self.port), timeout=_CONNECT_WAIT)
+        # Blocking from here on: an answer comes when ggml has computed it (a long prompt on a slow
+        # worker takes more than any fixed time), and the client's --rpc-timeout is the bound that counts.
+        connection.settimeout(None)
+        return connection
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
