@@ -14,12 +14,17 @@ Quiet machine only (the lead runs it); `--smoke` is a few seconds' check that it
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from live_server import live_server  # noqa: E402
@@ -87,6 +92,31 @@ def throughput(server, clients: int, n: int, *, together: bool) -> tuple[float, 
     return sum(tokens for tokens, _ in results) / wall, min(tokens / seconds for tokens, seconds in results)
 
 
+@contextlib.contextmanager
+def llama_server(program: str, model: str, draft: str | None, parallel: int):
+    """llama.cpp's own server on the same files: `-np` slots, `-md` the draft, this machine's threads."""
+    from live_server import LiveServer, free_port
+
+    port = free_port()
+    command = [program, "-m", model, "-np", str(parallel), "-c", str(4096 * parallel), "--port", str(port)]
+    command += ["-t", str(os.cpu_count() or 2)] + (["-md", draft] if draft else [])
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = LiveServer(process, port, None)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
+                    break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server did not come up ({process.returncode})")
+            time.sleep(0.2)
+        yield server
+    finally:
+        process.kill()
+        process.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair")
@@ -98,13 +128,19 @@ def main() -> None:
     parser.add_argument("--fim-runs", type=int, default=20)
     parser.add_argument("-n", type=int, default=128, help="tokens per chat answer in the throughput runs")
     parser.add_argument("--smoke", action="store_true", help="a few seconds: does it run?")
+    parser.add_argument("--serve-args", default="", help="more options for `specgguf serve` (e.g. '-k 0')")
+    parser.add_argument(
+        "--llama-server", help="also llama.cpp's llama-server (this program) on the same files and questions"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.chat_tokens, args.fim_runs, args.n = 32, 2, 16
     models = ["--pair", args.pair] if args.pair else ["-m", args.model] + (["-md", args.draft] if args.draft else [])
-    with live_server(*models, "--parallel", str(args.parallel), startup_timeout=600) as server:
-        alone, loaded = fim_under_load(server, args.fim_runs, args.chat_tokens)
-        print(f"/infill: {alone * 1000:.0f} ms alone, {loaded * 1000:.0f} ms under a chat ({loaded / alone:.2f}x)")
+    models += args.serve_args.split()
+    if args.fim_runs > 0:  # (0: throughput only)
+        with live_server(*models, "--parallel", str(args.parallel), startup_timeout=600) as server:
+            alone, loaded = fim_under_load(server, args.fim_runs, args.chat_tokens)
+            print(f"/infill: {alone * 1000:.0f} ms alone, {loaded * 1000:.0f} ms under a chat ({loaded / alone:.2f}x)")
     speeds = {}
     for together in (False, True):
         with live_server(*models, "--parallel", str(args.parallel), startup_timeout=600) as server:
@@ -114,6 +150,16 @@ def main() -> None:
         f"chat, {args.clients} questions: one after another {one_total:.1f} tok/s; all at once {many_total:.1f}"
         f" tok/s in total ({many_total / one_total:.2f}x), the slowest {slowest:.1f} tok/s"
     )
+    if args.llama_server and args.model:
+        for together in (False, True):
+            with llama_server(args.llama_server, args.model, args.draft, args.parallel) as server:
+                speeds[together] = throughput(server, args.clients, args.n, together=together)
+        (one_total, _), (many_total, slowest) = speeds[False], speeds[True]
+        print(
+            f"llama-server -np {args.parallel}{' -md' if args.draft else ''}, the same questions: one after another"
+            f" {one_total:.1f} tok/s; all at once {many_total:.1f} tok/s in total ({many_total / one_total:.2f}x),"
+            f" the slowest {slowest:.1f} tok/s"
+        )
 
 
 if __name__ == "__main__":

@@ -53,6 +53,32 @@ class MachineCosts:
         right, look faster than plain."""
         return MachineCosts(tuple(float(x) for x in np.maximum.accumulate(self.verify)), self.draft)
 
+    def shared(
+        self, n_lanes: int, k_max: int, verify_line: Line | None = None, draft_line: Line | None = None
+    ) -> MachineCosts:
+        """A lane's share of a step when `n_lanes` requests step alike in the same passes (serve
+        --parallel): k drafts each make a verify pass of n·(k + 1) rows, split n ways; a draft pass,
+        n rows. A pass costs per_pass + per_row·rows (`Line`s learned from the passes run), or,
+        before those are known, what the table says a batch of that many rows of one sequence
+        costs (the same weights are read). The fixed cost of a pass is shared, the rows are not:
+        the more lanes, the less extra rows pay."""
+        rows = n_lanes * (np.arange(k_max + 1) + 1.0)
+        if verify_line is not None:
+            verify = (verify_line.per_pass + verify_line.per_row * rows) / n_lanes
+        else:
+            table = np.maximum.accumulate(np.asarray(self.verify, dtype=float))
+            verify = _extend(np.arange(1.0, len(table) + 1), table, rows) / n_lanes
+        draft = self.draft if draft_line is None else (draft_line.per_pass + draft_line.per_row * n_lanes) / n_lanes
+        return MachineCosts(tuple(float(x) for x in verify), float(draft))
+
+
+@dataclass(frozen=True)
+class Line:
+    """A pass of `rows` rows costs per_pass + per_row·rows seconds (llama/sequences.PassCosts fits it)."""
+
+    per_pass: float
+    per_row: float
+
 
 def measure(
     model: Model,
@@ -129,17 +155,38 @@ class StepCosts:
     """
 
     def __init__(self, costs: MachineCosts, *, trust: int):
+        self.base, self.n_lanes = costs, 1  # the prior for a request alone; `share` prices shared batches
+        self.trust = trust
+        self.n_steps = 0
+        self._start(costs)
+
+    def _start(self, costs: MachineCosts) -> None:
+        """Take `costs` as the prior, with nothing learned yet."""
         self.table = np.asarray(costs.verify, dtype=float)
         self.prior_draft: dict[str, float] = {"model": costs.draft}
-        self.trust = trust
-        self.ratio = Recent(trust=trust)  # measured / tabled verify seconds
+        self.ratio = Recent(trust=self.trust)  # measured / tabled verify seconds
         self.verify_by_k: dict[int, Recent] = {}  # k drafts -> recent verify seconds for k + 1 tokens
         self.draft_by_source: dict[str, Recent] = {}  # seconds per draft token
         self.overhead_seconds = Recent(trust=0)  # per step, outside drafting and verifying (sampling, rollback)
         self.catchup_seconds = Recent(trust=0)  # the draft model reading tokens decoded without it
-        self.n_steps = 0
         self._curve: tuple[np.ndarray, np.ndarray] | None = None
         self._known: dict[str, float] = {}  # estimates since the last step (a policy asks many times a step)
+
+    def share(self, n_lanes: int, k_max: int, verify_line: Line | None = None, draft_line: Line | None = None) -> bool:
+        """Price the steps as one of `n_lanes` requests stepping together (MachineCosts.shared). What
+        the steps taught with another number of lanes is forgotten (it priced other batches); with
+        as many, only the prior follows the lines. Whether the number of lanes changed."""
+        n_lanes = max(1, n_lanes)
+        costs = self.base if n_lanes == 1 else self.base.shared(n_lanes, k_max, verify_line, draft_line)
+        if n_lanes != self.n_lanes:
+            self.n_lanes = n_lanes
+            self._start(costs)
+            return True
+        if n_lanes > 1:
+            self.table, self.prior_draft["model"] = np.asarray(costs.verify, dtype=float), costs.draft
+            self._curve = None
+            self._known.clear()
+        return False
 
     def _cached(self, name: str, estimate: Callable[[], float]) -> float:
         if name not in self._known:
@@ -214,6 +261,8 @@ class StepCosts:
         """What the steps taught, as a table of the prior's shape (for tuning.json: the next run's
         prior), or None before `min_steps` steps: a short run's few steps are not kept."""
         verify, draft = self.verify(np.arange(len(self.table))), self.draft_seconds("model")
+        if self.n_lanes > 1:
+            return None  # a share of shared batches: not what a request alone costs
         if self.n_steps < min_steps or not (np.all(verify > 0) and np.isfinite(verify).all() and draft >= 0):
             return None  # (a model that takes no time, as a fake's, teaches nothing to keep)
         return MachineCosts(tuple(float(c) for c in verify), draft)

@@ -40,16 +40,18 @@ and holds the ablation that decided what stays):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costs import MachineCosts, StepCosts
+from .costs import Line, MachineCosts, StepCosts
 from .drafters import DRAFTER_KINDS, FORCED, DrafterKind
 from .drafting import Source
 from .engine import KPolicy, StepEvent
 
 K_MAX = 16  # the most drafts per step
+SHARED_DRAFT_MARGIN = 1.15  # round_k: how much more a round that drafts must emit per second than a plain one
 
 # Bins of the draft's top probability for calibration: finer near 1, where most drafts are.
 CONFIDENCE_EDGES = np.array([0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995])
@@ -169,6 +171,11 @@ class AdaptiveK:
         # Decided from the costs before generation, then again every `recheck_every` steps at the
         # costs the steps taught (not on each step's noise).
         self.worth_drafting = config.k_min > 0 or self.could_win()
+
+    def share(self, n_lanes: int, verify_line: Line | None = None, draft_line: Line | None = None) -> None:
+        """Price steps as one of `n_lanes` requests stepping in the same passes (StepCosts.share)."""
+        if self.owns_costs and self.costs.share(n_lanes, self.config.k_max, verify_line, draft_line):
+            self.worth_drafting = self.config.k_min > 0 or self.could_win()
 
     def rates(self, optimism: float = 0.0) -> np.ndarray:
         """Expected tokens per second E(k) / T(k) for k = 0..k_max."""
@@ -337,6 +344,14 @@ class PerSource:
     def branch(self, confidences: list[float], runner_up: float) -> bool:
         return self.policies["model"].branch(confidences, runner_up)
 
+    def share(self, n_lanes: int, verify_line: Line | None = None, draft_line: Line | None = None) -> None:
+        changed = self.costs is not None and self.costs.share(n_lanes, K_MAX, verify_line, draft_line)
+        for policy in self.policies.values():
+            if isinstance(policy, AdaptiveK):
+                policy.share(n_lanes, verify_line, draft_line)
+                if changed and not policy.owns_costs:
+                    policy.worth_drafting = policy.config.k_min > 0 or policy.could_win()
+
     def learned_costs(self) -> MachineCosts | None:
         if self.costs is not None:
             return self.costs.learned()
@@ -348,6 +363,32 @@ class PerSource:
             self.costs.observe(event)
         for policy in self.policies.values():
             policy.observe(event)  # each learns from its own drafter's steps, and all from plain ones
+
+
+def round_k(expected: Sequence[np.ndarray], *, n_lanes: int, verify: Line, draft: Line) -> int:
+    """The most drafts worth drafting in a round of `n_lanes` requests that step together (serve
+    --parallel): each drafts k tokens, a draft pass per position (n rows each; one more to read the
+    verifier's token), then one verify pass of n·(k + 1) rows, so a round takes (k + 1)·D(n) +
+    V(n·(k + 1)) seconds, V(n) without drafts (D, V: the draft's and the
+    verifier's pass costs, `Line`s) and emits Σ E_i(k) tokens (`expected`: the lanes' E(k), k =
+    0..k_max; lanes without one counted as their average). K = argmax Σ E_i(k) / round seconds: where
+    a verify row costs compute, plain steps batched across requests beat drafting long for one."""
+    if not expected:
+        return K_MAX
+    k_max = min(len(e) for e in expected) - 1
+    ks = np.arange(k_max + 1)
+    draft_passes = ks + (ks > 0)  # and one to catch up on the verifier's token, after a round that drafted
+    seconds = (
+        draft_passes * (draft.per_pass + draft.per_row * n_lanes)
+        + verify.per_pass
+        + verify.per_row * n_lanes * (ks + 1)
+    )
+    tokens = np.mean([e[: k_max + 1] for e in expected], axis=0) * n_lanes
+    rates = tokens / seconds
+    # Drafting must clearly win: what this leaves out all counts against it (acceptance learned
+    # optimistically; a lane that stops short still brings filler rows or costs a pass of its own).
+    rates[1:] /= SHARED_DRAFT_MARGIN
+    return int(np.argmax(rates))
 
 
 def adaptive_policy(

@@ -40,6 +40,7 @@ class Rows:
     tokens: list[int]
     n_logits: int
     embeddings: np.ndarray | None = None
+    seconds: float = 0.0  # set by the batcher: this caller's share of its batch's time, by rows
 
 
 class Decoder(Protocol):
@@ -73,6 +74,11 @@ class Batcher:
         self._decoding = False
         self.n_decodes = 0  # batches decoded (a metric: rows per batch = n_rows / n_decodes)
         self.n_rows = 0
+
+    @property
+    def n_participants(self) -> int:
+        """The threads taking part now (the live requests)."""
+        return self._participants
 
     @contextlib.contextmanager
     def participant(self) -> Iterator[None]:
@@ -119,13 +125,17 @@ class Batcher:
         self._pending = [call for call in self._pending if call not in taken]
         self._decoding = True
         self._changed.release()
+        started = time.perf_counter()
         try:
             results: list[np.ndarray] | None = self.decoder.decode([call.rows for call in taken])
             error: BaseException | None = None
         except BaseException as failure:  # noqa: BLE001 - every caller of this batch hears it
             results, error = None, failure
         finally:
+            elapsed = time.perf_counter() - started
             self._changed.acquire()
+        for call in taken:  # each pays for its own rows: the batch's fixed cost is shared
+            call.rows.seconds = elapsed * len(call.rows.tokens) / max(1, n_rows)
         self._decoding = False
         self.n_decodes, self.n_rows = self.n_decodes + 1, self.n_rows + n_rows
         for index, call in enumerate(taken):
@@ -150,6 +160,7 @@ class SequenceView:
         self.n_ctx, self.n_vocab, self.is_eog = n_ctx, n_vocab, is_eog
         self.cached: list[int] = []
         self.busy_seconds = 0.0  # time in this view's batches (shared with the others in them)
+        self.charged_seconds = 0.0  # ... of which its share, by rows: what its steps cost (serve/lanes.py)
         self._pending_base: int | None = None  # a chain evaluated by eval_tree, until keep_path
 
     @property
@@ -158,6 +169,12 @@ class SequenceView:
 
     def participant(self) -> contextlib.AbstractContextManager[None]:
         return self.batcher.participant()
+
+    def pass_line(self) -> tuple[float, float] | None:
+        """What a pass of this context costs, (per pass, per row) seconds, where its decoder learns
+        it (sequences.PassCosts; None before it has, or for a decoder that does not)."""
+        costs = getattr(self.batcher.decoder, "costs", None)
+        return None if costs is None else costs.line()
 
     def eval(self, tokens: Sequence[int], *, n_logits: int) -> np.ndarray:
         return self._append(list(tokens), n_logits, None)
@@ -184,6 +201,7 @@ class SequenceView:
             started = time.perf_counter()
             parts.append(self.batcher.run(rows))
             self.busy_seconds += time.perf_counter() - started
+            self.charged_seconds += rows.seconds
             self.cached.extend(rows.tokens)
         return np.concatenate(parts) if parts else np.empty((0, self.n_vocab), dtype=np.float32)
 

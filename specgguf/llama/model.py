@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import ContextFullError, DecodeError, ModelLoadError, PromptError, debug_enabled
 from . import rpc_devices, template, vocab
+from .batcher import WAIT_SECONDS
 from .compat import VocabInfo
 from .embedding import Embedder
 from .info import FimTokens, ModelInfo, fim_tokens, model_info
@@ -103,10 +104,10 @@ class LlamaModel:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_batch
-        # Draft trees: one sequence per leaf, all in one KV cache (the context's cells are shared).
-        # Several requests (`sequences`): a cache of its own per sequence, no trees (sequences.py).
+        # Draft trees: one sequence per leaf; several requests (`sequences`): one per request, no
+        # trees. Either way all in one KV cache, whose cells the sequences share (sequences.py says why).
         params.n_seq_max = MAX_TREE_LEAVES if n_seq == 1 else n_seq
-        params.kv_unified = n_seq == 1
+        params.kv_unified = True
         params.n_threads = params.n_threads_batch = n_threads
         with self._guard(f"while creating {self.path.name}'s context"), interruptible():
             context = llama_cpp.llama_init_from_model(self._model, params)
@@ -119,7 +120,7 @@ class LlamaModel:
     def n_past(self) -> int:
         return len(self.cached)
 
-    def sequences(self, n_seq: int) -> list[SequenceView]:
+    def sequences(self, n_seq: int, *, wait_seconds: float = WAIT_SECONDS) -> list[SequenceView]:
         """Make the context hold `n_seq` sequences of `n_ctx` tokens each (serve --parallel) and return
         a view per sequence, each the engine's `Model` (batcher.py). The context is made anew, empty;
         from then on only the views evaluate (draft trees are off: `max_leaves` is 1)."""
@@ -134,7 +135,7 @@ class LlamaModel:
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.n_seq, self.max_leaves, self.cached, self._tree = n_seq, 1, [], None
         self.n_ctx = min(self.n_ctx, llama_cpp.llama_n_ctx_seq(self._ctx))
-        return sequence_views(self)
+        return sequence_views(self, wait_seconds)
 
     def kv_bytes_per_sequence(self) -> int:
         """What one more sequence of `n_ctx` tokens costs: keys and values of every layer, F16."""

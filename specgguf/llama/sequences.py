@@ -1,12 +1,14 @@
 """The real `batcher.Decoder`: one `LlamaModel`'s context holding `n_seq` sequences (`serve --parallel N`).
 
-The context is made with `n_seq_max = N` and a KV cache per sequence (`kv_unified` off: llama.cpp
-gives each sequence a stream of n_ctx cells of its own). That keeps each sequence exact against
-the same request alone: its cells stay in its own order, as in a context of its own, where a
-unified cache would put one sequence's new token into a hole another's rollback left (tree.py
-says why the cell order changes the logits). The price: llama.cpp splits a batch whose sequences
-bring different numbers of rows into micro-batches of equal rows per sequence, so a decode where
-one sequence ingests a prompt and another verifies K + 1 rows runs as more than one pass.
+The context is made with `n_seq_max = N` and one KV cache for all of them (`kv_unified`, as
+llama-server's slots share theirs), so a batch of every live request's rows is one pass whatever
+their numbers of rows. Measured on the F16 1.5B verifier (2 vCPU AVX-512, docs/benchmarks.md), four
+sequences of 4 rows took 353 ms in one cache against 587 ms with a cache per sequence, where
+llama.cpp passes only equal rows per sequence, of consecutive sequence ids, together. Each
+request's verify stays exact per step (the acceptance rule reads the logits its step computed); as
+with a batch of another size, a sequence whose cells sit among others' may get logits that differ
+from the same request alone in the last bits (tree.py says why the cell order matters), so a
+near-tie can go the other way: the per-step law is the same.
 
 `kv_bytes_per_token` times n_ctx is what one more live sequence costs (`LlamaModel.kv_bytes_per_sequence`):
 its KV cache, keys and values of every layer, F16, from the model's sizes.
@@ -16,13 +18,14 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import llama_cpp
 import numpy as np
 
-from .batcher import Batcher, Rows, SequenceView
+from .batcher import WAIT_SECONDS, Batcher, Rows, SequenceView
 
 
 class LlamaDecoder:
@@ -32,6 +35,7 @@ class LlamaDecoder:
         self.model = model
         self.n_batch = model.n_batch
         self._embd_batch: Any = None
+        self.costs = PassCosts()
 
     def decode(self, work: Sequence[Rows]) -> list[np.ndarray]:
         results: dict[int, np.ndarray] = {}
@@ -63,6 +67,7 @@ class LlamaDecoder:
         model.follow_load()
         started = time.perf_counter()
         model._decode(batch)
+        self.costs.observe(slot, time.perf_counter() - started)
         logits = model._logits(n_outputs, started)  # the outputs in batch order, as llama.cpp sorts them back
         out, offset = {}, 0
         for index, rows in group:
@@ -85,12 +90,37 @@ class LlamaDecoder:
             self._embd_batch = None
 
 
-def sequence_views(model: Any) -> list[SequenceView]:
-    """A view per sequence of the model's context, over one batcher; the context starts empty."""
+class PassCosts:
+    """What a pass costs, learned from the passes run: seconds = a + b·rows, least squares over the
+    recent ones (`line`). A lane's K policy prices its steps by it (serve/lanes.py, kpolicy.round_k):
+    a, the weights read once per pass, is shared by the requests in it; b, each row's compute, is not."""
+
+    WINDOW, MIN_SEEN = 64, 8
+
+    def __init__(self) -> None:
+        self.seen: deque[tuple[int, float]] = deque(maxlen=self.WINDOW)
+
+    def observe(self, n_rows: int, seconds: float) -> None:
+        self.seen.append((n_rows, seconds))
+
+    def line(self) -> tuple[float, float] | None:
+        """(a, b) in seconds, once enough passes of more than one size are measured and both come out
+        positive."""
+        if len(self.seen) < self.MIN_SEEN or len({rows for rows, _ in self.seen}) < 2:
+            return None
+        design = np.array([[1.0, rows] for rows, _ in self.seen])
+        seconds = np.array([t for _, t in self.seen])
+        (a, b), *_ = np.linalg.lstsq(design, seconds, rcond=None)
+        return (float(a), float(b)) if a > 0 and b > 0 else None
+
+
+def sequence_views(model: Any, wait_seconds: float = WAIT_SECONDS) -> list[SequenceView]:
+    """A view per sequence of the model's context, over one batcher (which waits `wait_seconds` for
+    the other participants); the context starts empty."""
     model.clear()
     decoder = LlamaDecoder(model)
     model._decoders.append(decoder)
-    batcher = Batcher(decoder)
+    batcher = Batcher(decoder, wait_seconds=wait_seconds)
     return [
         SequenceView(batcher, seq, n_ctx=model.n_ctx, n_vocab=model.n_vocab, is_eog=model.is_eog)
         for seq in range(model.n_seq)

@@ -27,6 +27,7 @@ import secrets
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 
 from ..conversation import Prompts
 from ..core.drafting import common_prefix
@@ -261,8 +262,10 @@ class Worker:
             return
         lane = self.lanes.acquire(plan.prompt, fim=request.fim is not None)
         try:
-            with lane.live():
-                self._run(job, self.planner.on_draft(plan, lane.draft), lane.verifier, lane.clear)
+            with lane.live(), self.lanes.shared(plan.policy, lane) as policy:
+                self._run(
+                    job, replace(self.planner.on_draft(plan, lane.draft), policy=policy), lane.verifier, lane.clear
+                )
         except Exception:
             lane.clear()
             raise

@@ -18,14 +18,22 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..core.drafting import common_prefix
+import numpy as np
+
+from ..core.costs import Line
+from ..core.drafting import Source, common_prefix
+from ..core.engine import KPolicy, StepEvent
 from ..core.hot_vocab import HotVocab
+from ..core.kpolicy import AdaptiveK, PerSource, round_k
 
 MIN_PARALLEL, MAX_AUTO_PARALLEL = 2, 4  # --parallel's default: at least 2, at most 4, as memory allows
 MEMORY_SHARE = 0.5  # of the memory free after loading, what the default lets the sequences take
+# How long a verify waits for the other live requests (those still drafting, or sampling) to bring
+# their rows: the lanes then verify together, a round at a time, and draft together after it.
+ROUND_WAIT = 0.5
 
 
 @dataclass(eq=False)
@@ -55,6 +63,75 @@ class Lane:
             if view is not None:
                 view.clear()
 
+    def charged(self) -> tuple[float, float]:
+        """The seconds charged so far to this lane's verifier and draft sequences (batcher.py: each
+        caller's share of its batches' time, by rows)."""
+        draft: Any = self.draft.model if isinstance(self.draft, HotVocab) else self.draft
+        return self.verifier.charged_seconds, 0.0 if draft is None else draft.charged_seconds
+
+    def pass_lines(self) -> tuple[Line | None, Line | None]:
+        """What a pass of the verifier and of the draft costs, as their decoders learned it (None
+        until they have: sequences.PassCosts; a test's fake decoder has none)."""
+        draft: Any = self.draft.model if isinstance(self.draft, HotVocab) else self.draft
+        lines = [view.pass_line() if view is not None else None for view in (self.verifier, draft)]
+        return tuple(None if line is None else Line(*line) for line in lines)  # type: ignore[return-value]
+
+
+FREE = Line(0.0, 0.0)  # what proposing an n-gram draft costs
+
+
+class SharedCosts:
+    """A lane's K policy, taught what its steps cost in batches shared with the other lanes: its rows'
+    share of each batch's time, not the batch's wall time.
+
+    With n lanes in one pass of T(R) = a + b·R seconds for R rows, a step of k drafts is charged
+    a/n + b·(k + 1): the fixed cost of reading the weights is shared, each extra row is not. Each
+    lane maximising E(k) / (its charge) then maximises the lanes' tokens per second together
+    (n·E(k) / T(n·(k + 1)) when they draft alike): the more clients, the less speculation pays on
+    a verifier whose rows cost compute, and plain steps batched across clients take over. Before
+    each step the policy's prior is set for the lanes live now (costs.MachineCosts.shared)."""
+
+    def __init__(self, policy: KPolicy, lane: Lane, live: set[SharedCosts]):
+        self.policy, self.lane, self.live = policy, lane, live  # live: the requests' policies running now
+        self._marks = lane.charged()
+
+    def choose(self, source: Source = "model") -> int:
+        self._marks = self.lane.charged()  # a step starts: drafting and verifying are charged from here
+        n_lanes = self.lane.verifier.batcher.n_participants
+        verify, draft = self.lane.pass_lines()
+        if isinstance(self.policy, (AdaptiveK, PerSource)):  # priced for the lanes live now
+            self.policy.share(n_lanes, verify, draft)
+        k = self.policy.choose(source)
+        drafting = draft if source == "model" else FREE if source == "ngram" else None  # (a grammar's: free, sure)
+        if n_lanes > 1 and verify is not None and drafting is not None:
+            # The round's K (kpolicy.round_k): the lanes step together, and a lane drafting longer
+            # than the others costs them all.
+            expected = [e for shared in list(self.live) if (e := shared.expected(source)) is not None]
+            k = min(k, round_k(expected, n_lanes=n_lanes, verify=verify, draft=drafting))
+        return k
+
+    def expected(self, source: Source) -> np.ndarray | None:
+        """E(k) of this request's drafts from `source`, as its policy learned it (None: a fixed K, or
+        no such source)."""
+        policy = self.policy.policies.get(source) if isinstance(self.policy, PerSource) else self.policy
+        return policy.acceptance.expected() if isinstance(policy, AdaptiveK) and policy.source == source else None
+
+    def keep_drafting(self, confidences: list[float]) -> bool:
+        return self.policy.keep_drafting(confidences)
+
+    @property
+    def branches(self) -> bool:
+        return self.policy.branches
+
+    def branch(self, confidences: list[float], runner_up: float) -> bool:
+        return self.policy.branch(confidences, runner_up)
+
+    def observe(self, event: StepEvent) -> None:
+        verify, draft = (now - mark for now, mark in zip(self.lane.charged(), self._marks))
+        catchup = event.draft_catchup_seconds * draft / event.draft_seconds if event.draft_seconds > 0 else 0.0
+        charged = replace(event, verify_seconds=verify, draft_seconds=draft, draft_catchup_seconds=catchup)
+        self.policy.observe(charged)
+
 
 def draft_views(draft: Any, n_seq: int) -> list[Any]:
     """The draft's sequences; a hot-vocabulary draft (core/hot_vocab.py) keeps its maps over each."""
@@ -65,10 +142,11 @@ def draft_views(draft: Any, n_seq: int) -> list[Any]:
 
 class Lanes:
     def __init__(self, verifier: Any, draft: Any, n_seq: int):
-        verifiers = verifier.sequences(n_seq)
+        verifiers = verifier.sequences(n_seq, wait_seconds=ROUND_WAIT)
         drafts = draft_views(draft, n_seq) if draft is not None else [None] * n_seq
         self.lanes = [Lane(index, view, drafts[index]) for index, view in enumerate(verifiers)]
         self._lock = threading.Lock()
+        self._live: set[SharedCosts] = set()
 
     def acquire(self, prompt: list[int], *, fim: bool = False) -> Lane:
         """The free lane for `prompt` (one is free: a thread per lane asks), as the docstring above says;
@@ -95,6 +173,16 @@ class Lanes:
                 lane = max(free, key=value)
             lane.busy, lane.prompt, lane.fim = True, list(prompt), fim
             return lane
+
+    @contextlib.contextmanager
+    def shared(self, policy: KPolicy, lane: Lane) -> Iterator[SharedCosts]:
+        """`policy`, for a request running on `lane`, among the live requests' (SharedCosts)."""
+        shared = SharedCosts(policy, lane, self._live)
+        self._live.add(shared)
+        try:
+            yield shared
+        finally:
+            self._live.discard(shared)
 
     def release(self, lane: Lane) -> None:
         with self._lock:

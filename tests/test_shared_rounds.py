@@ -1,0 +1,126 @@
+"""Several requests stepping together (`serve --parallel N`): what each is charged for a shared pass,
+how a lane's K policy is priced for the lanes live, and the round's K (kpolicy.round_k)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+
+from specgguf.core.costs import Line, MachineCosts, StepCosts
+from specgguf.core.engine import StepEvent
+from specgguf.core.kpolicy import AdaptiveK, round_k
+from specgguf.llama.batcher import Batcher, Rows
+from specgguf.llama.sequences import PassCosts
+from specgguf.serve.lanes import SharedCosts
+from test_kpolicy import _step
+
+TABLE = MachineCosts(verify=(0.100, 0.110, 0.120, 0.130, 0.140, 0.150), draft=0.010)
+
+
+class SleepingDecoder:
+    """A decoder whose pass takes `seconds`: what the batcher shares out."""
+
+    n_batch = 64
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def decode(self, work):
+        time.sleep(self.seconds)
+        return [np.zeros((rows.n_logits, 4), dtype=np.float32) for rows in work]
+
+    def remove(self, seq: int, start: int) -> None:
+        pass
+
+
+def test_callers_of_one_pass_share_its_time_by_their_rows():
+    batcher = Batcher(SleepingDecoder(0.2), wait_seconds=5.0)
+    work = [Rows(0, 0, [1], 1), Rows(1, 0, [1, 2, 3], 3)]
+    ready = threading.Barrier(2)
+
+    def call(rows: Rows) -> None:
+        with batcher.participant():
+            ready.wait()
+            batcher.run(rows)
+
+    threads = [threading.Thread(target=call, args=(rows,)) for rows in work]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert batcher.n_decodes == 1  # one pass for both
+    assert np.isclose(work[1].seconds, 3 * work[0].seconds)
+    assert 0.2 <= work[0].seconds + work[1].seconds < 0.5
+
+
+def test_pass_costs_recover_the_fixed_and_the_per_row_cost():
+    costs = PassCosts()
+    assert costs.line() is None  # nothing measured
+    for rows in [1, 4, 8, 2, 16, 5, 3, 12, 1, 9]:
+        costs.observe(rows, 0.120 + 0.015 * rows)
+    a, b = costs.line()
+    assert abs(a - 0.120) < 1e-9 and abs(b - 0.015) < 1e-9
+
+
+def test_a_lane_among_four_pays_a_quarter_of_the_pass_and_its_own_rows():
+    shared = TABLE.shared(4, 8, Line(0.120, 0.015), Line(0.020, 0.005))
+    assert np.allclose(shared.verify[:3], [(0.120 + 0.015 * 4 * (k + 1)) / 4 for k in range(3)])
+    assert np.isclose(shared.draft, (0.020 + 0.005 * 4) / 4)
+    # Before any pass is measured: the table's cost of as many rows of one sequence, split 4 ways.
+    assert np.isclose(TABLE.shared(4, 8).verify[0], TABLE.verify[3] / 4)
+
+
+def test_step_costs_priced_for_the_lanes_live_forget_what_other_lanes_taught():
+    costs = StepCosts(TABLE, trust=3)
+    event = _step(1, 1, verify=0.5, draft=0.01)
+    for _ in range(10):
+        costs.observe(event)
+    assert costs.verify(np.array([1]))[0] > 0.3  # learned: verifying is slow here
+    assert costs.share(4, 8, Line(0.120, 0.015), None)
+    assert np.isclose(costs.verify(np.array([0]))[0], (0.120 + 0.015 * 4) / 4)  # the lanes' prior, fresh
+    assert costs.learned(min_steps=0) is None  # a share of shared passes is not the machine's cost
+    assert not costs.share(4, 8)  # as many lanes: nothing forgotten
+    assert costs.share(1, 8) and np.allclose(costs.table, TABLE.verify)  # alone again: the machine's table
+
+
+def test_a_round_drafts_where_a_pass_is_memory_bound_and_not_where_rows_cost_compute():
+    def expected(acceptance: float) -> np.ndarray:  # E(k), k = 0..16
+        return np.concatenate([[1.0], 1.0 + np.cumsum(acceptance ** np.arange(1, 17))])
+
+    fair, sure, draft = expected(0.6), expected(0.9), Line(0.005, 0.001)
+    memory_bound = Line(per_pass=0.500, per_row=0.002)  # a big model's weights read once a pass
+    compute_bound = Line(per_pass=0.100, per_row=0.030)  # each row costs a third of a pass
+    assert round_k([fair] * 4, n_lanes=4, verify=memory_bound, draft=draft) >= 3
+    assert round_k([fair] * 4, n_lanes=4, verify=compute_bound, draft=draft) == 0
+    assert round_k([sure] * 4, n_lanes=4, verify=compute_bound, draft=draft) >= 1  # drafts right 9 times in 10
+    # More lanes, more rows per drafted position: never a longer round.
+    ks = [round_k([sure] * n, n_lanes=n, verify=Line(0.100, 0.010), draft=draft) for n in (1, 2, 4, 8)]
+    assert ks == sorted(ks, reverse=True) and ks[0] > ks[-1]
+
+
+class _View(SimpleNamespace):
+    charged_seconds = 0.0
+
+
+def test_a_lanes_policy_learns_its_share_not_the_wall_time():
+    verifier, draft = _View(), _View()
+    lane = SimpleNamespace(
+        charged=lambda: (verifier.charged_seconds, draft.charged_seconds),
+        pass_lines=lambda: (None, None),
+        verifier=SimpleNamespace(batcher=SimpleNamespace(n_participants=1)),
+    )
+    policy = AdaptiveK(TABLE)
+    seen: list[StepEvent] = []
+    policy.observe = seen.append
+    shared = SharedCosts(policy, lane, set())
+    shared.choose("model")
+    verifier.charged_seconds, draft.charged_seconds = 0.030, 0.004  # this lane's share of the passes
+    wall = _step(2, 0, verify=0.400, draft=0.010)
+    shared.observe(replace(wall, draft_catchup_seconds=0.010))
+    (event,) = seen
+    assert (event.verify_seconds, event.draft_seconds) == (0.030, 0.004)
+    assert np.isclose(event.draft_catchup_seconds, 0.002)  # the catch-up's part of the draft time, in the same share
