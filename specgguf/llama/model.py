@@ -104,10 +104,10 @@ class LlamaModel:
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_batch
-        # Draft trees: one sequence per leaf; several requests (`sequences`): one per request, no
-        # trees. Either way all in one KV cache, whose cells the sequences share (sequences.py says why).
+        # Draft trees: one sequence per leaf, all in one KV cache (the context's cells are shared).
+        # Several requests (`sequences`): a cache of its own per sequence, no trees (sequences.py).
         params.n_seq_max = MAX_TREE_LEAVES if n_seq == 1 else n_seq
-        params.kv_unified = True
+        params.kv_unified = n_seq == 1
         params.n_threads = params.n_threads_batch = n_threads
         with self._guard(f"while creating {self.path.name}'s context"), interruptible():
             context = llama_cpp.llama_init_from_model(self._model, params)

@@ -1,14 +1,14 @@
 """The real `batcher.Decoder`: one `LlamaModel`'s context holding `n_seq` sequences (`serve --parallel N`).
 
-The context is made with `n_seq_max = N` and one KV cache for all of them (`kv_unified`, as
-llama-server's slots share theirs), so a batch of every live request's rows is one pass whatever
-their numbers of rows. Measured on the F16 1.5B verifier (2 vCPU AVX-512, docs/benchmarks.md), four
-sequences of 4 rows took 353 ms in one cache against 587 ms with a cache per sequence, where
-llama.cpp passes only equal rows per sequence, of consecutive sequence ids, together. Each
-request's verify stays exact per step (the acceptance rule reads the logits its step computed); as
-with a batch of another size, a sequence whose cells sit among others' may get logits that differ
-from the same request alone in the last bits (tree.py says why the cell order matters), so a
-near-tie can go the other way: the per-step law is the same.
+The context is made with `n_seq_max = N` and a KV cache per sequence (`kv_unified` off: llama.cpp
+gives each sequence a stream of n_ctx cells of its own). That keeps each sequence's answer the same
+as the request alone: its cells stay in its own order, as in a context of its own, where one cache
+for all puts one sequence's new token into a hole another's rollback left (tree.py says why the
+cell order changes the logits; CI caught a greedy answer that flipped at a near-tie that way). The
+price: llama.cpp passes only equal rows per sequence, of consecutive sequence ids, together, so
+a round whose requests bring different numbers of rows takes several passes (four sequences of 4
+rows: 587 ms, against 353 ms in one cache; docs/benchmarks.md). Where the lanes step plain
+(`kpolicy.round_k`), each brings one row and the round is one pass.
 
 `kv_bytes_per_token` times n_ctx is what one more live sequence costs (`LlamaModel.kv_bytes_per_sequence`):
 its KV cache, keys and values of every layer, F16, from the model's sizes.
