@@ -24,8 +24,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from live_server import live_server  # noqa: E402
 
@@ -95,7 +93,7 @@ def throughput(server, clients: int, n: int, *, together: bool) -> tuple[float, 
 @contextlib.contextmanager
 def llama_server(program: str, model: str, draft: str | None, parallel: int):
     """llama.cpp's own server on the same files: `-np` slots, `-md` the draft, this machine's threads."""
-    from live_server import LiveServer, free_port
+    from live_server import LiveServer, free_port, wait_until_healthy
 
     port = free_port()
     command = [program, "-m", model, "-np", str(parallel), "-c", str(4096 * parallel), "--port", str(port)]
@@ -103,14 +101,7 @@ def llama_server(program: str, model: str, draft: str | None, parallel: int):
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = LiveServer(process, port, None)
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
-                    break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"llama-server did not come up ({process.returncode})")
-            time.sleep(0.2)
+        wait_until_healthy(server, 600)
         yield server
     finally:
         process.kill()

@@ -58,6 +58,23 @@ class LiveServer:
         return self.process.returncode
 
 
+def wait_until_healthy(server: LiveServer, timeout: float) -> None:
+    """Until the server's /health answers 200; RuntimeError when its process exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if server.process.poll() is not None:
+            stderr = server.process.stderr.read() if server.process.stderr else ""
+            raise RuntimeError(f"the server exited ({server.process.returncode}): {stderr}")
+        try:
+            if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("the server did not come up")
+        time.sleep(0.1)
+
+
 @contextlib.contextmanager
 def live_server(*args, api_key: str | None = None, startup_timeout: float = 60):
     port = free_port()
@@ -73,19 +90,7 @@ def live_server(*args, api_key: str | None = None, startup_timeout: float = 60):
     )
     server = LiveServer(process, port, api_key)
     try:
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            if process.poll() is not None:
-                stderr = process.stderr.read() if process.stderr else ""
-                raise RuntimeError(f"the server exited ({process.returncode}): {stderr}")
-            try:
-                if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not come up")
-            time.sleep(0.1)
+        wait_until_healthy(server, startup_timeout)
         yield server
         returncode = server.stop()  # Ctrl-C: a clean exit
         assert returncode == 0 and "Traceback" not in server.stderr, server.stderr

@@ -66,7 +66,7 @@ class MachineCosts:
         if verify_line is not None:
             verify = (verify_line.per_pass + verify_line.per_row * rows) / n_lanes
         else:
-            table = np.maximum.accumulate(np.asarray(self.verify, dtype=float))
+            table = np.asarray(self.rising().verify)
             verify = _extend(np.arange(1.0, len(table) + 1), table, rows) / n_lanes
         draft = self.draft if draft_line is None else (draft_line.per_pass + draft_line.per_row * n_lanes) / n_lanes
         return MachineCosts(tuple(float(x) for x in verify), float(draft))

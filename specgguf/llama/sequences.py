@@ -99,17 +99,26 @@ class PassCosts:
 
     def __init__(self) -> None:
         self.seen: deque[tuple[int, float]] = deque(maxlen=self.WINDOW)
+        self._line: tuple[float, float] | None = None  # fitted since the last pass (every lane asks every step)
+        self._fitted = False
 
     def observe(self, n_rows: int, seconds: float) -> None:
         self.seen.append((n_rows, seconds))
+        self._fitted = False
 
     def line(self) -> tuple[float, float] | None:
         """(a, b) in seconds, once enough passes of more than one size are measured and both come out
         positive."""
-        if len(self.seen) < self.MIN_SEEN or len({rows for rows, _ in self.seen}) < 2:
+        if not self._fitted:
+            self._line, self._fitted = self._fit(), True
+        return self._line
+
+    def _fit(self) -> tuple[float, float] | None:
+        seen = list(self.seen)
+        if len(seen) < self.MIN_SEEN or len({rows for rows, _ in seen}) < 2:
             return None
-        design = np.array([[1.0, rows] for rows, _ in self.seen])
-        seconds = np.array([t for _, t in self.seen])
+        design = np.array([[1.0, rows] for rows, _ in seen])
+        seconds = np.array([t for _, t in seen])
         (a, b), *_ = np.linalg.lstsq(design, seconds, rcond=None)
         return (float(a), float(b)) if a > 0 and b > 0 else None
 

@@ -63,17 +63,22 @@ class Lane:
             if view is not None:
                 view.clear()
 
+    @property
+    def draft_sequence(self) -> Any:
+        """The draft model's sequence view (under a hot-vocabulary draft, the view it maps), or None."""
+        return self.draft.model if isinstance(self.draft, HotVocab) else self.draft
+
     def charged(self) -> tuple[float, float]:
         """The seconds charged so far to this lane's verifier and draft sequences (batcher.py: each
         caller's share of its batches' time, by rows)."""
-        draft: Any = self.draft.model if isinstance(self.draft, HotVocab) else self.draft
+        draft = self.draft_sequence
         return self.verifier.charged_seconds, 0.0 if draft is None else draft.charged_seconds
 
     def pass_lines(self) -> tuple[Line | None, Line | None]:
         """What a pass of the verifier and of the draft costs, as their decoders learned it (None
         until they have: sequences.PassCosts; a test's fake decoder has none)."""
-        draft: Any = self.draft.model if isinstance(self.draft, HotVocab) else self.draft
-        lines = [view.pass_line() if view is not None else None for view in (self.verifier, draft)]
+        views = (self.verifier, self.draft_sequence)
+        lines = [view.pass_line() if view is not None else None for view in views]
         return tuple(None if line is None else Line(*line) for line in lines)  # type: ignore[return-value]
 
 
