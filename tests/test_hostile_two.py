@@ -281,7 +281,9 @@ def ctrl_c_mid_answer(monkeypatch):
 @pytest.mark.parametrize("n", [2, 3])
 def test_ctrl_c_twice_during_a_chat_answer_leaves_with_130_and_no_traceback(cli, tiny, ctrl_c_mid_answer, n):
     ctrl_c_mid_answer(n)
-    result = cli("chat", *tiny, "-n", "200", "--temp", "1.5", "-q", stdin="tell me a story\nand another\n")
+    result = cli(
+        "chat", *tiny, "-n", "200", "--temp", "1.5", "--seed", "3", "-q", stdin="tell me a story\nand another\n"
+    )
     assert result.returncode == 130 and "Exception ignored" not in result.stderr
     assert result.error_line() == "specgguf: error: interrupted"
     assert result.stderr.count("(interrupted)") == 1  # the second question was never asked
@@ -290,7 +292,9 @@ def test_ctrl_c_twice_during_a_chat_answer_leaves_with_130_and_no_traceback(cli,
 
 def test_ctrl_c_once_during_a_chat_answer_stops_only_that_answer(cli, tiny, ctrl_c_mid_answer):
     ctrl_c_mid_answer(1)
-    result = cli("chat", *tiny, "-n", "200", "--temp", "1.5", "-q", stdin="tell me a story\nand another\n")
+    result = cli(
+        "chat", *tiny, "-n", "200", "--temp", "1.5", "--seed", "3", "-q", stdin="tell me a story\nand another\n"
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("(interrupted)") == 2  # each answer stopped, the chat went on
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
