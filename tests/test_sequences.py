@@ -12,6 +12,7 @@ import pytest
 from specgguf.core.engine import FixedK, speculate
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.sampling import SamplingSettings
+from specgguf.llama.batcher import Rows
 from specgguf.llama.model import LlamaModel
 
 PROMPTS = ["the cat sat on", "a dog and the sea", "the cat and the dog and the", "once"]
@@ -78,4 +79,33 @@ def test_a_sequence_rewinds_only_its_own_cells(tiny_verifier):
     np.testing.assert_allclose(again, expected, atol=1e-3)  # its cells are all there (batch sizes round apart)
     second.clear()
     assert second.cached == [] and first.n_past == len(tokens)
+    model.close()
+
+
+def test_filler_rows_make_one_pass_and_leave_every_sequence_as_it_was(tiny_verifier, monkeypatch):
+    """Rows 4, 4, 1, 4 (llama.cpp's three passes) and sequences 0 and 2 without 1 (two): with the costs
+    of a memory-bound verifier the decoder adds filler rows (llama/fillers.py) and decodes one pass;
+    each real row's logits are those of its sequence decoded alone, and the fillers' cells are gone."""
+    model = LlamaModel(tiny_verifier, n_ctx=128, n_threads=1)
+    views = model.sequences(4)
+    decoder = views[0].batcher.decoder
+    monkeypatch.setattr(decoder.costs, "line", lambda: (0.1, 0.005))
+    prompts = [model.tokenize(text) for text in PROMPTS]
+    for view, prompt in zip(views, prompts):
+        view.eval(prompt, n_logits=1)
+    steps = [[5, 6, 7, 8], [9, 10, 11, 12], [13], [14, 15, 16, 17]]
+    alone = {}
+    for view, step in zip(views, steps):
+        alone[view.seq] = view.eval(step, n_logits=len(step))
+        view.rewind(view.n_past - len(step))
+    for chosen in ([0, 1, 2, 3], [0, 2]):
+        seen = len(decoder.costs.seen)
+        work = [Rows(seq, views[seq].n_past, steps[seq], len(steps[seq])) for seq in reversed(chosen)]
+        together = decoder.decode(work)
+        assert [len(decoder.costs.seen) - seen, decoder.costs.seen[-1][0]] == [1, 16 if len(chosen) == 4 else 12]
+        for rows, logits in zip(work, together):
+            np.testing.assert_allclose(logits, alone[rows.seq], atol=1e-4)  # batch sizes round apart
+            decoder.remove(rows.seq, rows.start)
+        for view, prompt in zip(views, prompts):  # the fillers' cells are gone: each holds its prompt
+            assert decoder._next_position(view.seq) == len(prompt)
     model.close()

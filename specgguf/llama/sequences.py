@@ -4,11 +4,12 @@ The context is made with `n_seq_max = N` and a KV cache per sequence (`kv_unifie
 gives each sequence a stream of n_ctx cells of its own). That keeps each sequence's answer the same
 as the request alone: its cells stay in its own order, as in a context of its own, where one cache
 for all puts one sequence's new token into a hole another's rollback left (tree.py says why the
-cell order changes the logits; CI caught a greedy answer that flipped at a near-tie that way). The
-price: llama.cpp passes only equal rows per sequence, of consecutive sequence ids, together, so
-a round whose requests bring different numbers of rows takes several passes (four sequences of 4
-rows: 587 ms, against 353 ms in one cache; docs/benchmarks.md). Where the lanes step plain
-(`kpolicy.round_k`), each brings one row and the round is one pass.
+cell order changes the logits; CI caught a greedy answer that flipped at a near-tie that way).
+
+llama.cpp passes only equal rows per sequence, of consecutive sequence ids, together, so the
+decoder puts each batch in sequence order (four sequences of 4 rows in the order they came took
+496 ms, in order 297, Q4 here) and, where they cost less than the passes they save, adds filler
+rows that make a batch of unequal requests one pass (fillers.py).
 
 `kv_bytes_per_token` times n_ctx is what one more live sequence costs (`LlamaModel.kv_bytes_per_sequence`):
 its KV cache, keys and values of every layer, F16, from the model's sizes.
@@ -26,6 +27,7 @@ import llama_cpp
 import numpy as np
 
 from .batcher import WAIT_SECONDS, Batcher, Rows, SequenceView
+from .fillers import fillers, passes
 
 
 class LlamaDecoder:
@@ -46,34 +48,72 @@ class LlamaDecoder:
         return [results[index] for index in range(len(work))]
 
     def _decode_group(self, group: list[tuple[int, Rows]], embedded: bool) -> dict[int, np.ndarray]:
+        """One llama_batch of the group's rows, in sequence order (llama.cpp passes consecutive
+        sequence ids together), with filler rows where they make it one pass (fillers.py)."""
         model = self.model
         batch = self._embedding_batch() if embedded else model._batch
+        group = sorted(group, key=lambda item: item[1].seq)
+        extra = {} if embedded else self._fillers([rows for _, rows in group])
         slot = 0
-        for _, rows in group:
-            first_output = len(rows.tokens) - rows.n_logits
-            if rows.embeddings is not None:
-                address = ctypes.cast(batch.embd, ctypes.c_void_p).value or 0
-                ctypes.memmove(address + slot * model.n_embd * 4, rows.embeddings.ctypes.data, rows.embeddings.nbytes)
-            for i, token in enumerate(rows.tokens):
-                if rows.embeddings is None:
-                    batch.token[slot] = token
-                batch.pos[slot] = rows.start + i
-                batch.n_seq_id[slot] = 1
-                batch.seq_id[slot][0] = rows.seq
-                batch.logits[slot] = i >= first_output
-                slot += 1
+
+        def put(seq: int, pos: int, token: int, output: bool) -> None:
+            nonlocal slot
+            if not embedded:  # an embedding batch has no token array
+                batch.token[slot] = token
+            batch.pos[slot], batch.n_seq_id[slot], batch.seq_id[slot][0], batch.logits[slot] = pos, 1, seq, output
+            slot += 1
+
+        ends = {rows.seq: rows.start + len(rows.tokens) for _, rows in group}
+        ends.update({seq: self._next_position(seq) for seq in extra if seq not in ends})
+        real = {rows.seq: rows for _, rows in group}
+        for seq in sorted(set(real) | set(extra)):
+            if (rows := real.get(seq)) is not None:
+                first_output = len(rows.tokens) - rows.n_logits
+                if rows.embeddings is not None:
+                    address = ctypes.cast(batch.embd, ctypes.c_void_p).value or 0
+                    ctypes.memmove(
+                        address + slot * model.n_embd * 4, rows.embeddings.ctypes.data, rows.embeddings.nbytes
+                    )
+                for i, token in enumerate(rows.tokens):
+                    put(seq, rows.start + i, token, i >= first_output)
+            for i in range(extra.get(seq, 0)):  # after the sequence's own rows: none of them sees these
+                put(seq, ends[seq] + i, 0, False)
         batch.n_tokens = slot
         n_outputs = sum(rows.n_logits for _, rows in group)
         model.follow_load()
         started = time.perf_counter()
-        model._decode(batch)
-        self.costs.observe(slot, time.perf_counter() - started)
+        try:
+            model._decode(batch)
+            elapsed = time.perf_counter() - started
+        finally:
+            for seq in extra:
+                self.remove(seq, ends[seq])
+        counts = {seq: len(real[seq].tokens) if seq in real else 0 for seq in set(real) | set(extra)}
+        if len(passes({seq: n + extra.get(seq, 0) for seq, n in counts.items()})) == 1:
+            self.costs.observe(slot, elapsed)  # the line is fitted to single passes
         logits = model._logits(n_outputs, started)  # the outputs in batch order, as llama.cpp sorts them back
         out, offset = {}, 0
         for index, rows in group:
             out[index] = logits[offset : offset + rows.n_logits]
             offset += rows.n_logits
         return out
+
+    def _fillers(self, work: list[Rows]) -> dict[int, int]:
+        """Filler rows per sequence for this batch (fillers.py); none where a sequence comes twice."""
+        rows = {rows.seq: len(rows.tokens) for rows in work}
+        if len(rows) < len(work):
+            return {}
+        ends = {rows.seq: rows.start + len(rows.tokens) for rows in work}
+
+        def room(seq: int) -> int:
+            return self.model.n_ctx - (ends[seq] if seq in ends else self._next_position(seq))
+
+        return fillers(rows, room=room, n_batch=self.n_batch, line=self.costs.line())
+
+    def _next_position(self, seq: int) -> int:
+        """The position after sequence seq's last cell (0 for an empty one)."""
+        with self.model._guard("while reading the cache"):
+            return int(llama_cpp.llama_memory_seq_pos_max(self.model._memory, seq)) + 1
 
     def _embedding_batch(self) -> Any:
         if self._embd_batch is None:
