@@ -60,8 +60,17 @@ def test_callers_of_one_pass_share_its_time_by_their_rows():
 def test_pass_costs_recover_the_fixed_and_the_per_row_cost():
     costs = PassCosts()
     assert costs.line() is None  # nothing measured
+    for rows in [4, 4, 4, 4, 4, 4, 4, 4]:
+        costs.observe(rows, 0.120 + 0.015 * rows)
+    assert costs.line() is None  # one size only: a and b cannot be told apart
     for rows in [1, 4, 8, 2, 16, 5, 3, 12, 1, 9]:
         costs.observe(rows, 0.120 + 0.015 * rows)
+    a, b = costs.line()
+    assert abs(a - 0.120) < 1e-9 and abs(b - 0.015) < 1e-9
+    # Decodes llama.cpp cut into several passes (a sequence per cache: fillers.passes) pay a per pass.
+    costs = PassCosts()
+    for passes, rows in [(3, 13), (2, 8), (3, 13), (2, 12), (1, 4), (3, 16), (2, 8), (2, 6)]:
+        costs.observe(rows, 0.120 * passes + 0.015 * rows, passes)
     a, b = costs.line()
     assert abs(a - 0.120) < 1e-9 and abs(b - 0.015) < 1e-9
 

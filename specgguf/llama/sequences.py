@@ -89,8 +89,7 @@ class LlamaDecoder:
             for seq in extra:
                 self.remove(seq, ends[seq])
         counts = {seq: len(real[seq].tokens) if seq in real else 0 for seq in set(real) | set(extra)}
-        if len(passes({seq: n + extra.get(seq, 0) for seq, n in counts.items()})) == 1:
-            self.costs.observe(slot, elapsed)  # the line is fitted to single passes
+        self.costs.observe(slot, elapsed, len(passes({seq: n + extra.get(seq, 0) for seq, n in counts.items()})))
         logits = model._logits(n_outputs, started)  # the outputs in batch order, as llama.cpp sorts them back
         out, offset = {}, 0
         for index, rows in group:
@@ -131,23 +130,25 @@ class LlamaDecoder:
 
 
 class PassCosts:
-    """What a pass costs, learned from the passes run: seconds = a + b·rows, least squares over the
-    recent ones (`line`). A lane's K policy prices its steps by it (serve/lanes.py, kpolicy.round_k):
-    a, the weights read once per pass, is shared by the requests in it; b, each row's compute, is not."""
+    """What a pass costs, learned from the decodes run: seconds = a + b·rows, least squares over the
+    recent ones (`line`); a decode llama.cpp cut into n passes (fillers.passes) counts n·a. A lane's
+    K policy prices its steps by it (serve/lanes.py, kpolicy.round_k), and the decoder its filler
+    rows (fillers.py): a, the weights read once per pass, is shared by the requests in it; b, each
+    row's compute, is not."""
 
     WINDOW, MIN_SEEN = 64, 8
 
     def __init__(self) -> None:
-        self.seen: deque[tuple[int, float]] = deque(maxlen=self.WINDOW)
+        self.seen: deque[tuple[int, int, float]] = deque(maxlen=self.WINDOW)  # (passes, rows, seconds)
         self._line: tuple[float, float] | None = None  # fitted since the last pass (every lane asks every step)
         self._fitted = False
 
-    def observe(self, n_rows: int, seconds: float) -> None:
-        self.seen.append((n_rows, seconds))
+    def observe(self, n_rows: int, seconds: float, n_passes: int = 1) -> None:
+        self.seen.append((n_passes, n_rows, seconds))
         self._fitted = False
 
     def line(self) -> tuple[float, float] | None:
-        """(a, b) in seconds, once enough passes of more than one size are measured and both come out
+        """(a, b) in seconds, once enough decodes that tell a from b are measured and both come out
         positive."""
         if not self._fitted:
             self._line, self._fitted = self._fit(), True
@@ -155,12 +156,12 @@ class PassCosts:
 
     def _fit(self) -> tuple[float, float] | None:
         seen = list(self.seen)
-        if len(seen) < self.MIN_SEEN or len({rows for rows, _ in seen}) < 2:
+        if len(seen) < self.MIN_SEEN:
             return None
-        design = np.array([[1.0, rows] for rows, _ in seen])
-        seconds = np.array([t for _, t in seen])
-        (a, b), *_ = np.linalg.lstsq(design, seconds, rcond=None)
-        return (float(a), float(b)) if a > 0 and b > 0 else None
+        design = np.array([[float(passes), float(rows)] for passes, rows, _ in seen])
+        seconds = np.array([t for *_, t in seen])
+        (a, b), _, rank, _ = np.linalg.lstsq(design, seconds, rcond=None)
+        return (float(a), float(b)) if rank == 2 and a > 0 and b > 0 else None
 
 
 def sequence_views(model: Any, wait_seconds: float = WAIT_SECONDS) -> list[SequenceView]:
