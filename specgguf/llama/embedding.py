@@ -12,7 +12,7 @@ import llama_cpp
 import numpy as np
 
 from ..errors import ContextFullError, DecodeError, ModelLoadError
-from .runtime import reason
+from .runtime import on_decode_thread, reason
 
 
 class Embedder:
@@ -49,7 +49,7 @@ class Embedder:
             batch.seq_id[i][0] = 0
             batch.logits[i] = True
         batch.n_tokens = len(tokens)
-        status = llama_cpp.llama_decode(self._ctx, batch)
+        status = on_decode_thread(lambda: llama_cpp.llama_decode(self._ctx, batch))
         if status != 0:
             raise DecodeError(f"{self.name}: llama_decode failed for an embedding ({status}): {reason('')}")
         pointer = llama_cpp.llama_get_embeddings_seq(self._ctx, 0)

@@ -23,7 +23,15 @@ from .compat import VocabInfo
 from .embedding import Embedder
 from .info import FimTokens, ModelInfo, fim_tokens, model_info
 from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker
-from .runtime import check_gguf_file, interruptible, load_model, reason, recent_log, shared_governor
+from .runtime import (
+    check_gguf_file,
+    interruptible,
+    load_model,
+    on_decode_thread,
+    reason,
+    recent_log,
+    shared_governor,
+)
 from .state import load_sequence, save_sequence
 from .threads import ThreadGovernor
 from .tree import MAX_TREE_LEAVES, TreeLayout
@@ -211,7 +219,7 @@ class LlamaModel:
 
     def _decode(self, batch: llama_cpp.llama_batch) -> None:
         with self._guard("while decoding"):
-            status = llama_cpp.llama_decode(self._ctx, batch)
+            status = on_decode_thread(lambda: llama_cpp.llama_decode(self._ctx, batch))
         if status != 0:
             raise DecodeError(f"{self.path.name}: llama_decode failed ({status}): {reason('')}")
 

@@ -1,18 +1,21 @@
 """llama.cpp's process-wide state, set up once on import: its log (kept in a ring buffer, shown
 on failure or with SPECGGUF_DEBUG=1), Ctrl-C while it loads, one line for a model file cut short
-under a running process (SIGBUS), and the thread governor."""
+under a running process (SIGBUS), the thread governor, and the one thread that decodes where
+several threads ask (`decode_on_one_thread`)."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
+import queue
 import signal
 import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import llama_cpp
 
@@ -155,3 +158,63 @@ def check_gguf_file(path: Path) -> None:
         magic = handle.read(4)
     if magic != b"GGUF":
         raise ModelLoadError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+
+
+# --- one thread decodes. llama.cpp's CPU backend runs each decode as an OpenMP parallel region, and
+# each thread that calls it gets a team of worker threads of its own. Once libgomp manages more
+# threads than there are cores, it stops spinning at its barriers (a decode has hundreds) and its
+# threads sleep and wake instead: a step of the 1.5B Q4 verifier took 56 ms, not 36, once a second
+# thread had decoded (2 cores). The server decodes from several threads (the start-up measurements
+# on the main one, then a generator thread per request), so it calls `decode_on_one_thread()`:
+# from then on every decode of the process runs on one thread of ours, as llama-server's do.
+T = TypeVar("T")
+_decode_calls: queue.SimpleQueue[tuple[Callable[[], Any], list[tuple[bool, Any]], threading.Event]] | None = None
+_decode_thread: threading.Thread | None = None
+_decode_start = threading.Lock()
+
+
+def decode_on_one_thread() -> None:
+    """From now on, `on_decode_thread` runs its calls on one thread (started here, once)."""
+    global _decode_calls, _decode_thread
+    with _decode_start:
+        if _decode_thread is None:
+            calls: queue.SimpleQueue[tuple[Callable[[], Any], list[tuple[bool, Any]], threading.Event]] = (
+                queue.SimpleQueue()
+            )
+            _decode_thread = threading.Thread(target=_decode_loop, args=(calls,), name="specgguf-decode", daemon=True)
+            _decode_thread.start()
+            _decode_calls = calls
+
+
+def _decode_loop(calls: queue.SimpleQueue[tuple[Callable[[], Any], list[tuple[bool, Any]], threading.Event]]) -> None:
+    while True:
+        call, outcome, done = calls.get()
+        try:
+            outcome.append((True, call()))
+        except BaseException as error:  # noqa: BLE001 - the caller raises it
+            outcome.append((False, error))
+        finally:
+            done.set()
+
+
+def on_decode_thread(call: Callable[[], T]) -> T:
+    """`call()` (a llama.cpp decode), on the decode thread once `decode_on_one_thread` started it,
+    else here. A Ctrl-C meanwhile is raised after the call returns, as it would be here (a decode
+    that ran is never half recorded)."""
+    if _decode_calls is None or threading.current_thread() is _decode_thread:
+        return call()
+    outcome: list[tuple[bool, Any]] = []
+    done = threading.Event()
+    _decode_calls.put((call, outcome, done))
+    interrupted = False
+    while not done.is_set():
+        try:
+            done.wait()
+        except KeyboardInterrupt:
+            interrupted = True
+    if interrupted:
+        raise KeyboardInterrupt
+    returned, value = outcome[0]
+    if not returned:
+        raise value
+    return value

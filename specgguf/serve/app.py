@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException
 from ..core.drafters import DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
 from ..files.resolve import ResolvedPair
+from ..llama.runtime import decode_on_one_thread
 from ..prepare import MEASURING, DraftOptions, LoadOptions, Prepared, prepare
 from .apis import APIS
 from .common import ApiError, ServeOptions
@@ -148,6 +149,7 @@ def run_server(
     """Check the address, load the pair (the same set-up as `run`), then serve until stopped."""
     check_address(host, api_key=api_key, insecure=insecure)
     sock = listen(host, port)  # before loading: a taken port fails at once
+    decode_on_one_thread()  # the requests' threads all decode (runtime.py says why on one thread)
     try:
         prepared = prepare(
             resolved,
