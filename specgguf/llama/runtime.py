@@ -168,7 +168,8 @@ def check_gguf_file(path: Path) -> None:
 # on the main one, then a generator thread per request), so it calls `decode_on_one_thread()`:
 # from then on every decode of the process runs on one thread of ours, as llama-server's do.
 T = TypeVar("T")
-_decode_calls: queue.SimpleQueue[tuple[Callable[[], Any], list[tuple[bool, Any]], threading.Event]] | None = None
+_DecodeCall = tuple[Callable[[], Any], list[tuple[bool, Any]], threading.Event]  # the call, its outcome, done
+_decode_calls: queue.SimpleQueue[_DecodeCall] | None = None
 _decode_thread: threading.Thread | None = None
 _decode_start = threading.Lock()
 
@@ -178,15 +179,13 @@ def decode_on_one_thread() -> None:
     global _decode_calls, _decode_thread
     with _decode_start:
         if _decode_thread is None:
-            calls: queue.SimpleQueue[tuple[Callable[[], Any], list[tuple[bool, Any]], threading.Event]] = (
-                queue.SimpleQueue()
-            )
+            calls: queue.SimpleQueue[_DecodeCall] = queue.SimpleQueue()
             _decode_thread = threading.Thread(target=_decode_loop, args=(calls,), name="specgguf-decode", daemon=True)
             _decode_thread.start()
             _decode_calls = calls
 
 
-def _decode_loop(calls: queue.SimpleQueue[tuple[Callable[[], Any], list[tuple[bool, Any]], threading.Event]]) -> None:
+def _decode_loop(calls: queue.SimpleQueue[_DecodeCall]) -> None:
     while True:
         call, outcome, done = calls.get()
         try:

@@ -53,7 +53,12 @@ class LlamaDecoder:
         model = self.model
         batch = self._embedding_batch() if embedded else model._batch
         group = sorted(group, key=lambda item: item[1].seq)
-        extra = {} if embedded else self._fillers([rows for _, rows in group])
+        sizes: dict[int, int] = {}  # rows per sequence
+        for _, rows in group:
+            sizes[rows.seq] = sizes.get(rows.seq, 0) + len(rows.tokens)
+        ends = {rows.seq: rows.start + len(rows.tokens) for _, rows in group}  # where a filler row would go
+        unique = len(sizes) == len(group)  # (a sequence twice in one batch takes no fillers)
+        extra = self._fillers(sizes, ends) if unique and not embedded else {}
         slot = 0
 
         def put(seq: int, pos: int, token: int, output: bool) -> None:
@@ -63,19 +68,16 @@ class LlamaDecoder:
             batch.pos[slot], batch.n_seq_id[slot], batch.seq_id[slot][0], batch.logits[slot] = pos, 1, seq, output
             slot += 1
 
-        ends = {rows.seq: rows.start + len(rows.tokens) for _, rows in group}
-        ends.update({seq: self._next_position(seq) for seq in extra if seq not in ends})
-        real = {rows.seq: rows for _, rows in group}
-        for seq in sorted(set(real) | set(extra)):
-            if (rows := real.get(seq)) is not None:
-                first_output = len(rows.tokens) - rows.n_logits
-                if rows.embeddings is not None:
+        # An idle sequence between live ones: filler rows only.
+        idle: list[tuple[int, Rows | None]] = [(seq, None) for seq in extra.keys() - sizes.keys()]
+        for seq, own in sorted([*((rows.seq, rows) for _, rows in group), *idle], key=lambda entry: entry[0]):
+            if own is not None:
+                first_output = len(own.tokens) - own.n_logits
+                if own.embeddings is not None:
                     address = ctypes.cast(batch.embd, ctypes.c_void_p).value or 0
-                    ctypes.memmove(
-                        address + slot * model.n_embd * 4, rows.embeddings.ctypes.data, rows.embeddings.nbytes
-                    )
-                for i, token in enumerate(rows.tokens):
-                    put(seq, rows.start + i, token, i >= first_output)
+                    ctypes.memmove(address + slot * model.n_embd * 4, own.embeddings.ctypes.data, own.embeddings.nbytes)
+                for i, token in enumerate(own.tokens):
+                    put(seq, own.start + i, token, i >= first_output)
             for i in range(extra.get(seq, 0)):  # after the sequence's own rows: none of them sees these
                 put(seq, ends[seq] + i, 0, False)
         batch.n_tokens = slot
@@ -88,8 +90,8 @@ class LlamaDecoder:
         finally:
             for seq in extra:
                 self.remove(seq, ends[seq])
-        counts = {seq: len(real[seq].tokens) if seq in real else 0 for seq in set(real) | set(extra)}
-        self.costs.observe(slot, elapsed, len(passes({seq: n + extra.get(seq, 0) for seq, n in counts.items()})))
+        n_passes = len(passes({seq: sizes.get(seq, 0) + extra.get(seq, 0) for seq in sizes.keys() | extra.keys()}))
+        self.costs.observe(slot, elapsed, n_passes)
         logits = model._logits(n_outputs, started)  # the outputs in batch order, as llama.cpp sorts them back
         out, offset = {}, 0
         for index, rows in group:
@@ -97,17 +99,19 @@ class LlamaDecoder:
             offset += rows.n_logits
         return out
 
-    def _fillers(self, work: list[Rows]) -> dict[int, int]:
-        """Filler rows per sequence for this batch (fillers.py); none where a sequence comes twice."""
-        rows = {rows.seq: len(rows.tokens) for rows in work}
-        if len(rows) < len(work):
-            return {}
-        ends = {rows.seq: rows.start + len(rows.tokens) for rows in work}
+    def _fillers(self, sizes: dict[int, int], ends: dict[int, int]) -> dict[int, int]:
+        """Filler rows per sequence for a batch of `sizes` rows per sequence (fillers.py). `ends` gains
+        the next position of each idle sequence that gets some."""
 
         def room(seq: int) -> int:
-            return self.model.n_ctx - (ends[seq] if seq in ends else self._next_position(seq))
+            if seq not in ends:
+                ends[seq] = self._next_position(seq)
+            return self.model.n_ctx - ends[seq]
 
-        return fillers(rows, room=room, n_batch=self.n_batch, line=self.costs.line())
+        extra = fillers(sizes, room=room, n_batch=self.n_batch, line=self.costs.line())
+        for seq in extra.keys() - ends.keys():  # (fillers asks room of each it fills; this keeps it so)
+            ends[seq] = self._next_position(seq)
+        return extra
 
     def _next_position(self, seq: int) -> int:
         """The position after sequence seq's last cell (0 for an empty one)."""
