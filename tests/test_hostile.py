@@ -356,6 +356,32 @@ def test_ctrl_c_during_start_up_imports_is_exit_130_without_a_traceback(monkeypa
     assert capsys.readouterr().err == "specgguf: error: interrupted\n"
 
 
+@pytest.mark.parametrize("wrapped", [True, False])
+def test_an_interrupt_python_wrapped_in_a_runtime_error_is_still_exit_130(monkeypatch, capsys, wrapped):
+    # Python 3.11 re-raises an exception from a class body's __set_name__ as a RuntimeError caused by
+    # it (seen in CI: a Ctrl-C during `import platform`, under Typer). Any other RuntimeError is a bug
+    # to report, not an interruption.
+    import importlib.abc
+
+    from specgguf import __main__ as entry
+
+    class Failing(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "specgguf.cli.app":
+                cause = KeyboardInterrupt() if wrapped else ValueError("no")
+                raise RuntimeError("Error calling __set_name__") from cause
+            return None
+
+    monkeypatch.delitem(sys.modules, "specgguf.cli.app", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Failing(), *sys.meta_path])
+    if wrapped:
+        assert entry.main() == 130
+        assert capsys.readouterr().err == "specgguf: error: interrupted\n"
+    else:
+        with pytest.raises(RuntimeError):
+            entry.main()
+
+
 def test_ctrl_c_while_the_model_loads_stops_with_130(qwen_pair):
     verifier, draft = qwen_pair
     process = subprocess.Popen(
