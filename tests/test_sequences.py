@@ -82,6 +82,21 @@ def test_a_sequence_rewinds_only_its_own_cells(tiny_verifier):
     model.close()
 
 
+def test_calibrated_sequences_know_the_pass_line_and_start_empty(tiny_verifier):
+    model = LlamaModel(tiny_verifier, n_ctx=128, n_threads=1)
+    tokens = model.tokenize("the cat sat on the mat")
+    first, _ = model.sequences(2)
+    expected = first.eval(tokens, n_logits=2)
+    views = model.sequences(2, calibrate=True)
+    decoder = views[0].batcher.decoder
+    assert [(passes, rows) for passes, rows, _ in decoder.costs.seen] == [(1, n) for n in (1, 4, 8, 16) * 2]
+    assert all(seconds > 0 for *_, seconds in decoder.costs.seen)  # (the line itself: a tiny model's noise)
+    # The calibration's cells are gone: sequence 0 answers as one never calibrated.
+    assert decoder._next_position(0) == 0 and views[0].n_past == 0
+    np.testing.assert_allclose(views[0].eval(tokens, n_logits=2), expected, atol=1e-4)
+    model.close()
+
+
 def test_filler_rows_make_one_pass_and_leave_every_sequence_as_it_was(tiny_verifier, monkeypatch):
     """Rows 4, 4, 1, 4 (llama.cpp's three passes) and sequences 0 and 2 without 1 (two): with the costs
     of a memory-bound verifier the decoder adds filler rows (llama/fillers.py) and decodes one pass;

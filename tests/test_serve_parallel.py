@@ -149,7 +149,7 @@ def test_the_startup_line_says_how_many_at_once(pair, parallel):
 class _Views:
     """A model whose `sequences` are plain caches (what `Lanes` reads of a view)."""
 
-    def sequences(self, n_seq: int, wait_seconds: float = 0.0):
+    def sequences(self, n_seq: int, wait_seconds: float = 0.0, calibrate: bool = False):
         return [SimpleNamespace(cached=[], n_past=0) for _ in range(n_seq)]
 
 

@@ -133,3 +133,28 @@ def test_a_lanes_policy_learns_its_share_not_the_wall_time():
     (event,) = seen
     assert (event.verify_seconds, event.draft_seconds) == (0.030, 0.004)
     assert np.isclose(event.draft_catchup_seconds, 0.002)  # the catch-up's part of the draft time, in the same share
+
+
+def test_a_round_of_fresh_lanes_drafts_until_their_drafts_are_known_to_lose():
+    """A fresh request's acceptance is unknown (the prior's 0.5): priced at it, four lanes on this
+    memory-bound line would never draft, so they would never learn otherwise. Over each lane's first
+    `evidence` drafts the round prices them as a lone policy does (optimistic); once they are known
+    to lose, plain steps."""
+    line, draft = Line(0.127, 0.011), Line(0.015, 0.003)  # the F16 1.5B and the 0.5B here, per pass and row
+    lanes = SimpleNamespace(
+        charged=lambda: (0.0, 0.0),
+        pass_lines=lambda: (line, draft),
+        verifier=SimpleNamespace(batcher=SimpleNamespace(n_participants=4)),
+    )
+    live: set[SharedCosts] = set()
+    policies = [AdaptiveK(TABLE) for _ in range(4)]
+    for policy in policies:
+        live.add(SharedCosts(policy, lanes, live))
+    fresh = [shared.expected("model") for shared in live]
+    assert round_k(fresh, n_lanes=4, verify=line, draft=draft) >= 1
+    plain = [policy.acceptance.expected() for policy in policies]  # what the prior alone says
+    assert round_k(plain, n_lanes=4, verify=line, draft=draft) == 0
+    for policy in policies:  # their first drafts are mostly wrong
+        for step in range(policy.config.evidence):
+            policy.acceptance.observe(2, int(step % 4 == 0), [])
+    assert round_k([shared.expected("model") for shared in live], n_lanes=4, verify=line, draft=draft) == 0

@@ -74,7 +74,9 @@ class LoadedModel(Protocol):
 
     def fim_tokens(self) -> FimTokens | None: ...
 
-    def sequences(self, n_seq: int) -> list[SequenceView]: ...  # serve --parallel: a view per sequence
+    def sequences(  # serve --parallel: a view per sequence
+        self, n_seq: int, *, wait_seconds: float = ..., calibrate: bool = False
+    ) -> list[SequenceView]: ...
 
     def kv_bytes_per_sequence(self) -> int: ...
 

@@ -128,10 +128,13 @@ class LlamaModel:
     def n_past(self) -> int:
         return len(self.cached)
 
-    def sequences(self, n_seq: int, *, wait_seconds: float = WAIT_SECONDS) -> list[SequenceView]:
+    def sequences(
+        self, n_seq: int, *, wait_seconds: float = WAIT_SECONDS, calibrate: bool = False
+    ) -> list[SequenceView]:
         """Make the context hold `n_seq` sequences of `n_ctx` tokens each (serve --parallel) and return
         a view per sequence, each the engine's `Model` (batcher.py). The context is made anew, empty;
-        from then on only the views evaluate (draft trees are off: `max_leaves` is 1)."""
+        from then on only the views evaluate (draft trees are off: `max_leaves` is 1). `calibrate`:
+        what a pass costs is measured now (sequences.LlamaDecoder.calibrate)."""
         from .sequences import sequence_views
 
         with self._guard("while freeing the context"):
@@ -143,7 +146,7 @@ class LlamaModel:
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.n_seq, self.max_leaves, self.cached, self._tree = n_seq, 1, [], None
         self.n_ctx = min(self.n_ctx, llama_cpp.llama_n_ctx_seq(self._ctx))
-        return sequence_views(self, wait_seconds)
+        return sequence_views(self, wait_seconds, calibrate=calibrate)
 
     def kv_bytes_per_sequence(self) -> int:
         """What one more sequence of `n_ctx` tokens costs: keys and values of every layer, F16."""

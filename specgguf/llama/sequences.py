@@ -29,6 +29,9 @@ import numpy as np
 from .batcher import WAIT_SECONDS, Batcher, Rows, SequenceView
 from .fillers import fillers, passes
 
+# Rows of the passes `LlamaDecoder.calibrate` times: the sizes of a round's passes, 1 to 4 lanes drafting a few.
+CALIBRATION_ROWS = (1, 4, 8, 16)
+
 
 class LlamaDecoder:
     """Decodes several callers' rows in one llama_batch of a shared context (tokens and embedding rows apart)."""
@@ -99,6 +102,28 @@ class LlamaDecoder:
             offset += rows.n_logits
         return out
 
+    def calibrate(self, rows: Sequence[int] = CALIBRATION_ROWS, repeats: int = 2) -> None:
+        """Teach `costs` the pass line before the first request (serve --parallel): passes of `rows`
+        rows of sequence 0, `repeats` times each after one unrecorded warm-up pass, the cells removed
+        after each. Learned only from requests, a fresh server's first rounds had no line to price
+        them by (kpolicy.round_k) and drafted up to K_MAX per lane, four lanes at once."""
+        model, batch = self.model, self.model._batch
+        sizes = [max(1, min(n, self.n_batch, model.n_ctx)) for n in rows]
+        for index, n in enumerate([sizes[0], *sizes * repeats]):
+            for i in range(n):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = 0, i, 1, 0
+                batch.logits[i] = i == n - 1  # a real pass reads some logits
+            batch.n_tokens = n
+            model.follow_load()
+            started = time.perf_counter()
+            try:
+                model._decode(batch)
+                elapsed = time.perf_counter() - started
+            finally:
+                self.remove(0, 0)
+            if index:
+                self.costs.observe(n, elapsed)
+
     def _fillers(self, sizes: dict[int, int], ends: dict[int, int]) -> dict[int, int]:
         """Filler rows per sequence for a batch of `sizes` rows per sequence (fillers.py). `ends` gains
         the next position of each idle sequence that gets some."""
@@ -168,12 +193,15 @@ class PassCosts:
         return (float(a), float(b)) if rank == 2 and a > 0 and b > 0 else None
 
 
-def sequence_views(model: Any, wait_seconds: float = WAIT_SECONDS) -> list[SequenceView]:
+def sequence_views(model: Any, wait_seconds: float = WAIT_SECONDS, *, calibrate: bool = False) -> list[SequenceView]:
     """A view per sequence of the model's context, over one batcher (which waits `wait_seconds` for
-    the other participants); the context starts empty."""
+    the other participants); the context starts empty. `calibrate`: its pass costs measured first
+    (`LlamaDecoder.calibrate`)."""
     model.clear()
     decoder = LlamaDecoder(model)
     model._decoders.append(decoder)
+    if calibrate:
+        decoder.calibrate()
     batcher = Batcher(decoder, wait_seconds=wait_seconds)
     return [
         SequenceView(batcher, seq, n_ctx=model.n_ctx, n_vocab=model.n_vocab, is_eog=model.is_eog)

@@ -117,9 +117,14 @@ class SharedCosts:
 
     def expected(self, source: Source) -> np.ndarray | None:
         """E(k) of this request's drafts from `source`, as its policy learned it (None: a fixed K, or
-        no such source)."""
+        no such source). Over the source's first `evidence` drafts, optimistic as a lone policy is
+        (AdaptiveK.best_k: c_1 raised by `doubt` standard errors): priced at the prior's 0.5, a round
+        of several lanes would never draft, so it would never learn that its drafts are right."""
         policy = self.policy.policies.get(source) if isinstance(self.policy, PerSource) else self.policy
-        return policy.acceptance.expected() if isinstance(policy, AdaptiveK) and policy.source == source else None
+        if not isinstance(policy, AdaptiveK) or policy.source != source:
+            return None
+        unsure = policy.acceptance.first_tested < policy.config.evidence
+        return policy.acceptance.expected(policy.config.doubt if unsure else 0.0)
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         return self.policy.keep_drafting(confidences)
@@ -139,15 +144,18 @@ class SharedCosts:
 
 
 def draft_views(draft: Any, n_seq: int) -> list[Any]:
-    """The draft's sequences; a hot-vocabulary draft (core/hot_vocab.py) keeps its maps over each."""
+    """The draft's sequences (its pass costs measured first); a hot-vocabulary draft (core/hot_vocab.py)
+    keeps its maps over each."""
     if isinstance(draft, HotVocab):
         return [HotVocab(view, draft.ids, draft.feed, draft.rows) for view in draft_views(draft.model, n_seq)]
-    return draft.sequences(n_seq)
+    return draft.sequences(n_seq, calibrate=True)
 
 
 class Lanes:
     def __init__(self, verifier: Any, draft: Any, n_seq: int):
-        verifiers = verifier.sequences(n_seq, wait_seconds=ROUND_WAIT)
+        # Both models' pass costs are measured before the first request (LlamaDecoder.calibrate): the
+        # first rounds are priced by them (round_k), not drafted at K_MAX until the requests teach them.
+        verifiers = verifier.sequences(n_seq, wait_seconds=ROUND_WAIT, calibrate=True)
         drafts = draft_views(draft, n_seq) if draft is not None else [None] * n_seq
         self.lanes = [Lane(index, view, drafts[index]) for index, view in enumerate(verifiers)]
         self._lock = threading.Lock()
