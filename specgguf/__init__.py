@@ -22,5 +22,7 @@ def _started_as_program() -> bool:
     return as_module or _os.path.basename(_sys.argv[0] if _sys.argv else "") == "specgguf"
 
 
-if _started_as_program() and _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+# Also where the parent left SIGINT ignored (a job a script put in the background): the program
+# answers a Ctrl-C (or a `kill -INT`) all the same, as it always has from `__main__.main` on.
+if _started_as_program() and _signal.getsignal(_signal.SIGINT) in (_signal.default_int_handler, _signal.SIG_IGN):
     _signal.signal(_signal.SIGINT, _interrupted_at_start)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import struct
 import time
 from pathlib import Path
@@ -339,6 +340,23 @@ def test_ctrl_c_at_any_import_is_one_line_and_130(cli, tiny_verifier, tmp_path, 
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
     env = {"INTERRUPT_AT_IMPORT": module, "PYTHONPATH": path}
     result = cli.process("run", "-m", tiny_verifier, "-n", "4", "the cat", env=env, timeout=120)
+    assert (result.returncode, result.stderr) == (130, "specgguf: error: interrupted\n")
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("module", ["signal", "typer", "specgguf.cli.app", "llama_cpp"])
+def test_ctrl_c_at_an_import_is_130_even_where_the_parent_left_sigint_ignored(cli, tiny_verifier, tmp_path, module):
+    """A job a script put in the background starts with SIGINT ignored (so did this suite in CI): a
+    Ctrl-C or `kill -INT` still stops it with one line (it was ignored until the imports were done)."""
+    (tmp_path / "sitecustomize.py").write_text(INTERRUPT_AT_IMPORT)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = {"INTERRUPT_AT_IMPORT": module, "PYTHONPATH": path}
+    result = cli.process(
+        "run", "-m", tiny_verifier, "-n", "4", "the cat", env=env, timeout=120, preexec_fn=_ignore_sigint
+    )
     assert (result.returncode, result.stderr) == (130, "specgguf: error: interrupted\n")
 
 
