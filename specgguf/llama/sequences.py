@@ -85,14 +85,8 @@ class LlamaDecoder:
                 put(seq, ends[seq] + i, 0, False)
         batch.n_tokens = slot
         n_outputs = sum(rows.n_logits for _, rows in group)
-        model.follow_load()
         started = time.perf_counter()
-        try:
-            model._decode(batch)
-            elapsed = time.perf_counter() - started
-        finally:
-            for seq in extra:
-                self.remove(seq, ends[seq])
+        elapsed = self._timed_decode(batch, cells=[(seq, ends[seq]) for seq in extra])
         n_passes = len(passes({seq: sizes.get(seq, 0) + extra.get(seq, 0) for seq in sizes.keys() | extra.keys()}))
         self.costs.observe(slot, elapsed, n_passes)
         logits = model._logits(n_outputs, started)  # the outputs in batch order, as llama.cpp sorts them back
@@ -114,15 +108,21 @@ class LlamaDecoder:
                 batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = 0, i, 1, 0
                 batch.logits[i] = i == n - 1  # a real pass reads some logits
             batch.n_tokens = n
-            model.follow_load()
-            started = time.perf_counter()
-            try:
-                model._decode(batch)
-                elapsed = time.perf_counter() - started
-            finally:
-                self.remove(0, 0)
+            elapsed = self._timed_decode(batch, cells=[(0, 0)])
             if index:
                 self.costs.observe(n, elapsed)
+
+    def _timed_decode(self, batch: Any, *, cells: list[tuple[int, int]]) -> float:
+        """Seconds one llama_decode of `batch` took; afterwards, even if it failed, the `cells` (sequence,
+        first position) are removed: rows no caller owns (fillers, a calibration's)."""
+        self.model.follow_load()
+        started = time.perf_counter()
+        try:
+            self.model._decode(batch)
+            return time.perf_counter() - started
+        finally:
+            for seq, start in cells:
+                self.remove(seq, start)
 
     def _fillers(self, sizes: dict[int, int], ends: dict[int, int]) -> dict[int, int]:
         """Filler rows per sequence for a batch of `sizes` rows per sequence (fillers.py). `ends` gains
