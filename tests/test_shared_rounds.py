@@ -12,10 +12,11 @@ import numpy as np
 
 from specgguf.core.costs import Line, MachineCosts, StepCosts
 from specgguf.core.engine import StepEvent
-from specgguf.core.kpolicy import AdaptiveK, round_k
+from specgguf.core.kpolicy import AdaptiveK, adaptive_policy, lone_k, round_k
+from specgguf.llama import fillers
 from specgguf.llama.batcher import Batcher, Rows
 from specgguf.llama.sequences import PassCosts
-from specgguf.serve.lanes import SharedCosts
+from specgguf.serve.lanes import FREE, SharedCosts
 from test_kpolicy import _step
 
 TABLE = MachineCosts(verify=(0.100, 0.110, 0.120, 0.130, 0.140, 0.150), draft=0.010)
@@ -109,6 +110,48 @@ def test_a_round_drafts_where_a_pass_is_memory_bound_and_not_where_rows_cost_com
     # More lanes, more rows per drafted position: never a longer round.
     ks = [round_k([sure] * n, n_lanes=n, verify=Line(0.100, 0.010), draft=draft) for n in (1, 2, 4, 8)]
     assert ks == sorted(ks, reverse=True) and ks[0] > ks[-1]
+
+
+def test_a_lone_draft_is_priced_by_the_pass_or_the_fillers_it_adds_to_the_round():
+    """An n-gram match is one request's: among four lanes its drafts cost filler rows for the other
+    three, or a pass of their own, and gain only its own tokens. On the F16 line measured here that
+    never pays, where pricing the round as if all four drafted (round_k) did; alone it still drafts."""
+    line = Line(0.096, 0.0146)  # the F16 1.5B here with four lanes, per pass and per row
+    fair = np.cumsum(0.8 ** np.arange(9))  # E(k) of an n-gram right 8 times in 10
+    sure = np.arange(1.0, 10.0)  # ... always right (a forced run)
+    assert round_k([fair] * 4, n_lanes=4, verify=line, draft=FREE) >= 1  # what a lone n-gram draft was priced by
+    assert lone_k(fair, n_lanes=4, verify=line, draft=FREE) == 0
+    assert lone_k(fair, n_lanes=1, verify=line, draft=FREE) >= 3  # alone, the very rows it adds
+    assert lone_k(sure, n_lanes=4, verify=line, draft=FREE) >= 1  # sure tokens are still worth their rows
+    ks = [lone_k(fair, n_lanes=n, verify=line, draft=FREE) for n in (1, 2, 3, 4)]
+    assert ks == sorted(ks, reverse=True)
+    # The price is llama.cpp's: a lane's k + 1 rows among three single rows take a pass of their own.
+    a, b = line.per_pass, line.per_row
+    for seq in range(4):
+        rows = {other: 1 for other in range(4)} | {seq: 4}
+        assert np.isclose(sum(a + b * n for n in fillers.passes(rows)), (a + b * 4) + (a + b * 3))
+
+
+def test_a_hybrid_lane_among_four_steps_plain_on_its_ngram_match_and_alone_drafts_it():
+    line = Line(0.096, 0.0146)
+
+    def lane(n_lanes: int) -> SimpleNamespace:
+        return SimpleNamespace(
+            charged=lambda: (0.0, 0.0),
+            pass_lines=lambda: (line, Line(0.0225, 0.0031)),
+            verifier=SimpleNamespace(batcher=SimpleNamespace(n_participants=n_lanes)),
+        )
+
+    chosen = {}
+    for n_lanes in (1, 4):
+        policy = adaptive_policy("hybrid", TABLE)
+        for _ in range(40):  # its n-gram drafts are right 8 times in 10
+            policy.policies["ngram"].acceptance.observe(4, 3, [])
+        live: set[SharedCosts] = set()
+        shared = SharedCosts(policy, lane(n_lanes), live)
+        live.add(shared)
+        chosen[n_lanes] = shared.choose("ngram")
+    assert chosen[1] >= 2 and chosen[4] == 0
 
 
 class _View(SimpleNamespace):

@@ -391,6 +391,26 @@ def round_k(expected: Sequence[np.ndarray], *, n_lanes: int, verify: Line, draft
     return int(np.argmax(rates))
 
 
+def lone_k(expected: np.ndarray, *, n_lanes: int, verify: Line, draft: Line) -> int:
+    """The most drafts worth drafting for one lane whose drafts the round's other n − 1 lanes do not
+    share (an n-gram match is one request's; serve --parallel). Its k drafts cost the round one more
+    pass for its rows, or filler rows for every other lane (llama/fillers.py), whichever is cheaper,
+    V(n) + min(V(k), b·n·k), plus k + 1 draft passes (none for a free drafter), and gain only its own
+    E(k) − 1 tokens: K = argmax (n − 1 + E(k)) / round seconds. With one lane, as alone."""
+    ks = np.arange(len(expected))
+    extra = np.minimum(verify.per_pass + verify.per_row * ks, verify.per_row * n_lanes * ks)
+    draft_passes = ks + (ks > 0)
+    seconds = (
+        verify.per_pass
+        + verify.per_row * n_lanes
+        + np.where(ks > 0, extra, 0.0)
+        + draft_passes * (draft.per_pass + draft.per_row)
+    )
+    rates = (n_lanes - 1 + np.asarray(expected, dtype=float)) / seconds
+    rates[1:] /= SHARED_DRAFT_MARGIN
+    return int(np.argmax(rates))
+
+
 def adaptive_policy(
     kind: DrafterKind, costs: MachineCosts, config: PolicyConfig = PolicyConfig()
 ) -> AdaptiveK | PerSource:

@@ -27,7 +27,7 @@ from ..core.costs import Line
 from ..core.drafting import Source, common_prefix
 from ..core.engine import KPolicy, StepEvent
 from ..core.hot_vocab import HotVocab
-from ..core.kpolicy import AdaptiveK, PerSource, round_k
+from ..core.kpolicy import AdaptiveK, PerSource, lone_k, round_k
 
 MIN_PARALLEL, MAX_AUTO_PARALLEL = 2, 4  # --parallel's default: at least 2, at most 4, as memory allows
 MEMORY_SHARE = 0.5  # of the memory free after loading, what the default lets the sequences take
@@ -109,10 +109,15 @@ class SharedCosts:
         k = self.policy.choose(source)
         drafting = draft if source == "model" else FREE if source == "ngram" else None  # (a grammar's: free, sure)
         if n_lanes > 1 and verify is not None and drafting is not None:
-            # The round's K (kpolicy.round_k): the lanes step together, and a lane drafting longer
-            # than the others costs them all.
-            expected = [e for shared in list(self.live) if (e := shared.expected(source)) is not None]
-            k = min(k, round_k(expected, n_lanes=n_lanes, verify=verify, draft=drafting))
+            if source == "model":
+                # The round's K (kpolicy.round_k): the lanes step together, and a lane drafting
+                # longer than the others costs them all.
+                expected = [e for shared in list(self.live) if (e := shared.expected(source)) is not None]
+                k = min(k, round_k(expected, n_lanes=n_lanes, verify=verify, draft=drafting))
+            elif (own := self.expected(source)) is not None:
+                # An n-gram match is this request's alone: its drafts cost the round filler rows
+                # or a pass of their own, and gain only its own tokens (kpolicy.lone_k).
+                k = min(k, lone_k(own, n_lanes=n_lanes, verify=verify, draft=drafting))
         return k
 
     def expected(self, source: Source) -> np.ndarray | None:
