@@ -11,12 +11,13 @@ from types import SimpleNamespace
 import numpy as np
 
 from specgguf.core.costs import Line, MachineCosts, StepCosts
-from specgguf.core.engine import StepEvent
+from specgguf.core.engine import FixedK, StepEvent
 from specgguf.core.kpolicy import AdaptiveK, adaptive_policy, lone_k, round_k
 from specgguf.llama import fillers
-from specgguf.llama.batcher import Batcher, Rows
+from specgguf.llama.batcher import Batcher, Rows, SequenceView
 from specgguf.llama.sequences import PassCosts
-from specgguf.serve.lanes import FREE, SharedCosts
+from specgguf.serve import lanes as lanes_module
+from specgguf.serve.lanes import FREE, Lanes, SharedCosts
 from test_kpolicy import _step
 
 TABLE = MachineCosts(verify=(0.100, 0.110, 0.120, 0.130, 0.140, 0.150), draft=0.010)
@@ -201,3 +202,75 @@ def test_a_round_of_fresh_lanes_drafts_until_their_drafts_are_known_to_lose():
         for step in range(policy.config.evidence):
             policy.acceptance.observe(2, int(step % 4 == 0), [])
     assert round_k([shared.expected("model") for shared in live], n_lanes=4, verify=line, draft=draft) == 0
+
+
+class _RecordingModel:
+    """A model whose sequences share one batcher over a decoder that records each batch's sequences."""
+
+    def __init__(self, seconds: float = 0.005):
+        self.batches: list[list[int]] = []
+        decoder = SleepingDecoder(seconds)
+        decode = decoder.decode
+
+        def recorded(work):
+            self.batches.append(sorted(rows.seq for rows in work))
+            return decode(work)
+
+        decoder.decode = recorded
+        self.decoder = decoder
+
+    def sequences(self, n_seq: int, wait_seconds: float = 0.0, calibrate: bool = False):
+        batcher = Batcher(self.decoder, wait_seconds=0.5)
+        return [SequenceView(batcher, seq, n_ctx=4096, n_vocab=4, is_eog=lambda token: False) for seq in range(n_seq)]
+
+
+def _request(lanes: Lanes, prompt: list[int], steps: int, *, fim: bool = False, started=None) -> None:
+    """A request's thread as the server runs it: each step chooses K (where it may give way), then decodes a row."""
+    lane = lanes.acquire(prompt, fim=fim)
+    try:
+        with lane.live(), lanes.shared(FixedK(0), lane) as policy:
+            lane.verifier.eval(prompt, n_logits=1)
+            for step in range(steps):
+                policy.choose("model")
+                lane.verifier.eval([step], n_logits=1)
+                if started is not None and step == 2:
+                    started.set()
+    finally:
+        lanes.release(lane)
+
+
+def test_a_chat_gives_way_to_an_editors_completion_and_then_goes_on():
+    """While a fill-in-the-middle request runs, the chat's rows stay out of its passes (it waits
+    between its steps, out of the batches); afterwards the chat goes on and ends."""
+    model = _RecordingModel()
+    lanes = Lanes(model, None, 2)
+    streaming = threading.Event()
+    chat = threading.Thread(target=_request, args=(lanes, [1, 2, 3], 60), kwargs={"started": streaming})
+    chat.start()
+    assert streaming.wait(10)
+    before = len(model.batches)
+    _request(lanes, [7, 8, 9], 10, fim=True)
+    during = model.batches[before:]
+    chat.join(10)
+    assert not chat.is_alive()
+    fim_seq = 1 - min(seq for batch in model.batches[:before] for seq in batch)  # the chat took the other
+    fim_batches = [batch for batch in during if fim_seq in batch]
+    assert len(fim_batches) == 11  # its prompt and its ten steps
+    assert sum(1 for batch in fim_batches if len(batch) > 1) <= 1  # at most the pass the chat was in
+    assert sum(len(batch) for batch in model.batches) == 60 + 1 + 11  # the chat's every step ran too
+
+
+def test_a_chat_waits_at_most_give_way_seconds_then_steps(monkeypatch):
+    """A stream of completions never stops a chat: after GIVE_WAY seconds it takes a step."""
+    monkeypatch.setattr(lanes_module, "GIVE_WAY", 0.05)
+    model = _RecordingModel(seconds=0.01)
+    lanes = Lanes(model, None, 2)
+    streaming = threading.Event()
+    chat = threading.Thread(target=_request, args=(lanes, [1, 2, 3], 20), kwargs={"started": streaming})
+    chat.start()
+    assert streaming.wait(10)
+    fim = threading.Thread(target=_request, args=(lanes, [7, 8, 9], 400), kwargs={"fim": True})
+    fim.start()
+    chat.join(30)
+    assert not chat.is_alive() and fim.is_alive()  # the chat ended while the long completion ran
+    fim.join(30)

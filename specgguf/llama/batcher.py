@@ -92,6 +92,19 @@ class Batcher:
                 self._participants -= 1
                 self._changed.notify_all()  # the others may all be waiting now
 
+    @contextlib.contextmanager
+    def away(self) -> Iterator[None]:
+        """(A participant's thread, between its calls.) While it waits outside: batches no longer
+        wait for it (serve/lanes.py: a request giving way to an editor's completion)."""
+        with self._changed:
+            self._participants -= 1
+            self._changed.notify_all()  # the others may all be waiting now
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._participants += 1
+
     def run(self, rows: Rows) -> np.ndarray:
         """Decode `rows` with whatever the other participants bring; its logits rows."""
         call = _Call(rows)
@@ -169,6 +182,9 @@ class SequenceView:
 
     def participant(self) -> contextlib.AbstractContextManager[None]:
         return self.batcher.participant()
+
+    def away(self) -> contextlib.AbstractContextManager[None]:
+        return self.batcher.away()
 
     def pass_line(self) -> tuple[float, float] | None:
         """What a pass of this context costs, (per pass, per row) seconds, where its decoder learns

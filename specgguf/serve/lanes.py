@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,6 +34,10 @@ MEMORY_SHARE = 0.5  # of the memory free after loading, what the default lets th
 # How long a verify waits for the other live requests (those still drafting, or sampling) to bring
 # their rows: the lanes then verify together, a round at a time, and draft together after it.
 ROUND_WAIT = 0.5
+# While an editor's fill-in-the-middle request runs, the other requests wait between their steps,
+# out of the batches (an answer of a few tokens should not share each pass with a long chat); a
+# wait lasts at most GIVE_WAY seconds, and then the request takes a step before it waits again.
+GIVE_WAY = 1.0
 
 
 @dataclass(eq=False)
@@ -47,6 +51,7 @@ class Lane:
     used: float = field(default_factory=time.monotonic)
     prompt: list[int] = field(default_factory=list)  # the last prompt answered here
     fim: bool = False  # ... a fill-in-the-middle one
+    gave_way: bool = False  # its request waited the longest it may (Lanes.give_way): it steps next
 
     @contextlib.contextmanager
     def live(self) -> Iterator[None]:
@@ -55,6 +60,15 @@ class Lane:
             for view in (self.verifier, self.draft):
                 if view is not None:
                     stack.enter_context(view.participant())
+            yield
+
+    @contextlib.contextmanager
+    def away(self) -> Iterator[None]:
+        """While this request waits between its steps: both models' batches no longer wait for it."""
+        with contextlib.ExitStack() as stack:
+            for view in (self.verifier, self.draft):
+                if view is not None:
+                    stack.enter_context(view.away())
             yield
 
     def clear(self) -> None:
@@ -96,11 +110,14 @@ class SharedCosts:
     a verifier whose rows cost compute, and plain steps batched across clients take over. Before
     each step the policy's prior is set for the lanes live now (costs.MachineCosts.shared)."""
 
-    def __init__(self, policy: KPolicy, lane: Lane, live: set[SharedCosts]):
+    def __init__(self, policy: KPolicy, lane: Lane, live: set[SharedCosts], give_way: Callable[[], None] | None = None):
         self.policy, self.lane, self.live = policy, lane, live  # live: the requests' policies running now
+        self.give_way = give_way  # called between steps: Lanes.give_way
         self._marks = lane.charged()
 
     def choose(self, source: Source = "model") -> int:
+        if self.give_way is not None:
+            self.give_way()  # a step starts: first, an editor's completion may go ahead
         self._marks = self.lane.charged()  # a step starts: drafting and verifying are charged from here
         n_lanes = self.lane.verifier.batcher.n_participants
         verify, draft = self.lane.pass_lines()
@@ -165,6 +182,8 @@ class Lanes:
         self.lanes = [Lane(index, view, drafts[index]) for index, view in enumerate(verifiers)]
         self._lock = threading.Lock()
         self._live: set[SharedCosts] = set()
+        self._urgent = threading.Condition()  # notified when a fill-in-the-middle request ends
+        self._fim_live = 0  # fill-in-the-middle requests running now
 
     def acquire(self, prompt: list[int], *, fim: bool = False) -> Lane:
         """The free lane for `prompt` (one is free: a thread per lane asks), as the docstring above says;
@@ -195,12 +214,32 @@ class Lanes:
     @contextlib.contextmanager
     def shared(self, policy: KPolicy, lane: Lane) -> Iterator[SharedCosts]:
         """`policy`, for a request running on `lane`, among the live requests' (SharedCosts)."""
-        shared = SharedCosts(policy, lane, self._live)
+        shared = SharedCosts(policy, lane, self._live, None if lane.fim else lambda: self.give_way(lane))
         self._live.add(shared)
+        if lane.fim:
+            with self._urgent:
+                self._fim_live += 1
         try:
             yield shared
         finally:
             self._live.discard(shared)
+            if lane.fim:
+                with self._urgent:
+                    self._fim_live -= 1
+                    self._urgent.notify_all()
+
+    def give_way(self, lane: Lane) -> None:
+        """(A request's thread, between its steps.) While a fill-in-the-middle request runs on another
+        lane, wait out of both models' batches, at most GIVE_WAY seconds: an editor's completion of
+        a few tokens then takes its passes alone (their rows and its prompt's), instead of sharing
+        each with this request's rows. A request that waited the limit takes a step before it
+        waits again, so a stream of completions never stops a chat."""
+        if not self._fim_live or lane.gave_way:
+            lane.gave_way = False
+            return
+        with lane.away(), self._urgent:
+            self._urgent.wait_for(lambda: not self._fim_live, timeout=GIVE_WAY)
+            lane.gave_way = bool(self._fim_live)  # (the limit, not the end of the completion)
 
     def release(self, lane: Lane) -> None:
         with self._lock:
