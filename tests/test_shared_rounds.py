@@ -113,6 +113,30 @@ def test_a_round_drafts_where_a_pass_is_memory_bound_and_not_where_rows_cost_com
     assert ks == sorted(ks, reverse=True) and ks[0] > ks[-1]
 
 
+def test_fresh_lanes_do_not_explore_a_round_that_would_lose_even_with_drafts_right_nine_times_in_ten():
+    """Optimism about a fresh request's drafts stops at `worth_trying` (9 in 10), as a lone policy's
+    could_win: on this line a round of four would need drafts right every time, so it never drafts
+    to find out (the draft model's first step would read every lane's tokens: a second here)."""
+    line, draft = Line(0.100, 0.012), Line(0.015, 0.003)
+    lanes = SimpleNamespace(
+        charged=lambda: (0.0, 0.0),
+        pass_lines=lambda: (line, draft),
+        verifier=SimpleNamespace(batcher=SimpleNamespace(n_participants=4)),
+    )
+    live: set[SharedCosts] = set()
+    policies = [AdaptiveK(TABLE) for _ in range(4)]
+    for policy in policies:
+        live.add(SharedCosts(policy, lanes, live))
+    unbounded = [policy.acceptance.expected(policy.config.doubt) for policy in policies]
+    assert round_k(unbounded, n_lanes=4, verify=line, draft=draft) >= 1  # what drafted before
+    assert round_k([shared.expected("model") for shared in live], n_lanes=4, verify=line, draft=draft) == 0
+    for policy in policies:  # drafts seen right 19 times in 20: the learned rate counts, beyond the cap
+        for step in range(8):
+            policy.acceptance.observe(1, int(step > 0), [])
+    learned = [shared.expected("model") for shared in live]
+    assert all(e[1] >= policy.acceptance.expected()[1] for e, policy in zip(learned, policies))
+
+
 def test_a_lone_draft_is_priced_by_the_pass_or_the_fillers_it_adds_to_the_round():
     """An n-gram match is one request's: among four lanes its drafts cost filler rows for the other
     three, or a pass of their own, and gain only its own tokens. On the F16 line measured here that

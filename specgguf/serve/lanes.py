@@ -140,13 +140,21 @@ class SharedCosts:
     def expected(self, source: Source) -> np.ndarray | None:
         """E(k) of this request's drafts from `source`, as its policy learned it (None: a fixed K, or
         no such source). Over the source's first `evidence` drafts, optimistic as a lone policy is
-        (AdaptiveK.best_k: c_1 raised by `doubt` standard errors): priced at the prior's 0.5, a round
-        of several lanes would never draft, so it would never learn that its drafts are right."""
+        (AdaptiveK.best_k: c_1 raised by `doubt` standard errors), up to drafts right `worth_trying`
+        of the time: priced at the prior's 0.5, a round of several lanes would never draft, so it
+        would never learn that its drafts are right."""
         policy = self.policy.policies.get(source) if isinstance(self.policy, PerSource) else self.policy
         if not isinstance(policy, AdaptiveK) or policy.source != source:
             return None
-        unsure = policy.acceptance.first_tested < policy.config.evidence
-        return policy.acceptance.expected(policy.config.doubt if unsure else 0.0)
+        learned = policy.acceptance.expected()
+        if policy.acceptance.first_tested >= policy.config.evidence:
+            return learned
+        # Optimism stops at drafts right `worth_trying` (9 in 10) of the time, as a lone policy's
+        # `could_win` does: a round that would not win even so never drafts to find out (the draft
+        # model would first read all the lanes' tokens decoded without it: a second, F16 here).
+        a = policy.config.worth_trying
+        ceiling = (1.0 - a ** np.arange(1, len(learned) + 1)) / (1.0 - a)
+        return np.maximum(learned, np.minimum(policy.acceptance.expected(policy.config.doubt), ceiling))
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         return self.policy.keep_drafting(confidences)
