@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,6 +39,9 @@ from .tree import MAX_TREE_LEAVES, TreeLayout
 
 if TYPE_CHECKING:
     from .batcher import SequenceView
+
+
+_CONTROL_TOKENS_READ = threading.Lock()  # LlamaModel.control_tokens: one reader at a time
 
 
 class LlamaModel:
@@ -355,9 +359,12 @@ class LlamaModel:
         return buffer.raw[:size]
 
     def control_tokens(self) -> tuple[vocab.ControlToken, ...]:
-        """Its control tokens, longest text first (vocab.control_tokens; read once)."""
-        if getattr(self, "_control_tokens", None) is None:
-            self._control_tokens = vocab.control_tokens(self._vocab)
+        """Its control tokens, longest text first (vocab.control_tokens; read once, by one thread: a
+        server's first requests each rendering a prompt at once made four scans of the vocabulary,
+        each ctypes call a turn for the GIL among busy threads, over a second)."""
+        with _CONTROL_TOKENS_READ:
+            if getattr(self, "_control_tokens", None) is None:
+                self._control_tokens = vocab.control_tokens(self._vocab)
         return self._control_tokens
 
     def chat_template(self) -> str | None:

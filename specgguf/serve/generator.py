@@ -81,6 +81,7 @@ class Worker:
         self.verifier, self.draft = prepared.verifier, prepared.draft
         self.metrics = metrics
         self.templates = Prompts(self.verifier)
+        self.verifier.control_tokens()  # read now (a vocabulary scan), not by the first requests at once
         self.tool_family = family_of(self.verifier.chat_template())  # how this model writes tool calls
         self.parallel = max(1, parallel)
         # --parallel N: the lanes are the cached conversations; --parallel 1: one cache, and parked ones.
