@@ -219,6 +219,8 @@ class SequenceView:
             self.busy_seconds += time.perf_counter() - started
             self.charged_seconds += rows.seconds
             self.cached.extend(rows.tokens)
+        if len(parts) == 1:
+            return parts[0]  # (most calls: one batch's rows, not copied again)
         return np.concatenate(parts) if parts else np.empty((0, self.n_vocab), dtype=np.float32)
 
     def eval_tree(self, tokens: Sequence[int], parents: Sequence[int], *, n_logits: int) -> np.ndarray:
