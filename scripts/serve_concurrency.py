@@ -75,8 +75,11 @@ def throughput(server, clients: int, n: int, *, together: bool) -> tuple[float, 
     after another, and the slowest request's tok/s. Each configuration runs on a fresh server: a
     question answered before would come back from the n-gram and prompt caches. The clients (the
     openai SDK imported, its HTTP client made) are ready before the clock starts: their start-up
-    is not the server's time."""
+    is not the server's time, and they are made a second before it starts: the server's threads
+    follow the machine's load over the last half second (llama/threads.py), and a client's start-up
+    (the SDK's imports: a core busy for most of a second) would cost it a thread for the prompts."""
     ready = [server.client() for _ in range(clients)]
+    time.sleep(1.0)
 
     def one(index: int) -> tuple[int, float]:
         start = time.perf_counter()

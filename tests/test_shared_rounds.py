@@ -77,6 +77,19 @@ def test_pass_costs_recover_the_fixed_and_the_per_row_cost():
     assert abs(a - 0.120) < 1e-9 and abs(b - 0.015) < 1e-9
 
 
+def test_a_prompts_pass_does_not_bend_the_line_and_a_failed_refit_keeps_the_last():
+    costs = PassCosts()
+    for rows in [1, 4, 8, 16] * 2:
+        costs.observe(rows, 0.080 + 0.015 * rows)
+    line = costs.line()
+    costs.observe(173, 5.4)  # four prompts at once, on one thread while the client started
+    assert costs.line() == line
+    for _ in range(8):  # rounds gone strange (a 4-row pass slower than a 16-row one): no line fits
+        costs.observe(4, 0.400)
+        costs.observe(16, 0.100)
+    assert costs.line() == line
+
+
 def test_a_lane_among_four_pays_a_quarter_of_the_pass_and_its_own_rows():
     shared = TABLE.shared(4, 8, Line(0.120, 0.015), Line(0.020, 0.005))
     assert np.allclose(shared.verify[:3], [(0.120 + 0.015 * 4 * (k + 1)) / 4 for k in range(3)])

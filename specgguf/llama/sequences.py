@@ -163,9 +163,16 @@ class PassCosts:
     recent ones (`line`); a decode llama.cpp cut into n passes (fillers.passes) counts n·a. A lane's
     K policy prices its steps by it (serve/lanes.py, kpolicy.round_k), and the decoder its filler
     rows (fillers.py): a, the weights read once per pass, is shared by the requests in it; b, each
-    row's compute, is not."""
+    row's compute, is not.
+
+    Only decodes of a round's size (at most MAX_ROWS rows) are fitted: a prompt's pass of hundreds
+    of rows would weigh on the fit most (least squares gives the longest decode the most leverage),
+    and one run while another program held a core (llama/threads.py: one thread, twice the time)
+    bent the line until the next refit failed, leaving the next rounds unpriced (K 16 per lane).
+    A refit that fails keeps the line before it."""
 
     WINDOW, MIN_SEEN = 64, 8
+    MAX_ROWS = 64  # a round's passes: four lanes drafting up to 15 each
 
     def __init__(self) -> None:
         self.seen: deque[tuple[int, int, float]] = deque(maxlen=self.WINDOW)  # (passes, rows, seconds)
@@ -173,14 +180,15 @@ class PassCosts:
         self._fitted = False
 
     def observe(self, n_rows: int, seconds: float, n_passes: int = 1) -> None:
-        self.seen.append((n_passes, n_rows, seconds))
-        self._fitted = False
+        if n_rows <= self.MAX_ROWS:
+            self.seen.append((n_passes, n_rows, seconds))
+            self._fitted = False
 
     def line(self) -> tuple[float, float] | None:
         """(a, b) in seconds, once enough decodes that tell a from b are measured and both come out
-        positive."""
+        positive (after that, the last such fit)."""
         if not self._fitted:
-            self._line, self._fitted = self._fit(), True
+            self._line, self._fitted = self._fit() or self._line, True
         return self._line
 
     def _fit(self) -> tuple[float, float] | None:
