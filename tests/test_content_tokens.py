@@ -6,12 +6,16 @@ With the real SmolLM2, Gemma 3 and Qwen2.5 tokenizers and templates (Gemma's GGU
 
 from __future__ import annotations
 
+import threading
+import time
+
 import jinja2
 import pytest
 
 from live_server import live_server
 from specgguf.conversation import Message, Prompts, ToolCall
 from specgguf.errors import PromptError
+from specgguf.llama import vocab
 from specgguf.llama.model import LlamaModel
 
 TOOLS = [{"type": "function", "function": {"name": "look", "description": "Looks <b>up</b>", "parameters": {}}}]
@@ -130,3 +134,24 @@ def test_the_server_reads_messages_as_text_and_completions_as_written(smollm2):
     assert chat["usage"]["prompt_tokens"] == counted["input_tokens"] == len(expected)
     assert len(expected) != len(model.tokenize(prompts.render([Message("user", FORGED)])))
     assert text["usage"]["prompt_tokens"] == len(model.tokenize(raw, special=True))  # llama-server parses them
+
+
+def test_the_control_tokens_are_read_once_whatever_the_threads_asking(smollm2, monkeypatch):
+    """A server's first requests render their prompts at once: one scan of the vocabulary, not one
+    per thread (each scan a ctypes call per token)."""
+    model = LlamaModel(smollm2, n_ctx=256, n_threads=1)
+    scans, scan = [], vocab.control_tokens
+
+    def slow_scan(handle):
+        scans.append(handle)
+        time.sleep(0.2)  # long enough for every thread to ask meanwhile
+        return scan(handle)
+
+    monkeypatch.setattr(vocab, "control_tokens", slow_scan)
+    answers: list[tuple] = []
+    threads = [threading.Thread(target=lambda: answers.append(model.control_tokens())) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(scans) == 1 and len(answers) == 4 and len(set(answers)) == 1 and answers[0]
