@@ -241,20 +241,24 @@ def test_a_round_of_fresh_lanes_drafts_until_their_drafts_are_known_to_lose():
     assert round_k([shared.expected("model") for shared in live], n_lanes=4, verify=line, draft=draft) == 0
 
 
+class _RecordingDecoder(SleepingDecoder):
+    """A sleeping decoder that records each batch's sequences."""
+
+    def __init__(self, seconds: float, batches: list[list[int]]):
+        super().__init__(seconds)
+        self.batches = batches
+
+    def decode(self, work):
+        self.batches.append(sorted(rows.seq for rows in work))
+        return super().decode(work)
+
+
 class _RecordingModel:
     """A model whose sequences share one batcher over a decoder that records each batch's sequences."""
 
     def __init__(self, seconds: float = 0.005):
         self.batches: list[list[int]] = []
-        decoder = SleepingDecoder(seconds)
-        decode = decoder.decode
-
-        def recorded(work):
-            self.batches.append(sorted(rows.seq for rows in work))
-            return decode(work)
-
-        decoder.decode = recorded
-        self.decoder = decoder
+        self.decoder = _RecordingDecoder(seconds, self.batches)
 
     def sequences(self, n_seq: int, wait_seconds: float = 0.0, calibrate: bool = False):
         batcher = Batcher(self.decoder, wait_seconds=0.5)
