@@ -7,6 +7,7 @@ import threading
 import time
 from dataclasses import replace
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
@@ -126,20 +127,26 @@ def test_a_round_drafts_where_a_pass_is_memory_bound_and_not_where_rows_cost_com
     assert ks == sorted(ks, reverse=True) and ks[0] > ks[-1]
 
 
+def _fresh_lanes(line: Line, draft: Line, n: int = 4) -> tuple[list[AdaptiveK], set[SharedCosts]]:
+    """n fresh requests' policies, live together on lanes whose passes cost `line` and `draft`."""
+    lanes: Any = SimpleNamespace(
+        charged=lambda: (0.0, 0.0),
+        pass_lines=lambda: (line, draft),
+        verifier=SimpleNamespace(batcher=SimpleNamespace(n_participants=n)),
+    )
+    live: set[SharedCosts] = set()
+    policies = [AdaptiveK(TABLE) for _ in range(n)]
+    for policy in policies:
+        live.add(SharedCosts(policy, lanes, live))
+    return policies, live
+
+
 def test_fresh_lanes_do_not_explore_a_round_that_would_lose_even_with_drafts_right_nine_times_in_ten():
     """Optimism about a fresh request's drafts stops at `worth_trying` (9 in 10), as a lone policy's
     could_win: on this line a round of four would need drafts right every time, so it never drafts
     to find out (the draft model's first step would read every lane's tokens: a second here)."""
     line, draft = Line(0.100, 0.012), Line(0.015, 0.003)
-    lanes = SimpleNamespace(
-        charged=lambda: (0.0, 0.0),
-        pass_lines=lambda: (line, draft),
-        verifier=SimpleNamespace(batcher=SimpleNamespace(n_participants=4)),
-    )
-    live: set[SharedCosts] = set()
-    policies = [AdaptiveK(TABLE) for _ in range(4)]
-    for policy in policies:
-        live.add(SharedCosts(policy, lanes, live))
+    policies, live = _fresh_lanes(line, draft)
     unbounded = [policy.acceptance.expected(policy.config.doubt) for policy in policies]
     assert round_k(unbounded, n_lanes=4, verify=line, draft=draft) >= 1  # what drafted before
     assert round_k([shared.expected("model") for shared in live], n_lanes=4, verify=line, draft=draft) == 0
@@ -222,15 +229,7 @@ def test_a_round_of_fresh_lanes_drafts_until_their_drafts_are_known_to_lose():
     `evidence` drafts the round prices them as a lone policy does (optimistic); once they are known
     to lose, plain steps."""
     line, draft = Line(0.127, 0.011), Line(0.015, 0.003)  # the F16 1.5B and the 0.5B here, per pass and row
-    lanes = SimpleNamespace(
-        charged=lambda: (0.0, 0.0),
-        pass_lines=lambda: (line, draft),
-        verifier=SimpleNamespace(batcher=SimpleNamespace(n_participants=4)),
-    )
-    live: set[SharedCosts] = set()
-    policies = [AdaptiveK(TABLE) for _ in range(4)]
-    for policy in policies:
-        live.add(SharedCosts(policy, lanes, live))
+    policies, live = _fresh_lanes(line, draft)
     fresh = [shared.expected("model") for shared in live]
     assert round_k(fresh, n_lanes=4, verify=line, draft=draft) >= 1
     plain = [policy.acceptance.expected() for policy in policies]  # what the prior alone says

@@ -53,22 +53,20 @@ class Lane:
     fim: bool = False  # ... a fill-in-the-middle one
     gave_way: bool = False  # its request waited the longest it may (Lanes.give_way): it steps next
 
-    @contextlib.contextmanager
-    def live(self) -> Iterator[None]:
+    def live(self) -> contextlib.AbstractContextManager[None]:
         """While a request runs here: its thread takes part in both models' batches."""
-        with contextlib.ExitStack() as stack:
-            for view in (self.verifier, self.draft):
-                if view is not None:
-                    stack.enter_context(view.participant())
-            yield
+        return self._each_view(lambda view: view.participant())
+
+    def away(self) -> contextlib.AbstractContextManager[None]:
+        """While this request waits between its steps: both models' batches no longer wait for it."""
+        return self._each_view(lambda view: view.away())
 
     @contextlib.contextmanager
-    def away(self) -> Iterator[None]:
-        """While this request waits between its steps: both models' batches no longer wait for it."""
+    def _each_view(self, state: Callable[[Any], contextlib.AbstractContextManager[None]]) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
             for view in (self.verifier, self.draft):
                 if view is not None:
-                    stack.enter_context(view.away())
+                    stack.enter_context(state(view))
             yield
 
     def clear(self) -> None:
