@@ -384,9 +384,14 @@ def round_k(expected: Sequence[np.ndarray], *, n_lanes: int, verify: Line, draft
         + verify.per_row * n_lanes * (ks + 1)
     )
     tokens = np.mean([e[: k_max + 1] for e in expected], axis=0) * n_lanes
-    rates = tokens / seconds
-    # Drafting must clearly win: what this leaves out all counts against it (acceptance learned
-    # optimistically; a lane that stops short still brings filler rows or costs a pass of its own).
+    return _clearly_best(tokens / seconds)
+
+
+def _clearly_best(rates: np.ndarray) -> int:
+    """The K of the highest rate, where drafting (K ≥ 1) must beat plain steps by SHARED_DRAFT_MARGIN:
+    what round_k and lone_k leave out all counts against drafting (acceptance learned optimistically;
+    a lane that stops short still brings filler rows or costs a pass of its own)."""
+    rates = np.array(rates, dtype=float)
     rates[1:] /= SHARED_DRAFT_MARGIN
     return int(np.argmax(rates))
 
@@ -406,9 +411,7 @@ def lone_k(expected: np.ndarray, *, n_lanes: int, verify: Line, draft: Line) -> 
         + np.where(ks > 0, extra, 0.0)
         + draft_passes * (draft.per_pass + draft.per_row)
     )
-    rates = (n_lanes - 1 + np.asarray(expected, dtype=float)) / seconds
-    rates[1:] /= SHARED_DRAFT_MARGIN
-    return int(np.argmax(rates))
+    return _clearly_best((n_lanes - 1 + np.asarray(expected, dtype=float)) / seconds)
 
 
 def adaptive_policy(

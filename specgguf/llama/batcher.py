@@ -83,27 +83,27 @@ class Batcher:
     @contextlib.contextmanager
     def participant(self) -> Iterator[None]:
         """While a request's thread is live: a batch waits for it (up to `wait_seconds`)."""
-        with self._changed:
-            self._participants += 1
+        self._count(+1)
         try:
             yield
         finally:
-            with self._changed:
-                self._participants -= 1
-                self._changed.notify_all()  # the others may all be waiting now
+            self._count(-1)
 
     @contextlib.contextmanager
     def away(self) -> Iterator[None]:
         """(A participant's thread, between its calls.) While it waits outside: batches no longer
         wait for it (serve/lanes.py: a request giving way to an editor's completion)."""
-        with self._changed:
-            self._participants -= 1
-            self._changed.notify_all()  # the others may all be waiting now
+        self._count(-1)
         try:
             yield
         finally:
-            with self._changed:
-                self._participants += 1
+            self._count(+1)
+
+    def _count(self, change: int) -> None:
+        with self._changed:
+            self._participants += change
+            if change < 0:
+                self._changed.notify_all()  # the others may all be waiting now
 
     def run(self, rows: Rows) -> np.ndarray:
         """Decode `rows` with whatever the other participants bring; its logits rows."""
