@@ -46,6 +46,11 @@ class CheckCouldNotRun(SpecggufError):
     exit_code = 2
 
 
+class Cancelled(SpecggufError):
+    """A request stopped between two chunks of a model call (serve: its client hung up); each model's
+    cache holds the chunks evaluated before it, whole (llama.runtime.stops_when)."""
+
+
 class ContextFullError(SpecggufError):
     """The prompt does not fit in the context window."""
 

@@ -26,6 +26,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import ContextFullError
+from . import stops
+from .stops import Stop
 
 WAIT_SECONDS = 0.002  # how long a call waits for the other participants before decoding without them
 
@@ -41,6 +43,7 @@ class Rows:
     n_logits: int
     embeddings: np.ndarray | None = None
     seconds: float = 0.0  # set by the batcher: this caller's share of its batch's time, by rows
+    stop: Stop | None = None  # a prompt's chunk: its request's stop, for a pass that is its alone (stops.py)
 
 
 class Decoder(Protocol):
@@ -206,6 +209,7 @@ class SequenceView:
             raise ValueError(f"asked for {n_logits} logits rows from {len(tokens)} tokens")
         first_output, parts = len(tokens) - n_logits, []
         for start in range(0, len(tokens), n_batch):
+            stops.check_stop()  # a request whose client has gone stops here, its chunks so far cached
             end = min(start + n_batch, len(tokens))
             rows = Rows(
                 self.seq,
@@ -213,6 +217,7 @@ class SequenceView:
                 tokens[start:end],
                 max(0, end - max(start, first_output)),
                 None if embeddings is None else embeddings[start:end],
+                stop=stops.current() if end - start >= stops.ABORTABLE_ROWS else None,
             )
             started = time.perf_counter()
             parts.append(self.batcher.run(rows))

@@ -17,18 +17,19 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp
 import numpy as np
 
-from ..errors import ContextFullError, DecodeError, ModelLoadError, PromptError, debug_enabled
-from . import rpc_devices, template, vocab
+from ..errors import Cancelled, ContextFullError, DecodeError, ModelLoadError, PromptError, debug_enabled
+from . import rpc_devices, stops, template, vocab
 from .batcher import WAIT_SECONDS
 from .compat import VocabInfo
 from .embedding import Embedder
 from .info import FimTokens, ModelInfo, fim_tokens, model_info
 from .rpc import DEFAULT_TIMEOUT, Placement, RpcWorker
 from .runtime import (
+    ABORTED,
     check_gguf_file,
+    decode,
     interruptible,
     load_model,
-    on_decode_thread,
     reason,
     recent_log,
     shared_governor,
@@ -207,6 +208,7 @@ class LlamaModel:
 
     def _eval_chunks(self, tokens: Sequence[int], n_logits: int, batch: Any, rows: np.ndarray | None) -> None:
         for start in range(0, len(tokens), self.n_batch):
+            stops.check_stop()  # a request whose client has gone stops here, its chunks so far cached
             chunk = tokens[start : start + self.n_batch]
             first_output = len(tokens) - n_logits - start  # index in this chunk
             if rows is None:
@@ -221,12 +223,15 @@ class LlamaModel:
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = i >= first_output
             batch.n_tokens = len(chunk)
-            self._decode(batch)
+            self._decode(batch, stops.current() if len(chunk) >= stops.ABORTABLE_ROWS else None)
             self.cached.extend(chunk)
 
-    def _decode(self, batch: llama_cpp.llama_batch) -> None:
+    def _decode(self, batch: llama_cpp.llama_batch, stop: stops.Stop | None = None) -> None:
+        """One llama_decode; with `stop`, abandoned once it is set (`Cancelled`, the cache as before)."""
         with self._guard("while decoding"):
-            status = on_decode_thread(lambda: llama_cpp.llama_decode(self._ctx, batch))
+            status = decode(self._ctx, batch, stop)
+        if status == ABORTED and stop is not None and stop.is_set():
+            raise Cancelled("the request was cancelled")
         if status != 0:
             raise DecodeError(f"{self.path.name}: llama_decode failed ({status}): {reason('')}")
 

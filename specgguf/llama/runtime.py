@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import llama_cpp
 
 from ..errors import ModelLoadError, debug_enabled
+from .stops import Stop
 from .threads import ThreadGovernor
 
 # --- logging: llama.cpp's messages go to a ring buffer, shown on failure or on request ---
@@ -217,3 +218,39 @@ def on_decode_thread(call: Callable[[], T]) -> T:
     if not returned:
         raise value
     return value
+
+
+# --- a pass llama.cpp abandons once a request's stop is set (stops.py). llama.cpp calls its abort
+# callback on the thread computing the graph, between nodes, hundreds of times a pass: a Python
+# callback would take the GIL each time (and wait for it while another request's thread samples),
+# so the callback is libc's strlen over the stop's flag, a C string that is empty until the stop is
+# set (strlen 0: go on; 1: abort). No Python runs inside the pass. llama.cpp then returns 2 and
+# removes the cells of the pass it abandoned: the cache is as it was before it.
+ABORTED = 2
+
+
+def _flag_reader() -> Any:
+    try:
+        address = ctypes.cast(ctypes.CDLL(None).strlen, ctypes.c_void_p).value
+    except (OSError, AttributeError):  # no C library to reach this way: passes are not abortable
+        return None
+    return None if address is None else llama_cpp.ggml_abort_callback(address)
+
+
+_READ_FLAG = _flag_reader()
+_NO_CALLBACK = llama_cpp.ggml_abort_callback()  # a null function pointer
+
+
+def decode(context: Any, batch: Any, stop: Stop | None = None) -> int:
+    """llama_decode of `batch` on the decode thread; with `stop`, abandoned (ABORTED) once it is set."""
+    if stop is None or _READ_FLAG is None:
+        return on_decode_thread(lambda: llama_cpp.llama_decode(context, batch))
+
+    def abortable() -> int:
+        llama_cpp.llama_set_abort_callback(context, _READ_FLAG, ctypes.cast(stop.flag, ctypes.c_void_p))
+        try:
+            return llama_cpp.llama_decode(context, batch)
+        finally:
+            llama_cpp.llama_set_abort_callback(context, _NO_CALLBACK, None)
+
+    return on_decode_thread(abortable)

@@ -28,6 +28,7 @@ import numpy as np
 
 from .batcher import WAIT_SECONDS, Batcher, Rows, SequenceView
 from .fillers import fillers, passes
+from .stops import Stop
 
 # Rows of the passes `LlamaDecoder.calibrate` times: the sizes of a round's passes, 1 to 4 lanes drafting a few.
 CALIBRATION_ROWS = (1, 4, 8, 16)
@@ -86,7 +87,9 @@ class LlamaDecoder:
         batch.n_tokens = slot
         n_outputs = sum(rows.n_logits for _, rows in group)
         started = time.perf_counter()
-        elapsed = self._timed_decode(batch, cells=[(seq, ends[seq]) for seq in extra])
+        # A prompt's chunk alone in its pass: llama.cpp abandons it once its request stops (stops.py).
+        stop = group[0][1].stop if len(group) == 1 and not extra else None
+        elapsed = self._timed_decode(batch, cells=[(seq, ends[seq]) for seq in extra], stop=stop)
         n_passes = len(passes({seq: sizes.get(seq, 0) + extra.get(seq, 0) for seq in sizes.keys() | extra.keys()}))
         self.costs.observe(slot, elapsed, n_passes)
         logits = model._logits(n_outputs, started)  # the outputs in batch order, as llama.cpp sorts them back
@@ -112,13 +115,13 @@ class LlamaDecoder:
             if index:
                 self.costs.observe(n, elapsed)
 
-    def _timed_decode(self, batch: Any, *, cells: list[tuple[int, int]]) -> float:
+    def _timed_decode(self, batch: Any, *, cells: list[tuple[int, int]], stop: Stop | None = None) -> float:
         """Seconds one llama_decode of `batch` took; afterwards, even if it failed, the `cells` (sequence,
-        first position) are removed: rows no caller owns (fillers, a calibration's)."""
+        first position) are removed: rows no caller owns (fillers, a calibration's). `stop`: abortable."""
         self.model.follow_load()
         started = time.perf_counter()
         try:
-            self.model._decode(batch)
+            self.model._decode(batch, stop)
             return time.perf_counter() - started
         finally:
             for seq, start in cells:

@@ -33,8 +33,9 @@ from ..conversation import Prompts
 from ..core.drafting import common_prefix
 from ..core.model import Model
 from ..core.stats import Generation
-from ..errors import ContextFullError, PromptError, SpecggufError, UsageError
+from ..errors import Cancelled, ContextFullError, PromptError, SpecggufError, UsageError
 from ..grammar import GrammarError
+from ..llama.stops import stops_when
 from ..prepare import Prepared
 from .cache_slots import CacheSlots
 from .draft_marks import DraftMarks
@@ -282,7 +283,7 @@ class Worker:
         seed = request.seed if request.seed is not None and request.seed >= 0 else secrets.randbelow(2**31)
         calls, opener, answer = self._answer_text(request)
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
-        n_top, n_logprobs_sent = request.n_top_logprobs, 0
+        n_logprobs_sent = 0
         marks = DraftMarks(self.verifier.token_bytes) if request.mark_drafts else None
         generation = self.prepared.generate(
             prompt,
@@ -295,25 +296,10 @@ class Worker:
             constraint=plan.constraint,
         )
         try:
-            for event in generation:
-                if n_top is not None and event.tokens and event.target_logits is not None:
-                    logprobs += token_logprobs(
-                        event.target_logits, event.tokens, n_top=n_top, token_bytes=self.verifier.token_bytes
-                    )
-                fragments = [] if calls is None else calls.feed(event.tokens)
-                text = answer.add(event.tokens)
-                delta = text if calls is None else calls.content(text)
-                # Marks follow the answer's text; with tools its content is held back and cut, unmarked.
-                spans = [] if marks is None or calls is not None else marks.step(event, delta)
-                if delta:
-                    job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()], spans=spans))
-                    n_logprobs_sent = max(n_logprobs_sent, answer.n_tokens_shown())
-                if fragments:
-                    job.send(Delta("", tool_calls=fragments))
-                if (answer.stopped and not (calls is not None and calls.opened)) or job.cancelled.is_set():
-                    break
-                if request.t_max_predict_ms and self._new_line_after(request, generation, event.tokens):
-                    break  # FIM's time limit: the answer ends at this line's end ("length")
+            with stops_when(job.cancelled):  # a client that hangs up stops even a prompt's pass
+                n_logprobs_sent = self._send_steps(job, generation, calls, answer, marks, logprobs)
+        except Cancelled:
+            pass  # between two chunks of a model call: the caches keep what was evaluated, whole
         except SpecggufError as error:
             forget()
             job.send(Failed(error, status=400 if isinstance(error, GrammarError) else 500))  # a grammar's dead end
@@ -331,6 +317,33 @@ class Worker:
         shutdown = Failed(SpecggufError("the server is shutting down"), status=503)
         gone = Failed(SpecggufError("the request was cancelled"), status=499)  # its client hung up
         job.send((shutdown if self._stopping else gone) if cancelled else finished)
+
+    def _send_steps(self, job: Job, generation, calls, answer: AnswerText, marks, logprobs: list[TokenLogprob]) -> int:
+        """Send each step's text (and calls) as it comes, until the answer ends or its client has gone;
+        `logprobs` gathers the tokens' log-probabilities. How many of them were sent."""
+        request = job.request
+        assert isinstance(request, GenerationRequest)
+        n_top, n_logprobs_sent = request.n_top_logprobs, 0
+        for event in generation:
+            if n_top is not None and event.tokens and event.target_logits is not None:
+                logprobs += token_logprobs(
+                    event.target_logits, event.tokens, n_top=n_top, token_bytes=self.verifier.token_bytes
+                )
+            fragments = [] if calls is None else calls.feed(event.tokens)
+            text = answer.add(event.tokens)
+            delta = text if calls is None else calls.content(text)
+            # Marks follow the answer's text; with tools its content is held back and cut, unmarked.
+            spans = [] if marks is None or calls is not None else marks.step(event, delta)
+            if delta:
+                job.send(Delta(delta, logprobs[n_logprobs_sent : answer.n_tokens_shown()], spans=spans))
+                n_logprobs_sent = max(n_logprobs_sent, answer.n_tokens_shown())
+            if fragments:
+                job.send(Delta("", tool_calls=fragments))
+            if (answer.stopped and not (calls is not None and calls.opened)) or job.cancelled.is_set():
+                break
+            if request.t_max_predict_ms and self._new_line_after(request, generation, event.tokens):
+                break  # FIM's time limit: the answer ends at this line's end ("length")
+        return n_logprobs_sent
 
     def _answer_text(self, request: GenerationRequest) -> tuple[CallStream | None, list[str], AnswerText]:
         """The answer's text as it comes (stop strings held back), and its calls (the content ends there)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 from ..conversation import ToolCall
 from ..core.stats import GenerationStats
 from ..errors import SpecggufError
+from ..llama.stops import Stop
 from .draft_marks import Span
 from .plan import GenerationRequest
 from .text import TokenLogprob
@@ -89,7 +89,7 @@ class Job:
     request: GenerationRequest | EmbeddingRequest
     loop: asyncio.AbstractEventLoop
     messages: asyncio.Queue = field(default_factory=asyncio.Queue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: Stop = field(default_factory=Stop)  # its client hung up: stops even a pass under way
     arrived: float = field(default_factory=time.perf_counter)
     embedding: EmbeddingProgress | None = None  # an embedding job's progress (it runs in turns)
     started: Started | None = None  # its first message, once jobs.started has read it (the prompt's size)

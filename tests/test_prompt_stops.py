@@ -1,0 +1,172 @@
+"""A request stopped during its prompt's pass (issue 43): the server runs each generation inside
+`llama.stops.stops_when(its client has gone)`, and every model call that evaluates in chunks checks
+it before each chunk. A client that hangs up during a long prompt frees the server within one
+chunk, not at the end of the pass; the chunks evaluated stay cached, whole, for the next request."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from live_server import live_server
+from specgguf.errors import Cancelled
+from specgguf.llama.batcher import Batcher, Rows
+from specgguf.llama.model import LlamaModel
+from specgguf.llama.stops import Stop, check_stop, stops_when
+
+
+class _CountingDecoder:
+    """Decodes nothing (zero logits) and counts its passes; the stop is asked for after `stop_after`."""
+
+    n_batch = 16
+
+    def __init__(self, stop: Stop, stop_after: int):
+        self.stop, self.passes, self.stop_after = stop, 0, stop_after
+
+    def decode(self, work: list[Rows]) -> list[np.ndarray]:
+        self.passes += 1
+        if self.passes == self.stop_after:
+            self.stop.set()
+        return [np.zeros((rows.n_logits, 8), dtype=np.float32) for rows in work]
+
+    def remove(self, seq: int, start: int) -> None:
+        pass
+
+
+def test_a_sequences_long_eval_stops_between_chunks_and_keeps_the_chunks_done():
+    from specgguf.llama.batcher import SequenceView
+
+    stop = Stop()
+    decoder = _CountingDecoder(stop, stop_after=3)
+    view = SequenceView(Batcher(decoder), 0, n_ctx=1000, n_vocab=8, is_eog=lambda token: False)
+    with stops_when(stop), pytest.raises(Cancelled):
+        view.eval(list(range(100)), n_logits=1)
+    assert decoder.passes == 3 and view.cached == list(range(48))  # three whole chunks of 16, cached
+    # Outside the block (another request on this thread) nothing stops it.
+    view.eval(list(range(48, 100)), n_logits=1)
+    assert view.cached == list(range(100))
+
+
+def test_a_models_long_eval_stops_between_chunks_and_the_cache_stays_exact(tiny_verifier, monkeypatch):
+    model = LlamaModel(tiny_verifier, n_ctx=256, n_threads=1, n_batch=32)
+    tokens = (model.tokenize("the cat sat on the mat and looked at the dog. ") * 12)[:200]
+    stop, decoded, decode = Stop(), [], model._decode
+
+    def decode_then_stop(batch, stop_flag=None):
+        decode(batch, stop_flag)
+        decoded.append(batch.n_tokens)
+        if len(decoded) == 2:
+            stop.set()  # the client hangs up during the second chunk
+
+    monkeypatch.setattr(model, "_decode", decode_then_stop)
+    with stops_when(stop), pytest.raises(Cancelled):
+        model.eval(tokens, n_logits=0)
+    assert decoded == [32, 32] and model.cached == tokens[:64]
+    # The rest, evaluated after the stop, scores as one pass over the whole prompt would.
+    resumed = model.eval(tokens[64:], n_logits=1)
+    model.rewind(0)
+    whole = model.eval(tokens, n_logits=1)
+    np.testing.assert_allclose(resumed, whole, atol=1e-3)
+    model.close()
+
+
+@pytest.mark.parametrize("sequences", [False, True])
+def test_a_long_pass_is_abandoned_inside_once_its_request_stops_and_leaves_no_cells(smollm2, sequences):
+    """One chunk of 500 rows (a prompt's pass), its stop set 50 ms in: llama.cpp abandons the pass
+    (abort callback) and removes its cells; the same tokens then score as on a model never stopped."""
+    model = LlamaModel(smollm2, n_ctx=1024, n_threads=1, n_batch=512)
+    tokens = model.tokenize(" ".join(f"item {i} is {i * 7 % 13}." for i in range(80)))[:500]
+    views = model.sequences(2) if sequences else [model]
+    view = views[-1]
+    started = time.perf_counter()
+    view.eval(tokens, n_logits=1)
+    whole_pass = time.perf_counter() - started
+    expected = view.eval([tokens[0]], n_logits=1)
+    view.rewind(0)
+    stop = Stop()
+    timer = threading.Timer(0.05, stop.set)
+    timer.start()
+    started = time.perf_counter()
+    with stops_when(stop), pytest.raises(Cancelled):
+        view.eval(tokens, n_logits=1)
+    stopped_after = time.perf_counter() - started
+    timer.join()
+    assert view.n_past == 0
+    assert stopped_after < 0.5 * whole_pass, (stopped_after, whole_pass)  # inside the pass, not after it
+    view.eval(tokens, n_logits=1)  # no cell of the abandoned pass is left in the way
+    np.testing.assert_allclose(view.eval([tokens[0]], n_logits=1), expected, atol=1e-3)
+    model.close()
+
+
+def test_the_stop_is_per_thread_and_nests():
+    seen = []
+    stopped, going = Stop(), Stop()
+    stopped.set()
+    with stops_when(stopped):
+        thread = threading.Thread(target=lambda: seen.append(_raises()))
+        thread.start()
+        thread.join()
+        with stops_when(going):
+            check_stop()  # the inner block's stop
+        with pytest.raises(Cancelled):
+            check_stop()  # the outer one again
+    check_stop()
+    assert seen == [False]  # another thread is not stopped by this one's request
+
+
+def _raises() -> bool:
+    try:
+        check_stop()
+    except Cancelled:
+        return True
+    return False
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _send_and_hang_up(port: int, prompt: str, after: float) -> None:
+    body = json.dumps({"prompt": prompt, "max_tokens": 4, "temperature": 0}).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(head + body)
+        time.sleep(after)  # the prompt's pass is under way
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the server's CPU time from /proc")
+@pytest.mark.parametrize("parallel", [1, 4])
+def test_a_client_that_hangs_up_during_a_long_prompt_frees_the_server_within_a_chunk(smollm2, parallel):
+    """A prompt of ~3,700 tokens (about ten seconds of prompt on one thread here), its client gone a
+    second in: the server goes quiet within a chunk (before: it read the whole prompt), and a tiny
+    request is answered within seconds."""
+    prompt = " ".join(f"item {i} is {i * 7 % 13}." for i in range(400))
+    reader = LlamaModel(smollm2, n_ctx=64, n_threads=1)
+    assert 3000 < len(reader.tokenize(prompt)) < 4000
+    reader.close()
+    args = ["-m", smollm2, "--drafter", "ngram", "-c", "4096", "-t", "1", "-np", parallel]
+    with live_server(*args) as server:
+        _send_and_hang_up(server.port, prompt, after=1.0)
+        started = time.monotonic()
+        with server.http() as http:
+            tiny = http.post("/v1/completions", json={"prompt": "1, 2, 3,", "max_tokens": 2}, timeout=60)
+        assert tiny.status_code == 200 and tiny.json()["choices"][0]["text"]
+        waited = time.monotonic() - started
+        time.sleep(1.0)
+        before = _cpu_seconds(server.process.pid)
+        time.sleep(2.0)
+        busy = _cpu_seconds(server.process.pid) - before
+        assert busy < 0.5, f"the server was busy for {busy:.1f} s of 2 s after the client left"
+        assert waited < 4.0, f"a two-token completion waited {waited:.1f} s behind a client that had left"
