@@ -52,12 +52,20 @@ MAX_SCHEMA_DEPTH = 32  # nested objects/arrays in a schema; deeper is refused (i
 MAX_GRAMMAR_CHARS = 256 * 1024
 COMPILE_SECONDS = 5.0  # a first compilation's deadline (an ordinary grammar takes milliseconds)
 MAX_CACHED = 128  # compiled grammars (and refusals) kept by hash
+# First compilations running at once (each a child process that may take a core and MEMORY_BYTES for
+# COMPILE_SECONDS; an ordinary grammar's takes about 0.2 s): one more is GrammarBusy, which the
+# server answers 503 with Retry-After, so slow checks hold at most this many of its threads.
+MAX_CHECKS = 2
 
 
 class GrammarError(SpecggufError):
     """A grammar or JSON schema that cannot be compiled; the message names the problem."""
 
     exit_code = 2
+
+
+class GrammarBusy(SpecggufError):
+    """MAX_CHECKS grammars are being checked already: nothing is wrong with this one, try again shortly."""
 
 
 def schema_depth(value: Any, depth: int = 0) -> int:
@@ -111,17 +119,27 @@ class GrammarSpec:
 
 
 _cache: OrderedDict[str, grammar_check.Verdict] = OrderedDict()
-_cache_lock = threading.Lock()
+_cache_lock = threading.Lock()  # guards _cache and _checking
+_checking = 0  # first compilations running now (at most MAX_CHECKS)
 
 
 def _compiled(kind: GrammarKind, text: str) -> grammar_check.Verdict:
-    """The verdict on a grammar: from the cache, else from a child process (`grammar_check`)."""
+    """The verdict on a grammar: from the cache, else from a child process (`grammar_check`) when
+    fewer than MAX_CHECKS run (else GrammarBusy)."""
+    global _checking
     key = hashlib.sha256(json.dumps([kind, text, JSON_OPTIONS]).encode("utf-8", "surrogatepass")).hexdigest()
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-    verdict = _in_child(kind, text)
+        if _checking >= MAX_CHECKS:
+            raise GrammarBusy(f"{_checking} grammars are being checked already")
+        _checking += 1
+    try:
+        verdict = _in_child(kind, text)
+    finally:
+        with _cache_lock:
+            _checking -= 1
     with _cache_lock:
         _cache[key] = verdict
         while len(_cache) > MAX_CACHED:

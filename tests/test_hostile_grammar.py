@@ -5,10 +5,12 @@ follow, is refused by name instead of answering "" or failing with llguidance's 
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import threading
 import time
+from collections import OrderedDict
 
 import httpx
 import numpy as np
@@ -17,8 +19,18 @@ import pytest
 from live_server import live_server
 from specgguf import grammar
 from specgguf.errors import SpecggufError
-from specgguf.grammar import COMPILE_SECONDS, MAX_GRAMMAR_CHARS, GrammarError, GrammarSpec, constraint_for
+from specgguf.grammar import (
+    COMPILE_SECONDS,
+    MAX_CHECKS,
+    MAX_GRAMMAR_CHARS,
+    GrammarBusy,
+    GrammarError,
+    GrammarSpec,
+    constraint_for,
+)
 from specgguf.llama.model import LlamaModel
+from specgguf.serve.jobs import failure
+from specgguf.serve.messages import Failed
 
 CYCLE = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}  # a schema that refers only to itself
 
@@ -113,6 +125,30 @@ def test_run_with_a_9000_rule_grammar_is_one_error_line(cli, tmp_path):
     assert time.monotonic() - started < COMPILE_SECONDS + 30
 
 
+def test_a_grammar_check_past_the_cap_is_refused_at_once_and_its_place_is_free_after(monkeypatch):
+    """A first compilation beyond MAX_CHECKS running ones is GrammarBusy at once (not a 400: nothing is
+    wrong with the grammar); as the worker plans a tool call's grammar it is a 503 with Retry-After."""
+    release = threading.Event()
+    monkeypatch.setattr(grammar, "_cache", OrderedDict())  # (its made-up verdicts stay here)
+    monkeypatch.setattr(grammar, "_in_child", lambda kind, text: release.wait(30) and ("ok", text))
+    checks = [threading.Thread(target=GrammarSpec("regex", f"slow{index}").compile) for index in range(MAX_CHECKS)]
+    for check in checks:
+        check.start()
+    while grammar._checking < MAX_CHECKS:
+        time.sleep(0.01)
+    started = time.monotonic()
+    with pytest.raises(GrammarBusy, match=f"{MAX_CHECKS} grammars are being checked already"):
+        GrammarSpec("regex", "one more").compile()
+    assert time.monotonic() - started < 1.0
+    refused = failure(Failed(GrammarBusy("busy"), status=503))
+    assert (refused.status, refused.code, refused.headers) == (503, "grammar_checks_busy", {"Retry-After": "1"})
+    release.set()
+    for check in checks:
+        check.join(30)
+    assert grammar._checking == 0
+    assert GrammarSpec("regex", "one more").compile() == "one more"  # its turn now
+
+
 @pytest.fixture(scope="module")
 def server(tiny_verifier):
     with live_server("-m", tiny_verifier, "-c", "256", "-t", "1", "-n", "8") as live:
@@ -155,3 +191,53 @@ def test_the_server_refuses_grammars_nothing_can_satisfy_or_follow(server, body,
     assert answer.status_code == 400, answer.text  # 200 with "", or a 500 with llguidance's internals
     assert message in answer.json()["error"]["message"]
     assert "\n" not in answer.json()["error"]["message"]
+
+
+def test_slow_grammar_checks_hold_few_threads_and_one_more_is_a_503_in_each_apis_shape(server):
+    """A grammar's first check runs at most MAX_CHECKS at once; one more is a 503 with Retry-After
+    at once, so a plain request never waits behind them (on the event loop's default pool, twenty
+    slow grammars made a plain chat wait 15.1 s instead of ~1 s)."""
+    n_hostile = min(32, (os.cpu_count() or 1) + 4) + 4  # more than the event loop's default pool holds
+    answers: dict[int, tuple[httpx.Response, float]] = {}
+
+    def hostile(index: int) -> None:
+        with server.http() as http:
+            started = time.monotonic()
+            answer = _chat(http, grammar=chained_rules(9000).replace('"y"', f'"y{index}"'))  # each new
+            answers[index] = answer, time.monotonic() - started
+
+    threads = [threading.Thread(target=hostile, args=(index,)) for index in range(n_hostile)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)  # each check under way (one holds its thread COMPILE_SECONDS), or refused
+    with server.http() as http:
+        started = time.monotonic()
+        plain = _chat(http)
+        plain_seconds = time.monotonic() - started
+        tool = {"name": "f", "input_schema": {"type": "object", "properties": {"new": {"type": "integer"}}}}
+        claude = http.post(
+            "/v1/messages",
+            json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "tools": [tool]},
+        )
+        schema = {"type": "object", "properties": {"also_new": {"type": "string"}}}
+        ollama = http.post(
+            "/api/chat", json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "format": schema}
+        )
+    for thread in threads:
+        thread.join(2 * COMPILE_SECONDS + 30)
+    assert plain.status_code == 200, plain.text
+    assert plain_seconds < COMPILE_SECONDS - 2  # it waited for the first checks' deadline
+    checked = [answer for answer, _ in answers.values() if answer.status_code == 400]
+    refused = [(answer, seconds) for answer, seconds in answers.values() if answer.status_code == 503]
+    assert len(checked) == MAX_CHECKS and len(refused) == n_hostile - MAX_CHECKS
+    assert all("too large or too deeply nested" in answer.json()["error"]["message"] for answer in checked)
+    for answer, seconds in refused:
+        assert answer.headers["Retry-After"] == "1"
+        assert answer.json()["error"]["code"] == "grammar_checks_busy"
+        assert seconds < 2.0  # at once, not after a check
+    assert claude.status_code == 503 and claude.headers["Retry-After"] == "1"
+    assert claude.json()["error"]["type"] == "overloaded_error"  # Anthropic's shape
+    assert ollama.status_code == 503 and ollama.headers["Retry-After"] == "1"
+    assert set(ollama.json()) == {"error"}  # Ollama's shape
+    with server.http() as http:  # the checks' places are free again
+        assert _chat(http, grammar='root ::= "free"').json()["choices"][0]["message"]["content"] == "free"

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 
 from specgguf.core.costs import Line, MachineCosts, StepCosts
 from specgguf.core.engine import FixedK, StepEvent
@@ -314,3 +315,59 @@ def test_a_chat_waits_at_most_give_way_seconds_then_steps(monkeypatch):
     chat.join(30)
     assert not chat.is_alive() and fim.is_alive()  # the chat ended while the long completion ran
     fim.join(30)
+
+
+@pytest.mark.parametrize("bound", ["tokens", "seconds"])
+def test_a_long_completion_goes_first_only_for_its_first_tokens_or_seconds(monkeypatch, bound):
+    """An editor's completion goes first for its first PRIORITY_TOKENS tokens and PRIORITY_SECONDS,
+    then steps like any request: a short chat beside a completion of hundreds of tokens ends long
+    before it (it took a step a second while the completion ran: 16 tokens in 12.9 s instead of 1.4)."""
+    if bound == "seconds":
+        monkeypatch.setattr(lanes_module, "PRIORITY_TOKENS", 10**6, raising=False)
+        monkeypatch.setattr(lanes_module, "PRIORITY_SECONDS", 0.5, raising=False)
+    model = _RecordingModel(seconds=0.01)
+    lanes = Lanes(model, None, 2)
+    streaming = threading.Event()
+    chat = threading.Thread(target=_request, args=(lanes, [1, 2, 3], 16), kwargs={"started": streaming})
+    chat.start()
+    assert streaming.wait(10)
+    before = len(model.batches)
+    fim = threading.Thread(target=_request, args=(lanes, [7, 8, 9], 300), kwargs={"fim": True})
+    fim.start()
+    chat.join(30)
+    assert not chat.is_alive()
+    assert fim.is_alive()  # the chat ended long before the completion (300 passes of 10 ms)
+    fim_seq = 1 - min(seq for batch in model.batches[:before] for seq in batch)
+    first = [batch for batch in model.batches[before:] if fim_seq in batch][:40]
+    assert sum(1 for batch in first if len(batch) > 1) <= 1  # it went first, at the start
+    fim.join(30)
+    assert not fim.is_alive()
+
+
+def test_short_completions_one_after_another_do_not_starve_a_chat():
+    """Two editors' short completions, always one running: the chat waits at most GIVE_WAY seconds
+    at a time, then steps for as long as it waited (it took a step a second: a 32-token chat took
+    40.1 s instead of 6.7)."""
+    model = _RecordingModel(seconds=0.01)
+    lanes = Lanes(model, None, 3)
+    streaming, done = threading.Event(), threading.Event()
+
+    def editor(prompt: list[int]) -> None:
+        while not done.is_set():
+            _request(lanes, prompt, 20, fim=True)
+
+    chat = threading.Thread(target=_request, args=(lanes, [1, 2, 3], 40), kwargs={"started": streaming})
+    chat.start()
+    assert streaming.wait(10)
+    editors = [threading.Thread(target=editor, args=([7, 8, index],)) for index in range(2)]
+    started = time.monotonic()
+    for thread in editors:
+        thread.start()
+        time.sleep(0.1)  # out of step: one editor's completion starts while the other's runs
+    chat.join(20)
+    elapsed = time.monotonic() - started
+    done.set()
+    for thread in editors:
+        thread.join(30)
+    chat.join(60)
+    assert elapsed < 5.0  # alone: 40 passes of 10 ms; held back at most half of the time

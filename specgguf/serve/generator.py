@@ -34,7 +34,7 @@ from ..core.drafting import common_prefix
 from ..core.model import Model
 from ..core.stats import Generation
 from ..errors import Cancelled, ContextFullError, PromptError, SpecggufError, UsageError
-from ..grammar import GrammarError
+from ..grammar import GrammarBusy, GrammarError
 from ..llama.stops import stops_when
 from ..prepare import Prepared
 from .cache_slots import CacheSlots
@@ -256,7 +256,7 @@ class Worker:
         try:
             plan = self.planner.plan(request, lane=index)
         except SpecggufError as error:
-            job.send(Failed(error, status=400))
+            job.send(Failed(error, status=503 if isinstance(error, GrammarBusy) else 400))
             return
         if self.lanes is None:
             self.prompts.select(plan.prompt)  # the cached conversation this prompt continues, if one is parked

@@ -34,9 +34,15 @@ MEMORY_SHARE = 0.5  # of the memory free after loading, what the default lets th
 # How long a verify waits for the other live requests (those still drafting, or sampling) to bring
 # their rows: the lanes then verify together, a round at a time, and draft together after it.
 ROUND_WAIT = 0.5
-# While an editor's fill-in-the-middle request runs, the other requests wait between their steps,
-# out of the batches (an answer of a few tokens should not share each pass with a long chat); a
-# wait lasts at most GIVE_WAY seconds, and then the request takes a step before it waits again.
+# An editor's fill-in-the-middle request goes first (the other requests wait between their steps,
+# out of the batches: an answer of a few tokens should not share each pass with a long chat), but
+# only for its first PRIORITY_TOKENS tokens and PRIORITY_SECONDS from its start, prompt included:
+# llama.vscode asks for 128 tokens (n_predict) and allots 500 ms to the prompt and 500 ms to the
+# answer (t_max_prompt_ms, t_max_predict_ms), so an editor's ordinary completion goes first whole.
+# After that it steps like any other request. A request waits at most GIVE_WAY seconds at a time,
+# and after a wait it steps for as long as it waited before it gives way again: whatever stream of
+# completions comes, it is held back at most half of the time.
+PRIORITY_TOKENS, PRIORITY_SECONDS = 128, 2.0
 GIVE_WAY = 1.0
 
 
@@ -51,7 +57,8 @@ class Lane:
     used: float = field(default_factory=time.monotonic)
     prompt: list[int] = field(default_factory=list)  # the last prompt answered here
     fim: bool = False  # ... a fill-in-the-middle one
-    gave_way: bool = False  # its request waited the longest it may (Lanes.give_way): it steps next
+    first_until: float = 0.0  # (time.monotonic) its fill-in-the-middle request goes first until then; 0: it does not
+    steps_until: float = 0.0  # its request gave way just before: until then it steps without giving way
 
     def live(self) -> contextlib.AbstractContextManager[None]:
         """While a request runs here: its thread takes part in both models' batches."""
@@ -108,14 +115,16 @@ class SharedCosts:
     a verifier whose rows cost compute, and plain steps batched across clients take over. Before
     each step the policy's prior is set for the lanes live now (costs.MachineCosts.shared)."""
 
-    def __init__(self, policy: KPolicy, lane: Lane, live: set[SharedCosts], give_way: Callable[[], None] | None = None):
+    def __init__(
+        self, policy: KPolicy, lane: Lane, live: set[SharedCosts], between_steps: Callable[[], None] | None = None
+    ):
         self.policy, self.lane, self.live = policy, lane, live  # live: the requests' policies running now
-        self.give_way = give_way  # called between steps: Lanes.give_way
+        self.between_steps = between_steps  # Lanes.between_steps
         self._marks = lane.charged()
 
     def choose(self, source: Source = "model") -> int:
-        if self.give_way is not None:
-            self.give_way()  # a step starts: first, an editor's completion may go ahead
+        if self.between_steps is not None:
+            self.between_steps()  # a step starts: first, an editor's completion may go ahead
         self._marks = self.lane.charged()  # a step starts: drafting and verifying are charged from here
         n_lanes = self.lane.verifier.batcher.n_participants
         verify, draft = self.lane.pass_lines()
@@ -188,8 +197,7 @@ class Lanes:
         self.lanes = [Lane(index, view, drafts[index]) for index, view in enumerate(verifiers)]
         self._lock = threading.Lock()
         self._live: set[SharedCosts] = set()
-        self._urgent = threading.Condition()  # notified when a fill-in-the-middle request ends
-        self._fim_live = 0  # fill-in-the-middle requests running now
+        self._urgent = threading.Condition()  # guards the lanes' first_until; notified when one ends
 
     def acquire(self, prompt: list[int], *, fim: bool = False) -> Lane:
         """The free lane for `prompt` (one is free: a thread per lane asks), as the docstring above says;
@@ -214,38 +222,58 @@ class Lanes:
                 lane = max(empty, key=lambda lane: -lane.used)
             else:
                 lane = max(free, key=value)
-            lane.busy, lane.prompt, lane.fim = True, list(prompt), fim
+            lane.busy, lane.prompt, lane.fim, lane.steps_until = True, list(prompt), fim, 0.0
             return lane
 
     @contextlib.contextmanager
     def shared(self, policy: KPolicy, lane: Lane) -> Iterator[SharedCosts]:
         """`policy`, for a request running on `lane`, among the live requests' (SharedCosts)."""
-        shared = SharedCosts(policy, lane, self._live, None if lane.fim else lambda: self.give_way(lane))
+        shared = SharedCosts(policy, lane, self._live, lambda: self.between_steps(lane))
         self._live.add(shared)
         if lane.fim:
             with self._urgent:
-                self._fim_live += 1
+                lane.first_until = time.monotonic() + PRIORITY_SECONDS
         try:
             yield shared
         finally:
             self._live.discard(shared)
-            if lane.fim:
-                with self._urgent:
-                    self._fim_live -= 1
-                    self._urgent.notify_all()
+            self._priority_ends(lane)
+
+    def between_steps(self, lane: Lane) -> None:
+        """(A request's thread, as a step starts.) A fill-in-the-middle request goes first for its
+        first PRIORITY_TOKENS tokens and PRIORITY_SECONDS; any other request gives way to it."""
+        generated = lane.verifier.n_past - len(lane.prompt)  # (its tokens so far, the prompt read)
+        if lane.first_until > time.monotonic() and generated < PRIORITY_TOKENS:
+            return  # it goes first: it waits for no one
+        self._priority_ends(lane)
+        self.give_way(lane)
+
+    def _priority_ends(self, lane: Lane) -> None:
+        """`lane`'s request no longer goes first (its priority spent, or it ended)."""
+        with self._urgent:
+            if lane.first_until:
+                lane.first_until = 0.0
+                self._urgent.notify_all()
+
+    def _priority_left(self) -> float:
+        """(Holding `_urgent`.) Seconds until no request goes first (0: none does now)."""
+        now = time.monotonic()
+        return max([lane.first_until - now for lane in self.lanes if lane.first_until] + [0.0])
 
     def give_way(self, lane: Lane) -> None:
-        """(A request's thread, between its steps.) While a fill-in-the-middle request runs on another
-        lane, wait out of both models' batches, at most GIVE_WAY seconds: an editor's completion of
-        a few tokens then takes its passes alone (their rows and its prompt's), instead of sharing
-        each with this request's rows. A request that waited the limit takes a step before it
-        waits again, so a stream of completions never stops a chat."""
-        if not self._fim_live or lane.gave_way:
-            lane.gave_way = False
-            return
+        """(A request's thread, between its steps.) While a request goes first on another lane, wait
+        out of both models' batches, at most GIVE_WAY seconds: an editor's completion of a few tokens
+        then takes its passes alone (their rows and its prompt's), instead of sharing each with this
+        request's rows. After a wait the request steps for as long as it waited before it gives way
+        again, so no stream of completions holds it back more than half of the time."""
+        with self._urgent:
+            if time.monotonic() < lane.steps_until or not self._priority_left():
+                return
         with lane.away(), self._urgent:
-            self._urgent.wait_for(lambda: not self._fim_live, timeout=GIVE_WAY)
-            lane.gave_way = bool(self._fim_live)  # (the limit, not the end of the completion)
+            started = time.monotonic()
+            self._urgent.wait_for(lambda: not self._priority_left(), timeout=min(GIVE_WAY, self._priority_left()))
+            now = time.monotonic()
+            lane.steps_until = now + (now - started)
 
     def release(self, lane: Lane) -> None:
         with self._lock:

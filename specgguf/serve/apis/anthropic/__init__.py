@@ -7,7 +7,6 @@ Errors are Anthropic's `{"type": "error", "error": {"type", "message"}}` (`error
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -18,7 +17,7 @@ from pydantic_core import from_json
 from ....conversation import ToolCall
 from ...common import ApiError, ServeOptions, parse_body
 from ...generator import Delta, Failed, Finished, Job, Worker
-from ...jobs import Answer, answer, failure, messages, stream
+from ...jobs import Answer, answer, failure, messages, set_up, stream
 from ...plan import GenerationRequest
 from ...tools import CallDelta
 from .bodies import CountBody, MessagesBody
@@ -93,7 +92,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
     async def count_tokens(request: Request):
         body = parse_body(CountBody, await request.body())
         check_model(body.model)
-        tools = await asyncio.to_thread(body.tool_plan)  # its grammars compile off the event loop
+        tools = await set_up(body.tool_plan)  # its grammars compile off the event loop
         tokens = worker.templates.chat_tokens(body.history(), None if tools is None else tools.definitions)
         return {"input_tokens": len(tokens)}
 
@@ -102,7 +101,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         body = parse_body(MessagesBody, await request.body())
         check_model(body.model)
         # Off the event loop: a grammar's first compilation may take up to grammar.COMPILE_SECONDS.
-        grammar, tools = await asyncio.to_thread(lambda: (body.grammar(), body.tool_plan()))
+        grammar, tools = await set_up(lambda: (body.grammar(), body.tool_plan()))
         generation = GenerationRequest(
             messages=body.history(),
             text="",

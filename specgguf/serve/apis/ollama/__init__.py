@@ -11,7 +11,6 @@ model stays loaded while the server runs). `options` map to our sampling as llam
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import time
@@ -29,7 +28,7 @@ from ....core.sampling import SamplingSettings
 from ....grammar import GrammarSpec
 from ...common import ApiError, Body, ServeOptions, checked_grammar, llama_sampling, parse_body, unsupported
 from ...generator import Delta, Failed, Finished, Worker
-from ...jobs import Answer, answer, messages, stream
+from ...jobs import Answer, answer, messages, set_up, stream
 from ...plan import GenerationRequest
 from ...tools import ToolPlan
 from . import embed
@@ -237,7 +236,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             return {"model": body.model, "created_at": _now(), "message": message}
 
         # Off the event loop: a grammar's first compilation may take up to grammar.COMPILE_SECONDS.
-        job = await asyncio.to_thread(lambda: generation(body, body.history(), "", body.tool_plan()))
+        job = await set_up(lambda: generation(body, body.history(), "", body.tool_plan()))
         return await reply(request, body, job, shape)
 
     @app.post("/api/generate", dependencies=dependencies)
@@ -247,13 +246,13 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
         if body.suffix:  # fill in the middle, framed with the model's FIM tokens
             job = replace(
-                await asyncio.to_thread(generation, body, None, ""), fim=FimRequest(body.prompt or "", body.suffix)
+                await set_up(lambda: generation(body, None, "")), fim=FimRequest(body.prompt or "", body.suffix)
             )
         elif body.raw:  # the model's raw input: special tokens' texts are those tokens, as Ollama reads them
-            job = replace(await asyncio.to_thread(generation, body, None, body.prompt or ""), parse_special=True)
+            job = replace(await set_up(lambda: generation(body, None, body.prompt or "")), parse_special=True)
         else:
             turns = ([Message("system", body.system)] if body.system else []) + [Message("user", body.prompt or "")]
-            job = await asyncio.to_thread(generation, body, turns, "")
+            job = await set_up(lambda: generation(body, turns, ""))
         return await reply(
             request,
             body,

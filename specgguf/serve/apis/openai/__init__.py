@@ -7,7 +7,6 @@ other API claims. (The Responses API and embeddings are OpenAI's too: responses/
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import replace
 
@@ -17,7 +16,7 @@ from fastapi.responses import JSONResponse
 from ....conversation import FimRequest, Message
 from ...common import ApiError, ServeOptions, parse_body
 from ...generator import Delta, Finished, Job, Worker
-from ...jobs import Answer, answer, failure, messages, stream
+from ...jobs import Answer, answer, failure, messages, set_up, stream
 from ...plan import GenerationRequest, RequestDrafting
 from .bodies import ChatRequest, CompletionRequest
 from .shapes import Shape
@@ -61,8 +60,8 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             request,
             body,
             # Off the event loop: a grammar's first compilation may take up to grammar.COMPILE_SECONDS.
-            await asyncio.to_thread(
-                _generation_request, body, body.template_messages(), "", options, worker.verifier.n_ctx
+            await set_up(
+                lambda: _generation_request(body, body.template_messages(), "", options, worker.verifier.n_ctx)
             ),
             Shape("chat", options.model_name, logprobs=body.n_top_logprobs is not None, marks=body.marks_drafts),
             worker=worker,
@@ -75,7 +74,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         return await _answer(
             request,
             body,
-            await asyncio.to_thread(_generation_request, body, None, body.text, options, worker.verifier.n_ctx),
+            await set_up(lambda: _generation_request(body, None, body.text, options, worker.verifier.n_ctx)),
             Shape("text", options.model_name, logprobs=body.n_top_logprobs is not None, marks=body.marks_drafts),
             worker=worker,
             options=options,

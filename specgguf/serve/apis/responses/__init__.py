@@ -8,7 +8,6 @@ shape, as on the other /v1 routes."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 
@@ -17,7 +16,7 @@ from fastapi import FastAPI, Request
 from ....conversation import Message, ToolCall
 from ...common import ApiError, ServeOptions, parse_body
 from ...generator import Delta, Failed, Finished, Job, Worker
-from ...jobs import Answer, answer, messages, stream
+from ...jobs import Answer, answer, messages, set_up, stream
 from ...plan import GenerationRequest
 from ...tools import CallDelta
 from .bodies import ResponsesBody
@@ -56,7 +55,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         turns = history + body.turns(history)
         system = [Message("system", body.instructions)] if body.instructions else []
         # Off the event loop: a grammar's first compilation may take up to grammar.COMPILE_SECONDS.
-        grammar, tools = await asyncio.to_thread(lambda: (body.grammar(), body.tool_plan(history)))
+        grammar, tools = await set_up(lambda: (body.grammar(), body.tool_plan(history)))
         generation = GenerationRequest(
             messages=system + turns,
             text="",
