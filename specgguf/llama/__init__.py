@@ -5,6 +5,6 @@ and fillers (the rows that make one pass of unequal requests), loaded (LoadedMod
 uses of one, and ModelSettings, how a file loads), template (a GGUF's chat template), vocab, info
 (description, FIM tokens), embedding, state (saved caches), convert (re-quantizing) and variants
 (the drafts it can make, by name), compat (can two vocabularies pair), runtime (llama.cpp's log,
-Ctrl-C and the one decode thread), stops (a request stopped between or inside its passes), rpc (workers), rpc_devices, ggml_devices, rpc_frames, rpc_relay
-and rpc_child (the worker's relay and its child server), threads, guidance (the vocabulary for
-llguidance's grammars)."""
+Ctrl-C and the one decode thread), stops (a request stopped between or inside its passes), rpc
+(workers), rpc_devices, ggml_devices, rpc_frames, rpc_relay and rpc_child (the worker's relay and
+its child server), threads, guidance (the vocabulary for llguidance's grammars)."""
