@@ -170,3 +170,56 @@ def test_a_client_that_hangs_up_during_a_long_prompt_frees_the_server_within_a_c
         busy = _cpu_seconds(server.process.pid) - before
         assert busy < 0.5, f"the server was busy for {busy:.1f} s of 2 s after the client left"
         assert waited < 4.0, f"a two-token completion waited {waited:.1f} s behind a client that had left"
+
+
+class _LinedDecoder:
+    """Decodes nothing; records each pass's rows per sequence; its pass line is (10 ms, 10 ms a row)."""
+
+    n_batch = 512
+
+    def __init__(self) -> None:
+        self.passes: list[dict[int, int]] = []
+        self.costs = type("Costs", (), {"line": staticmethod(lambda: (0.01, 0.01))})()
+
+    def decode(self, work: list[Rows]) -> list[np.ndarray]:
+        self.passes.append({rows.seq: len(rows.tokens) for rows in work})
+        time.sleep(0.001 * sum(len(rows.tokens) for rows in work))
+        return [np.zeros((rows.n_logits, 8), dtype=np.float32) for rows in work]
+
+    def remove(self, seq: int, start: int) -> None:
+        pass
+
+
+def test_a_prompt_among_live_requests_goes_in_short_chunks_that_their_steps_ride_along():
+    """Alone, a prompt of 300 tokens is one pass; with another request live, chunks of about
+    SHARED_CHUNK_SECONDS by the pass line (49 rows here), and the other's steps share their passes
+    instead of waiting out one of 300 rows."""
+    from specgguf.llama.batcher import SHARED_CHUNK_SECONDS, SequenceView
+
+    decoder = _LinedDecoder()
+    batcher = Batcher(decoder, wait_seconds=0.5)
+    prompt, chat = (SequenceView(batcher, seq, n_ctx=4096, n_vocab=8, is_eog=lambda t: False) for seq in (0, 1))
+    with batcher.participant():
+        prompt.eval(list(range(300)), n_logits=1)
+    assert decoder.passes == [{0: 300}]
+    decoder.passes.clear()
+    chunk = int((SHARED_CHUNK_SECONDS - 0.01) / 0.01)
+    steps_done = threading.Event()
+
+    def chat_steps() -> None:
+        with batcher.participant():
+            for _ in range(4):
+                chat.eval([1], n_logits=1)
+        steps_done.set()
+
+    with batcher.participant():
+        thread = threading.Thread(target=chat_steps)
+        thread.start()
+        time.sleep(0.05)  # the chat is live
+        prompt.eval(list(range(300, 600)), n_logits=1)
+        thread.join()
+    prompt_chunks = [rows[0] for rows in decoder.passes if 0 in rows]
+    # Short chunks while the chat is live; once it has ended, the rest in one pass.
+    assert prompt_chunks[:4] == [chunk] * 4 and prompt_chunks[4:] == [300 - 4 * chunk]
+    assert sum(1 in rows for rows in decoder.passes) == 4
+    assert sum(0 in rows and 1 in rows for rows in decoder.passes) >= 3  # the chat's steps rode along
