@@ -180,6 +180,9 @@ class SequenceView:
         self.busy_seconds = 0.0  # time in this view's batches (shared with the others in them)
         self.charged_seconds = 0.0  # ... of which its share, by rows: what its steps cost (serve/lanes.py)
         self._pending_base: int | None = None  # a chain evaluated by eval_tree, until keep_path
+        # The same request's sequences of the other model (serve/lanes.py): while this one reads a
+        # long evaluation, their batches do not wait for this thread's rows (it brings none).
+        self.partners: list[SequenceView] = []
 
     @property
     def n_past(self) -> int:
@@ -209,6 +212,14 @@ class SequenceView:
         n_batch = self.batcher.decoder.n_batch
         if not 0 <= n_logits <= min(len(tokens), n_batch):
             raise ValueError(f"asked for {n_logits} logits rows from {len(tokens)} tokens")
+        with contextlib.ExitStack() as elsewhere:
+            if len(tokens) > MIN_SHARED_CHUNK:  # a prompt, a draft catching up: passes of many rows
+                for partner in self.partners:
+                    elsewhere.enter_context(partner.away())
+            return self._chunks(tokens, n_logits, embeddings)
+
+    def _chunks(self, tokens: list[int], n_logits: int, embeddings: np.ndarray | None) -> np.ndarray:
+        """`tokens` through the batcher in chunks (`_chunk_rows`), each a call of its own."""
         first_output, parts, start = len(tokens) - n_logits, [], 0
         while start < len(tokens):
             stops.check_stop()  # a request whose client has gone stops here, its chunks so far cached

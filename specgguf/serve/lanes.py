@@ -195,6 +195,9 @@ class Lanes:
         verifiers = verifier.sequences(n_seq, wait_seconds=ROUND_WAIT, calibrate=True)
         drafts = draft_views(draft, n_seq) if draft is not None else [None] * n_seq
         self.lanes = [Lane(index, view, drafts[index]) for index, view in enumerate(verifiers)]
+        for lane in self.lanes:  # a lane reading a prompt on one model brings no rows to the other's batches
+            if (draft_view := lane.draft_sequence) is not None:
+                lane.verifier.partners, draft_view.partners = [draft_view], [lane.verifier]
         self._lock = threading.Lock()
         self._live: set[SharedCosts] = set()
         self._urgent = threading.Condition()  # guards the lanes' first_until; notified when one ends
