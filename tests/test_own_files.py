@@ -1,0 +1,112 @@
+"""Hardening, round four (issue 43): the files specgguf writes for itself (tuning.json and its lock, the
+drafts cache's vocabulary maps and counts, stamps) are read only as small regular files and checked on
+read. A FIFO in their place never blocks a run; a damaged one is one warning and ignored or rebuilt,
+never a traceback. Where a FIFO could block, the case runs in a process with a timeout, so that a hang
+fails the test instead of stalling the suite."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specgguf.files.derived import counts_path
+from specgguf.files.vocab_maps import vocab_map_path
+from tiny_gguf import write_tiny_llama
+
+TIMEOUT = 120  # a run of the tiny pair takes seconds; one blocked on a FIFO would never end
+
+
+def _tiny(verifier: Path, draft: Path) -> list:
+    return ["-m", verifier, "-md", draft, "-c", "256", "-n", "8", "--seed", "1"]
+
+
+def _run(cli, *args, env: dict[str, str] | None = None):
+    """`specgguf run ARGS "the cat"` in a process: it finished, with exit 0 and no traceback."""
+    result = cli.process("run", *args, "the cat", env=env, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+# --- the drafts cache: vocabulary maps, counted answers -------------------------------------
+@pytest.fixture(scope="module")
+def bpe_draft(tmp_path_factory) -> Path:
+    """A draft of another vocabulary (byte-level BPE) for the tiny verifier (SentencePiece): it drafts through text."""
+    return write_tiny_llama(tmp_path_factory.mktemp("bpe") / "bpe.gguf", base_seed=7, vocab_type="bpe")
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.mark.parametrize("which", ["vocabulary map", "counted answers"])
+def test_a_fifo_in_the_drafts_cache_never_blocks_a_cross_vocabulary_run(
+    cli, tiny_verifier, bpe_draft, own_cache, which
+):
+    path = vocab_map_path(bpe_draft, tiny_verifier) if which == "vocabulary map" else counts_path(tiny_verifier)
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    result = _run(cli, *_tiny(tiny_verifier, bpe_draft))
+    if which == "vocabulary map":  # a damaged map: a warning, built again and kept
+        assert f"specgguf: warning: {path}: a damaged vocabulary map (a FIFO" in result.stderr
+        assert path.is_file() and np.load(path).dtype == np.int32
+    else:  # not counted here: the overlap is told without the share of the verifier's answers
+        assert path.is_fifo()
+
+
+def _map_with_header(path: Path, shape: tuple[int, ...], dtype: str = "<i4", data: bytes = b"") -> None:
+    header = {"descr": dtype, "fortran_order": False, "shape": shape}
+    with path.open("wb") as handle:
+        np.lib.format.write_array_header_1_0(handle, header)
+        handle.write(data)
+
+
+def test_a_vocabulary_map_whose_header_claims_10_12_entries_is_rebuilt_naming_it(
+    cli, tiny_verifier, bpe_draft, own_cache
+):
+    path = vocab_map_path(bpe_draft, tiny_verifier)
+    path.parent.mkdir(parents=True)
+    _map_with_header(path, (10**12,), data=b"\xff" * 64)  # it was a MemoryError traceback naming no file
+    result = cli("run", *_tiny(tiny_verifier, bpe_draft), "the cat")
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    (warning,) = [line for line in result.stderr.splitlines() if line.startswith("specgguf: warning:")]
+    assert warning.startswith(f"specgguf: warning: {path}: a damaged vocabulary map (expected int32 of shape (")
+    assert "the header says int32 of shape (1000000000000,)" in warning and warning.endswith("building it again")
+    assert np.load(path).shape != (10**12,)
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, data, problem",
+    [
+        ((10**12,), "<i4", b"\x00" * 40, "the header says int32 of shape (1000000000000,)"),
+        ((10,), "<i8", b"\x00" * 80, "the header says int64 of shape (10,)"),
+        ((2, 5), "<i4", b"\x00" * 40, "the header says int32 of shape (2, 5)"),
+        ((10,), "<i4", b"\x00" * 12, "its header says 10 entries, the file holds"),
+        ((10,), "<i4", b"\x00" * 44, "its header says 10 entries, the file holds"),
+    ],
+)
+def test_an_npy_header_is_checked_against_the_reader_and_the_file_size(tmp_path, shape, dtype, data, problem):
+    from specgguf.files.small_files import read_npy
+
+    path = tmp_path / "map.npy"
+    _map_with_header(path, shape, dtype, data)
+    with pytest.raises(ValueError, match=problem.replace("(", r"\(").replace(")", r"\)")):
+        read_npy(path, dtype=np.int32, length=10)
+    np.save(path, np.arange(10, dtype=np.int32))
+    assert read_npy(path, dtype=np.int32, length=10).tolist() == list(range(10))
+
+
+def test_an_npy_that_is_a_fifo_or_a_device_is_refused_at_once(tmp_path):
+    from specgguf.files.small_files import FileRefused, read_npy
+
+    fifo = tmp_path / "map.npy"
+    os.mkfifo(fifo)
+    with pytest.raises(FileRefused, match="a FIFO"):
+        read_npy(fifo, dtype=np.int32, length=10)
+    with pytest.raises(FileRefused, match="a device"):
+        read_npy(Path("/dev/zero"), dtype=np.int32, length=10)
