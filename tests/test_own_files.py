@@ -17,6 +17,7 @@ from specgguf.files.vocab_maps import vocab_map_path
 from tiny_gguf import write_tiny_llama
 
 TIMEOUT = 120  # a run of the tiny pair takes seconds; one blocked on a FIFO would never end
+DEEP = b"[" * 100_000 + b"]" * 100_000
 
 
 def _tiny(verifier: Path, draft: Path) -> list:
@@ -29,6 +30,37 @@ def _run(cli, *args, env: dict[str, str] | None = None):
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     return result
+
+
+# --- tuning.json and its lock -----------------------------------------------------------------
+@pytest.mark.parametrize("name", ["tuning.json", "tuning.json.lock"])
+def test_a_fifo_as_tuning_json_or_its_lock_never_blocks_a_run(cli, tiny_verifier, tiny_draft, config_home, name):
+    fifo = config_home / "specgguf" / name
+    os.mkfifo(fifo)  # every run blocked here: reading tuning.json, or locking it to keep the measured costs
+    result = _run(cli, *_tiny(tiny_verifier, tiny_draft))
+    assert f"{fifo}" in result.stderr and "a FIFO" in result.stderr
+    assert "specgguf: warning:" in result.stderr
+
+
+def test_a_tuning_json_nested_100000_deep_is_a_warning_for_every_command(cli, tiny_verifier, tiny_draft, config_home):
+    path = config_home / "specgguf" / "tuning.json"
+    path.write_bytes(DEEP)
+    for command in (["run", *_tiny(tiny_verifier, tiny_draft), "the cat"], ["check", tiny_draft, tiny_verifier]):
+        result = cli.process(*command, timeout=TIMEOUT)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        assert f"{path}: not valid JSON (nested too deeply to be read); ignored" in result.stderr
+    assert path.read_bytes() == DEEP  # reading never rewrites it
+
+
+def test_tuning_json_nested_past_the_cap_is_ignored_and_kept_aside_when_written(config_home, capsys):
+    from specgguf import tuning
+
+    path = tuning.tuning_path()
+    path.write_text('{"elsewhere": ' + "[" * 20 + "]" * 20 + "}")  # 21 deep: parsed, refused by the cap
+    assert tuning.load_tuning() is None and "nested more than 16 deep" in capsys.readouterr().err
+    tuning.store_measurement(Path("v.gguf"), Path("d.gguf"), 0.0, tuning.BenchResult(4, 1.3))
+    assert tuning.stored_measurement(Path("v.gguf"), Path("d.gguf"), 0.0) == tuning.BenchResult(4, 1.3)
+    assert path.with_name("tuning.json.damaged").is_file()
 
 
 # --- the drafts cache: vocabulary maps, counted answers -------------------------------------
