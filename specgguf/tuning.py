@@ -10,7 +10,8 @@
   (`stored_draft_variant`, a `MeasuredVariants`: draft_variant.py); a found draft of another
   vocabulary measured against n-gram drafts alone (`stored_entry`, read by cross_search.py into a `Trial`).
 
-Entries come back as those typed values, checked on read. The file itself (read only when a small
+Entries come back as those typed values, checked on read: a cost table has the entries its kind
+needs (`_COST_ENTRIES`), each between 1 µs and an hour. The file itself (read only when a small
 regular file, changed under its lock) is files/tuning_file.py's.
 
 A damaged file is never fatal: each problem is one warning and the entry is ignored; a file
@@ -110,14 +111,26 @@ def model_key(kind: str, model: Path, *, n_threads: int, n_gpu_layers: int) -> s
     return f"{kind}|{Path(model).name}|{size}|threads={n_threads}|gpu_layers={n_gpu_layers}"
 
 
+# How many costs a stored list holds, by its key's kind (`model_key`): a verify table has a row per
+# batch size from 1 (core/costs.py's MachineCosts needs two or more), a draft one token's cost.
+_COST_ENTRIES = {"verify_costs": (2, 1024), "draft_costs": (1, 1)}
+MIN_SECONDS, MAX_SECONDS = 1e-6, 3600.0  # what a plausible cost is: from a microsecond to an hour
+
+
 def stored_seconds(key: str) -> list[float] | None:
     """Measured seconds stored under `key` (a verify table, a draft token's cost), if valid."""
     costs = machine_entries().get(key)
     if costs is None:
         return None
-    if isinstance(costs, list) and costs and all(type(c) in (int, float) and math.isfinite(c) and c > 0 for c in costs):
-        return [float(c) for c in costs]
-    warn(f"{key}: expected a list of positive seconds")
+    fewest, most = _COST_ENTRIES.get(key.split("|", 1)[0], (1, 1024))
+    if (
+        isinstance(costs, list)
+        and fewest <= len(costs) <= most
+        and all(_number(cost) and MIN_SECONDS <= cost <= MAX_SECONDS for cost in costs)
+    ):
+        return [float(cost) for cost in costs]
+    count = f"{fewest}" if fewest == most else f"{fewest} to {most}"
+    warn(f"{key}: expected a list of {count} costs, each from 1 µs to 1 h (in seconds)")
     return None
 
 

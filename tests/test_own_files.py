@@ -6,6 +6,7 @@ fails the test instead of stalling the suite."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from specgguf.files.derived import counts_path
 from specgguf.files.vocab_maps import vocab_map_path
+from specgguf.tuning import machine_id
 from tiny_gguf import write_tiny_llama
 
 TIMEOUT = 120  # a run of the tiny pair takes seconds; one blocked on a FIFO would never end
@@ -40,6 +42,35 @@ def test_a_fifo_as_tuning_json_or_its_lock_never_blocks_a_run(cli, tiny_verifier
     result = _run(cli, *_tiny(tiny_verifier, tiny_draft))
     assert f"{fifo}" in result.stderr and "a FIFO" in result.stderr
     assert "specgguf: warning:" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def measured(cli, tiny_verifier, tiny_draft, tmp_path_factory) -> dict[str, list[float]]:
+    """This machine's costs for the tiny pair, as a first run keeps them in tuning.json."""
+    config = tmp_path_factory.mktemp("measured")
+    _run(cli, *_tiny(tiny_verifier, tiny_draft), env={"XDG_CONFIG_HOME": str(config)})
+    (entries,) = json.loads((config / "specgguf" / "tuning.json").read_text()).values()
+    assert {key.split("|")[0] for key in entries} == {"verify_costs", "draft_costs"}
+    return entries
+
+
+DAMAGE = {
+    "one entry": lambda costs: costs[:1],  # a verify table of one batch size: a ValueError, `serve` did not start
+    "subnormal": lambda costs: [1e-320] * len(costs),  # "cannot convert float NaN to integer" in the K policy
+    "over an hour": lambda costs: [7200.0] * len(costs),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_implausible_stored_costs_are_one_warning_and_measured_again(
+    cli, tiny_verifier, tiny_draft, config_home, measured, damage
+):
+    path = config_home / "specgguf" / "tuning.json"
+    path.write_text(json.dumps({machine_id(): {key: DAMAGE[damage](costs) for key, costs in measured.items()}}))
+    result = _run(cli, *_tiny(tiny_verifier, tiny_draft), "-n", "30", "--temp", "0.8")
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("specgguf: warning:")]
+    assert warnings and all(str(path) in line and "from 1 µs to 1 h" in line for line in warnings), result.stderr
+    assert "measuring this machine's costs" in result.stderr
 
 
 def test_a_tuning_json_nested_100000_deep_is_a_warning_for_every_command(cli, tiny_verifier, tiny_draft, config_home):
