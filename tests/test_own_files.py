@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -173,3 +175,26 @@ def test_an_npy_that_is_a_fifo_or_a_device_is_refused_at_once(tmp_path):
         read_npy(fifo, dtype=np.int32, length=10)
     with pytest.raises(FileRefused, match="a device"):
         read_npy(Path("/dev/zero"), dtype=np.int32, length=10)
+
+
+# --- stamps ---------------------------------------------------------------------------------
+STAMP_IN_A_CHILD = """
+import sys
+from pathlib import Path
+from specgguf.files.stamps import is_stamped, sha256_hex, stamped_sha256, write_stamp
+
+source, stamp = Path(sys.argv[1]), Path(sys.argv[2])
+digest = sha256_hex(source)
+assert stamped_sha256(source, stamp=stamp) is None and not is_stamped(source, digest, stamp=stamp)
+write_stamp(source, digest, stamp=stamp)
+assert stamped_sha256(source, stamp=stamp) == digest and is_stamped(source, digest, stamp=stamp)
+"""
+
+
+def test_a_fifo_as_a_stamp_is_no_stamp_and_is_replaced_by_one(tmp_path):
+    source, stamp = tmp_path / "model.gguf", tmp_path / "model.sha256"
+    source.write_bytes(b"weights")
+    os.mkfifo(stamp)  # reading it blocked (a stamp is read at every start), and so did writing one
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    subprocess.run([sys.executable, "-c", STAMP_IN_A_CHILD, source, stamp], env=env, check=True, timeout=60)
+    assert stamp.is_file() and not stamp.is_fifo()
