@@ -14,6 +14,7 @@ from .core.cross_drafter import CrossVocab
 from .core.vocab_map import VocabMap, VocabMapError, VocabPieces, build_vocab_map, check_map
 from .errors import AssetError
 from .files.derived import counts_path
+from .files.small_files import read_npy
 from .files.vocab_maps import read_array, vocab_map_path, write_array
 from .llama.compat import VocabInfo
 from .llama.loaded import LoadedModel
@@ -28,7 +29,7 @@ def pair_map(draft: VocabInfo, verifier: VocabInfo, *, draft_path: Path, verifie
     """The pair's map: the stored one if it fits the pair, else built (about a second) and stored."""
     path = vocab_map_path(draft_path, verifier_path)
     try:
-        stored = read_array(path)
+        stored = read_array(path, length=draft.n_vocab)
         if stored is not None:
             check_map(stored, n_draft=draft.n_vocab, n_verifier=verifier.n_vocab)
             return VocabMap(stored, verifier.n_vocab)
@@ -47,10 +48,10 @@ def shared_text(vocab_map: VocabMap, verifier_path: Path) -> str:
     counted here (files/derived.py's `counts_path`, the hot vocabulary's calibration; never counted for this)."""
     text = f"{vocab_map.overlap:.0%} of the verifier's tokens shared"
     try:
-        written = np.load(counts_path(verifier_path), allow_pickle=False)
+        written = read_npy(counts_path(verifier_path), dtype=np.int64, length=vocab_map.n_verifier)
     except (OSError, ValueError):
         return text  # not counted here (or damaged: draft_variant.py counts again when it needs them)
-    if written.shape == (vocab_map.n_verifier,) and written.dtype == np.int64 and written.min() >= 0:
+    if written.min() >= 0:
         text += f", {vocab_map.answer_share(written):.0%} of its answers"
     return text
 

@@ -39,6 +39,7 @@ from .files import hot_vocab
 from .files.assets import DERIVED_DRAFTS, cache_dir
 from .files.derived import counts_path, derived_path
 from .files.partial import cannot_write_in, partial_file
+from .files.small_files import read_npy
 from .llama.loaded import LoadedModel, ModelSettings
 from .llama.variants import ORIGINAL_VARIANT, Auto, Variant
 from .tuning import Candidate, MeasuredVariants
@@ -87,8 +88,8 @@ def written_counts(verifier: LoadedModel) -> np.ndarray:
     answers, drafted by n-grams alone: the same tokens, sooner); kept in the cache folder."""
     kept = counts_path(verifier.path)
     try:
-        counts = np.load(kept, allow_pickle=False)
-        if counts.shape == (verifier.n_vocab,) and counts.dtype == np.int64 and counts.min() >= 0:
+        counts = read_npy(kept, dtype=np.int64, length=verifier.n_vocab)
+        if counts.min() >= 0:
             return counts
     except (OSError, ValueError):
         pass  # not there yet, or damaged: counted again

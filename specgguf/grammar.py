@@ -181,6 +181,17 @@ def _first_line(error: object) -> str:
     return terminal_safe((str(error).strip().splitlines() or [type(error).__name__])[0][:300])
 
 
+def _dead_end(error: str) -> str | None:
+    """Why the grammar cannot go on, in words, where the matcher's error is a dead end; None for others.
+    llguidance stops computing the text a grammar forces past a limit of parser items ("Too many items
+    (limit 50000; ff_tokens)"): forced text that never ends (`rule ::= "c" rule`), or one too long to follow."""
+    if grammar_check.dead_end(error):
+        return "no text can follow the answer so far"
+    if "Too many items" in error and "ff_tokens" in error:
+        return "a dead end, where the text it forces never ends (or is too long to follow), so no answer can end"
+    return None
+
+
 class GuidanceConstraint:
     """`core.constraint.Constraint` over an llguidance matcher for one answer."""
 
@@ -204,8 +215,7 @@ class GuidanceConstraint:
         # end-only mask would end the answer as if it were complete.
         if self.matcher.is_error():
             error = self.matcher.get_error()
-            why = "no text can follow the answer so far" if grammar_check.dead_end(error) else _first_line(error)
-            raise GrammarError(f"the grammar cannot go on: {why}")
+            raise GrammarError(f"the grammar cannot go on: {_dead_end(error) or _first_line(error)}")
         mask = np.unpackbits(self._bits.view(np.uint8), bitorder="little").astype(bool)
         return mask[: self.n_vocab] if len(mask) >= self.n_vocab else np.pad(mask, (0, self.n_vocab - len(mask)))
 
@@ -214,7 +224,10 @@ class GuidanceConstraint:
             self._past_end += 1
             return
         if not self.matcher.consume_token(token):
-            raise GrammarError(f"the grammar refused token {token}: {_first_line(self.matcher.get_error())}")
+            error = self.matcher.get_error()
+            if why := _dead_end(error):  # found on the way (forced text is computed as a token is taken)
+                raise GrammarError(f"the grammar cannot go on: {why}")
+            raise GrammarError(f"the grammar refused token {token}: {_first_line(error)}")
 
     def rollback(self, n_tokens: int) -> None:
         beyond = min(n_tokens, self._past_end)

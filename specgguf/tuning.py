@@ -10,7 +10,9 @@
   (`stored_draft_variant`, a `MeasuredVariants`: draft_variant.py); a found draft of another
   vocabulary measured against n-gram drafts alone (`stored_entry`, read by cross_search.py into a `Trial`).
 
-Entries come back as those typed values, checked on read.
+Entries come back as those typed values, checked on read: a cost table has the entries its kind
+needs (`_COST_ENTRIES`), each between 1 µs and an hour. The file itself (read only when a small
+regular file, changed under its lock) is files/tuning_file.py's.
 
 A damaged file is never fatal: each problem is one warning and the entry is ignored; a file
 that cannot be parsed is kept as tuning.json.damaged when it is next written.
@@ -19,78 +21,22 @@ that cannot be parsed is kept as tuning.json.damaged when it is next written.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
-import platform
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
-try:
-    import fcntl
-except ImportError:  # not on Windows: no lock there
-    fcntl = None  # type: ignore[assignment]
-
 from .core.costs import PROBE_BATCH, PROBE_CONTEXT, MachineCosts, measure
 from .errors import UsageError
-from .files.paths import config_dir
+from .files.tuning_file import load_tuning, machine_entries, machine_id, tuning_path, update_tuning, warn
 from .llama.loaded import LoadedModel
 from .llama.variants import Variant, parse_variant
 
 
-def machine_id() -> str:
-    """What makes a measurement transferable: host, processor and core count."""
-    return f"{platform.node()}|{platform.machine()}|{platform.processor()}|{os.cpu_count()}"
-
-
 def pair_key(verifier: Path, draft: Path) -> str:
     return f"{Path(verifier).name}|{Path(draft).name}"
-
-
-def tuning_path() -> Path:
-    return config_dir() / "tuning.json"
-
-
-_warned: set[str] = set()
-
-
-def _warn(problem: str) -> None:
-    """One line on stderr, once per problem: a damaged tuning.json is ignored, never fatal."""
-    if problem not in _warned and sys.stderr is not None:
-        _warned.add(problem)
-        sys.stderr.write(f"specgguf: warning: {tuning_path()}: {problem}; ignored (`specgguf bench` rewrites it)\n")
-
-
-def load_tuning() -> dict | None:
-    """tuning.json's contents; {} if there is none; None if it is there but not a JSON object."""
-    try:
-        text = tuning_path().read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return {}
-    except (OSError, UnicodeDecodeError) as error:
-        _warn(f"cannot be read ({error})")
-        return None
-    try:
-        data = json.loads(text)
-    except ValueError as error:
-        _warn(f"not valid JSON ({error})")
-        return None
-    if not isinstance(data, dict):
-        _warn("not a JSON object")
-        return None
-    return data
-
-
-def _machine_entries() -> dict:
-    entries = (load_tuning() or {}).get(machine_id(), {})
-    if not isinstance(entries, dict):
-        _warn("this machine's entry is not an object")
-        return {}
-    return entries
 
 
 class InvalidEntry(ValueError):
@@ -130,9 +76,9 @@ class BenchResult:
 def stored_measurement(verifier: Path, draft: Path, temperature: float) -> BenchResult | None:
     """The best K `bench` stored for this pair here, if the entry is valid (else a warning and None)."""
     key, kind = pair_key(verifier, draft), "greedy" if temperature <= 0 else "sampled"
-    entry = _machine_entries().get(key, {})
+    entry = machine_entries().get(key, {})
     if not isinstance(entry, dict):
-        _warn(f"the entry for {key} is not an object")
+        warn(f"the entry for {key} is not an object")
         return None
     value = entry.get(kind)
     if value is None:
@@ -140,7 +86,7 @@ def stored_measurement(verifier: Path, draft: Path, temperature: float) -> Bench
     try:
         return BenchResult.from_json(value)
     except InvalidEntry as problem:
-        _warn(f"the {kind} entry for {key}: {problem}")
+        warn(f"the {kind} entry for {key}: {problem}")
         return None
 
 
@@ -153,7 +99,7 @@ def store_measurement(verifier: Path, draft: Path, temperature: float, measureme
             pairs[pair_key(verifier, draft)] = {}
         pairs[pair_key(verifier, draft)]["greedy" if temperature <= 0 else "sampled"] = measurement.as_json()
 
-    _update_tuning(update)
+    update_tuning(update)
 
 
 def model_key(kind: str, model: Path, *, n_threads: int, n_gpu_layers: int) -> str:
@@ -165,14 +111,26 @@ def model_key(kind: str, model: Path, *, n_threads: int, n_gpu_layers: int) -> s
     return f"{kind}|{Path(model).name}|{size}|threads={n_threads}|gpu_layers={n_gpu_layers}"
 
 
+# How many costs a stored list holds, by its key's kind (`model_key`): a verify table has a row per
+# batch size from 1 (core/costs.py's MachineCosts needs two or more), a draft one token's cost.
+_COST_ENTRIES = {"verify_costs": (2, 1024), "draft_costs": (1, 1)}
+MIN_SECONDS, MAX_SECONDS = 1e-6, 3600.0  # what a plausible cost is: from a microsecond to an hour
+
+
 def stored_seconds(key: str) -> list[float] | None:
     """Measured seconds stored under `key` (a verify table, a draft token's cost), if valid."""
-    costs = _machine_entries().get(key)
+    costs = machine_entries().get(key)
     if costs is None:
         return None
-    if isinstance(costs, list) and costs and all(type(c) in (int, float) and math.isfinite(c) and c > 0 for c in costs):
-        return [float(c) for c in costs]
-    _warn(f"{key}: expected a list of positive seconds")
+    fewest, most = _COST_ENTRIES.get(key.split("|", 1)[0], (1, 1024))
+    if (
+        isinstance(costs, list)
+        and fewest <= len(costs) <= most
+        and all(_number(cost) and MIN_SECONDS <= cost <= MAX_SECONDS for cost in costs)
+    ):
+        return [float(cost) for cost in costs]
+    count = f"{fewest}" if fewest == most else f"{fewest} to {most}"
+    warn(f"{key}: expected a list of {count} costs, each from 1 µs to 1 h (in seconds)")
     return None
 
 
@@ -180,7 +138,7 @@ def store_seconds(key: str, costs: list[float]) -> None:
     def update(data: dict) -> None:
         data.setdefault(machine_id(), {})[key] = [round(c, 6) for c in costs]
 
-    _update_tuning(update)
+    update_tuning(update)
 
 
 def draft_variant_key(draft: Path, verifier: LoadedModel, kind: str = "draft_variant") -> str:
@@ -257,13 +215,13 @@ class MeasuredVariants:
 
 def stored_draft_variant(key: str) -> MeasuredVariants | None:
     """The draft variants measured here for this draft and verifier, if the entry is valid."""
-    value = _machine_entries().get(key)
+    value = machine_entries().get(key)
     if value is None:
         return None
     try:
         return MeasuredVariants.from_json(value)
     except InvalidEntry as problem:
-        _warn(f"{key}: {problem}")
+        warn(f"{key}: {problem}")
         return None
 
 
@@ -274,7 +232,7 @@ def pair_entries(kind: str, draft: Path, verifier: Path) -> list[tuple[str, obje
     verifier_part = model_key("verifier", verifier, n_threads=0, n_gpu_layers=0).split("|threads=")[0] + "|threads="
     return [
         (key[len(head) :].split("|", 1)[0], value)
-        for key, value in _machine_entries().items()
+        for key, value in machine_entries().items()
         if key.startswith(head) and verifier_part in key
     ]
 
@@ -290,11 +248,11 @@ def stored_draft_variants(draft: Path, verifier: Path) -> list[tuple[str, Measur
 
 def stored_entry(key: str) -> object | None:
     """The raw value stored here under `key` (its owner reads it into a typed value, warning via `warn_entry`)."""
-    return _machine_entries().get(key)
+    return machine_entries().get(key)
 
 
 def warn_entry(key: str, problem: InvalidEntry) -> None:
-    _warn(f"{key}: {problem}")
+    warn(f"{key}: {problem}")
 
 
 def keep_entry(key: str, value: dict) -> None:
@@ -304,7 +262,7 @@ def keep_entry(key: str, value: dict) -> None:
         data.setdefault(machine_id(), {})[key] = value
 
     try:
-        _update_tuning(update)
+        update_tuning(update)
     except OSError as error:
         sys.stderr.write(
             f"specgguf: warning: could not keep the draft's measurement ({error}); measuring again next time\n"
@@ -314,41 +272,6 @@ def keep_entry(key: str, value: dict) -> None:
 def keep_draft_variant(key: str, measured: MeasuredVariants) -> None:
     """Store what was measured (keep_entry)."""
     keep_entry(key, measured.as_json())
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    """Hold tuning.json.lock (flock) around a read-modify-write: two processes storing at once keep both."""
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        if fcntl is not None:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-def _update_tuning(update) -> None:
-    """Read, change and write back tuning.json, under a lock: to a temporary file, then renamed, so a
-    crash never truncates it (and a failed write leaves no temporary file behind)."""
-    path = tuning_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path):
-        data = load_tuning()
-        if data is None:  # unreadable: keep it beside the new one rather than overwrite it
-            with contextlib.suppress(FileNotFoundError):
-                os.replace(path, path.with_name(path.name + ".damaged"))
-                sys.stderr.write(f"specgguf: warning: kept the damaged {path} as {path.name}.damaged\n")
-            data = {}
-        if not isinstance(data.get(machine_id(), {}), dict):
-            data[machine_id()] = {}
-        update(data)
-        descriptor, name = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        try:
-            with open(descriptor, "w", encoding="utf-8") as handle:
-                json.dump(data, handle, indent=1)
-            os.replace(name, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(name)
-            raise
 
 
 # --- this machine's costs for a pair, measured once and kept ---
@@ -408,7 +331,9 @@ def measure_draft(draft: LoadedModel, *, store: bool) -> float:
 def _keep(key: str, seconds: list[float]) -> list[float]:
     seconds = [round(c, 6) for c in seconds]  # as tuning.json keeps them: the same costs next time
     if load_tuning() is None:  # damaged or unreadable: only `bench` replaces it (keeping a .damaged copy)
-        sys.stderr.write("specgguf: warning: not keeping the measured costs: tuning.json is unusable (see above)\n")
+        sys.stderr.write(
+            f"specgguf: warning: not keeping the measured costs: {tuning_path()} is unusable (see above)\n"
+        )
         return seconds
     try:
         store_seconds(key, seconds)

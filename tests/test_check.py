@@ -52,16 +52,18 @@ def test_the_default_pair_is_compatible_by_path_and_by_name(check, qwen_pair):
 
 
 @pytest.mark.qwen
-def test_smollm2_cannot_draft_for_qwen_and_the_registry_draft_is_suggested(check, qwen_pair, smollm2):
+def test_smollm2_drafts_for_qwen_through_the_text_and_the_registry_draft_is_suggested(check, qwen_pair, smollm2):
     verifier, _ = qwen_pair
     result = check(smollm2, verifier)
-    assert result.returncode == 1 and result.stderr == ""
+    assert result.returncode == 0 and result.stderr == ""  # `run -m QWEN -md SMOLLM2` drafts through the text
     report = rows(result.stdout)
     assert report["tokenizer type"].startswith("✓")  # both BPE: the type alone does not tell them apart
     assert report["vocabulary size"].startswith("✗") and "verifier 151936, draft 49152" in report["vocabulary size"]
     assert "BOS id: verifier 151643, draft 1" in report["special tokens"]
     assert "token 5: verifier '&', draft '<file_sep>'" in report["token texts"]
-    assert "✗ these cannot be paired: 3 of 4 rules fail" in result.stdout
+    assert (
+        "↔ these draft across vocabularies: llama.cpp's rules fail (special tokens, vocabulary size," in result.stdout
+    )
     suggestion = result.stdout.strip().splitlines()[-1]
     assert suggestion.startswith(
         "→ the registry's pair 'qwen2.5-coder-1.5b' pairs this verifier with"
@@ -73,7 +75,7 @@ def test_smollm2_cannot_draft_for_qwen_and_the_registry_draft_is_suggested(check
 def test_gemma_and_qwen_differ_in_tokenizer_type(check, qwen_pair, gemma270m):
     verifier, _ = qwen_pair
     result = check(gemma270m, verifier)
-    assert result.returncode == 1
+    assert result.returncode == 0 and "↔ these draft across vocabularies" in result.stdout
     report = rows(result.stdout)
     assert report["tokenizer type"] == "✗  tokenizer type   verifier BPE (gpt2), draft SPM (llama)"
     assert "not compared: the tokenizers are of different types" in report["token texts"]
@@ -87,10 +89,10 @@ def test_smollm2_and_gemma_fail_every_rule(smollm2, gemma270m):
     cross = {note.item: note.detail for note in report.notes}["shared texts"]
     # Most of SmolLM2's 49k texts are among Gemma's 262k (both forms read as bytes: test_cross_vocab_gguf.py).
     assert cross.startswith("94% of the verifier's tokens (") and " of 49152) have a draft token" in cross
+    assert report.across_vocabularies and report.pairs
     assert report.suggestions == [
-        "no registry pair has this verifier: a draft must come from the same model"
-        " family (usually its smallest sibling, from the same GGUF producer);"
-        " see `specgguf pairs`"
+        "no registry pair has this verifier: a draft of the same model family (usually its smallest sibling,"
+        " from the same GGUF producer) would share its vocabulary; see `specgguf pairs`"
     ]
 
 
@@ -111,29 +113,62 @@ def tiny(tmp_path_factory, tiny_verifier):
     }
 
 
-TINY_CASES = {  # draft -> (exit status, the report line that explains it)
-    "close draft": (0, "chat template", "·  chat template    identical"),
-    "padded by 100": (0, "extra ids", f"ids {N_SPM}..{N_SPM + 99} exist only in the draft"),
+TINY_CASES = {  # draft -> (the report line that explains it; a ✗ rule: `run` drafts through the text)
+    "close draft": ("chat template", "·  chat template    identical"),
+    "padded by 100": ("extra ids", f"ids {N_SPM}..{N_SPM + 99} exist only in the draft"),
     "padded by 200": (
-        1,
         "vocabulary size",
         f"✗  vocabulary size  verifier {N_SPM}, draft {N_SPM + 200} (differ by 200; at most 128 allowed)",
     ),
-    "one token differs": (1, "token texts", "✗  token texts      1 tokens differ, e.g. token 300:"),
-    "other EOS": (1, "special tokens", "✗  special tokens   EOS id: verifier 2, draft 0"),
-    "other template": (0, "chat template", "they differ (from line 1:"),
-    "no template": (0, "chat template", "the draft has none"),
-    "bpe": (1, "tokenizer type", "✗  tokenizer type   verifier SPM (llama), draft BPE (gpt2)"),
+    "one token differs": ("token texts", "✗  token texts      1 tokens differ, e.g. token 300:"),
+    "other EOS": ("special tokens", "✗  special tokens   EOS id: verifier 2, draft 0"),
+    "other template": ("chat template", "they differ (from line 1:"),
+    "no template": ("chat template", "the draft has none"),
+    "bpe": ("tokenizer type", "✗  tokenizer type   verifier SPM (llama), draft BPE (gpt2)"),
 }
 
 
 @pytest.mark.parametrize("case", TINY_CASES)
 def test_each_rule_on_tiny_files(check, case, tiny):
-    status, item, expected = TINY_CASES[case]
+    item, expected = TINY_CASES[case]
     result = check(tiny[case], tiny["verifier"])
-    assert result.returncode == status, result.stdout + result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr  # `run -md` takes every one of them
     assert rows(result.stdout)[item].startswith(expected) or expected in rows(result.stdout)[item]
-    assert ("✓ these can be paired" in result.stdout) == (status == 0)
+    across = expected.startswith("✗")
+    assert ("✓ these can be paired" in result.stdout) == (not across)
+    assert ("↔ these draft across vocabularies" in result.stdout) == across
+    assert "✗ these cannot be paired" not in result.stdout
+
+
+def test_a_pair_of_two_vocabularies_is_told_to_draft_through_the_text_not_refused(check, tiny):
+    """`run -m VERIFIER -md DRAFT` drafts across the vocabularies; check said "✗ these cannot be paired"."""
+    result = check(tiny["bpe"], tiny["verifier"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    verdict = [line for line in result.stdout.splitlines() if line.startswith("↔")]
+    assert verdict == [
+        "↔ these draft across vocabularies: llama.cpp's rules fail (tokenizer type), so `specgguf run` drafts"
+        " through the text (the cross-vocabulary drafter), proposing only the 95% of the verifier's tokens that"
+        " a draft token spells the same"
+    ]
+    assert "·  draft variant    a draft of another vocabulary is used as given" in result.stdout
+
+
+def test_a_pair_that_shares_no_token_text_cannot_be_paired(tiny):
+    import dataclasses
+    import io
+
+    from rich.console import Console
+
+    from specgguf.cli.check import render_report
+
+    report = dataclasses.replace(check_pair(draft=tiny["bpe"], verifier=tiny["verifier"]), overlap=0.0)
+    assert not report.pairs  # exit status 1
+    out = io.StringIO()
+    render_report(report, Console(file=out, width=400, highlight=False))
+    assert (
+        "✗ these cannot be paired: 1 of 3 rules fail (tokenizer type), and no verifier token has a draft token"
+        " with the same text"
+    ) in out.getvalue()
 
 
 def test_a_verifier_without_a_chat_template_is_flagged(tiny):

@@ -115,6 +115,36 @@ def test_a_dead_end_found_while_generating_is_a_grammar_error(tiny_verifier):
         constraint.allowed()  # it allowed only the end tokens: a "stop" for an answer the grammar refuses
 
 
+ENDLESS = 'root ::= [ab] rule\nrule ::= "c" rule'  # after a choice, forced text that never ends
+
+
+@pytest.mark.parametrize("gbnf", [ENDLESS, 'root ::= [ab] "c"{60000}'])
+def test_forced_text_past_llguidances_limit_is_a_dead_end_in_words(tiny_verifier, gbnf):
+    """Both pass the check (a choice comes first); past it, llguidance computes the forced text and gives
+    up at its item limit. That was "the grammar refused token 262: parser error: Too many items (limit
+    50000; ff_tokens); try avoiding single-byte/short lexemes"."""
+    verifier = LlamaModel(tiny_verifier, n_ctx=256)
+    constraint = constraint_for(verifier, GrammarSpec("gbnf", gbnf))
+    constraint.advance(int(np.flatnonzero(constraint.allowed())[0]))
+    forced = constraint.forced()
+    with pytest.raises(GrammarError) as raised:
+        constraint.advance(forced[0])
+    assert str(raised.value) == (
+        "the grammar cannot go on: a dead end, where the text it forces never ends (or is too long to follow),"
+        " so no answer can end"
+    )
+
+
+def test_run_at_a_grammar_dead_end_says_so_in_words(cli, tiny_verifier, tmp_path):
+    path = tmp_path / "endless.gbnf"
+    path.write_text(ENDLESS)
+    line = cli("run", "-m", tiny_verifier, "-n", "20", "--grammar", path, "the cat").error_line()
+    assert line == (
+        "specgguf: error: the grammar cannot go on: a dead end, where the text it forces never ends (or is too"
+        " long to follow), so no answer can end"
+    )
+
+
 def test_run_with_a_9000_rule_grammar_is_one_error_line(cli, tmp_path):
     path = tmp_path / "chain.gbnf"
     path.write_text(chained_rules(9000))

@@ -343,6 +343,35 @@ def test_ctrl_c_at_any_import_is_one_line_and_130(cli, tiny_verifier, tmp_path, 
     assert (result.returncode, result.stderr) == (130, "specgguf: error: interrupted\n")
 
 
+# What pip writes for [project.scripts] (`specgguf = "specgguf.__main__:main"`), run under any name.
+CONSOLE_SCRIPT = """import sys
+from specgguf.__main__ import main
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("module", ["signal", "enum"])  # (later imports: the tests above)
+@pytest.mark.parametrize("name", ["specgguf.exe", "sg"])  # (`specgguf` itself: test_hostile_two)
+def test_ctrl_c_at_an_import_under_the_console_script_is_one_line_whatever_its_name(
+    tiny_verifier, tmp_path, module, name
+):
+    """The console script imports specgguf.__main__, whose `import signal` came before any handler where
+    the program's name was not exactly `specgguf` (Windows' specgguf.exe, a symlink): a traceback."""
+    import subprocess
+    import sys
+
+    (tmp_path / "sitecustomize.py").write_text(INTERRUPT_AT_IMPORT)
+    (tmp_path / "bin").mkdir()
+    script = tmp_path / "bin" / name
+    script.write_text(CONSOLE_SCRIPT)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.getcwd(), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "INTERRUPT_AT_IMPORT": module, "PYTHONPATH": path}
+    command = [sys.executable, script, "run", "-m", tiny_verifier, "-n", "4", "the cat"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stderr) == (130, "specgguf: error: interrupted\n")
+
+
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 

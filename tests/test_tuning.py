@@ -180,3 +180,25 @@ def test_what_a_run_learned_of_the_costs_is_kept_only_after_enough_steps(tmp_pat
     assert tuning.probe(verifier, draft, on_measure=pytest.fail) == MachineCosts(
         tuple(round(c, 6) for c in learned.verify), round(learned.draft, 6)
     )
+
+
+@pytest.mark.parametrize(
+    "kind, costs",
+    [
+        ("verify_costs", [0.01]),  # one batch size: MachineCosts refused it with a ValueError, a traceback
+        ("verify_costs", [1e-320, 0.02]),  # a NaN in the K policy
+        ("verify_costs", [0.01, 7200.0]),  # past an hour
+        ("draft_costs", [0.01, 0.02]),  # a draft's cost is one number
+        ("draft_costs", [1e-7]),  # under a microsecond
+    ],
+)
+def test_stored_costs_of_the_wrong_length_or_an_implausible_size_are_one_warning_and_ignored(kind, costs, capsys):
+    key = f"{kind}|model-{costs}.gguf|1|threads=1|gpu_layers=0"  # its own warning (each is told once)
+    tuning_path().write_text(json.dumps({tuning.machine_id(): {key: costs}}))
+    assert tuning.stored_seconds(key) is None
+    (warning,) = capsys.readouterr().err.splitlines()
+    assert warning.startswith(f"specgguf: warning: {tuning_path()}: {key}: expected a list of ")
+    assert "each from 1 µs to 1 h" in warning
+    good = [0.01, 0.02] if kind == "verify_costs" else [0.01]
+    tuning.store_seconds(key, good)
+    assert tuning.stored_seconds(key) == good

@@ -58,10 +58,23 @@ class Report:
     findings: list[Finding]  # llama.cpp's rules: any failure refuses the pair
     notes: list[Finding] = field(default_factory=list)  # context that does not decide
     suggestions: list[str] = field(default_factory=list)
+    overlap: float | None = None  # where a rule fails: the share of the verifier's tokens the draft spells
 
     @property
     def compatible(self) -> bool:
+        """llama.cpp's rules hold: one vocabulary, and `run` drafts token for token."""
         return all(finding.ok for finding in self.findings)
+
+    @property
+    def across_vocabularies(self) -> bool:
+        """A rule fails, yet `run -md` drafts through the text (cross_vocab.py): some verifier tokens
+        have a draft token with the same text."""
+        return not self.compatible and bool(self.overlap)
+
+    @property
+    def pairs(self) -> bool:
+        """`specgguf run` can draft with this pair, one way or the other (check's exit status 0)."""
+        return self.compatible or self.across_vocabularies
 
 
 def read_side(given: str | Path, role: Role) -> Side:
@@ -75,15 +88,18 @@ def read_side(given: str | Path, role: Role) -> Side:
 def check_pair(*, draft: str | Path, verifier: str | Path, max_examples: int = 5) -> Report:
     draft_side, verifier_side = read_side(draft, "draft"), read_side(verifier, "verifier")
     findings = compare_vocabularies(verifier_side.vocab, draft_side.vocab, max_examples=max_examples)
-    notes = _notes(draft_side, verifier_side)
-    if not all(finding.ok for finding in findings):
-        notes.append(_cross_note(draft_side, verifier_side))
-    report = Report(draft=draft_side, verifier=verifier_side, findings=findings, notes=notes)
+    one_vocabulary = all(finding.ok for finding in findings)
+    notes, overlap = _notes(draft_side, verifier_side, one_vocabulary=one_vocabulary), None
+    if not one_vocabulary:
+        cross = _cross_note(draft_side, verifier_side)
+        notes.append(cross.note)
+        overlap = cross.overlap
+    report = Report(draft=draft_side, verifier=verifier_side, findings=findings, notes=notes, overlap=overlap)
     report.suggestions.extend(_suggestions(report, load_registry()))
     return report
 
 
-def _notes(draft: Side, verifier: Side) -> list[Finding]:
+def _notes(draft: Side, verifier: Side, *, one_vocabulary: bool) -> list[Finding]:
     notes = [
         Finding(
             "BOS / EOS texts",
@@ -107,21 +123,31 @@ def _notes(draft: Side, verifier: Side) -> list[Finding]:
             )
         )
     notes.append(_template_note(draft.chat_template, verifier.chat_template))
-    notes.append(_variant_note(draft.path, verifier.path))
+    if one_vocabulary:
+        notes.append(_variant_note(draft.path, verifier.path))
+    else:  # prepare.load_models: drafting through text, the draft is never re-quantized or cut
+        notes.append(Finding("draft variant", True, "a draft of another vocabulary is used as given"))
     return notes
 
 
-def _cross_note(draft: Side, verifier: Side) -> Finding:
+@dataclass(frozen=True)
+class _Cross:
+    note: Finding
+    overlap: float
+
+
+def _cross_note(draft: Side, verifier: Side) -> _Cross:
     """What `run -md` does with a draft of another vocabulary: drafts through the text, proposing only
     the tokens both vocabularies spell the same (cross_vocab.py)."""
     vocab_map = build_vocab_map(vocab_pieces(draft.vocab), vocab_pieces(verifier.vocab))
     covered = int(vocab_map.verifier_covered.sum())
-    return Finding(
+    note = Finding(
         "shared texts",
-        True,
+        covered > 0,
         f"{vocab_map.overlap:.0%} of the verifier's tokens ({covered} of {verifier.vocab.n_vocab}) have a draft"
         " token with the same text: `specgguf run -md` drafts through the text, proposing only those",
     )
+    return _Cross(note, vocab_map.overlap if covered else 0.0)
 
 
 def _variant_note(draft: Path, verifier: Path) -> Finding:
@@ -204,9 +230,13 @@ def _suggestions(report: Report, registry: Registry) -> list[str]:
         how = f"specgguf run --pair {pair.name}" if here else f"specgguf pull {pair.name}"
         lines.append(f"the registry's pair {pair.name!r} {matched_by} {pair.draft.ref} (K={pair.recommended_k}): {how}")
     if not lines and not report.compatible and not pairs:
+        family = "(usually its smallest sibling, from the same GGUF producer)"
         lines.append(
-            "no registry pair has this verifier: a draft must come from the same model family"
-            " (usually its smallest sibling, from the same GGUF producer); see `specgguf pairs`"
+            f"no registry pair has this verifier: a draft of the same model family {family} would share its"
+            " vocabulary; see `specgguf pairs`"
+            if report.across_vocabularies
+            else f"no registry pair has this verifier: a draft must come from the same model family {family};"
+            " see `specgguf pairs`"
         )
     return lines
 
@@ -243,10 +273,21 @@ def render_report(report: Report, console: Console) -> None:
             Text("✓ these can be paired: ", style="green bold")
             + Text("llama.cpp's rules hold, so `specgguf run` accepts this draft")
         )
+    elif report.across_vocabularies:
+        assert report.overlap is not None  # a rule failed, and the draft spells some verifier tokens
+        console.print(
+            Text("↔ these draft across vocabularies: ", style="yellow bold")
+            + Text(
+                f"llama.cpp's rules fail ({', '.join(failed)}), so `specgguf run` drafts through the text"
+                f" (the cross-vocabulary drafter), proposing only the {report.overlap:.0%} of the verifier's"
+                " tokens that a draft token spells the same"
+            )
+        )
     else:
         console.print(
             Text("✗ these cannot be paired: ", style="red bold")
             + Text(f"{len(failed)} of {len(report.findings)} rules fail ({', '.join(failed)})")
+            + Text(", and no verifier token has a draft token with the same text")
         )
     for line in report.suggestions:
         console.print(Text("→ " + terminal_safe(line)))

@@ -220,7 +220,8 @@ def check(
 ) -> None:
     """Explain, item by item, whether DRAFT can draft for VERIFIER.
 
-    Exit status: 0 they can be paired, 1 they cannot, 2 the check could not run (missing file, ...).
+    Exit status: 0 they can be paired (one vocabulary, or drafting across vocabularies through the
+    text), 1 they cannot, 2 the check could not run (missing file, ...).
     """
     from .check import check_pair, render_report
 
@@ -230,7 +231,7 @@ def check(
         raise CheckCouldNotRun(str(error)) from error
     with reader_may_leave():
         render_report(report, Console(highlight=False, soft_wrap=True))
-    if not report.compatible:
+    if not report.pairs:
         raise typer.Exit(1)
 
 

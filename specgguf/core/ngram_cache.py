@@ -20,7 +20,9 @@ time, never correctness.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import stat
 import tempfile
 import threading
 import zipfile
@@ -317,24 +319,29 @@ def _rejected(path: Path, reason: str) -> NgramCacheError:
 
 
 def _read_arrays(path: Path) -> dict[str, np.ndarray]:
-    """The arrays of an .npz written by `save`, read without pickle and within MAX_FILE_BYTES."""
-    if not path.exists():
-        raise NgramCacheError(f"n-gram cache {path}: no such file")
-    if not path.is_file():  # a folder, a FIFO (which would block), a device
+    """The arrays of an .npz written by `save`, read without pickle and within MAX_FILE_BYTES: opened once
+    without waiting (a FIFO's open would wait for a writer) and read only if a regular file; each array's
+    header is checked against its size in the zip before its data is read or allocated."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise NgramCacheError(f"n-gram cache {path}: no such file") from None
+    except OSError as error:
+        raise _rejected(path, f"unreadable ({error.strerror or error})") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # a folder, a FIFO, a device
+        os.close(descriptor)
         raise _rejected(path, "not a regular file")
     expected = {f"{name}.npy" for name in _ARRAYS}
     try:
-        with zipfile.ZipFile(path) as archive:
+        with os.fdopen(descriptor, "rb") as handle, zipfile.ZipFile(handle) as archive:
             members = archive.infolist()
             if {member.filename for member in members} != expected or len(members) != len(expected):
                 raise _rejected(path, "not an n-gram cache (unexpected contents)")
             if sum(member.file_size for member in members) > MAX_FILE_BYTES:
                 raise _rejected(path, f"larger than {MAX_FILE_BYTES} bytes unpacked")
-            for name, most in MAX_FILE_ENTRIES.items():
-                if (entries := _entries(archive, name)) > most:
-                    raise _rejected(path, f"{entries} entries in {name}, more than the {most} a cache may hold")
-        with np.load(path, allow_pickle=False) as npz:
-            return {name: np.asarray(npz[name]) for name in _ARRAYS}
+            if problem := next(filter(None, (_header_problem(archive, member) for member in members)), None):
+                raise _rejected(path, problem)
+            return {name: np.lib.format.read_array(archive.open(f"{name}.npy"), allow_pickle=False) for name in _ARRAYS}
     except NgramCacheError:
         raise
     except (OSError, EOFError, ValueError, KeyError, MemoryError, zipfile.BadZipFile, zlib.error) as error:
@@ -342,13 +349,20 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
         raise _rejected(path, f"unreadable or corrupt ({type(error).__name__})") from None
 
 
-def _entries(archive: zipfile.ZipFile, name: str) -> int:
-    """How many entries an array's .npy header claims (its data is not read)."""
-    with archive.open(f"{name}.npy") as member:
-        version = np.lib.format.read_magic(member)
+def _header_problem(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> str | None:
+    """Why an array's .npy header does not fit (more than MAX_FILE_ENTRIES, or not its data's size), or None."""
+    name = member.filename.removesuffix(".npy")
+    with archive.open(member) as data:
+        version = np.lib.format.read_magic(data)
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape = read_header(member)[0]
-    return int(shape[0]) if len(shape) == 1 else 0
+        shape, _, dtype = read_header(data)
+        size = member.file_size - data.tell()
+    entries = math.prod(shape)  # Python ints: a claim of 2**62 entries cannot wrap
+    if len(shape) == 1 and entries > MAX_FILE_ENTRIES.get(name, entries):
+        return f"{entries} entries in {name}, more than the {MAX_FILE_ENTRIES[name]} a cache may hold"
+    if entries * dtype.itemsize != size and not dtype.hasobject:  # pickled objects: read_array refuses them
+        return f"the header of {name} claims {entries} entries, its data is {size} bytes"
+    return None
 
 
 def _check_dtypes(arrays: dict[str, np.ndarray]) -> str | None:

@@ -12,6 +12,7 @@ import numpy as np
 
 from .assets import DERIVED_DRAFTS, cache_dir
 from .partial import partial_file
+from .small_files import read_npy
 
 
 def _file_id(path: Path) -> str:
@@ -23,14 +24,14 @@ def vocab_map_path(draft: Path, verifier: Path) -> Path:
     return cache_dir() / DERIVED_DRAFTS / f"vocab-map-{_file_id(draft)}-for-{_file_id(verifier)}.npy"
 
 
-def read_array(path: Path) -> np.ndarray | None:
-    """The stored array; None when there is none. ValueError when the file is not one (damaged)."""
+def read_array(path: Path, *, length: int) -> np.ndarray | None:
+    """The stored map, int32 with one entry per draft token (`length`); None when there is none.
+    ValueError when the file is not such a map (damaged, a FIFO, a header that does not fit its size)."""
     try:
-        with path.open("rb") as handle:
-            return np.load(handle, allow_pickle=False)
+        return read_npy(path, dtype=np.int32, length=length)
     except FileNotFoundError:
         return None
-    except (OSError, EOFError) as error:
+    except OSError as error:
         raise ValueError(str(error)) from error
 
 
