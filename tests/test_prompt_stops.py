@@ -223,3 +223,46 @@ def test_a_prompt_among_live_requests_goes_in_short_chunks_that_their_steps_ride
     assert prompt_chunks[:4] == [chunk] * 4 and prompt_chunks[4:] == [300 - 4 * chunk]
     assert sum(1 in rows for rows in decoder.passes) == 4
     assert sum(0 in rows and 1 in rows for rows in decoder.passes) >= 3  # the chat's steps rode along
+
+
+def test_a_request_reading_a_prompt_on_one_model_does_not_hold_the_other_models_batches():
+    """Two lanes, each a participant of both models' batchers. While lane 0 reads a long prompt on
+    the verifier, lane 1's draft calls decode at once: the draft's batcher does not wait its
+    `wait_seconds` for lane 0, which brings it no rows (serve/lanes.py pairs the views as partners)."""
+    from specgguf.llama.batcher import SequenceView
+
+    verifier_batcher = Batcher(_LinedDecoder(), wait_seconds=2.0)
+    draft_batcher = Batcher(_LinedDecoder(), wait_seconds=2.0)
+
+    def views(seq: int) -> tuple[SequenceView, SequenceView]:
+        verifier, draft = (
+            SequenceView(batcher, seq, n_ctx=4096, n_vocab=8, is_eog=lambda t: False)
+            for batcher in (verifier_batcher, draft_batcher)
+        )
+        verifier.partners, draft.partners = [draft], [verifier]
+        return verifier, draft
+
+    (reader, _), (_, drafting) = views(0), views(1)
+    live = threading.Barrier(2)
+    seconds: list[float] = []
+
+    def read_prompt() -> None:
+        with verifier_batcher.participant(), draft_batcher.participant():
+            live.wait()
+            reader.eval(list(range(400)), n_logits=1)  # 0.4 s a pass alone; 0.5 s chunks with others live
+
+    def draft_steps() -> None:
+        with verifier_batcher.participant(), draft_batcher.participant():
+            live.wait()
+            time.sleep(0.1)  # the prompt's pass is under way
+            for _ in range(3):
+                started = time.perf_counter()
+                drafting.eval([1], n_logits=1)
+                seconds.append(time.perf_counter() - started)
+
+    threads = [threading.Thread(target=read_prompt), threading.Thread(target=draft_steps)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert max(seconds) < 0.5, seconds  # not the 2 s the batcher waits for a participant
