@@ -13,7 +13,7 @@ verifier's file never is). prepare.py asks once (`load_chosen`), and the choice 
   draft position is accepted given the ones before it were, from greedy speculation at K = 4 on a
   short calibration set, code and prose: core/calibration.py), scored by the tokens per second it should give at its
   best fixed K, E(k) / T(k) with E(k) = (1 − a^(k+1)) / (1 − a) and T(k) = k·t_draft + t_verify(k + 1)
-  (core/kpolicy.expected_rate); kept in tuning.json (`tuning.MeasuredVariants`), so measured once
+  (core/calibration.expected_rate); kept in tuning.json (`tuning.MeasuredVariants`), so measured once
   (`measure_model` measures one loaded draft; cross_search.py measures a found draft of another
   vocabulary with it, against `ngram_rate`, n-gram drafts alone on the same set and costs);
 - the choice (`pick`), then the chosen file loaded (`open_draft`).
@@ -33,7 +33,6 @@ from .core import calibration
 from .core.costs import PROBE_CONTEXT, MachineCosts, measure
 from .core.cross_drafter import CrossVocab
 from .core.hot_vocab import HotVocab
-from .core.kpolicy import expected_rate
 from .errors import ModelLoadError
 from .files import hot_vocab
 from .files.assets import DERIVED_DRAFTS, cache_dir
@@ -189,7 +188,7 @@ def measure_model(
     acceptance = calibration.acceptance(
         verifier, draft, _questions(verifier, CALIBRATION), k=CALIBRATION_K, max_tokens=CALIBRATION_TOKENS, cross=cross
     )
-    rate = expected_rate(MachineCosts(verify, seconds), acceptance)
+    rate = calibration.expected_rate(MachineCosts(verify, seconds), acceptance)
     return Candidate(variant, round(seconds * 1000, 3), round(acceptance, 4), round(rate, 2))
 
 

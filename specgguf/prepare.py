@@ -146,8 +146,7 @@ def make_policy(
     # The stored K is the draft model's: a kind without one always chooses K online.
     if choice.mode == "adaptive" or not spec.needs_model or stored is None:
         policy = adaptive_policy(drafter, costs(), config)
-        model_side = policy.policies["model"] if isinstance(policy, PerSource) else policy
-        if isinstance(model_side, AdaptiveK) and model_side.source == "model" and not model_side.worth_drafting:
+        if "model" in spec.sources and not policy.drafts("model"):
             machine = costs()
             text = (
                 f"K adaptive: the draft model cannot win here (a draft token costs {machine.draft * 1000:.0f} ms,"
@@ -251,7 +250,7 @@ class Prepared:
     def keep_learned_costs(self, policy: KPolicy) -> MachineCosts | None:
         """What an adaptive policy's steps taught about this machine's costs, once enough steps ran
         (else None): the prior for this session's next answers and, in tuning.json, the next run's."""
-        learned = policy.learned_costs() if isinstance(policy, (AdaptiveK, PerSource)) else None
+        learned = policy.learned_costs()
         if learned is not None:
             self._costs = learned
             keep_learned(self.verifier, self.draft, learned)

@@ -15,6 +15,7 @@ from specgguf.llama.batcher import Decoder, SequenceView
 from specgguf.llama.loaded import LoadedModel
 from specgguf.llama.model import LlamaModel
 from specgguf.llama.sequences import LlamaDecoder
+from specgguf.serve.lanes import SharedCosts
 from test_parallel_laws import FakeContext
 
 
@@ -64,6 +65,10 @@ def adaptive_k_is_a_policy(policy: AdaptiveK) -> KPolicy:
 
 def per_source_is_a_policy(policy: PerSource) -> KPolicy:
     return policy
+
+
+def shared_costs_is_a_policy(policy: SharedCosts) -> KPolicy:
+    return policy  # a lane's policy among the live requests' (serve --parallel)
 
 
 def llama_model_is_a_loaded_model(model: LlamaModel) -> LoadedModel:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from specgguf import draft_variant, tuning
+from specgguf.core.calibration import expected_rate
 from specgguf.core.costs import MachineCosts
 from specgguf.core.engine import speculate
 from specgguf.core.hot_vocab import HotVocab
-from specgguf.core.kpolicy import expected_rate
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.sampling import SamplingSettings
 from specgguf.errors import ModelLoadError, UsageError

@@ -206,15 +206,13 @@ def _drafter(kind, draft_model):
     return HybridDrafter(ModelDrafter(draft_model), NgramDrafter(min_ngram=1), min_match=2)
 
 
-class ConfidenceStop:
+class ConfidenceStop(FixedK):
     """Three drafts at most, stopping after the first whose top probability is under 0.5:
     the draft length depends on what the draft sampled, as with `AdaptiveK.keep_drafting`."""
 
     def __init__(self):
+        super().__init__(3)
         self.answers = set()
-
-    def choose(self, source="model"):
-        return 3
 
     def keep_drafting(self, confidences):
         self.answers.add(confidences[-1] >= 0.5)

@@ -12,14 +12,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specgguf.core.costs import Line, MachineCosts, StepCosts
+from specgguf.core.costs import MachineCosts, StepCosts
 from specgguf.core.engine import FixedK, StepEvent
-from specgguf.core.kpolicy import AdaptiveK, adaptive_policy, lone_k, round_k
+from specgguf.core.kpolicy import AdaptiveK, adaptive_policy
+from specgguf.core.rounds import ALONE, FREE, Line, Round, lone_k, reprice, round_k
 from specgguf.llama import fillers
 from specgguf.llama.batcher import Batcher, Rows, SequenceView
 from specgguf.llama.sequences import PassCosts
 from specgguf.serve import lanes as lanes_module
-from specgguf.serve.lanes import FREE, Lanes, SharedCosts
+from specgguf.serve.lanes import Lanes, SharedCosts
 from test_kpolicy import _step
 
 TABLE = MachineCosts(verify=(0.100, 0.110, 0.120, 0.130, 0.140, 0.150), draft=0.010)
@@ -39,6 +40,9 @@ class SleepingDecoder:
 
     def remove(self, seq: int, start: int) -> None:
         pass
+
+    def pass_line(self) -> tuple[float, float] | None:
+        return None
 
 
 def test_callers_of_one_pass_share_its_time_by_their_rows():
@@ -93,11 +97,11 @@ def test_a_prompts_pass_does_not_bend_the_line_and_a_failed_refit_keeps_the_last
 
 
 def test_a_lane_among_four_pays_a_quarter_of_the_pass_and_its_own_rows():
-    shared = TABLE.shared(4, 8, Line(0.120, 0.015), Line(0.020, 0.005))
+    shared = Round(4, Line(0.120, 0.015), Line(0.020, 0.005)).prices(TABLE, 8)
     assert np.allclose(shared.verify[:3], [(0.120 + 0.015 * 4 * (k + 1)) / 4 for k in range(3)])
     assert np.isclose(shared.draft, (0.020 + 0.005 * 4) / 4)
     # Before any pass is measured: the table's cost of as many rows of one sequence, split 4 ways.
-    assert np.isclose(TABLE.shared(4, 8).verify[0], TABLE.verify[3] / 4)
+    assert np.isclose(Round(4).prices(TABLE, 8).verify[0], TABLE.verify[3] / 4)
 
 
 def test_step_costs_priced_for_the_lanes_live_forget_what_other_lanes_taught():
@@ -106,11 +110,20 @@ def test_step_costs_priced_for_the_lanes_live_forget_what_other_lanes_taught():
     for _ in range(10):
         costs.observe(event)
     assert costs.verify(np.array([1]))[0] > 0.3  # learned: verifying is slow here
-    assert costs.share(4, 8, Line(0.120, 0.015), None)
+    four = Round(4, Line(0.120, 0.015), None)
+    assert reprice(costs, ALONE, four, 8)
     assert np.isclose(costs.verify(np.array([0]))[0], (0.120 + 0.015 * 4) / 4)  # the lanes' prior, fresh
-    assert costs.learned(min_steps=0) is None  # a share of shared passes is not the machine's cost
-    assert not costs.share(4, 8)  # as many lanes: nothing forgotten
-    assert costs.share(1, 8) and np.allclose(costs.table, TABLE.verify)  # alone again: the machine's table
+    assert not reprice(costs, four, Round(4), 8)  # as many lanes: nothing forgotten
+    assert reprice(costs, Round(4), ALONE, 8) and np.allclose(costs.table, TABLE.verify)  # alone: the machine's table
+
+
+def test_a_policy_priced_for_shared_passes_keeps_no_learned_costs():
+    policy = AdaptiveK(TABLE)
+    for _ in range(40):
+        policy.observe(_step(1, 1, verify=0.5, draft=0.01))
+    assert policy.learned_costs() is not None
+    policy.share(Round(4, Line(0.120, 0.015), None))
+    assert policy.learned_costs() is None  # a share of shared passes is not the machine's cost
 
 
 def test_a_round_drafts_where_a_pass_is_memory_bound_and_not_where_rows_cost_compute():

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..conversation import Prompts
 from ..core.drafting import Drafter, common_prefix
-from ..core.engine import FixedK, KPolicy, StepEvent, speculate
+from ..core.engine import KPolicy, StepEvent, speculate
 from ..core.sampling import SamplingSettings
 from ..core.stats import Generation, GenerationStats
 from ..errors import ContextFullError, PromptError
@@ -68,7 +68,7 @@ class ChatSession:
     @property
     def drafting(self) -> bool:
         """False at a fixed K of 0: then the draft model sits out (and catches up if K rises)."""
-        return self.drafter is not None and not (isinstance(self.policy, FixedK) and self.policy.k == 0)
+        return self.drafter is not None and (self.policy.adapts or self.policy.drafts("model"))
 
     def reset(self) -> None:
         """Forget the conversation (not the system prompt) and the totals. The caches stay:

@@ -1,7 +1,8 @@
 """Calibration runs: the engine, greedy at a fixed K, over a few prompts (token ids), the verifier
 left empty after. What draft_variant.py measures a draft by (`acceptance`; a draft of another
 vocabulary through its `CrossVocab`), what n-gram drafts alone give here (`ngram_rate`, the bar a
-found draft of another vocabulary must clear) and ranks a hot vocabulary with (`written_counts`: the
+found draft of another vocabulary must clear), what a draft right at some rate should give
+(`expected_rate`) and ranks a hot vocabulary with (`written_counts`: the
 tokens the verifier itself writes).
 """
 
@@ -17,6 +18,7 @@ from .drafters import DrafterKind, DraftSettings, build_drafter
 from .engine import FixedK, StepEvent, speculate
 from .kpolicy import PolicyConfig
 from .model import Model
+from .rounds import expected_at
 from .sampling import SamplingSettings
 
 
@@ -78,7 +80,7 @@ def ngram_rate(
     """Tokens per second n-gram drafts alone (prompt lookup, this run's own n-grams) should give
     here: their greedy steps at K, each charged what its batch costs to verify (`verify`, by batch
     size: the same table a draft's expected rate is priced on; an n-gram draft costs nothing to make)."""
-    costs = StepCosts(MachineCosts(verify, 0.0).rising(), trust=PolicyConfig().cost_trust)  # as kpolicy.expected_rate
+    costs = StepCosts(MachineCosts(verify, 0.0).rising(), trust=PolicyConfig().cost_trust)  # as expected_rate
     tokens, drafted = 0, []
     for event in _greedy(verifier, "ngram", None, prompts, k=k, max_tokens=max_tokens):
         tokens += len(event.tokens)
@@ -86,3 +88,16 @@ def ngram_rate(
     verifier.rewind(0)
     seconds = float(costs.step(np.asarray(drafted, dtype=np.int64), "ngram").sum()) if drafted else 0.0
     return tokens / seconds if seconds > 0 else 0.0
+
+
+def expected_rate(costs: MachineCosts, acceptance: float, config: PolicyConfig | None = None) -> float:
+    """Tokens per second a draft should give at its best fixed K ≥ 1, when each draft position is
+    accepted with probability `acceptance` given the ones before it were: max over k of E(k) / T(k),
+    E(k) = 1 + a + … + a^k, T(k) = k·t_draft + t_verify(k + 1). (It may be below plain decoding's
+    1 / t_verify(1): then this draft cannot win here, and a faster one comes closer. The verify table
+    is taken as never falling, MachineCosts.rising.)"""
+    config = config or PolicyConfig()
+    ks = np.arange(1, config.k_max + 1)
+    expected = expected_at(acceptance, config.k_max)[1:]
+    seconds = StepCosts(costs.rising(), trust=config.cost_trust).step(ks)
+    return float((expected / seconds).max())

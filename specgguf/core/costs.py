@@ -22,14 +22,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from .model import Model
-
-if TYPE_CHECKING:
-    from .engine import StepEvent
 
 PROBE_BATCH = 6  # the probe times batches of 1..6 tokens (K up to 5); the policy extends the table past that
 PROBE_CONTEXT = 32
@@ -48,36 +45,10 @@ class MachineCosts:
 
     def rising(self) -> MachineCosts:
         """These costs with a verify table that never falls: each batch costs at least what a smaller
-        one does. For rates compared against plain decoding (kpolicy.expected_rate, calibration's
+        one does. For rates compared against plain decoding (calibration.py's expected_rate and
         ngram_rate): noise that makes 2 rows cheaper than 1 would let any draft, even one never
         right, look faster than plain."""
         return MachineCosts(tuple(float(x) for x in np.maximum.accumulate(self.verify)), self.draft)
-
-    def shared(
-        self, n_lanes: int, k_max: int, verify_line: Line | None = None, draft_line: Line | None = None
-    ) -> MachineCosts:
-        """A lane's share of a step when `n_lanes` requests step alike in the same passes (serve
-        --parallel): k drafts each make a verify pass of n·(k + 1) rows, split n ways; a draft pass,
-        n rows. A pass costs per_pass + per_row·rows (`Line`s learned from the passes run), or,
-        before those are known, what the table says a batch of that many rows of one sequence
-        costs (the same weights are read). The fixed cost of a pass is shared, the rows are not:
-        the more lanes, the less extra rows pay."""
-        rows = n_lanes * (np.arange(k_max + 1) + 1.0)
-        if verify_line is not None:
-            verify = (verify_line.per_pass + verify_line.per_row * rows) / n_lanes
-        else:
-            table = np.asarray(self.rising().verify)
-            verify = _extend(np.arange(1.0, len(table) + 1), table, rows) / n_lanes
-        draft = self.draft if draft_line is None else (draft_line.per_pass + draft_line.per_row * n_lanes) / n_lanes
-        return MachineCosts(tuple(float(x) for x in verify), float(draft))
-
-
-@dataclass(frozen=True)
-class Line:
-    """A pass of `rows` rows costs per_pass + per_row·rows seconds (llama/sequences.PassCosts fits it)."""
-
-    per_pass: float
-    per_row: float
 
 
 def measure(
@@ -118,6 +89,27 @@ def describe(costs: list[float]) -> str:
     return "verify ms by batch size: " + " · ".join(f"{n}: {c * 1000:.0f}" for n, c in enumerate(costs, 1))
 
 
+class MeasuredStep(Protocol):
+    """What StepCosts reads of a step (engine.StepEvent): its size and where its time went."""
+
+    @property
+    def tokens(self) -> list[int]: ...
+    @property
+    def n_drafted(self) -> int: ...
+    @property
+    def chain_drafted(self) -> int: ...
+    @property
+    def draft_source(self) -> str | None: ...
+    @property
+    def draft_seconds(self) -> float: ...
+    @property
+    def draft_catchup_seconds(self) -> float: ...
+    @property
+    def verify_seconds(self) -> float: ...
+    @property
+    def sample_seconds(self) -> float: ...
+
+
 class Recent:
     """A cost learned from the steps: the median of the most recent measurements, with a prior
     counted as `trust` of them. One wild step moves nothing; once a few more measurements than
@@ -155,7 +147,7 @@ class StepCosts:
     """
 
     def __init__(self, costs: MachineCosts, *, trust: int):
-        self.base, self.n_lanes = costs, 1  # the prior for a request alone; `share` prices shared batches
+        self.base = costs  # the prior for a request alone (rounds.reprice prices shared batches from it)
         self.trust = trust
         self.n_steps = 0
         self._start(costs)
@@ -172,21 +164,15 @@ class StepCosts:
         self._curve: tuple[np.ndarray, np.ndarray] | None = None
         self._known: dict[str, float] = {}  # estimates since the last step (a policy asks many times a step)
 
-    def share(self, n_lanes: int, k_max: int, verify_line: Line | None = None, draft_line: Line | None = None) -> bool:
-        """Price the steps as one of `n_lanes` requests stepping together (MachineCosts.shared). What
-        the steps taught with another number of lanes is forgotten (it priced other batches); with
-        as many, only the prior follows the lines. Whether the number of lanes changed."""
-        n_lanes = max(1, n_lanes)
-        costs = self.base if n_lanes == 1 else self.base.shared(n_lanes, k_max, verify_line, draft_line)
-        if n_lanes != self.n_lanes:
-            self.n_lanes = n_lanes
-            self._start(costs)
-            return True
-        if n_lanes > 1:
-            self.table, self.prior_draft["model"] = np.asarray(costs.verify, dtype=float), costs.draft
-            self._curve = None
-            self._known.clear()
-        return False
+    def restart(self, prior: MachineCosts) -> None:
+        """Take `prior` as the prior and forget what the steps taught (they priced other batches)."""
+        self._start(prior)
+
+    def reprice(self, prior: MachineCosts) -> None:
+        """Take `prior` as the prior; what the steps taught stays."""
+        self.table, self.prior_draft["model"] = np.asarray(prior.verify, dtype=float), prior.draft
+        self._curve = None
+        self._known.clear()
 
     def _cached(self, name: str, estimate: Callable[[], float]) -> float:
         if name not in self._known:
@@ -221,7 +207,7 @@ class StepCosts:
                 for k, c in enumerate(self.table)
             ]
             for k in sorted(k for k in self.verify_by_k if k >= len(self.table)):
-                prior = float(_extend(sizes, np.asarray(costs), np.array([k]))[0])
+                prior = float(extend(sizes, np.asarray(costs), np.array([k]))[0])
                 sizes, costs = np.append(sizes, k), [*costs, self.verify_by_k[k].estimate(prior)]
             self._curve = sizes, np.asarray(costs)
         return self._curve
@@ -230,7 +216,7 @@ class StepCosts:
         """Seconds to verify k drafts (a batch of k + 1): the learned curve, interpolated between
         the sizes it knows, past them the slope of its last half."""
         sizes, costs = self.curve()
-        return _extend(sizes, costs, np.asarray(ks, dtype=float))
+        return extend(sizes, costs, np.asarray(ks, dtype=float))
 
     def per_extra_token(self) -> float:
         """Seconds one more token adds to a verify batch: the learned table's average slope."""
@@ -242,13 +228,13 @@ class StepCosts:
         # (never 0: a model that takes no measurable time, as a test's fake, still has rates)
         return np.maximum(ks * self.draft_seconds(source) + self.verify(ks) + self.overhead, 1e-9)
 
-    def observe(self, event: StepEvent) -> None:
+    def observe(self, event: MeasuredStep) -> None:
         if not event.tokens and event.n_drafted == 0:
             return
         k, self.n_steps, self._curve = event.n_drafted, self.n_steps + 1, None
         self._known.clear()
         self.overhead_seconds.add(event.sample_seconds)
-        tabled = _extend(np.arange(len(self.table)), self.table, np.array([k]))[0]  # past its end: its slope
+        tabled = extend(np.arange(len(self.table)), self.table, np.array([k]))[0]  # past its end: its slope
         self.ratio.add(event.verify_seconds / tabled)
         self.verify_by_k.setdefault(k, Recent(trust=self.trust)).add(event.verify_seconds)
         if event.chain_drafted and event.draft_source is not None:
@@ -261,14 +247,12 @@ class StepCosts:
         """What the steps taught, as a table of the prior's shape (for tuning.json: the next run's
         prior), or None before `min_steps` steps: a short run's few steps are not kept."""
         verify, draft = self.verify(np.arange(len(self.table))), self.draft_seconds("model")
-        if self.n_lanes > 1:
-            return None  # a share of shared batches: not what a request alone costs
         if self.n_steps < min_steps or not (np.all(verify > 0) and np.isfinite(verify).all() and draft >= 0):
             return None  # (a model that takes no time, as a fake's, teaches nothing to keep)
         return MachineCosts(tuple(float(c) for c in verify), draft)
 
 
-def _extend(sizes: np.ndarray, costs: np.ndarray, ks: np.ndarray) -> np.ndarray:
+def extend(sizes: np.ndarray, costs: np.ndarray, ks: np.ndarray) -> np.ndarray:
     """Interpolate costs by size; past the last size, the slope of the known costs' last half."""
     half = int(np.searchsorted(sizes, sizes[-1] / 2))
     slope = max(0.0, (costs[-1] - costs[half]) / max(1.0, sizes[-1] - sizes[half]))

@@ -19,10 +19,12 @@ import numpy as np
 from ..errors import ContextFullError, PromptError
 from .block_verify import accept_block
 from .constraint import Constraint
+from .costs import MachineCosts
 from .drafting import Branch, Drafter, Drafts, DraftStep, NoDrafter, Source, ingest
 from .forced_drafter import ForcedDrafter
 from .grammar_walk import GrammarWalk
 from .model import Model
+from .rounds import Round
 from .sampling import (
     SamplingSettings,
     accept_tree,
@@ -53,16 +55,43 @@ class KPolicy(Protocol):
         """Asked after each draft token: add the runner-up (of this probability) as a sibling?"""
 
     def observe(self, event: StepEvent) -> None: ...
+    @property
+    def adapts(self) -> bool:
+        """Whether K is chosen step by step from what the steps teach (False: a fixed K)."""
+
+    def drafts(self, source: Source = "model") -> bool:
+        """Whether steps draft from `source` now: not at a fixed K of 0, nor where they cannot win yet."""
+
+    def expected(self, source: Source) -> np.ndarray | None:
+        """E(k), k = 0..k_max, of `source`'s drafts as priced (None: a fixed K, or no such source)."""
+
+    def share(self, round: Round) -> None:
+        """Price the steps as one of the round's requests stepping in the same passes (rounds.Round)."""
+
+    def learned_costs(self) -> MachineCosts | None:
+        """What the steps taught about this machine's costs, once enough ran alone (else None)."""
 
 
 class FixedK:
-    branches = False  # a fixed K is a chain, as llama.cpp's --draft-max
+    branches = adapts = False  # a fixed K is a chain, as llama.cpp's --draft-max, and learns nothing
 
     def __init__(self, k: int):
         self.k = k
 
     def choose(self, source: Source = "model") -> int:
         return self.k
+
+    def drafts(self, source: Source = "model") -> bool:
+        return self.k > 0
+
+    def expected(self, source: Source) -> np.ndarray | None:
+        return None
+
+    def share(self, round: Round) -> None:
+        pass
+
+    def learned_costs(self) -> MachineCosts | None:
+        return None
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         return True

@@ -40,18 +40,15 @@ and holds the ablation that decided what stays):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costs import Line, MachineCosts, StepCosts
+from .costs import MachineCosts, StepCosts
 from .drafters import DRAFTER_KINDS, FORCED, DrafterKind
 from .drafting import Source
 from .engine import KPolicy, StepEvent
-
-K_MAX = 16  # the most drafts per step
-SHARED_DRAFT_MARGIN = 1.15  # round_k: how much more a round that drafts must emit per second than a plain one
+from .rounds import ALONE, K_MAX, Round, expected_at, optimistic, reprice
 
 # Bins of the draft's top probability for calibration: finer near 1, where most drafts are.
 CONFIDENCE_EDGES = np.array([0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995])
@@ -166,16 +163,31 @@ class AdaptiveK:
         self.sides = Calibration(config.calibration_decay)
         self.seconds_per_token = float(self.costs.verify(np.array([0]))[0])  # plain decoding's, at first
         self.confidence_seen = False  # the drafter reports confidence: `keep_drafting` sets the length
-        self.steps = self.plain_steps = 0
-        self.probe_interval = config.probe_every
-        # Decided from the costs before generation, then again every `recheck_every` steps at the
-        # costs the steps taught (not on each step's noise).
+        self.steps, self.plain_steps, self.probe_interval = 0, 0, config.probe_every
+        self.round = ALONE  # the passes its steps are priced in (`share`)
+        # Decided from the costs before generation, then every `recheck_every` steps at the learned costs.
         self.worth_drafting = config.k_min > 0 or self.could_win()
 
-    def share(self, n_lanes: int, verify_line: Line | None = None, draft_line: Line | None = None) -> None:
-        """Price steps as one of `n_lanes` requests stepping in the same passes (StepCosts.share)."""
-        if self.owns_costs and self.costs.share(n_lanes, self.config.k_max, verify_line, draft_line):
+    adapts = True
+
+    def share(self, round: Round) -> None:
+        """Price steps as one of the round's requests stepping in the same passes (rounds.reprice)."""
+        before, self.round = self.round, round
+        if self.owns_costs and reprice(self.costs, before, round, self.config.k_max):
             self.worth_drafting = self.config.k_min > 0 or self.could_win()
+
+    def drafts(self, source: Source = "model") -> bool:
+        return self.worth_drafting
+
+    def expected(self, source: Source) -> np.ndarray | None:
+        """E(k) of its drafts (None: `source` is another's); over its first `evidence` drafts optimistic,
+        as best_k and could_win are (rounds.optimistic), or a round of lanes would never draft to learn."""
+        if source != self.source:
+            return None
+        learned = self.acceptance.expected()
+        if self.acceptance.first_tested >= self.config.evidence:
+            return learned
+        return optimistic(learned, self.acceptance.expected(self.config.doubt), self.config.worth_trying)
 
     def rates(self, optimism: float = 0.0) -> np.ndarray:
         """Expected tokens per second E(k) / T(k) for k = 0..k_max."""
@@ -186,9 +198,7 @@ class AdaptiveK:
         (9 in 10: better than most pairs manage)? If not, never draft: a probe costs too (the
         draft model first reads every token decoded without it)."""
         ks = np.arange(self.config.k_max + 1)
-        a = self.config.worth_trying
-        expected = (1.0 - a ** (ks + 1)) / (1.0 - a)
-        ceiling = expected / self.costs.step(ks, self.source)
+        ceiling = expected_at(self.config.worth_trying, self.config.k_max) / self.costs.step(ks, self.source)
         return bool(ceiling[1:].max() > ceiling[0])
 
     def best_k(self) -> int:
@@ -298,8 +308,9 @@ class AdaptiveK:
         return reach * self.sides(runner_up) * self.seconds_per_token > self.costs.per_extra_token()
 
     def learned_costs(self) -> MachineCosts | None:
-        """What the steps taught about this machine's costs, once enough steps ran (StepCosts.learned)."""
-        return self.costs.learned()
+        """What the steps taught about this machine's costs, once enough steps ran (StepCosts.learned);
+        None while priced for shared passes (a share of them is not what a request alone costs)."""
+        return None if self.round.lanes > 1 else self.costs.learned()
 
     def observe(self, event: StepEvent) -> None:
         if self.owns_costs:
@@ -327,6 +338,8 @@ class PerSource:
 
     policies: dict[Source, KPolicy] = field(default_factory=dict)
     costs: StepCosts | None = None  # the adaptive sides' shared costs, which this observes (else each its own)
+    round: Round = ALONE  # the passes its steps are priced in (`share`)
+    adapts = True
 
     def choose(self, source: Source = "model") -> int:
         if source not in self.policies:  # a grammar's forced tokens: as an adaptive side says, else all
@@ -344,17 +357,24 @@ class PerSource:
     def branch(self, confidences: list[float], runner_up: float) -> bool:
         return self.policies["model"].branch(confidences, runner_up)
 
-    def share(self, n_lanes: int, verify_line: Line | None = None, draft_line: Line | None = None) -> None:
-        changed = self.costs is not None and self.costs.share(n_lanes, K_MAX, verify_line, draft_line)
+    def share(self, round: Round) -> None:
+        before, self.round = self.round, round
+        changed = self.costs is not None and reprice(self.costs, before, round, K_MAX)
         for policy in self.policies.values():
             if isinstance(policy, AdaptiveK):
-                policy.share(n_lanes, verify_line, draft_line)
+                policy.share(round)
                 if changed and not policy.owns_costs:
                     policy.worth_drafting = policy.config.k_min > 0 or policy.could_win()
 
+    def drafts(self, source: Source = "model") -> bool:
+        return source not in self.policies or self.policies[source].drafts(source)
+
+    def expected(self, source: Source) -> np.ndarray | None:
+        return self.policies[source].expected(source) if source in self.policies else None
+
     def learned_costs(self) -> MachineCosts | None:
         if self.costs is not None:
-            return self.costs.learned()
+            return None if self.round.lanes > 1 else self.costs.learned()
         adaptive = [policy for policy in self.policies.values() if isinstance(policy, AdaptiveK)]
         return adaptive[0].learned_costs() if adaptive else None
 
@@ -363,55 +383,6 @@ class PerSource:
             self.costs.observe(event)
         for policy in self.policies.values():
             policy.observe(event)  # each learns from its own drafter's steps, and all from plain ones
-
-
-def round_k(expected: Sequence[np.ndarray], *, n_lanes: int, verify: Line, draft: Line) -> int:
-    """The most drafts worth drafting in a round of `n_lanes` requests that step together (serve
-    --parallel): each drafts k tokens, a draft pass per position (n rows each; one more to read the
-    verifier's token), then one verify pass of n·(k + 1) rows, so a round takes (k + 1)·D(n) +
-    V(n·(k + 1)) seconds, V(n) without drafts (D, V: the draft's and the
-    verifier's pass costs, `Line`s) and emits Σ E_i(k) tokens (`expected`: the lanes' E(k), k =
-    0..k_max; lanes without one counted as their average). K = argmax Σ E_i(k) / round seconds: where
-    a verify row costs compute, plain steps batched across requests beat drafting long for one."""
-    if not expected:
-        return K_MAX
-    k_max = min(len(e) for e in expected) - 1
-    ks = np.arange(k_max + 1)
-    draft_passes = ks + (ks > 0)  # and one to catch up on the verifier's token, after a round that drafted
-    seconds = (
-        draft_passes * (draft.per_pass + draft.per_row * n_lanes)
-        + verify.per_pass
-        + verify.per_row * n_lanes * (ks + 1)
-    )
-    tokens = np.mean([e[: k_max + 1] for e in expected], axis=0) * n_lanes
-    return _clearly_best(tokens / seconds)
-
-
-def _clearly_best(rates: np.ndarray) -> int:
-    """The K of the highest rate, where drafting (K ≥ 1) must beat plain steps by SHARED_DRAFT_MARGIN:
-    what round_k and lone_k leave out all counts against drafting (acceptance learned optimistically;
-    a lane that stops short still brings filler rows or costs a pass of its own)."""
-    rates = np.array(rates, dtype=float)
-    rates[1:] /= SHARED_DRAFT_MARGIN
-    return int(np.argmax(rates))
-
-
-def lone_k(expected: np.ndarray, *, n_lanes: int, verify: Line, draft: Line) -> int:
-    """The most drafts worth drafting for one lane whose drafts the round's other n − 1 lanes do not
-    share (an n-gram match is one request's; serve --parallel). Its k drafts cost the round one more
-    pass for its rows, or filler rows for every other lane (llama/fillers.py), whichever is cheaper,
-    V(n) + min(V(k), b·n·k), plus k + 1 draft passes (none for a free drafter), and gain only its own
-    E(k) − 1 tokens: K = argmax (n − 1 + E(k)) / round seconds. With one lane, as alone."""
-    ks = np.arange(len(expected))
-    extra = np.minimum(verify.per_pass + verify.per_row * ks, verify.per_row * n_lanes * ks)
-    draft_passes = ks + (ks > 0)
-    seconds = (
-        verify.per_pass
-        + verify.per_row * n_lanes
-        + np.where(ks > 0, extra, 0.0)
-        + draft_passes * (draft.per_pass + draft.per_row)
-    )
-    return _clearly_best((n_lanes - 1 + np.asarray(expected, dtype=float)) / seconds)
 
 
 def adaptive_policy(
@@ -426,15 +397,3 @@ def adaptive_policy(
         }
         return PerSource(sides, shared)
     return AdaptiveK(costs, config, source=spec.sources[0])
-
-
-def expected_rate(costs: MachineCosts, acceptance: float, config: PolicyConfig = PolicyConfig()) -> float:
-    """Tokens per second a draft should give at its best fixed K ≥ 1, when each draft position is
-    accepted with probability `acceptance` given the ones before it were: max over k of E(k) / T(k),
-    E(k) = 1 + a + … + a^k, T(k) = k·t_draft + t_verify(k + 1). (It may be below plain decoding's
-    1 / t_verify(1): then this draft cannot win here, and a faster one comes closer. The verify table
-    is taken as never falling, MachineCosts.rising.)"""
-    ks = np.arange(1, config.k_max + 1)
-    expected = np.cumsum(float(acceptance) ** np.arange(config.k_max + 1))[1:]
-    seconds = StepCosts(costs.rising(), trust=config.cost_trust).step(ks)
-    return float((expected / seconds).max())

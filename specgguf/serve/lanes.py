@@ -23,11 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from ..core.costs import Line
 from ..core.drafting import Source, common_prefix
 from ..core.engine import KPolicy, StepEvent
 from ..core.hot_vocab import HotVocab
-from ..core.kpolicy import AdaptiveK, PerSource, lone_k, round_k
+from ..core.rounds import FREE, Line, Round, lone_k, round_k
 
 MIN_PARALLEL, MAX_AUTO_PARALLEL = 2, 4  # --parallel's default: at least 2, at most 4, as memory allows
 MEMORY_SHARE = 0.5  # of the memory free after loading, what the default lets the sequences take
@@ -101,9 +100,6 @@ class Lane:
         return tuple(None if line is None else Line(*line) for line in lines)  # type: ignore[return-value]
 
 
-FREE = Line(0.0, 0.0)  # what proposing an n-gram draft costs
-
-
 class SharedCosts:
     """A lane's K policy, taught what its steps cost in batches shared with the other lanes: its rows'
     share of each batch's time, not the batch's wall time.
@@ -113,7 +109,7 @@ class SharedCosts:
     lane maximising E(k) / (its charge) then maximises the lanes' tokens per second together
     (n·E(k) / T(n·(k + 1)) when they draft alike): the more clients, the less speculation pays on
     a verifier whose rows cost compute, and plain steps batched across clients take over. Before
-    each step the policy's prior is set for the lanes live now (costs.MachineCosts.shared)."""
+    each step the policy's prior is set for the lanes live now (rounds.Round.prices)."""
 
     def __init__(
         self, policy: KPolicy, lane: Lane, live: set[SharedCosts], between_steps: Callable[[], None] | None = None
@@ -128,43 +124,41 @@ class SharedCosts:
         self._marks = self.lane.charged()  # a step starts: drafting and verifying are charged from here
         n_lanes = self.lane.verifier.batcher.n_participants
         verify, draft = self.lane.pass_lines()
-        if isinstance(self.policy, (AdaptiveK, PerSource)):  # priced for the lanes live now
-            self.policy.share(n_lanes, verify, draft)
+        self.policy.share(Round(n_lanes, verify, draft))  # priced for the lanes live now
         k = self.policy.choose(source)
         drafting = draft if source == "model" else FREE if source == "ngram" else None  # (a grammar's: free, sure)
         if n_lanes > 1 and verify is not None and drafting is not None:
             if source == "model":
-                # The round's K (kpolicy.round_k): the lanes step together, and a lane drafting
+                # The round's K (rounds.round_k): the lanes step together, and a lane drafting
                 # longer than the others costs them all.
                 expected = [e for shared in list(self.live) if (e := shared.expected(source)) is not None]
                 k = min(k, round_k(expected, n_lanes=n_lanes, verify=verify, draft=drafting))
             elif (own := self.expected(source)) is not None:
                 # An n-gram match is this request's alone: its drafts cost the round filler rows
-                # or a pass of their own, and gain only its own tokens (kpolicy.lone_k).
+                # or a pass of their own, and gain only its own tokens (rounds.lone_k).
                 k = min(k, lone_k(own, n_lanes=n_lanes, verify=verify, draft=drafting))
         return k
 
     def expected(self, source: Source) -> np.ndarray | None:
-        """E(k) of this request's drafts from `source`, as its policy learned it (None: a fixed K, or
-        no such source). Over the source's first `evidence` drafts, optimistic as a lone policy is
-        (AdaptiveK.best_k: c_1 raised by `doubt` standard errors), up to drafts right `worth_trying`
-        of the time: priced at the prior's 0.5, a round of several lanes would never draft, so it
-        would never learn that its drafts are right."""
-        policy = self.policy.policies.get(source) if isinstance(self.policy, PerSource) else self.policy
-        if not isinstance(policy, AdaptiveK) or policy.source != source:
-            return None
-        learned = policy.acceptance.expected()
-        if policy.acceptance.first_tested >= policy.config.evidence:
-            return learned
-        # Optimism stops at drafts right `worth_trying` (9 in 10) of the time, as a lone policy's
-        # `could_win` does: a round that would not win even so never drafts to find out (the draft
-        # model would first read all the lanes' tokens decoded without it: a second, F16 here).
-        a = policy.config.worth_trying
-        ceiling = (1.0 - a ** np.arange(1, len(learned) + 1)) / (1.0 - a)
-        return np.maximum(learned, np.minimum(policy.acceptance.expected(policy.config.doubt), ceiling))
+        """E(k) of this request's drafts from `source`, as its policy prices them (KPolicy.expected)."""
+        return self.policy.expected(source)
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         return self.policy.keep_drafting(confidences)
+
+    @property
+    def adapts(self) -> bool:
+        return self.policy.adapts
+
+    def drafts(self, source: Source = "model") -> bool:
+        return self.policy.drafts(source)
+
+    def share(self, round: Round) -> None:
+        self.policy.share(round)
+
+    def learned_costs(self) -> None:
+        """None: a share of passes shared with other lanes is not what a request alone costs."""
+        return None
 
     @property
     def branches(self) -> bool:
