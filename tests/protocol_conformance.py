@@ -15,7 +15,7 @@ from specgguf.llama.batcher import Decoder, SequenceView
 from specgguf.llama.loaded import LoadedModel
 from specgguf.llama.model import LlamaModel
 from specgguf.llama.sequences import LlamaDecoder
-from specgguf.serve.lanes import SharedCosts
+from specgguf.serve.parallel.round_policy import SharedCosts
 from test_parallel_laws import FakeContext
 
 

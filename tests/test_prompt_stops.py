@@ -228,7 +228,7 @@ def test_a_prompt_among_live_requests_goes_in_short_chunks_that_their_steps_ride
 def test_a_request_reading_a_prompt_on_one_model_does_not_hold_the_other_models_batches():
     """Two lanes, each a participant of both models' batchers. While lane 0 reads a long prompt on
     the verifier, lane 1's draft calls decode at once: the draft's batcher does not wait its
-    `wait_seconds` for lane 0, which brings it no rows (serve/lanes.py pairs the views as partners)."""
+    `wait_seconds` for lane 0, which brings it no rows (serve/parallel/lanes.py pairs the views as partners)."""
     from specgguf.llama.batcher import SequenceView
 
     verifier_batcher = Batcher(_LinedDecoder(), wait_seconds=2.0)

@@ -12,7 +12,8 @@ import ollama
 import pytest
 
 from live_server import live_server
-from specgguf.serve.lanes import Lanes, default_parallel
+from specgguf.serve.parallel.lanes import Lanes
+from specgguf.serve.parallel.sizing import default_parallel
 from tiny_gguf import tiny_vocab, write_tiny_llama
 
 GREEDY = {"temperature": 0, "extra_body": {"speculative": {"k": 3}}}

@@ -19,8 +19,9 @@ from specgguf.core.rounds import ALONE, FREE, Line, Round, lone_k, reprice, roun
 from specgguf.llama import fillers
 from specgguf.llama.batcher import Batcher, Rows, SequenceView
 from specgguf.llama.sequences import PassCosts
-from specgguf.serve import lanes as lanes_module
-from specgguf.serve.lanes import Lanes, SharedCosts
+from specgguf.serve.parallel import lanes as lanes_module
+from specgguf.serve.parallel.lanes import Lanes
+from specgguf.serve.parallel.round_policy import SharedCosts
 from test_kpolicy import _step
 
 TABLE = MachineCosts(verify=(0.100, 0.110, 0.120, 0.130, 0.140, 0.150), draft=0.010)

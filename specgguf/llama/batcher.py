@@ -97,7 +97,7 @@ class Batcher:
     @contextlib.contextmanager
     def away(self) -> Iterator[None]:
         """(A participant's thread, between its calls.) While it waits outside: batches no longer
-        wait for it (serve/lanes.py: a request giving way to an editor's completion)."""
+        wait for it (serve/parallel/lanes.py: a request giving way to an editor's completion)."""
         self._count(-1)
         try:
             yield
@@ -178,9 +178,9 @@ class SequenceView:
         self.n_ctx, self.n_vocab, self.is_eog = n_ctx, n_vocab, is_eog
         self.cached: list[int] = []
         self.busy_seconds = 0.0  # time in this view's batches (shared with the others in them)
-        self.charged_seconds = 0.0  # ... of which its share, by rows: what its steps cost (serve/lanes.py)
+        self.charged_seconds = 0.0  # ... of which its share, by rows: what its steps cost (serve/parallel/)
         self._pending_base: int | None = None  # a chain evaluated by eval_tree, until keep_path
-        # The same request's sequences of the other model (serve/lanes.py): while this one reads a
+        # The same request's sequences of the other model (serve/parallel/lanes.py): while this one reads a
         # long evaluation, their batches do not wait for this thread's rows (it brings none).
         self.partners: list[SequenceView] = []
 

@@ -103,7 +103,7 @@ class LlamaDecoder:
         """Teach `costs` the pass line before the first request (serve --parallel): passes of `rows`
         rows of sequence 0, `repeats` times each after one unrecorded warm-up pass, the cells removed
         after each. Learned only from requests, a fresh server's first rounds had no line to price
-        them by (kpolicy.round_k) and drafted up to K_MAX per lane, four lanes at once."""
+        them by (rounds.round_k) and drafted up to K_MAX per lane, four lanes at once."""
         model, batch = self.model, self.model._batch
         sizes = [max(1, min(n, self.n_batch, model.n_ctx)) for n in rows]
         for index, n in enumerate([sizes[0], *sizes * repeats]):
@@ -164,7 +164,7 @@ class LlamaDecoder:
 class PassCosts:
     """What a pass costs, learned from the decodes run: seconds = a + b·rows, least squares over the
     recent ones (`line`); a decode llama.cpp cut into n passes (fillers.passes) counts n·a. A lane's
-    K policy prices its steps by it (serve/lanes.py, kpolicy.round_k), and the decoder its filler
+    K policy prices its steps by it (serve/parallel/, rounds.round_k), and the decoder its filler
     rows (fillers.py): a, the weights read once per pass, is shared by the requests in it; b, each
     row's compute, is not.
 

@@ -29,9 +29,9 @@ from .common import ApiError, ServeOptions
 from .generator import Worker
 from .guard import Guard, HostPolicy, quiet_logs
 from .jobs import ClientGone
-from .lanes import default_parallel, memory_available
 from .metrics import CONTENT_TYPE, Metrics
 from .page import routes as page
+from .parallel.sizing import default_parallel, memory_available
 from .transport import BodyLimit, CountRequests, Server, check_address, listen
 
 

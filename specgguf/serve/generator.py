@@ -11,7 +11,7 @@ over and others wait, it goes to the back of the queue; its client hanging up st
 input. Embeddings use their own context (one job's input at a time), never a live sequence.
 
 `--parallel 1`: one thread and the models' own caches, one request at a time. `--parallel N`: N
-threads, each running one request at a time on a live sequence of its own (lanes.py), their model
+threads, each running one request at a time on a live sequence of its own (parallel/lanes.py), their model
 calls batched together (llama/batcher.py); a request waits in the queue only while N others run.
 
 Prefix reuse: a prompt is always the fresh tokenization of the request's whole text (as
@@ -39,7 +39,6 @@ from ..llama.stops import stops_when
 from ..prepare import Prepared
 from .cache_slots import CacheSlots
 from .draft_marks import DraftMarks
-from .lanes import Lanes
 from .messages import (  # re-exported: the APIs read them from here
     EMBEDDING_TURN_SECONDS,
     MAX_EMBEDDING_INPUTS,
@@ -54,6 +53,7 @@ from .messages import (  # re-exported: the APIs read them from here
     QueueFull,
     Started,
 )
+from .parallel.lanes import Lanes
 from .plan import GenerationRequest, Plan, Planner
 from .text import AnswerText, TokenLogprob, token_logprobs
 from .tool_syntax import family_of

@@ -1,5 +1,7 @@
 """The live sequences of `serve --parallel N`: N `Lane`s, each a KV sequence of the verifier and one
-of the draft (llama/batcher.py's views over one context per model), and how many fit.
+of the draft (llama/batcher.py's views over one context per model): which lane a request takes, an
+editor's completion first (the others give way), and the round policy each request steps under
+(round_policy.py).
 
 The lanes are the server's cached conversations, kept live. A request takes, in this order: the free
 lane whose last prompt it continues (all of it but the last token: a chat's follow-up), for a
@@ -18,18 +20,15 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from ...core.drafting import common_prefix
+from ...core.engine import KPolicy
+from ...core.hot_vocab import HotVocab
+from ...core.rounds import Line
+from .round_policy import SharedCosts
 
-from ..core.drafting import Source, common_prefix
-from ..core.engine import KPolicy, StepEvent
-from ..core.hot_vocab import HotVocab
-from ..core.rounds import FREE, Line, Round, lone_k, round_k
-
-MIN_PARALLEL, MAX_AUTO_PARALLEL = 2, 4  # --parallel's default: at least 2, at most 4, as memory allows
-MEMORY_SHARE = 0.5  # of the memory free after loading, what the default lets the sequences take
 # How long a verify waits for the other live requests (those still drafting, or sampling) to bring
 # their rows: the lanes then verify together, a round at a time, and draft together after it.
 ROUND_WAIT = 0.5
@@ -98,80 +97,6 @@ class Lane:
         views = (self.verifier, self.draft_sequence)
         lines = [view.pass_line() if view is not None else None for view in views]
         return tuple(None if line is None else Line(*line) for line in lines)  # type: ignore[return-value]
-
-
-class SharedCosts:
-    """A lane's K policy, taught what its steps cost in batches shared with the other lanes: its rows'
-    share of each batch's time, not the batch's wall time.
-
-    With n lanes in one pass of T(R) = a + b·R seconds for R rows, a step of k drafts is charged
-    a/n + b·(k + 1): the fixed cost of reading the weights is shared, each extra row is not. Each
-    lane maximising E(k) / (its charge) then maximises the lanes' tokens per second together
-    (n·E(k) / T(n·(k + 1)) when they draft alike): the more clients, the less speculation pays on
-    a verifier whose rows cost compute, and plain steps batched across clients take over. Before
-    each step the policy's prior is set for the lanes live now (rounds.Round.prices)."""
-
-    def __init__(
-        self, policy: KPolicy, lane: Lane, live: set[SharedCosts], between_steps: Callable[[], None] | None = None
-    ):
-        self.policy, self.lane, self.live = policy, lane, live  # live: the requests' policies running now
-        self.between_steps = between_steps  # Lanes.between_steps
-        self._marks = lane.charged()
-
-    def choose(self, source: Source = "model") -> int:
-        if self.between_steps is not None:
-            self.between_steps()  # a step starts: first, an editor's completion may go ahead
-        self._marks = self.lane.charged()  # a step starts: drafting and verifying are charged from here
-        n_lanes = self.lane.verifier.batcher.n_participants
-        verify, draft = self.lane.pass_lines()
-        self.policy.share(Round(n_lanes, verify, draft))  # priced for the lanes live now
-        k = self.policy.choose(source)
-        drafting = draft if source == "model" else FREE if source == "ngram" else None  # (a grammar's: free, sure)
-        if n_lanes > 1 and verify is not None and drafting is not None:
-            if source == "model":
-                # The round's K (rounds.round_k): the lanes step together, and a lane drafting
-                # longer than the others costs them all.
-                expected = [e for shared in list(self.live) if (e := shared.expected(source)) is not None]
-                k = min(k, round_k(expected, n_lanes=n_lanes, verify=verify, draft=drafting))
-            elif (own := self.expected(source)) is not None:
-                # An n-gram match is this request's alone: its drafts cost the round filler rows
-                # or a pass of their own, and gain only its own tokens (rounds.lone_k).
-                k = min(k, lone_k(own, n_lanes=n_lanes, verify=verify, draft=drafting))
-        return k
-
-    def expected(self, source: Source) -> np.ndarray | None:
-        """E(k) of this request's drafts from `source`, as its policy prices them (KPolicy.expected)."""
-        return self.policy.expected(source)
-
-    def keep_drafting(self, confidences: list[float]) -> bool:
-        return self.policy.keep_drafting(confidences)
-
-    @property
-    def adapts(self) -> bool:
-        return self.policy.adapts
-
-    def drafts(self, source: Source = "model") -> bool:
-        return self.policy.drafts(source)
-
-    def share(self, round: Round) -> None:
-        self.policy.share(round)
-
-    def learned_costs(self) -> None:
-        """None: a share of passes shared with other lanes is not what a request alone costs."""
-        return None
-
-    @property
-    def branches(self) -> bool:
-        return self.policy.branches
-
-    def branch(self, confidences: list[float], runner_up: float) -> bool:
-        return self.policy.branch(confidences, runner_up)
-
-    def observe(self, event: StepEvent) -> None:
-        verify, draft = (now - mark for now, mark in zip(self.lane.charged(), self._marks))
-        catchup = event.draft_catchup_seconds * draft / event.draft_seconds if event.draft_seconds > 0 else 0.0
-        charged = replace(event, verify_seconds=verify, draft_seconds=draft, draft_catchup_seconds=catchup)
-        self.policy.observe(charged)
 
 
 def draft_views(draft: Any, n_seq: int) -> list[Any]:
@@ -275,24 +200,3 @@ class Lanes:
     def release(self, lane: Lane) -> None:
         with self._lock:
             lane.busy, lane.used = False, time.monotonic()
-
-
-def memory_available() -> int | None:
-    """Bytes of memory available now (/proc/meminfo's MemAvailable), None where unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def default_parallel(bytes_per_sequence: int, available: int | None) -> int:
-    """How many sequences `serve` keeps live without --parallel: as many as half the free memory holds,
-    at least MIN_PARALLEL, at most MAX_AUTO_PARALLEL."""
-    if available is None or bytes_per_sequence <= 0:
-        return MIN_PARALLEL
-    fits = int(available * MEMORY_SHARE) // bytes_per_sequence
-    return max(MIN_PARALLEL, min(MAX_AUTO_PARALLEL, fits))

@@ -1,0 +1,101 @@
+"""The round's policy: a lane's K policy among the live requests', over the `KPolicy` protocol alone
+(core/engine.py). Its steps are priced for the lanes live now (the policy's `share`), its K capped by
+the round's (core/rounds.py: `round_k` where the lanes draft together, `lone_k` for a draft only this
+request has), and it learns its rows' share of each batch's time, not the batch's wall time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, Protocol
+
+import numpy as np
+
+from ...core.drafting import Source
+from ...core.engine import KPolicy, StepEvent
+from ...core.rounds import FREE, Line, Round, lone_k, round_k
+
+
+class LaneCosts(Protocol):
+    """What a request's policy reads of its lane (lanes.Lane)."""
+
+    @property
+    def verifier(self) -> Any: ...  # its batcher counts the lanes live now
+
+    def charged(self) -> tuple[float, float]: ...
+
+    def pass_lines(self) -> tuple[Line | None, Line | None]: ...
+
+
+class SharedCosts:
+    """A lane's K policy, taught what its steps cost in batches shared with the other lanes: its rows'
+    share of each batch's time, not the batch's wall time.
+
+    With n lanes in one pass of T(R) = a + b·R seconds for R rows, a step of k drafts is charged
+    a/n + b·(k + 1): the fixed cost of reading the weights is shared, each extra row is not. Each
+    lane maximising E(k) / (its charge) then maximises the lanes' tokens per second together
+    (n·E(k) / T(n·(k + 1)) when they draft alike): the more clients, the less speculation pays on
+    a verifier whose rows cost compute, and plain steps batched across clients take over. Before
+    each step the policy's prior is set for the lanes live now (rounds.Round.prices)."""
+
+    def __init__(
+        self, policy: KPolicy, lane: LaneCosts, live: set[SharedCosts], between_steps: Callable[[], None] | None = None
+    ):
+        self.policy, self.lane, self.live = policy, lane, live  # live: the requests' policies running now
+        self.between_steps = between_steps  # lanes.Lanes.between_steps
+        self._marks = lane.charged()
+
+    def choose(self, source: Source = "model") -> int:
+        if self.between_steps is not None:
+            self.between_steps()  # a step starts: first, an editor's completion may go ahead
+        self._marks = self.lane.charged()  # a step starts: drafting and verifying are charged from here
+        n_lanes = self.lane.verifier.batcher.n_participants
+        verify, draft = self.lane.pass_lines()
+        self.policy.share(Round(n_lanes, verify, draft))  # priced for the lanes live now
+        k = self.policy.choose(source)
+        drafting = draft if source == "model" else FREE if source == "ngram" else None  # (a grammar's: free, sure)
+        if n_lanes > 1 and verify is not None and drafting is not None:
+            if source == "model":
+                # The round's K (rounds.round_k): the lanes step together, and a lane drafting
+                # longer than the others costs them all.
+                expected = [e for shared in list(self.live) if (e := shared.expected(source)) is not None]
+                k = min(k, round_k(expected, n_lanes=n_lanes, verify=verify, draft=drafting))
+            elif (own := self.expected(source)) is not None:
+                # An n-gram match is this request's alone: its drafts cost the round filler rows
+                # or a pass of their own, and gain only its own tokens (rounds.lone_k).
+                k = min(k, lone_k(own, n_lanes=n_lanes, verify=verify, draft=drafting))
+        return k
+
+    def expected(self, source: Source) -> np.ndarray | None:
+        """E(k) of this request's drafts from `source`, as its policy prices them (KPolicy.expected)."""
+        return self.policy.expected(source)
+
+    def keep_drafting(self, confidences: list[float]) -> bool:
+        return self.policy.keep_drafting(confidences)
+
+    @property
+    def adapts(self) -> bool:
+        return self.policy.adapts
+
+    def drafts(self, source: Source = "model") -> bool:
+        return self.policy.drafts(source)
+
+    def share(self, round: Round) -> None:
+        self.policy.share(round)
+
+    def learned_costs(self) -> None:
+        """None: a share of passes shared with other lanes is not what a request alone costs."""
+        return None
+
+    @property
+    def branches(self) -> bool:
+        return self.policy.branches
+
+    def branch(self, confidences: list[float], runner_up: float) -> bool:
+        return self.policy.branch(confidences, runner_up)
+
+    def observe(self, event: StepEvent) -> None:
+        verify, draft = (now - mark for now, mark in zip(self.lane.charged(), self._marks))
+        catchup = event.draft_catchup_seconds * draft / event.draft_seconds if event.draft_seconds > 0 else 0.0
+        charged = replace(event, verify_seconds=verify, draft_seconds=draft, draft_catchup_seconds=catchup)
+        self.policy.observe(charged)
