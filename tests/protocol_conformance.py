@@ -14,7 +14,7 @@ from specgguf.core.ngram_drafter import NgramDrafter
 from specgguf.llama.batcher import Decoder, SequenceView
 from specgguf.llama.loaded import LoadedModel
 from specgguf.llama.model import LlamaModel
-from specgguf.llama.sequences import LlamaDecoder
+from specgguf.llama.sequences import DecodeContext, LlamaDecoder
 from specgguf.serve.parallel.round_policy import SharedCosts
 from test_parallel_laws import FakeContext
 
@@ -33,6 +33,10 @@ def sequence_view_is_a_model(model: SequenceView) -> Model:
 
 def llama_decoder_is_a_decoder(decoder: LlamaDecoder) -> Decoder:
     return decoder
+
+
+def llama_model_is_a_decode_context(model: LlamaModel) -> DecodeContext:
+    return model  # what LlamaDecoder decodes with: named, no private member
 
 
 def fake_context_is_a_decoder(decoder: FakeContext) -> Decoder:

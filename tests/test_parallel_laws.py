@@ -45,6 +45,9 @@ class FakeContext:
     def remove(self, seq: int, start: int) -> None:
         del self.cells.setdefault(seq, [])[start:]
 
+    def pass_line(self) -> tuple[float, float] | None:
+        return None  # a fake that takes no measurable time learns no line
+
 
 class MixingContext(FakeContext):
     """Planted: each caller gets the rows of the next caller with as many rows (a batch read at

@@ -29,6 +29,7 @@ class _CountingDecoder:
 
     def __init__(self, stop: Stop, stop_after: int):
         self.stop, self.passes, self.stop_after = stop, 0, stop_after
+        self.line: tuple[float, float] | None = None  # no pass line learned
 
     def decode(self, work: list[Rows]) -> list[np.ndarray]:
         self.passes += 1
@@ -38,6 +39,9 @@ class _CountingDecoder:
 
     def remove(self, seq: int, start: int) -> None:
         pass
+
+    def pass_line(self) -> tuple[float, float] | None:
+        return self.line
 
 
 def test_a_sequences_long_eval_stops_between_chunks_and_keeps_the_chunks_done():
@@ -57,7 +61,7 @@ def test_a_sequences_long_eval_stops_between_chunks_and_keeps_the_chunks_done():
 def test_a_models_long_eval_stops_between_chunks_and_the_cache_stays_exact(tiny_verifier, monkeypatch):
     model = LlamaModel(tiny_verifier, n_ctx=256, n_threads=1, n_batch=32)
     tokens = (model.tokenize("the cat sat on the mat and looked at the dog. ") * 12)[:200]
-    stop, decoded, decode = Stop(), [], model._decode
+    stop, decoded, decode = Stop(), [], model.decode_batch
 
     def decode_then_stop(batch, stop_flag=None):
         decode(batch, stop_flag)
@@ -65,7 +69,7 @@ def test_a_models_long_eval_stops_between_chunks_and_the_cache_stays_exact(tiny_
         if len(decoded) == 2:
             stop.set()  # the client hangs up during the second chunk
 
-    monkeypatch.setattr(model, "_decode", decode_then_stop)
+    monkeypatch.setattr(model, "decode_batch", decode_then_stop)
     with stops_when(stop), pytest.raises(Cancelled):
         model.eval(tokens, n_logits=0)
     assert decoded == [32, 32] and model.cached == tokens[:64]
@@ -179,7 +183,7 @@ class _LinedDecoder:
 
     def __init__(self) -> None:
         self.passes: list[dict[int, int]] = []
-        self.costs = type("Costs", (), {"line": staticmethod(lambda: (0.01, 0.01))})()
+        self.line: tuple[float, float] | None = (0.01, 0.01)
 
     def decode(self, work: list[Rows]) -> list[np.ndarray]:
         self.passes.append({rows.seq: len(rows.tokens) for rows in work})
@@ -188,6 +192,9 @@ class _LinedDecoder:
 
     def remove(self, seq: int, start: int) -> None:
         pass
+
+    def pass_line(self) -> tuple[float, float] | None:
+        return self.line
 
 
 def test_a_prompt_among_live_requests_goes_in_short_chunks_that_their_steps_ride_along():

@@ -59,6 +59,10 @@ class Decoder(Protocol):
     def remove(self, seq: int, start: int) -> None:
         """Drop sequence `seq`'s cells from position `start` on."""
 
+    def pass_line(self) -> tuple[float, float] | None:
+        """What a pass costs, (per pass, per row) seconds, as learned from the decodes run
+        (sequences.PassCosts; None before it has, or for a decoder that does not learn it)."""
+
 
 @dataclass(eq=False)
 class _Call:
@@ -195,10 +199,8 @@ class SequenceView:
         return self.batcher.away()
 
     def pass_line(self) -> tuple[float, float] | None:
-        """What a pass of this context costs, (per pass, per row) seconds, where its decoder learns
-        it (sequences.PassCosts; None before it has, or for a decoder that does not)."""
-        costs = getattr(self.batcher.decoder, "costs", None)
-        return None if costs is None else costs.line()
+        """What a pass of this context costs, (per pass, per row) seconds (Decoder.pass_line)."""
+        return self.batcher.decoder.pass_line()
 
     def eval(self, tokens: Sequence[int], *, n_logits: int) -> np.ndarray:
         return self._append(list(tokens), n_logits, None)

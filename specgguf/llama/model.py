@@ -35,7 +35,6 @@ from .runtime import (
     shared_governor,
 )
 from .state import load_sequence, save_sequence
-from .threads import ThreadGovernor
 from .tree import MAX_TREE_LEAVES, TreeLayout
 
 if TYPE_CHECKING:
@@ -103,7 +102,7 @@ class LlamaModel:
         # really has, but never more context than the user asked for.
         self.n_ctx = min(n_ctx, llama_cpp.llama_n_ctx(self._ctx))
         self.n_batch = min(n_batch, llama_cpp.llama_n_batch(self._ctx), llama_cpp.llama_n_ubatch(self._ctx))
-        self._batch = llama_cpp.llama_batch_init(n_batch, 0, MAX_TREE_LEAVES)
+        self.batch = llama_cpp.llama_batch_init(n_batch, 0, MAX_TREE_LEAVES)  # what a decode fills
         self._embd_batch: Any = None  # for eval_embeddings, made on first use
         self._tree: TreeLayout | None = None
         self.max_leaves = MAX_TREE_LEAVES  # one sequence per leaf: the most leaves `eval_tree` takes
@@ -140,7 +139,7 @@ class LlamaModel:
         a view per sequence, each the engine's `Model` (batcher.py). The context is made anew, empty;
         from then on only the views evaluate (draft trees are off: `max_leaves` is 1). `calibrate`:
         what a pass costs is measured now (sequences.LlamaDecoder.calibrate)."""
-        from .sequences import sequence_views
+        from .sequences import LlamaDecoder, sequence_views
 
         with self._guard("while freeing the context"):
             llama_cpp.llama_free(self._ctx)
@@ -151,7 +150,8 @@ class LlamaModel:
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self.n_seq, self.max_leaves, self.cached, self._tree = n_seq, 1, [], None
         self.n_ctx = min(self.n_ctx, llama_cpp.llama_n_ctx_seq(self._ctx))
-        return sequence_views(self, wait_seconds, calibrate=calibrate)
+        self._decoders.append(decoder := LlamaDecoder(self))  # freed with the context
+        return sequence_views(self, decoder, wait_seconds, calibrate=calibrate)
 
     def kv_bytes_per_sequence(self) -> int:
         """What one more sequence of `n_ctx` tokens costs: keys and values of every layer, F16."""
@@ -161,8 +161,18 @@ class LlamaModel:
 
     def follow_load(self) -> None:
         """Set the thread count by the machine's load (without -t), before a decode."""
-        if self._governor is not None:
-            self._follow_load(self._governor)
+        if (governor := self._governor) is None:
+            return
+        governor.check()
+        if governor.threads != self.n_threads:
+            if debug_enabled():
+                os.write(
+                    2,
+                    f"specgguf: {self.path.name}: {self.n_threads} -> {governor.threads} threads"
+                    " (the machine's load changed)\n".encode(),
+                )
+            self.n_threads = governor.threads
+            llama_cpp.llama_set_n_threads(self._ctx, self.n_threads, self.n_threads)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -171,7 +181,7 @@ class LlamaModel:
                     self._embedder.close()  # its context before the weights it reads
                 for decoder in self._decoders:
                     decoder.close()
-                llama_cpp.llama_batch_free(self._batch)
+                llama_cpp.llama_batch_free(self.batch)
                 if self._embd_batch is not None:
                     llama_cpp.llama_batch_free(self._embd_batch)
                 llama_cpp.llama_free(self._ctx)
@@ -184,7 +194,7 @@ class LlamaModel:
     # --- the engine's protocol ---
     def eval(self, tokens: Sequence[int], *, n_logits: int) -> np.ndarray:
         """Append tokens to the cache in chunks of n_batch; logits only for the last n_logits."""
-        return self._append(tokens, n_logits, self._batch, None)
+        return self._append(tokens, n_logits, self.batch, None)
 
     def eval_embeddings(self, tokens: Sequence[int], rows: np.ndarray, *, n_logits: int) -> np.ndarray:
         """`eval`, with each position read as its row of `rows` (n, n_embd float32) instead of its token's
@@ -200,11 +210,10 @@ class LlamaModel:
             raise ContextFullError(f"context overflow: {self.n_past} + {len(tokens)} tokens > {self.n_ctx}")
         if n_logits > min(len(tokens), self.n_batch):
             raise ValueError(f"asked for {n_logits} logits rows from {len(tokens)} tokens")
-        if self._governor is not None:
-            self._follow_load(self._governor)
+        self.follow_load()
         started = time.perf_counter()
         self._eval_chunks(tokens, n_logits, batch, rows)
-        return self._logits(n_logits, started)
+        return self.read_logits(n_logits, started)
 
     def _eval_chunks(self, tokens: Sequence[int], n_logits: int, batch: Any, rows: np.ndarray | None) -> None:
         for start in range(0, len(tokens), self.n_batch):
@@ -223,10 +232,10 @@ class LlamaModel:
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = i >= first_output
             batch.n_tokens = len(chunk)
-            self._decode(batch, stops.current() if len(chunk) >= stops.ABORTABLE_ROWS else None)
+            self.decode_batch(batch, stops.current() if len(chunk) >= stops.ABORTABLE_ROWS else None)
             self.cached.extend(chunk)
 
-    def _decode(self, batch: llama_cpp.llama_batch, stop: stops.Stop | None = None) -> None:
+    def decode_batch(self, batch: llama_cpp.llama_batch, stop: stops.Stop | None = None) -> None:
         """One llama_decode; with `stop`, abandoned once it is set (`Cancelled`, the cache as before)."""
         with self._guard("while decoding"):
             status = decode(self._ctx, batch, stop)
@@ -235,7 +244,7 @@ class LlamaModel:
         if status != 0:
             raise DecodeError(f"{self.path.name}: llama_decode failed ({status}): {reason('')}")
 
-    def _logits(self, n_logits: int, started: float) -> np.ndarray:
+    def read_logits(self, n_logits: int, started: float) -> np.ndarray:
         """The last decode's n_logits rows; the time since `started` counts as busy."""
         if n_logits == 0:
             logits = np.empty((0, self.n_vocab), dtype=np.float32)
@@ -246,17 +255,15 @@ class LlamaModel:
         self.busy_seconds += time.perf_counter() - started
         return logits
 
-    def _follow_load(self, governor: ThreadGovernor) -> None:
-        governor.check()
-        if governor.threads != self.n_threads:
-            if debug_enabled():
-                os.write(
-                    2,
-                    f"specgguf: {self.path.name}: {self.n_threads} -> {governor.threads} threads"
-                    " (the machine's load changed)\n".encode(),
-                )
-            self.n_threads = governor.threads
-            llama_cpp.llama_set_n_threads(self._ctx, self.n_threads, self.n_threads)
+    def sequence_end(self, seq: int) -> int:
+        """The position after sequence `seq`'s last cell (0: it holds none)."""
+        with self._guard("while reading the cache"):
+            return int(llama_cpp.llama_memory_seq_pos_max(self._memory, seq)) + 1
+
+    def drop_cells(self, seq: int, start: int) -> None:
+        """Drop sequence `seq`'s cells from position `start` on (the views' rollback)."""
+        with self._guard("while rolling back the cache"):
+            llama_cpp.llama_memory_seq_rm(self._memory, seq, start, -1)
 
     def eval_tree(self, tokens: Sequence[int], parents: Sequence[int], *, n_logits: int) -> np.ndarray:
         """Evaluate a tree after the cache in one batch (see the engine's `Model`). A chain is `eval`.
@@ -272,17 +279,16 @@ class LlamaModel:
             raise ContextFullError(f"context overflow: {base} + {len(tokens)} tokens > {self.n_ctx}")
         if len(tokens) > self.n_batch or not 0 < n_logits <= len(tokens):
             raise ValueError(f"a tree of {len(tokens)} tokens with {n_logits} logits rows does not fit a batch")
-        if self._governor is not None:
-            self._follow_load(self._governor)
+        self.follow_load()
         started = time.perf_counter()
         with self._guard("while decoding"):
             for sequence in range(1, tree.n_sequences):
                 llama_cpp.llama_memory_seq_rm(self._memory, sequence, -1, -1)
                 llama_cpp.llama_memory_seq_cp(self._memory, 0, sequence, -1, -1)
-        scored = tree.fill(self._batch, n_logits)
-        self._decode(self._batch)
+        scored = tree.fill(self.batch, n_logits)
+        self.decode_batch(self.batch)
         self._tree = tree
-        rows = self._logits(n_logits, started)  # in batch order: back to the caller's
+        rows = self.read_logits(n_logits, started)  # in batch order: back to the caller's
         return rows[np.argsort(scored)]
 
     def keep_path(self, path: Sequence[int]) -> None:
@@ -311,9 +317,7 @@ class LlamaModel:
     def rewind(self, n_past: int) -> None:
         pending, self._tree = self._tree is not None, None
         if n_past < self.n_past or pending:  # a pending tree's cells lie beyond n_past
-            with self._guard("while rolling back the cache"):
-                # Every sequence: a tree's other branches go too.
-                llama_cpp.llama_memory_seq_rm(self._memory, -1, n_past, -1)
+            self.drop_cells(-1, n_past)  # every sequence: a tree's other branches go too
             del self.cached[n_past:]
 
     def clear(self) -> None:
@@ -341,27 +345,11 @@ class LlamaModel:
     # --- text ---
     def tokenize(self, text: str, *, special: bool = True) -> list[int]:
         """Text -> tokens, adding BOS if the model wants it and parsing special tokens."""
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        buffer = (llama_cpp.llama_token * capacity)()
-        count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, True, special)
-        if count < 0:
-            buffer = (llama_cpp.llama_token * -count)()
-            count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, -count, True, special)
-        tokens = list(buffer[:count])
-        bos = llama_cpp.llama_vocab_bos(self._vocab)
-        if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
-            tokens = tokens[1:]  # a template that writes BOS itself, plus add_bos
-        return tokens
+        return vocab.tokenize(self._vocab, text, special=special)
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token stands for; control tokens (EOS, <|im_end|>) give b''."""
-        buffer = ctypes.create_string_buffer(64)
-        size = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
-        if size < 0:
-            buffer = ctypes.create_string_buffer(-size)
-            size = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, False)
-        return buffer.raw[:size]
+        return vocab.token_bytes(self._vocab, token)
 
     def control_tokens(self) -> tuple[vocab.ControlToken, ...]:
         """Its control tokens, longest text first (vocab.control_tokens; read once, by one thread: a
@@ -381,18 +369,8 @@ class LlamaModel:
         chat_template = self.chat_template()
         if chat_template is None:
             raise PromptError(f"{self.path.name} has no chat template; use --raw to send the text as is")
-        return template.render(
-            chat_template,
-            messages,
-            eos=self._piece_text("eos"),
-            bos=self._piece_text("bos"),
-            name=self.path.name,
-            tools=tools,
-        )
-
-    def _piece_text(self, which: str) -> str:
-        token = getattr(llama_cpp, f"llama_vocab_{which}")(self._vocab)
-        return "" if token < 0 else llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
+        eos, bos = (vocab.piece_text(self._vocab, which) for which in ("eos", "bos"))
+        return template.render(chat_template, messages, eos=eos, bos=bos, name=self.path.name, tools=tools)
 
     def info(self) -> ModelInfo:
         """Description, size and architecture (the server's model listings)."""

@@ -21,7 +21,7 @@ import ctypes
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import llama_cpp
 import numpy as np
@@ -34,10 +34,25 @@ from .stops import Stop
 CALIBRATION_ROWS = (1, 4, 8, 16)
 
 
+class DecodeContext(Protocol):
+    """What LlamaDecoder decodes with: a model's context of several sequences (model.LlamaModel)."""
+
+    n_batch: int
+    n_ctx: int
+    n_embd: int
+    batch: Any  # the llama_batch a decode of tokens fills
+
+    def decode_batch(self, batch: Any, stop: Stop | None = None) -> None: ...
+    def read_logits(self, n_logits: int, started: float) -> np.ndarray: ...
+    def sequence_end(self, seq: int) -> int: ...
+    def drop_cells(self, seq: int, start: int) -> None: ...
+    def follow_load(self) -> None: ...
+
+
 class LlamaDecoder:
     """Decodes several callers' rows in one llama_batch of a shared context (tokens and embedding rows apart)."""
 
-    def __init__(self, model: Any):  # model.LlamaModel (not imported: model.py imports this module)
+    def __init__(self, model: DecodeContext):
         self.model = model
         self.n_batch = model.n_batch
         self._embd_batch: Any = None
@@ -55,7 +70,7 @@ class LlamaDecoder:
         """One llama_batch of the group's rows, in sequence order (llama.cpp passes consecutive
         sequence ids together), with filler rows where they make it one pass (fillers.py)."""
         model = self.model
-        batch = self._embedding_batch() if embedded else model._batch
+        batch = self._embedding_batch() if embedded else model.batch
         group = sorted(group, key=lambda item: item[1].seq)
         sizes: dict[int, int] = {}  # rows per sequence
         for _, rows in group:
@@ -92,7 +107,7 @@ class LlamaDecoder:
         elapsed = self._timed_decode(batch, cells=[(seq, ends[seq]) for seq in extra], stop=stop)
         n_passes = len(passes({seq: sizes.get(seq, 0) + extra.get(seq, 0) for seq in sizes.keys() | extra.keys()}))
         self.costs.observe(slot, elapsed, n_passes)
-        logits = model._logits(n_outputs, started)  # the outputs in batch order, as llama.cpp sorts them back
+        logits = model.read_logits(n_outputs, started)  # the outputs in batch order, as llama.cpp sorts them back
         out, offset = {}, 0
         for index, rows in group:
             out[index] = logits[offset : offset + rows.n_logits]
@@ -104,7 +119,7 @@ class LlamaDecoder:
         rows of sequence 0, `repeats` times each after one unrecorded warm-up pass, the cells removed
         after each. Learned only from requests, a fresh server's first rounds had no line to price
         them by (rounds.round_k) and drafted up to K_MAX per lane, four lanes at once."""
-        model, batch = self.model, self.model._batch
+        model, batch = self.model, self.model.batch
         sizes = [max(1, min(n, self.n_batch, model.n_ctx)) for n in rows]
         for index, n in enumerate([sizes[0], *sizes * repeats]):
             for i in range(n):
@@ -121,7 +136,7 @@ class LlamaDecoder:
         self.model.follow_load()
         started = time.perf_counter()
         try:
-            self.model._decode(batch, stop)
+            self.model.decode_batch(batch, stop)
             return time.perf_counter() - started
         finally:
             for seq, start in cells:
@@ -143,17 +158,18 @@ class LlamaDecoder:
 
     def _next_position(self, seq: int) -> int:
         """The position after sequence seq's last cell (0 for an empty one)."""
-        with self.model._guard("while reading the cache"):
-            return int(llama_cpp.llama_memory_seq_pos_max(self.model._memory, seq)) + 1
+        return self.model.sequence_end(seq)
 
     def _embedding_batch(self) -> Any:
         if self._embd_batch is None:
             self._embd_batch = llama_cpp.llama_batch_init(self.n_batch, self.model.n_embd, 1)
         return self._embd_batch
 
+    def pass_line(self) -> tuple[float, float] | None:
+        return self.costs.line()
+
     def remove(self, seq: int, start: int) -> None:
-        with self.model._guard("while rolling back the cache"):
-            llama_cpp.llama_memory_seq_rm(self.model._memory, seq, start, -1)
+        self.model.drop_cells(seq, start)
 
     def close(self) -> None:
         if self._embd_batch is not None:
@@ -204,13 +220,13 @@ class PassCosts:
         return (float(a), float(b)) if rank == 2 and a > 0 and b > 0 else None
 
 
-def sequence_views(model: Any, wait_seconds: float = WAIT_SECONDS, *, calibrate: bool = False) -> list[SequenceView]:
-    """A view per sequence of the model's context, over one batcher (which waits `wait_seconds` for
-    the other participants); the context starts empty. `calibrate`: its pass costs measured first
-    (`LlamaDecoder.calibrate`)."""
+def sequence_views(
+    model: Any, decoder: LlamaDecoder, wait_seconds: float = WAIT_SECONDS, *, calibrate: bool = False
+) -> list[SequenceView]:
+    """A view per sequence of the model's context (model.LlamaModel.sequences), decoded by `decoder`
+    over one batcher (which waits `wait_seconds` for the other participants); the context starts
+    empty. `calibrate`: its pass costs measured first (`LlamaDecoder.calibrate`)."""
     model.clear()
-    decoder = LlamaDecoder(model)
-    model._decoders.append(decoder)
     if calibrate:
         decoder.calibrate()
     batcher = Batcher(decoder, wait_seconds=wait_seconds)

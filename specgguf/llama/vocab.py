@@ -40,6 +40,38 @@ class ControlToken:
     rstrip: bool
 
 
+def tokenize(vocab: llama_cpp.llama_vocab_p, text: str, *, special: bool) -> list[int]:
+    """Text -> tokens, adding BOS if the model wants it (LlamaModel.tokenize)."""
+    data = text.encode("utf-8")
+    capacity = len(data) + 8
+    buffer = (llama_cpp.llama_token * capacity)()
+    count = llama_cpp.llama_tokenize(vocab, data, len(data), buffer, capacity, True, special)
+    if count < 0:
+        buffer = (llama_cpp.llama_token * -count)()
+        count = llama_cpp.llama_tokenize(vocab, data, len(data), buffer, -count, True, special)
+    tokens = list(buffer[:count])
+    bos = llama_cpp.llama_vocab_bos(vocab)
+    if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
+        tokens = tokens[1:]  # a template that writes BOS itself, plus add_bos
+    return tokens
+
+
+def token_bytes(vocab: llama_cpp.llama_vocab_p, token: int) -> bytes:
+    """The bytes a token stands for; control tokens (EOS, <|im_end|>) give b''."""
+    buffer = ctypes.create_string_buffer(64)
+    size = llama_cpp.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, False)
+    if size < 0:
+        buffer = ctypes.create_string_buffer(-size)
+        size = llama_cpp.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, False)
+    return buffer.raw[:size]
+
+
+def piece_text(vocab: llama_cpp.llama_vocab_p, which: str) -> str:
+    """The text of the vocabulary's "eos" or "bos" token ('' where it has none)."""
+    token = getattr(llama_cpp, f"llama_vocab_{which}")(vocab)
+    return "" if token < 0 else llama_cpp.llama_vocab_get_text(vocab, token).decode("utf-8", "replace")
+
+
 def control_tokens(vocab: llama_cpp.llama_vocab_p) -> tuple[ControlToken, ...]:
     """The vocabulary's control tokens, longest text first: the order llama.cpp's tokenizer looks
     for special tokens in (llama_vocab::impl::tokenizer_st_partition)."""
