@@ -311,7 +311,7 @@ def load_models(
     if cross_ok and not vocabularies_match(verifier.vocab_info(), original.vocab_info()):
         if options.draft_variant not in (AUTO, ORIGINAL_VARIANT):
             raise UsageError(f"--draft-variant {options.draft_variant}: a draft of another vocabulary is used as given")
-        return verifier, original, DraftChoice(ORIGINAL_VARIANT, resolved.draft, CROSS_WHY)
+        return verifier, original, DraftChoice(ORIGINAL_VARIANT, resolved.draft, CROSS_WHY, cross=True)
     ensure_compatible(verifier.vocab_info(), original.vocab_info())
     if options.rpc and options.draft_variant == AUTO:
         return (
@@ -330,9 +330,10 @@ def load_models(
 def pair_cross(
     verifier: LoadedModel, draft: LoadedModel | None, choice: DraftChoice | None
 ) -> tuple[CrossVocab | None, DraftChoice | None]:
-    """For a draft of another vocabulary (load_models said so), what it drafts through text with, and
-    its choice's reason with the overlap; else (None, choice). Every command's pair goes through here."""
-    if draft is None or choice is None or choice.why != CROSS_WHY:
+    """For a draft of another vocabulary (its choice says so: `cross`, set by load_models), what it drafts
+    through text with, and its choice's reason with the overlap; else (None, choice). Every command's pair
+    goes through here."""
+    if draft is None or choice is None or not choice.cross:
         return None, choice
     cross = cross_vocab(draft, verifier)
     return cross, replace(choice, why=f"{CROSS_WHY}, {shared_text(cross.vocab_map, verifier.path)}")
