@@ -92,16 +92,6 @@ def measure_trial(verifier: LoadedModel, draft: LoadedModel, cross: CrossVocab) 
     )
 
 
-def _read(key: str, value: object) -> Trial | None:
-    if value is None:
-        return None
-    try:
-        return Trial.from_json(value)
-    except tuning.InvalidEntry as problem:
-        tuning.warn_entry(key, problem)
-        return None
-
-
 def adopt(
     verifier: LoadedModel,
     draft: LoadedModel,
@@ -113,7 +103,7 @@ def adopt(
     """The kept trial of this found draft against this verifier here, else measured now (`measure`,
     measure_trial unless a caller gives another) and kept. Its `adopted` says whether to draft with it."""
     key = tuning.draft_variant_key(draft.path, verifier, TRIAL)
-    trial = _read(key, tuning.stored_entry(key))
+    trial = tuning.stored_entry(key, Trial.from_json)
     if trial is None:
         if announce is not None:
             announce(
@@ -126,12 +116,9 @@ def adopt(
 
 def stored_trial(draft: Path, verifier: Path) -> Trial | None:
     """A trial kept here for this draft and verifier file, at any thread count (for ranking before loading)."""
-    for _threads, value in tuning.pair_entries(TRIAL, draft, verifier):
-        try:
-            return Trial.from_json(value)
-        except tuning.InvalidEntry:
-            continue
-    return None
+    return next(
+        (trial for _threads, trial in tuning.stored_at_any_threads(TRIAL, draft, verifier, Trial.from_json)), None
+    )
 
 
 @dataclass(frozen=True)
