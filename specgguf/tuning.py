@@ -1,7 +1,7 @@
 """tuning.json: what this machine measured, kept per machine (`$XDG_CONFIG_HOME/specgguf/tuning.json`).
 
 - The best fixed K `specgguf bench` measured for a pair (`stored_measurement`, a `BenchResult`),
-  which `-k auto` uses (prepare.make_policy).
+  which `-k auto` uses (kchoice.make_policy).
 - Measured costs per model file and settings (`stored_seconds`): the verifier's verify cost by
   batch size and the draft's cost per token, which adaptive K starts from: `probe` gives the
   stored ones, or measures them once now (core/costs.py's `measure`) and keeps them; a run long

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..core.drafters import DrafterKind
 from ..core.sampling import Penalties, SamplingSettings
 from ..grammar import GrammarError, GrammarSpec
-from ..prepare import KChoice, parse_k
+from ..kchoice import KChoice, parse_k
 from .generator import Finished
 from .plan import RequestDrafting
 from .tools import ToolPlan, ToolsError, plan_tools as _plan_tools

@@ -19,7 +19,8 @@ from ..core.ngram_cache import SessionNgrams
 from ..core.sampling import SamplingSettings
 from ..errors import ContextFullError, PromptError, UsageError
 from ..grammar import GrammarSpec, constraint_for
-from ..prepare import KChoice, Prepared
+from ..kchoice import KChoice
+from ..prepare import Prepared
 from .tool_syntax import SYNTAXES, Family
 from .tools import ToolPlan, call_constraint
 
