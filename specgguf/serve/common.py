@@ -63,6 +63,25 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+def check_model(options: ServeOptions, name: str | None, refused: Callable[[str], ApiError] | None = None) -> None:
+    """--strict-model, the one rule every API follows: a request that names a model other than the one
+    served is refused with a 404; no name means the served model, and without --strict-model any name
+    does. `refused(name)` (the name cut to 200 characters) is the API's own error where its shape has
+    one (Ollama's, Anthropic's); else the OpenAI-shaped one (chat, completions, Responses, embeddings,
+    /infill)."""
+    if not options.strict_model or name is None or name == options.model_name:
+        return
+    shown = name[:200]
+    if refused is not None:
+        raise refused(shown)
+    raise ApiError(
+        404,
+        f"unknown model {shown!r}: this server serves {options.model_name!r} (see GET /v1/models)",
+        param="model",
+        code="model_not_found",
+    )
+
+
 def unsupported(param: str, why: str = "") -> ApiError:
     return ApiError(
         400,

@@ -26,6 +26,7 @@ from ..common import (
     LlamaServerFields,
     ServeOptions,
     Speculative,
+    check_model,
     llama_sampling,
     parse_body,
     timings,
@@ -128,8 +129,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
     @app.post("/infill", dependencies=dependencies)
     async def infill(request: Request):
         body: InfillBody = parse_body(InfillBody, await request.body())
-        if options.strict_model and body.model not in (None, options.model_name):
-            raise ApiError(404, f"unknown model {body.model[:200]!r}", param="model")
+        check_model(options, body.model)
         n_predict = options.max_tokens if body.n_predict in (None, -1) else body.n_predict
         generation = GenerationRequest(
             messages=None,

@@ -26,7 +26,16 @@ from pydantic import Field
 from ....conversation import FimRequest, Message
 from ....core.sampling import SamplingSettings
 from ....grammar import GrammarSpec
-from ...common import ApiError, Body, ServeOptions, checked_grammar, llama_sampling, parse_body, unsupported
+from ...common import (
+    ApiError,
+    Body,
+    ServeOptions,
+    check_model,
+    checked_grammar,
+    llama_sampling,
+    parse_body,
+    unsupported,
+)
 from ...generator import Delta, Failed, Finished, Worker
 from ...jobs import Answer, answer, messages, set_up, stream
 from ...plan import GenerationRequest
@@ -187,8 +196,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         body: _Generating, messages_: list[Message] | None, text: str, tools: ToolPlan | None = None
     ) -> GenerationRequest:
         opts = body.options or Options()
-        if options.strict_model and body.model != options.model_name:
-            raise ApiError(404, f"model {body.model[:200]!r} not found, try pulling it first")
+        check_model(options, body.model, embed.not_found)
         return GenerationRequest(
             messages=messages_,
             text=text,
@@ -310,8 +318,7 @@ def _add_model_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, de
         name = body.model or body.name
         if not name:
             raise ApiError(400, "'model' is required", param="model")
-        if options.strict_model and name != options.model_name:
-            raise ApiError(404, f"model {name[:200]!r} not found")
+        check_model(options, name, embed.not_found)
         listed = entry()
         info = info_cache["entry"]["_info"]
         return {

@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ....conversation import FimRequest, Message
-from ...common import ApiError, ServeOptions, parse_body
+from ...common import ApiError, ServeOptions, check_model, parse_body
 from ...generator import Delta, Finished, Job, Worker
 from ...jobs import Answer, answer, failure, messages, set_up, stream
 from ...plan import GenerationRequest, RequestDrafting
@@ -91,13 +91,7 @@ async def _answer(
     options: ServeOptions,
 ):
     """Queue one request; answer it whole, or return the stream of its events."""
-    if options.strict_model and body.model is not None and body.model != options.model_name:
-        raise ApiError(
-            404,
-            f"unknown model {body.model[:200]!r}: this server serves {options.model_name!r} (see GET /v1/models)",
-            param="model",
-            code="model_not_found",
-        )
+    check_model(options, body.model)
     reply = await answer(worker, generation, request, stream=bool(body.stream))
     if isinstance(reply, Answer) and body.warm_up:  # n_predict 0: the prompt is read, nothing answered
         reply = Answer("", replace(reply.finished, n_completion=0, tool_calls=[], finish_reason="length"), [])

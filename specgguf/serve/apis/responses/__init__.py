@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import FastAPI, Request
 
 from ....conversation import Message, ToolCall
-from ...common import ApiError, ServeOptions, parse_body
+from ...common import ApiError, ServeOptions, check_model, parse_body
 from ...generator import Delta, Failed, Finished, Job, Worker
 from ...jobs import Answer, answer, messages, set_up, stream
 from ...plan import GenerationRequest
@@ -40,8 +40,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
     @app.post("/responses", dependencies=dependencies)
     async def create(request: Request):
         body: ResponsesBody = parse_body(ResponsesBody, await request.body())
-        if options.strict_model and body.model not in (None, options.model_name):
-            raise ApiError(404, f"unknown model {str(body.model)[:200]!r}", param="model", code="model_not_found")
+        check_model(options, body.model)
         history: list[Message] = []
         if body.previous_response_id is not None:
             if body.previous_response_id not in memory:
