@@ -24,7 +24,7 @@ from ..core.sampling import Penalties, SamplingSettings
 from ..grammar import GrammarError, GrammarSpec
 from ..kchoice import KChoice, parse_k
 from .generator import Finished
-from .plan import RequestDrafting
+from .plan import Speculation
 from .tools import ToolPlan, ToolsError, plan_tools as _plan_tools
 
 
@@ -306,9 +306,9 @@ class Speculative(Body):
     drafter: DrafterKind | None = None
     p_min: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
 
-    def drafting(self) -> RequestDrafting:
+    def speculation(self, *, mark_drafts: bool = False) -> Speculation:
         k = None if self.k is None else parse_k(self.k) if isinstance(self.k, str) else KChoice("fixed", self.k)
-        return RequestDrafting(k, self.drafter, self.p_min)
+        return Speculation(k, self.drafter, self.p_min, mark_drafts)
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}

@@ -262,7 +262,7 @@ class Worker:
             self.prompts.select(plan.prompt)  # the cached conversation this prompt continues, if one is parked
             self._run(job, plan, self.verifier, self._forget_caches)
             return
-        lane = self.lanes.acquire(plan.prompt, fim=request.fim is not None)
+        lane = self.lanes.acquire(plan.prompt, fim=request.prompt.fim is not None)
         try:
             with lane.live(), self.lanes.shared(plan.policy, lane) as policy:
                 self._run(
@@ -280,18 +280,19 @@ class Worker:
         request, prompt = plan.request, plan.prompt
         n_cached = common_prefix(verifier.cached, prompt[:-1])
         job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
-        seed = request.seed if request.seed is not None and request.seed >= 0 else secrets.randbelow(2**31)
+        wanted_seed = request.sampling.seed
+        seed = wanted_seed if wanted_seed is not None and wanted_seed >= 0 else secrets.randbelow(2**31)
         calls, opener, answer = self._answer_text(request)
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_logprobs_sent = 0
-        marks = DraftMarks(self.verifier.token_bytes) if request.mark_drafts else None
+        marks = DraftMarks(self.verifier.token_bytes) if request.speculation.mark_drafts else None
         generation = self.prepared.generate(
             prompt,
             verifier=verifier,
             drafter=plan.drafter,
             policy=plan.policy,
-            max_tokens=request.max_tokens,
-            settings=request.settings,
+            max_tokens=request.limits.max_tokens,
+            settings=request.sampling.settings,
             seed=seed,
             constraint=plan.constraint,
         )
@@ -323,7 +324,7 @@ class Worker:
         `logprobs` gathers the tokens' log-probabilities. How many of them were sent."""
         request = job.request
         assert isinstance(request, GenerationRequest)
-        n_top, n_logprobs_sent = request.n_top_logprobs, 0
+        n_top, n_logprobs_sent = request.sampling.n_top_logprobs, 0
         for event in generation:
             if n_top is not None and event.tokens and event.target_logits is not None:
                 logprobs += token_logprobs(
@@ -341,7 +342,7 @@ class Worker:
                 job.send(Delta("", tool_calls=fragments))
             if (answer.stopped and not (calls is not None and calls.opened)) or job.cancelled.is_set():
                 break
-            if request.t_max_predict_ms and self._new_line_after(request, generation, event.tokens):
+            if request.limits.t_max_predict_ms and self._new_line_after(request, generation, event.tokens):
                 break  # FIM's time limit: the answer ends at this line's end ("length")
         return n_logprobs_sent
 
@@ -349,13 +350,19 @@ class Worker:
         """The answer's text as it comes (stop strings held back), and its calls (the content ends there)."""
         calls = call_stream(request.tools, self.tool_family, self.verifier.token_bytes)
         opener = [] if calls is None else calls.syntax.openers
-        return calls, opener, AnswerText(self.verifier.token_bytes, request.stops + opener, n_indent=request.n_indent)
+        return (
+            calls,
+            opener,
+            AnswerText(self.verifier.token_bytes, request.limits.stops + opener, n_indent=request.limits.n_indent),
+        )
 
     def _new_line_after(self, request: GenerationRequest, generation, tokens: list[int]) -> bool:
         """Whether the time limit (from the first token) has passed and these tokens end a line."""
         started = generation.first_token_at
         elapsed_ms = (time.perf_counter() - started) * 1000 if started is not None else 0.0
-        return elapsed_ms > request.t_max_predict_ms and any(b"\n" in self.verifier.token_bytes(t) for t in tokens)
+        return elapsed_ms > request.limits.t_max_predict_ms and any(
+            b"\n" in self.verifier.token_bytes(t) for t in tokens
+        )
 
 
 def _finished(

@@ -18,7 +18,7 @@ from ....conversation import ToolCall
 from ...common import ApiError, ServeOptions, check_model, parse_body
 from ...generator import Delta, Failed, Finished, Job, Worker
 from ...jobs import Answer, answer, failure, messages, set_up, stream
-from ...plan import GenerationRequest
+from ...plan import GenerationRequest, Limits, RequestPrompt, RequestSampling
 from ...tools import CallDelta
 from .bodies import CountBody, MessagesBody
 
@@ -102,12 +102,9 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         # Off the event loop: a grammar's first compilation may take up to grammar.COMPILE_SECONDS.
         grammar, tools = await set_up(lambda: (body.grammar(), body.tool_plan()))
         generation = GenerationRequest(
-            messages=body.history(),
-            text="",
-            max_tokens=body.max_tokens,
-            settings=body.sampling(options.settings),
-            seed=None,
-            stops=list(body.stop_sequences),
+            RequestPrompt(body.history()),
+            RequestSampling(body.sampling(options.settings)),
+            Limits(body.max_tokens, list(body.stop_sequences)),
             grammar=grammar,
             tools=tools,
         )
