@@ -11,7 +11,6 @@ Drafts of another vocabulary are cross_search.py's, which asks this module first
 
 from __future__ import annotations
 
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,6 +185,8 @@ def find_draft(verifier: Path) -> FoundDraft | None:
 
 @dataclass(frozen=True)
 class LocalPair:
+    """Two local models that share a vocabulary, the draft the smaller (cli/pairs.py shows them)."""
+
     draft: LocalModel
     verifier: LocalModel
     draft_size: int
@@ -194,22 +195,6 @@ class LocalPair:
     @property
     def ratio(self) -> float:
         return self.draft_size / self.verifier_size
-
-    @property
-    def command(self) -> str:
-        return f"specgguf run -m {shlex.quote(self.verifier.ref)} -md {shlex.quote(self.draft.ref)}"
-
-    def as_dict(self) -> dict:
-        return {
-            "verifier": self.verifier.ref,
-            "draft": self.draft.ref,
-            "verifier_path": str(self.verifier.path),
-            "draft_path": str(self.draft.path),
-            "verifier_bytes": self.verifier_size,
-            "draft_bytes": self.draft_size,
-            "ratio": round(self.ratio, 4),
-            "command": self.command,
-        }
 
 
 def local_pairs(found: list[Found] | None = None) -> list[LocalPair]:

@@ -16,7 +16,6 @@ without `-md`) and in `pairs --local`.
 from __future__ import annotations
 
 import math
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -29,7 +28,6 @@ from .draft_variant import measure_model, ngram_rate
 from .errors import SpecggufError
 from .files.gguf_header import SummaryIndex
 from .files.local_models import LocalModel, local_models
-from .files.stamps import size_text
 from .llama.compat import VocabInfo, vocabularies_match
 from .llama.loaded import LoadedModel
 
@@ -92,16 +90,6 @@ def measure_trial(verifier: LoadedModel, draft: LoadedModel, cross: CrossVocab) 
     )
 
 
-def _read(key: str, value: object) -> Trial | None:
-    if value is None:
-        return None
-    try:
-        return Trial.from_json(value)
-    except tuning.InvalidEntry as problem:
-        tuning.warn_entry(key, problem)
-        return None
-
-
 def adopt(
     verifier: LoadedModel,
     draft: LoadedModel,
@@ -113,7 +101,7 @@ def adopt(
     """The kept trial of this found draft against this verifier here, else measured now (`measure`,
     measure_trial unless a caller gives another) and kept. Its `adopted` says whether to draft with it."""
     key = tuning.draft_variant_key(draft.path, verifier, TRIAL)
-    trial = _read(key, tuning.stored_entry(key))
+    trial = tuning.stored_entry(key, Trial.from_json)
     if trial is None:
         if announce is not None:
             announce(
@@ -126,12 +114,9 @@ def adopt(
 
 def stored_trial(draft: Path, verifier: Path) -> Trial | None:
     """A trial kept here for this draft and verifier file, at any thread count (for ranking before loading)."""
-    for _threads, value in tuning.pair_entries(TRIAL, draft, verifier):
-        try:
-            return Trial.from_json(value)
-        except tuning.InvalidEntry:
-            continue
-    return None
+    return next(
+        (trial for _threads, trial in tuning.stored_at_any_threads(TRIAL, draft, verifier, Trial.from_json)), None
+    )
 
 
 @dataclass(frozen=True)
@@ -264,42 +249,11 @@ def find_any_draft(verifier: Path) -> FoundDraft | None:
 
 @dataclass(frozen=True)
 class CrossPair:
-    """`pairs --local`: a draft of another vocabulary for a local verifier."""
+    """`pairs --local`: a draft of another vocabulary for a local verifier (cli/pairs.py shows it)."""
 
     draft: CrossDraft
     verifier: LocalModel
     verifier_size: int
-
-    @property
-    def command(self) -> str:
-        return f"specgguf run -m {shlex.quote(self.verifier.ref)} -md {shlex.quote(self.draft.model.ref)}"
-
-    @property
-    def why(self) -> str:
-        return f"{self.draft.why}" + (
-            "" if self.draft.trial is None else f"; measured here: {self.draft.trial.describe()}"
-        )
-
-    def as_dict(self) -> dict:
-        trial = self.draft.trial
-        return {
-            "verifier": self.verifier.ref,
-            "draft": self.draft.model.ref,
-            "verifier_path": str(self.verifier.path),
-            "draft_path": str(self.draft.model.path),
-            "verifier_bytes": self.verifier_size,
-            "draft_bytes": self.draft.size,
-            "ratio": round(self.draft.size / self.verifier_size, 4),
-            "vocabulary": "other",
-            "overlap": round(self.draft.overlap, 4),
-            "measured": None if trial is None else trial.as_json() | {"adopted": trial.adopted},
-            "command": self.command,
-            "why": self.why,
-        }
-
-    @property
-    def sizes(self) -> str:
-        return f"{size_text(self.verifier_size)} + {size_text(self.draft.size)}"
 
 
 def all_local_pairs() -> tuple[list[LocalPair], list[CrossPair]]:

@@ -75,6 +75,7 @@ class DraftChoice:
     path: Path
     why: str
     candidates: tuple[Candidate, ...] = ()
+    cross: bool = False  # of another vocabulary: used as given, it drafts through the text (cross_vocab.py)
 
     @property
     def name(self) -> str:

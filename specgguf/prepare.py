@@ -5,12 +5,7 @@ gets this machine's costs for them (tuning.probe: stored, or measured once now).
 `Prepared.drafter` and `Prepared.policy` then give the drafter and K policy for an answer; `run`,
 `chat` (whose /k changes K between turns), `bench` and `serve` (per request) ask it. At the end,
 `Prepared.keep_learned_costs` keeps what an adaptive policy learned of the costs (tuning.json).
-
-Where K comes from: `-k N`, `-k adaptive`, or `-k auto` (the default). `auto` uses
-the best K `bench` stored for this pair here (tuning.py); if that says speculation
-is slower than plain decoding here, it decodes plain (`--force-spec` overrides).
-With nothing stored it chooses K each step (kpolicy.py). The stored K is the draft
-model's: the n-gram and hybrid drafters always choose K online.
+Where K comes from (`-k`, what `bench` stored, adaptive K) is kchoice.py's.
 """
 
 from __future__ import annotations
@@ -19,7 +14,6 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
@@ -27,9 +21,9 @@ from .core.constraint import Constraint
 from .core.costs import MachineCosts
 from .core.cross_drafter import CrossVocab
 from .core.drafters import DEFAULT_DRAFTER, DRAFTER_KINDS, DrafterKind, DraftSettings, build_drafter
-from .core.drafting import Drafter, Source
-from .core.engine import FixedK, KPolicy, speculate
-from .core.kpolicy import K_MAX, AdaptiveK, PerSource, PolicyConfig, adaptive_policy
+from .core.drafting import Drafter
+from .core.engine import KPolicy, speculate
+from .core.kpolicy import PolicyConfig
 from .core.model import Model
 from .core.ngram_cache import SessionNgrams
 from .core.sampling import SamplingSettings
@@ -40,45 +34,14 @@ from .draft_variant import DraftChoice, load_chosen
 from .errors import UsageError
 from .files.assets import cache_dir
 from .files.resolve import ResolvedPair
+from .kchoice import KChoice, KSource, make_policy
 from .llama.compat import ensure_compatible, vocabularies_match
 from .llama.loaded import LoadedModel, ModelSettings
 from .llama.rpc import DEFAULT_TIMEOUT, RpcWorker
 from .llama.variants import AUTO, ORIGINAL_VARIANT, Auto, Variant
-from .tuning import BenchResult, keep_learned, probe, stored_measurement
+from .tuning import keep_learned, probe
 
 MEASURING = "measuring this machine's costs for the pair (once; kept in tuning.json)"
-
-
-@dataclass(frozen=True)
-class KChoice:
-    mode: Literal["auto", "adaptive", "fixed"]
-    k: int | None = None
-
-
-def parse_k(text: str | None) -> KChoice:
-    if text is None or text == "auto":
-        return KChoice("auto")
-    if text == "adaptive":
-        return KChoice("adaptive")
-    try:
-        k = int(text)
-    except ValueError:
-        raise UsageError(f"-k/--draft-max takes a number, 'auto' or 'adaptive', not {text!r}") from None
-    if not 0 <= k <= 64:
-        raise UsageError(f"-k/--draft-max must be between 0 and 64, got {k}")
-    return KChoice("fixed", k)
-
-
-@dataclass(frozen=True)
-class KSource:
-    """Where a run's K came from, for the stats line."""
-
-    adaptive: bool
-    text: str
-    decided: bool = False  # adaptive K knew before the first step that drafting cannot win here
-
-    def __str__(self) -> str:
-        return self.text
 
 
 @dataclass(frozen=True)
@@ -120,61 +83,6 @@ class DraftOptions:
     @property
     def plain(self) -> bool:
         return self.k.mode == "fixed" and self.k.k == 0
-
-
-def make_policy(
-    choice: KChoice,
-    *,
-    costs: Callable[[], MachineCosts],
-    verifier: Path,
-    draft: Path | None,
-    drafter: DrafterKind,
-    temperature: float,
-    recommended_k: int | None,
-    force_spec: bool,
-    trees: bool = False,
-    config: PolicyConfig | None = None,
-) -> tuple[KPolicy, KSource]:
-    """The K policy for a run, and where K came from. `costs` is asked only for adaptive K."""
-    spec = DRAFTER_KINDS[drafter]
-    if spec.needs_model and draft is None:
-        return FixedK(0), KSource(False, "plain (no draft)")
-    if choice.mode == "fixed":
-        return FixedK(choice.k or 0), KSource(False, f"K={choice.k} (-k)")
-    stored = stored_measurement(verifier, draft, temperature) if draft is not None else None
-    config = config or PolicyConfig(k_max=K_MAX, k_min=1 if force_spec else 0, trees=trees)
-    # The stored K is the draft model's: a kind without one always chooses K online.
-    if choice.mode == "adaptive" or not spec.needs_model or stored is None:
-        policy = adaptive_policy(drafter, costs(), config)
-        if "model" in spec.sources and not policy.drafts("model"):
-            machine = costs()
-            text = (
-                f"K adaptive: the draft model cannot win here (a draft token costs {machine.draft * 1000:.0f} ms,"
-                f" a verifier token {machine.verify[0] * 1000:.0f} ms)"
-                + ("; n-gram drafts only" if spec.mixed else ": plain decoding")
-            )
-            return policy, KSource(True, text, decided=True)
-        return policy, KSource(True, "K adaptive")
-    model_policy, source = _stored_policy(stored, force_spec=force_spec, recommended_k=recommended_k)
-    if spec.mixed:
-        # The stored best K is the draft model's alone: the free n-gram drafts beside it (which
-        # may win where bench measured plain faster) still choose their K online.
-        policies: dict[Source, KPolicy] = {"model": model_policy}
-        policies.update({side: AdaptiveK(costs(), config, source=side) for side in spec.sources if side != "model"})
-        return PerSource(policies), KSource(False, f"{source.text}; n-gram K adaptive")
-    return model_policy, source
-
-
-def _stored_policy(stored: BenchResult, *, force_spec: bool, recommended_k: int | None) -> tuple[FixedK, KSource]:
-    """The draft model's K from what `bench` stored for this pair, machine and temperature."""
-    if stored.k == 0:
-        if force_spec:
-            fallback = recommended_k or 8
-            return FixedK(fallback), KSource(False, f"K={fallback} (--force-spec; bench measured plain faster here)")
-        return FixedK(0), KSource(
-            False, f"plain: bench measured speculation at {stored.speedup:.2f}× here (--force-spec to speculate)"
-        )
-    return FixedK(stored.k), KSource(False, f"K={stored.k} (bench here: {stored.speedup:.2f}×)")
 
 
 @dataclass
@@ -310,7 +218,7 @@ def load_models(
     if cross_ok and not vocabularies_match(verifier.vocab_info(), original.vocab_info()):
         if options.draft_variant not in (AUTO, ORIGINAL_VARIANT):
             raise UsageError(f"--draft-variant {options.draft_variant}: a draft of another vocabulary is used as given")
-        return verifier, original, DraftChoice(ORIGINAL_VARIANT, resolved.draft, CROSS_WHY)
+        return verifier, original, DraftChoice(ORIGINAL_VARIANT, resolved.draft, CROSS_WHY, cross=True)
     ensure_compatible(verifier.vocab_info(), original.vocab_info())
     if options.rpc and options.draft_variant == AUTO:
         return (
@@ -329,9 +237,10 @@ def load_models(
 def pair_cross(
     verifier: LoadedModel, draft: LoadedModel | None, choice: DraftChoice | None
 ) -> tuple[CrossVocab | None, DraftChoice | None]:
-    """For a draft of another vocabulary (load_models said so), what it drafts through text with, and
-    its choice's reason with the overlap; else (None, choice). Every command's pair goes through here."""
-    if draft is None or choice is None or choice.why != CROSS_WHY:
+    """For a draft of another vocabulary (its choice says so: `cross`, set by load_models), what it drafts
+    through text with, and its choice's reason with the overlap; else (None, choice). Every command's pair
+    goes through here."""
+    if draft is None or choice is None or not choice.cross:
         return None, choice
     cross = cross_vocab(draft, verifier)
     return cross, replace(choice, why=f"{CROSS_WHY}, {shared_text(cross.vocab_map, verifier.path)}")

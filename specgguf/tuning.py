@@ -1,16 +1,17 @@
 """tuning.json: what this machine measured, kept per machine (`$XDG_CONFIG_HOME/specgguf/tuning.json`).
 
 - The best fixed K `specgguf bench` measured for a pair (`stored_measurement`, a `BenchResult`),
-  which `-k auto` uses (prepare.make_policy).
+  which `-k auto` uses (kchoice.make_policy).
 - Measured costs per model file and settings (`stored_seconds`): the verifier's verify cost by
   batch size and the draft's cost per token, which adaptive K starts from: `probe` gives the
   stored ones, or measures them once now (core/costs.py's `measure`) and keeps them; a run long
   enough to learn them from its steps keeps what it learned instead (`keep_learned`).
 - The draft variants `--draft-variant auto` measured for a draft and verifier, and its choice
   (`stored_draft_variant`, a `MeasuredVariants`: draft_variant.py); a found draft of another
-  vocabulary measured against n-gram drafts alone (`stored_entry`, read by cross_search.py into a `Trial`).
+  vocabulary measured against n-gram drafts alone (cross_search.py's `Trial`, read through `stored_entry`).
 
-Entries come back as those typed values, checked on read: a cost table has the entries its kind
+Entries come back as those typed values, checked on read by one reader (`read_entry`, given the kind's
+`from_json`): a cost table has the entries its kind
 needs (`_COST_ENTRIES`), each between 1 µs and an hour. The file itself (read only when a small
 regular file, changed under its lock) is files/tuning_file.py's.
 
@@ -26,13 +27,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 from .core.costs import PROBE_BATCH, PROBE_CONTEXT, MachineCosts, measure
 from .errors import UsageError
 from .files.tuning_file import load_tuning, machine_entries, machine_id, tuning_path, update_tuning, warn
 from .llama.loaded import LoadedModel
 from .llama.variants import Variant, parse_variant
+
+Entry = TypeVar("Entry")  # a stored entry's typed value (BenchResult, MeasuredVariants, cross_search.Trial)
 
 
 def pair_key(verifier: Path, draft: Path) -> str:
@@ -80,14 +83,7 @@ def stored_measurement(verifier: Path, draft: Path, temperature: float) -> Bench
     if not isinstance(entry, dict):
         warn(f"the entry for {key} is not an object")
         return None
-    value = entry.get(kind)
-    if value is None:
-        return None
-    try:
-        return BenchResult.from_json(value)
-    except InvalidEntry as problem:
-        warn(f"the {kind} entry for {key}: {problem}")
-        return None
+    return read_entry(entry.get(kind), BenchResult.from_json, where=f"the {kind} entry for {key}")
 
 
 def store_measurement(verifier: Path, draft: Path, temperature: float, measurement: BenchResult) -> None:
@@ -117,21 +113,26 @@ _COST_ENTRIES = {"verify_costs": (2, 1024), "draft_costs": (1, 1)}
 MIN_SECONDS, MAX_SECONDS = 1e-6, 3600.0  # what a plausible cost is: from a microsecond to an hour
 
 
+def seconds_reader(key: str) -> Callable[[object], list[float]]:
+    """What reads the costs stored under `key`: as many as its kind needs, each a plausible cost."""
+    fewest, most = _COST_ENTRIES.get(key.split("|", 1)[0], (1, 1024))
+
+    def read(costs: object) -> list[float]:
+        if (
+            isinstance(costs, list)
+            and fewest <= len(costs) <= most
+            and all(_number(cost) and MIN_SECONDS <= cost <= MAX_SECONDS for cost in costs)
+        ):
+            return [float(cost) for cost in costs]
+        count = f"{fewest}" if fewest == most else f"{fewest} to {most}"
+        raise InvalidEntry(f"expected a list of {count} costs, each from 1 µs to 1 h (in seconds)")
+
+    return read
+
+
 def stored_seconds(key: str) -> list[float] | None:
     """Measured seconds stored under `key` (a verify table, a draft token's cost), if valid."""
-    costs = machine_entries().get(key)
-    if costs is None:
-        return None
-    fewest, most = _COST_ENTRIES.get(key.split("|", 1)[0], (1, 1024))
-    if (
-        isinstance(costs, list)
-        and fewest <= len(costs) <= most
-        and all(_number(cost) and MIN_SECONDS <= cost <= MAX_SECONDS for cost in costs)
-    ):
-        return [float(cost) for cost in costs]
-    count = f"{fewest}" if fewest == most else f"{fewest} to {most}"
-    warn(f"{key}: expected a list of {count} costs, each from 1 µs to 1 h (in seconds)")
-    return None
+    return stored_entry(key, seconds_reader(key))
 
 
 def store_seconds(key: str, costs: list[float]) -> None:
@@ -213,46 +214,48 @@ class MeasuredVariants:
         return {"choice": self.choice.name, "candidates": [candidate.as_json() for candidate in self.candidates]}
 
 
-def stored_draft_variant(key: str) -> MeasuredVariants | None:
-    """The draft variants measured here for this draft and verifier, if the entry is valid."""
-    value = machine_entries().get(key)
+# --- the one reader of an entry: raw JSON in, its typed value out (each kind's `from_json` checks it) ---
+def read_entry(value: object, read: Callable[[object], Entry], *, where: str) -> Entry | None:
+    """`value` read into its typed value by `read` (a `from_json`); None where it is absent, and where it
+    is invalid (then one warning names `where` and the problem)."""
     if value is None:
         return None
     try:
-        return MeasuredVariants.from_json(value)
+        return read(value)
     except InvalidEntry as problem:
-        warn(f"{key}: {problem}")
+        warn(f"{where}: {problem}")
         return None
 
 
-def pair_entries(kind: str, draft: Path, verifier: Path) -> list[tuple[str, object]]:
-    """Every entry of `kind` stored here for this draft file and verifier file, at any thread count:
-    (threads, the raw value; the caller reads it into its typed value)."""
+def stored_entry(key: str, read: Callable[[object], Entry]) -> Entry | None:
+    """The entry stored here under `key`, read by `read` (read_entry), if valid."""
+    return read_entry(machine_entries().get(key), read, where=key)
+
+
+def stored_at_any_threads(
+    kind: str, draft: Path, verifier: Path, read: Callable[[object], Entry]
+) -> list[tuple[str, Entry]]:
+    """Every valid entry of `kind` stored here for this draft file and verifier file, at any thread count:
+    (threads, the entry read by `read`). An invalid one is left out quietly: this is a look ahead, and
+    the run that reads its own entry warns of it."""
     head = model_key(kind, draft, n_threads=0, n_gpu_layers=0).split("|threads=")[0] + "|threads="
     verifier_part = model_key("verifier", verifier, n_threads=0, n_gpu_layers=0).split("|threads=")[0] + "|threads="
-    return [
-        (key[len(head) :].split("|", 1)[0], value)
-        for key, value in machine_entries().items()
-        if key.startswith(head) and verifier_part in key
-    ]
+    found = []
+    for key, value in machine_entries().items():
+        if key.startswith(head) and verifier_part in key:
+            with contextlib.suppress(InvalidEntry):
+                found.append((key[len(head) :].split("|", 1)[0], read(value)))
+    return found
+
+
+def stored_draft_variant(key: str) -> MeasuredVariants | None:
+    """The draft variants measured here for this draft and verifier, if the entry is valid."""
+    return stored_entry(key, MeasuredVariants.from_json)
 
 
 def stored_draft_variants(draft: Path, verifier: Path) -> list[tuple[str, MeasuredVariants]]:
     """Every valid choice stored here for this draft file and verifier file: (threads, entry)."""
-    found = []
-    for threads, value in pair_entries("draft_variant", draft, verifier):
-        with contextlib.suppress(InvalidEntry):
-            found.append((threads, MeasuredVariants.from_json(value)))
-    return found
-
-
-def stored_entry(key: str) -> object | None:
-    """The raw value stored here under `key` (its owner reads it into a typed value, warning via `warn_entry`)."""
-    return machine_entries().get(key)
-
-
-def warn_entry(key: str, problem: InvalidEntry) -> None:
-    warn(f"{key}: {problem}")
+    return stored_at_any_threads("draft_variant", draft, verifier, MeasuredVariants.from_json)
 
 
 def keep_entry(key: str, value: dict) -> None:

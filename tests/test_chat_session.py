@@ -218,7 +218,7 @@ def test_a_second_ctrl_c_inside_a_model_call_keeps_the_chat_going(tiny_verifier,
     from rich.console import Console
 
     from specgguf.cli.chat import ChatRepl
-    from specgguf.prepare import KChoice
+    from specgguf.kchoice import KChoice
 
     session = make_session(tiny_verifier, tiny_draft)
     session.verifier = InterruptedOnce(session.verifier.model)

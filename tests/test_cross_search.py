@@ -228,3 +228,12 @@ def test_the_ngram_bar_is_plain_decoding_where_nothing_repeats_and_higher_where_
     cycling = FakeModel(one_hot_logits(lambda context: context[-4], 97), n_vocab=97)
     repeating = ngram_rate(cycling, [[5, 6, 7, 8, 5, 6, 7, 8]], verify, k=4, max_tokens=40)
     assert repeating > 2 / verify[0] and cycling.cached == []  # left empty, as the calibration runs do
+
+
+def test_a_draft_is_of_another_vocabulary_by_its_choice_not_its_reason():
+    from specgguf.draft_variant import DraftChoice
+    from specgguf.llama.variants import ORIGINAL_VARIANT
+    from specgguf.prepare import CROSS_WHY, pair_cross
+
+    same = DraftChoice(ORIGINAL_VARIANT, Path("draft.gguf"), CROSS_WHY)  # the sentence alone says nothing
+    assert pair_cross(object(), object(), same) == (None, same)

@@ -215,8 +215,33 @@ def test_logit_bias_and_penalties_reach_verifier_and_draft_alike(server):
         client.chat.completions.create(model="verifier", messages=HELLO, logit_bias={"99999999": 1})
 
 
+OPENAI_REFUSAL = "unknown model 'gpt-4o': this server serves 'verifier' (see GET /v1/models)"
+OLLAMA_REFUSAL = "model 'gpt-4o' not found, try pulling it first"
+# Every API's routes that name a model, and its one refusal under --strict-model (serve/common.check_model).
+STRICT_REFUSALS = {
+    "/v1/chat/completions": ({"messages": HELLO}, OPENAI_REFUSAL),
+    "/v1/completions": ({"prompt": "Hi"}, OPENAI_REFUSAL),
+    "/v1/responses": ({"input": "Hi"}, OPENAI_REFUSAL),
+    "/v1/embeddings": ({"input": "Hi"}, OPENAI_REFUSAL),
+    "/infill": ({"input_prefix": "def f(", "input_suffix": ")"}, OPENAI_REFUSAL),
+    "/v1/messages": ({"max_tokens": 4, "messages": HELLO}, "model: gpt-4o"),
+    "/v1/messages/count_tokens": ({"messages": HELLO}, "model: gpt-4o"),
+    "/api/generate": ({"prompt": "Hi", "stream": False}, OLLAMA_REFUSAL),
+    "/api/chat": ({"messages": HELLO, "stream": False}, OLLAMA_REFUSAL),
+    "/api/embed": ({"input": "Hi"}, OLLAMA_REFUSAL),
+    "/api/show": ({}, OLLAMA_REFUSAL),
+}
+
+
 def test_strict_model_refuses_other_names(tiny_verifier):
     with live_server("-m", tiny_verifier, "-c", "256", "-t", "1", "-n", "4", "--strict-model") as strict:
         with pytest.raises(openai.NotFoundError):
             strict.client().chat.completions.create(model="gpt-4o", messages=HELLO)
         assert strict.client().chat.completions.create(model="verifier", messages=HELLO).choices[0].message.content
+        with strict.http() as http:
+            for path, (body, message) in STRICT_REFUSALS.items():
+                response = http.post(path, json={"model": "gpt-4o", **body})
+                error = response.json()["error"]
+                assert (response.status_code, error if isinstance(error, str) else error["message"]) == (404, message)
+            named = http.post("/api/generate", json={"model": "verifier", "prompt": "Hi", "stream": False})
+            assert named.status_code == 200

@@ -14,7 +14,8 @@ from specgguf.core.costs import LEARNED_MIN_STEPS, MachineCosts
 from specgguf.core.engine import FixedK, StepEvent
 from specgguf.core.kpolicy import AdaptiveK, PerSource
 from specgguf.errors import UsageError
-from specgguf.prepare import DraftOptions, KChoice, Prepared, make_policy, parse_k
+from specgguf.kchoice import KChoice, make_policy, parse_k
+from specgguf.prepare import DraftOptions, Prepared
 from specgguf.tuning import BenchResult, load_tuning, store_measurement, stored_measurement, tuning_path
 
 VERIFIER, DRAFT = Path("/models/big.gguf"), Path("/models/small.gguf")

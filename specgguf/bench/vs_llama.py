@@ -33,10 +33,11 @@ from ..core.ngram_cache import SessionNgrams
 from ..core.sampling import SamplingSettings
 from ..draft_variant import load_chosen
 from ..errors import SpecggufError, UsageError
+from ..kchoice import KChoice
 from ..llama.loaded import LoadedModel
 from ..llama.threads import usable_cores
 from ..llama.variants import ORIGINAL_VARIANT
-from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, prepare
+from ..prepare import MEASURING, DraftOptions, LoadOptions, Prepared, prepare
 from .command import BenchPlan, BenchTarget, run_progress, says
 from .llama_tools import LlamaTools, ToolRun, ToolSettings, run_plain, run_speculative
 from .measure import PROMPTS, generate

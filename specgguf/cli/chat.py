@@ -25,7 +25,8 @@ from ..core.engine import KPolicy
 from ..core.sampling import SamplingSettings
 from ..errors import SpecggufError
 from ..files.resolve import ResolvedPair
-from ..prepare import MEASURING, DraftOptions, KChoice, LoadOptions, Prepared, parse_k, prepare, where_line
+from ..kchoice import KChoice, parse_k
+from ..prepare import MEASURING, DraftOptions, LoadOptions, Prepared, prepare, where_line
 from .chat_report import save_command, stats_report, turn_line
 from .chat_session import ChatSession
 from .ctrl_c import LeftWithCtrlC, ctrl_c_sets

@@ -200,7 +200,7 @@ def draft_options(
     trees: bool = False,
 ):
     from ..core.drafters import drafter_kind
-    from ..prepare import KChoice, parse_k
+    from ..kchoice import KChoice, parse_k
 
     kind = drafter_kind(drafter)
     k = parse_k(draft_max)

@@ -7,18 +7,24 @@ the acceptance rate, the speedup over plain decoding and the best K, greedy if s
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ..errors import terminal_safe
+from ..files.local_models import LocalModel
 from ..files.registry import ModelFile, Pair, Registry, load_registry
 from ..files.resolve import find_local
 from ..files.stamps import size_text
 from ..tuning import BenchResult, stored_measurement
+
+if TYPE_CHECKING:  # imported where `pairs --local` runs: the scan's modules load only for it
+    from ..autodraft import LocalPair
+    from ..cross_search import CrossPair
 
 
 def measurement(pair: Pair) -> tuple[BenchResult, str] | None:
@@ -133,6 +139,52 @@ def show_pairs(*, name: str | None, console: Console) -> None:
     console.print(Text(footer, style="dim"))
 
 
+# --- `pairs --local`: its rows (a table, a command line each, --json) ---
+def _command(verifier: LocalModel, draft: LocalModel) -> str:
+    return f"specgguf run -m {shlex.quote(verifier.ref)} -md {shlex.quote(draft.ref)}"
+
+
+def _sizes_here(verifier_size: int, draft_size: int) -> str:
+    return f"{size_text(verifier_size)} + {size_text(draft_size)}"
+
+
+def _cross_why(cross: CrossPair) -> str:
+    trial = cross.draft.trial
+    return cross.draft.why + ("" if trial is None else f"; measured here: {trial.describe()}")
+
+
+def _same_row(pair: LocalPair) -> dict:
+    return {
+        "verifier": pair.verifier.ref,
+        "draft": pair.draft.ref,
+        "verifier_path": str(pair.verifier.path),
+        "draft_path": str(pair.draft.path),
+        "verifier_bytes": pair.verifier_size,
+        "draft_bytes": pair.draft_size,
+        "ratio": round(pair.ratio, 4),
+        "command": _command(pair.verifier, pair.draft),
+        "vocabulary": "same",
+    }
+
+
+def _other_row(cross: CrossPair) -> dict:
+    trial = cross.draft.trial
+    return {
+        "verifier": cross.verifier.ref,
+        "draft": cross.draft.model.ref,
+        "verifier_path": str(cross.verifier.path),
+        "draft_path": str(cross.draft.model.path),
+        "verifier_bytes": cross.verifier_size,
+        "draft_bytes": cross.draft.size,
+        "ratio": round(cross.draft.size / cross.verifier_size, 4),
+        "vocabulary": "other",
+        "overlap": round(cross.draft.overlap, 4),
+        "measured": None if trial is None else trial.as_json() | {"adopted": trial.adopted},
+        "command": _command(cross.verifier, cross.draft.model),
+        "why": _cross_why(cross),
+    }
+
+
 def show_local_pairs(*, json_output: bool, console: Console, out: TextIO) -> None:
     """`pairs --local`: every pair among the local files, smallest ratio first per verifier; then the
     drafts of another vocabulary (cross_search.py), ranked after them, each with its overlap."""
@@ -141,7 +193,7 @@ def show_local_pairs(*, json_output: bool, console: Console, out: TextIO) -> Non
 
     found, crosses = all_local_pairs()
     if json_output:
-        rows = [pair.as_dict() | {"vocabulary": "same"} for pair in found] + [pair.as_dict() for pair in crosses]
+        rows = [_same_row(pair) for pair in found] + [_other_row(cross) for cross in crosses]
         out.write(json.dumps(rows, ensure_ascii=False) + "\n")
         return
     if not found and not crosses:
@@ -157,7 +209,7 @@ def show_local_pairs(*, json_output: bool, console: Console, out: TextIO) -> Non
         table.add_row(
             Text(terminal_safe(pair.verifier.ref)),
             Text(terminal_safe(pair.draft.ref)),
-            f"{size_text(pair.verifier_size)} + {size_text(pair.draft_size)}",
+            _sizes_here(pair.verifier_size, pair.draft_size),
             Text(f"{pair.ratio:.0%}", style="green" if pair.ratio <= MAX_RATIO else ""),
             "same",
         )
@@ -167,17 +219,17 @@ def show_local_pairs(*, json_output: bool, console: Console, out: TextIO) -> Non
         table.add_row(
             Text(terminal_safe(cross.verifier.ref)),
             Text(terminal_safe(cross.draft.model.ref)),
-            cross.sizes,
+            _sizes_here(cross.verifier_size, cross.draft.size),
             f"{cross.draft.size / cross.verifier_size:.0%}",
             f"other: {cross.draft.overlap:.0%} shared{verdict}",
         )
     console.print(table)
     console.print()
     for pair in found:
-        console.print(Text(terminal_safe(pair.command)), soft_wrap=True)
+        console.print(Text(terminal_safe(_command(pair.verifier, pair.draft))), soft_wrap=True)
     for cross in crosses:
-        console.print(Text(terminal_safe(cross.command)), soft_wrap=True)
-        console.print(Text(f"  {terminal_safe(cross.why)}", style="dim"), soft_wrap=True)
+        console.print(Text(terminal_safe(_command(cross.verifier, cross.draft.model))), soft_wrap=True)
+        console.print(Text(f"  {terminal_safe(_cross_why(cross))}", style="dim"), soft_wrap=True)
     console.print(
         Text(
             "ratio: the draft's size over the verifier's (green: at most ~1/4, what `-m VERIFIER` alone"

@@ -17,8 +17,9 @@ from ..core.stats import GenerationStats
 from ..errors import PromptError
 from ..files.resolve import ResolvedPair
 from ..grammar import GrammarSpec, constraint_for
+from ..kchoice import KSource
 from ..llama.loaded import LoadedModel
-from ..prepare import MEASURING, DraftOptions, KSource, LoadOptions, Prepared, placement, prepare, where_line
+from ..prepare import MEASURING, DraftOptions, LoadOptions, Prepared, placement, prepare, where_line
 from .render import TokenStream, legend
 
 

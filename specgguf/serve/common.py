@@ -22,9 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..core.drafters import DrafterKind
 from ..core.sampling import Penalties, SamplingSettings
 from ..grammar import GrammarError, GrammarSpec
-from ..prepare import KChoice, parse_k
+from ..kchoice import KChoice, parse_k
 from .generator import Finished
-from .plan import RequestDrafting
+from .plan import Speculation
 from .tools import ToolPlan, ToolsError, plan_tools as _plan_tools
 
 
@@ -61,6 +61,25 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def check_model(options: ServeOptions, name: str | None, refused: Callable[[str], ApiError] | None = None) -> None:
+    """--strict-model, the one rule every API follows: a request that names a model other than the one
+    served is refused with a 404; no name means the served model, and without --strict-model any name
+    does. `refused(name)` (the name cut to 200 characters) is the API's own error where its shape has
+    one (Ollama's, Anthropic's); else the OpenAI-shaped one (chat, completions, Responses, embeddings,
+    /infill)."""
+    if not options.strict_model or name is None or name == options.model_name:
+        return
+    shown = name[:200]
+    if refused is not None:
+        raise refused(shown)
+    raise ApiError(
+        404,
+        f"unknown model {shown!r}: this server serves {options.model_name!r} (see GET /v1/models)",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def unsupported(param: str, why: str = "") -> ApiError:
@@ -287,9 +306,9 @@ class Speculative(Body):
     drafter: DrafterKind | None = None
     p_min: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
 
-    def drafting(self) -> RequestDrafting:
+    def speculation(self, *, mark_drafts: bool = False) -> Speculation:
         k = None if self.k is None else parse_k(self.k) if isinstance(self.k, str) else KChoice("fixed", self.k)
-        return RequestDrafting(k, self.drafter, self.p_min)
+        return Speculation(k, self.drafter, self.p_min, mark_drafts)
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}

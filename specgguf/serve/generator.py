@@ -6,9 +6,8 @@ API shapes.
 llama.cpp contexts are not thread-safe, so the HTTP side never touches a model. It submits a `Job`
 to a bounded FIFO queue (full: `QueueFull`, answered 503) and reads the job's messages (`Started`,
 `Delta`, `Finished`, `Failed`; messages.py) from an asyncio queue that the worker fills with
-`call_soon_threadsafe`. An embedding job runs in turns: when its turn (`EMBEDDING_TURN_SECONDS`) is
-over and others wait, it goes to the back of the queue; its client hanging up stops it at the next
-input. Embeddings use their own context (one job's input at a time), never a live sequence.
+`call_soon_threadsafe`. An embedding job runs in turns on the same threads (embedding_turns.py): when
+its turn is over and others wait, it goes to the back of the queue.
 
 `--parallel 1`: one thread and the models' own caches, one request at a time. `--parallel N`: N
 threads, each running one request at a time on a live sequence of its own (parallel/lanes.py), their model
@@ -33,19 +32,17 @@ from ..conversation import Prompts
 from ..core.drafting import common_prefix
 from ..core.model import Model
 from ..core.stats import Generation
-from ..errors import Cancelled, ContextFullError, PromptError, SpecggufError, UsageError
+from ..errors import Cancelled, SpecggufError
 from ..grammar import GrammarBusy, GrammarError
 from ..llama.stops import stops_when
 from ..prepare import Prepared
 from .cache_slots import CacheSlots
 from .draft_marks import DraftMarks
+from .embedding_turns import Embeddings
 from .messages import (  # re-exported: the APIs read them from here
-    EMBEDDING_TURN_SECONDS,
     MAX_EMBEDDING_INPUTS,
-    MAX_EMBEDDING_TOKENS,
     Delta,
     Embedded,
-    EmbeddingProgress,
     EmbeddingRequest,
     Failed,
     Finished,
@@ -98,8 +95,10 @@ class Worker:
         self._running: set[Job] = set()
         self._queue_size = queue_size
         self._changed = threading.Condition()
-        self._embedding = threading.Lock()  # the one embedding context: one input at a time
         self._stopping = False
+        self.embeddings = Embeddings(
+            self.verifier, others_waiting=self._others_waiting, stopping=lambda: self._stopping
+        )
         self._threads = [
             threading.Thread(target=self._work, args=(index,), name=f"specgguf-generator-{index}", daemon=True)
             for index in range(self.parallel)
@@ -168,7 +167,7 @@ class Worker:
             finished = job
             try:
                 if isinstance(job.request, EmbeddingRequest):
-                    if not self._embed(job, job.request):
+                    if not self.embeddings.turn(job, job.request):
                         self._wait_again(job)
                         finished = None  # back in the queue: another thread may run it already
                 else:
@@ -193,56 +192,6 @@ class Worker:
             self._drop_cancelled()
             return bool(self._waiting)
 
-    def _embed(self, job: Job, request: EmbeddingRequest) -> bool:
-        """One turn of an embedding job; False when it has more to do and others are waiting. On the
-        worker thread too: the embedding context shares the weights with the generating one. A client
-        that hangs up stops it at the next input."""
-        if job.embedding is None:
-            try:
-                job.embedding = EmbeddingProgress(self._embedding_tokens(request))
-                with self._embedding:
-                    self.verifier.embedder()  # made on first use
-            except SpecggufError as error:
-                job.send(Failed(error, status=400))
-                return True
-        progress, embedder = job.embedding, self.verifier.embedder()
-        turn_ends = time.perf_counter() + EMBEDDING_TURN_SECONDS
-        while len(progress.vectors) < len(progress.tokens):
-            if job.cancelled.is_set():  # its client hung up, or the server is stopping
-                status, why = (
-                    (503, "the server is shutting down") if self._stopping else (499, "the request was cancelled")
-                )
-                job.send(Failed(SpecggufError(why), status=status))
-                return True
-            if time.perf_counter() > turn_ends and self._others_waiting():
-                return False
-            with self._embedding:
-                progress.vectors.append(embedder.embed(progress.tokens[len(progress.vectors)]).tolist())
-        job.send(Embedded(progress.vectors, sum(len(item) for item in progress.tokens)))
-        return True
-
-    def _embedding_tokens(self, request: EmbeddingRequest) -> list[list[int]]:
-        """The inputs as tokens, checked (and cut to the context when the request says so)."""
-        if len(request.inputs) > MAX_EMBEDDING_INPUTS:
-            raise UsageError(f"'input' holds {len(request.inputs)} inputs; the limit is {MAX_EMBEDDING_INPUTS}")
-        n_ctx, n_tokens = self.verifier.n_ctx, 0
-        tokens: list[list[int]] = []
-        for index, item in enumerate(request.inputs):
-            item_tokens = self.verifier.tokenize(item) if isinstance(item, str) else item
-            if not item_tokens:
-                raise PromptError(f"input[{index}] is empty")
-            if len(item_tokens) > n_ctx and not request.truncate:
-                raise ContextFullError(f"input[{index}] is {len(item_tokens)} tokens but the context holds {n_ctx}")
-            if max(item_tokens) >= self.verifier.n_vocab:
-                raise UsageError(f"input[{index}]: a token id is not in the model's vocabulary")
-            tokens.append(item_tokens[:n_ctx])
-            n_tokens += len(tokens[-1])
-            if n_tokens > MAX_EMBEDDING_TOKENS:
-                raise UsageError(
-                    f"'input' holds more than {MAX_EMBEDDING_TOKENS} tokens, the limit for one request: split it"
-                )
-        return tokens
-
     def _forget_caches(self) -> None:
         """After a failure inside a model call a cache may hold tokens its `cached` list does not."""
         for model in (self.verifier, self.draft):
@@ -262,7 +211,7 @@ class Worker:
             self.prompts.select(plan.prompt)  # the cached conversation this prompt continues, if one is parked
             self._run(job, plan, self.verifier, self._forget_caches)
             return
-        lane = self.lanes.acquire(plan.prompt, fim=request.fim is not None)
+        lane = self.lanes.acquire(plan.prompt, fim=request.prompt.fim is not None)
         try:
             with lane.live(), self.lanes.shared(plan.policy, lane) as policy:
                 self._run(
@@ -280,18 +229,19 @@ class Worker:
         request, prompt = plan.request, plan.prompt
         n_cached = common_prefix(verifier.cached, prompt[:-1])
         job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
-        seed = request.seed if request.seed is not None and request.seed >= 0 else secrets.randbelow(2**31)
+        wanted_seed = request.sampling.seed
+        seed = wanted_seed if wanted_seed is not None and wanted_seed >= 0 else secrets.randbelow(2**31)
         calls, opener, answer = self._answer_text(request)
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_logprobs_sent = 0
-        marks = DraftMarks(self.verifier.token_bytes) if request.mark_drafts else None
+        marks = DraftMarks(self.verifier.token_bytes) if request.speculation.mark_drafts else None
         generation = self.prepared.generate(
             prompt,
             verifier=verifier,
             drafter=plan.drafter,
             policy=plan.policy,
-            max_tokens=request.max_tokens,
-            settings=request.settings,
+            max_tokens=request.limits.max_tokens,
+            settings=request.sampling.settings,
             seed=seed,
             constraint=plan.constraint,
         )
@@ -323,7 +273,7 @@ class Worker:
         `logprobs` gathers the tokens' log-probabilities. How many of them were sent."""
         request = job.request
         assert isinstance(request, GenerationRequest)
-        n_top, n_logprobs_sent = request.n_top_logprobs, 0
+        n_top, n_logprobs_sent = request.sampling.n_top_logprobs, 0
         for event in generation:
             if n_top is not None and event.tokens and event.target_logits is not None:
                 logprobs += token_logprobs(
@@ -341,7 +291,7 @@ class Worker:
                 job.send(Delta("", tool_calls=fragments))
             if (answer.stopped and not (calls is not None and calls.opened)) or job.cancelled.is_set():
                 break
-            if request.t_max_predict_ms and self._new_line_after(request, generation, event.tokens):
+            if request.limits.t_max_predict_ms and self._new_line_after(request, generation, event.tokens):
                 break  # FIM's time limit: the answer ends at this line's end ("length")
         return n_logprobs_sent
 
@@ -349,13 +299,19 @@ class Worker:
         """The answer's text as it comes (stop strings held back), and its calls (the content ends there)."""
         calls = call_stream(request.tools, self.tool_family, self.verifier.token_bytes)
         opener = [] if calls is None else calls.syntax.openers
-        return calls, opener, AnswerText(self.verifier.token_bytes, request.stops + opener, n_indent=request.n_indent)
+        return (
+            calls,
+            opener,
+            AnswerText(self.verifier.token_bytes, request.limits.stops + opener, n_indent=request.limits.n_indent),
+        )
 
     def _new_line_after(self, request: GenerationRequest, generation, tokens: list[int]) -> bool:
         """Whether the time limit (from the first token) has passed and these tokens end a line."""
         started = generation.first_token_at
         elapsed_ms = (time.perf_counter() - started) * 1000 if started is not None else 0.0
-        return elapsed_ms > request.t_max_predict_ms and any(b"\n" in self.verifier.token_bytes(t) for t in tokens)
+        return elapsed_ms > request.limits.t_max_predict_ms and any(
+            b"\n" in self.verifier.token_bytes(t) for t in tokens
+        )
 
 
 def _finished(

@@ -7,7 +7,7 @@ the plan it makes; a bad request raises a `SpecggufError` here, before anything 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..conversation import FimRequest, Message, Prompts, fill_in_middle
 from ..core.constraint import Constraint
@@ -19,40 +19,64 @@ from ..core.ngram_cache import SessionNgrams
 from ..core.sampling import SamplingSettings
 from ..errors import ContextFullError, PromptError, UsageError
 from ..grammar import GrammarSpec, constraint_for
-from ..prepare import KChoice, Prepared
+from ..kchoice import KChoice
+from ..prepare import Prepared
 from .tool_syntax import SYNTAXES, Family
 from .tools import ToolPlan, call_constraint
 
 
 @dataclass(frozen=True)
-class RequestDrafting:
-    """A request's own drafting (specgguf's `speculative` field); None: the server's default."""
+class RequestPrompt:
+    """What the answer follows: chat `messages`, else token ids (`tokens`), else a fill-in-the-middle
+    (`fim`), else the raw `text`."""
+
+    messages: list[Message] | None = None  # chat: rendered with the verifier's own template (or ChatML)
+    text: str = ""  # completions: the raw prompt (tokenized as `run --raw` does)
+    tokens: list[int] | None = None  # the prompt as token ids (then `text` is not read)
+    fim: FimRequest | None = None  # fill in the middle, framed with the model's FIM tokens
+    parse_special: bool = False  # `text`'s special-token texts become those tokens (llama-server's raw prompt)
+
+
+@dataclass(frozen=True)
+class RequestSampling:
+    """How the answer's tokens are drawn, and what is said of them."""
+
+    settings: SamplingSettings
+    seed: int | None = None  # None or negative: a fresh one per request
+    n_top_logprobs: int | None = None  # None: no log-probabilities; else alternatives per token
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Where the answer ends."""
+
+    max_tokens: int
+    stops: list[str] = field(default_factory=list)
+    n_indent: int = 0  # FIM: stop at a later line indented less than this (llama-server's n_indent)
+    t_max_predict_ms: int = 0  # FIM: past this time, stop at the next new line (0: no limit)
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """A request's own drafting (specgguf's `speculative` field; None: the server's default), and whether
+    each Delta says who wrote its text (draft_marks.py)."""
 
     k: KChoice | None = None
     drafter: DrafterKind | None = None
     p_min: float | None = None
+    mark_drafts: bool = False
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """What to generate, as typed values (built from a validated request body)."""
+    """What to generate, as typed values: each API builds it once from its validated body."""
 
-    messages: list[Message] | None  # chat: rendered with the verifier's own template (or ChatML)
-    text: str  # completions: the raw prompt (tokenized as `run --raw` does)
-    max_tokens: int
-    settings: SamplingSettings
-    seed: int | None
-    stops: list[str]
-    drafting: RequestDrafting = RequestDrafting()
-    n_top_logprobs: int | None = None  # None: no log-probabilities; else alternatives per token
+    prompt: RequestPrompt
+    sampling: RequestSampling
+    limits: Limits
+    speculation: Speculation = Speculation()
     grammar: GrammarSpec | None = None  # what the answer must follow (response_format, grammar), compiled once already
-    tools: ToolPlan | None = None  # the chat request's tools (tools.py)
-    prompt_tokens: list[int] | None = None  # the prompt as token ids (then `text` is not read)
-    fim: FimRequest | None = None  # fill in the middle, framed with the model's FIM tokens
-    n_indent: int = 0  # FIM: stop at a later line indented less than this (llama-server's n_indent)
-    t_max_predict_ms: int = 0  # FIM: past this time, stop at the next new line (0: no limit)
-    mark_drafts: bool = False  # each Delta says who wrote its text (draft_marks.py)
-    parse_special: bool = False  # `text`'s special-token texts become those tokens (llama-server's raw prompt)
+    tools: ToolPlan | None = None  # the chat request's tools (tools.py): in the prompt, and what a call follows
 
 
 @dataclass(frozen=True)
@@ -78,9 +102,9 @@ class Planner:
     def plan(self, request: GenerationRequest, *, lane: int = 0) -> Plan:
         """The prompt's tokens, constraint, drafter and K policy; a bad request raises. Each of the
         worker's threads (`lane`) has adaptive policies of its own: they learn as their steps run."""
-        if request.prompt_tokens is not None:
-            prompt = list(request.prompt_tokens)
-        elif request.fim is not None:
+        if request.prompt.tokens is not None:
+            prompt = list(request.prompt.tokens)
+        elif request.prompt.fim is not None:
             prompt = self._fim_prompt(request)
         else:
             prompt = self._prompt_tokens(request)  # fresh, whatever came before
@@ -107,14 +131,15 @@ class Planner:
         return replace(plan, drafter=self._drafter(plan.request, draft))
 
     def _kind(self, request: GenerationRequest) -> DrafterKind:
-        return request.drafting.drafter or self.defaults.drafter
+        return request.speculation.drafter or self.defaults.drafter
 
     def _drafter(self, request: GenerationRequest, draft: Model | None = None) -> Drafter | None:
         """The request's drafter, over `draft` if given (a live sequence's view), else the draft model.
         A seeded request drafts without what earlier requests taught the n-gram cache: the same
         drafts consume the same random numbers, so the same seed gives the same answer."""
-        p_min = self.defaults.p_min if request.drafting.p_min is None else request.drafting.p_min
-        session = SessionNgrams() if request.seed is not None else None
+        wanted = request.speculation
+        p_min = self.defaults.p_min if wanted.p_min is None else wanted.p_min
+        session = SessionNgrams() if request.sampling.seed is not None else None
         return self.prepared.drafter(self._kind(request), p_min=p_min, session=session, draft=draft)
 
     def _fim_prompt(self, request: GenerationRequest) -> list[int]:
@@ -124,30 +149,31 @@ class Planner:
                 "this model has no fill-in-the-middle tokens (FIM prefix/suffix/middle): infill needs"
                 " a code model that has them, such as Qwen2.5-Coder"
             )
-        assert request.fim is not None
+        assert request.prompt.fim is not None
         return fill_in_middle(
-            self.templates, request.fim, framing, n_ctx=self.verifier.n_ctx, n_predict=request.max_tokens
+            self.templates, request.prompt.fim, framing, n_ctx=self.verifier.n_ctx, n_predict=request.limits.max_tokens
         )
 
     def _check_token_ids(self, request: GenerationRequest, prompt: list[int]) -> None:
         n_vocab = self.verifier.n_vocab
-        if request.prompt_tokens is not None and (bad := [t for t in prompt if t >= n_vocab]):
+        if request.prompt.tokens is not None and (bad := [t for t in prompt if t >= n_vocab]):
             raise UsageError(f"prompt: token id {bad[0]} is not in the model's vocabulary ({n_vocab} tokens)")
-        if bad := [token for token, _ in request.settings.penalties.bias if token >= n_vocab]:
+        if bad := [token for token, _ in request.sampling.settings.penalties.bias if token >= n_vocab]:
             raise UsageError(f"logit_bias: token id {bad[0]} is not in the model's vocabulary ({n_vocab} tokens)")
 
     def _prompt_tokens(self, request: GenerationRequest) -> list[int]:
         """A text prompt's tokens: a completions prompt is the model's raw input, its `<|fim_prefix|>`
         the FIM token, as llama-server reads it (`parse_special`). A chat's: the template's special
         tokens parsed, never those in the messages (conversation.Prompts.chat_tokens)."""
-        if request.messages is None:
-            return self.templates.tokens(request.text, special=request.parse_special)
+        prompt = request.prompt
+        if prompt.messages is None:
+            return self.templates.tokens(prompt.text, special=prompt.parse_special)
         tools = None if request.tools is None else request.tools.definitions
-        return self.templates.chat_tokens(request.messages, tools)  # a failing or looping template: PromptError
+        return self.templates.chat_tokens(prompt.messages, tools)  # a failing or looping template: PromptError
 
     def _drafting(self, request: GenerationRequest, lane: int) -> tuple[Drafter | None, KPolicy]:
         """The drafter and K policy for a request: the server's defaults, overridden per request."""
-        wanted = request.drafting
+        wanted = request.speculation
         kind = self._kind(request)
         choice = wanted.k or self.defaults.k
         if DRAFTER_KINDS[kind].needs_model and self.draft is None and not (choice.mode == "fixed" and choice.k == 0):
@@ -160,7 +186,8 @@ class Planner:
         drafter = self._drafter(request)
         if choice.mode == "fixed":
             return drafter, FixedK(choice.k or 0)
-        key = (choice.mode, kind, request.settings.greedy, lane)
+        settings = request.sampling.settings
+        key = (choice.mode, kind, settings.greedy, lane)
         if key not in self._policies:
-            self._policies[key] = self.prepared.policy(choice, temperature=request.settings.temperature, drafter=kind)
+            self._policies[key] = self.prepared.policy(choice, temperature=settings.temperature, drafter=kind)
         return drafter, self._policies[key][0]

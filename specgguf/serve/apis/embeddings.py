@@ -10,7 +10,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from pydantic import Field
 
-from ..common import ApiError, Body, ServeOptions, parse_body, unsupported
+from ..common import ApiError, Body, ServeOptions, check_model, parse_body, unsupported
 from ..generator import MAX_EMBEDDING_INPUTS, EmbeddingRequest, Worker
 from ..jobs import embedded
 
@@ -55,8 +55,7 @@ def error_body(error: ApiError) -> dict:
 def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
     async def embeddings(request: Request):
         body: EmbeddingsBody = parse_body(EmbeddingsBody, await request.body())
-        if options.strict_model and body.model not in (None, options.model_name):
-            raise ApiError(404, f"unknown model {str(body.model)[:200]!r}", param="model", code="model_not_found")
+        check_model(options, body.model)
         n_embd = worker.verifier.info().n_embd
         if body.dimensions not in (None, n_embd):
             raise unsupported("dimensions", f"this model's embeddings have {n_embd}")

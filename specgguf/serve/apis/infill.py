@@ -26,6 +26,7 @@ from ..common import (
     LlamaServerFields,
     ServeOptions,
     Speculative,
+    check_model,
     llama_sampling,
     parse_body,
     timings,
@@ -33,7 +34,7 @@ from ..common import (
 )
 from ..generator import Delta, Failed, Finished, Worker
 from ..jobs import Answer, answer, failure, messages, stream
-from ..plan import GenerationRequest, RequestDrafting
+from ..plan import GenerationRequest, Limits, RequestPrompt, RequestSampling
 
 MAX_COMPLETIONS = 8  # llama-server's bound is its slot count (4 by default)
 
@@ -128,25 +129,24 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
     @app.post("/infill", dependencies=dependencies)
     async def infill(request: Request):
         body: InfillBody = parse_body(InfillBody, await request.body())
-        if options.strict_model and body.model not in (None, options.model_name):
-            raise ApiError(404, f"unknown model {body.model[:200]!r}", param="model")
+        check_model(options, body.model)
         n_predict = options.max_tokens if body.n_predict in (None, -1) else body.n_predict
+        fim = FimRequest(
+            body.input_prefix,
+            body.input_suffix,
+            tuple((chunk.filename, chunk.text) for chunk in body.input_extra),
+            body.prompt,
+        )
         generation = GenerationRequest(
-            messages=None,
-            text="",
-            max_tokens=max(1, n_predict),  # 0: the editors' warm-up, the prompt read and no answer
-            settings=body.sampling(options.settings, n_ctx),
-            seed=body.seed,
-            stops=[stop for stop in body.stop or [] if stop],
-            fim=FimRequest(
-                body.input_prefix,
-                body.input_suffix,
-                tuple((chunk.filename, chunk.text) for chunk in body.input_extra),
-                body.prompt,
+            RequestPrompt(fim=fim),
+            RequestSampling(body.sampling(options.settings, n_ctx), body.seed),
+            Limits(
+                max(1, n_predict),  # 0: the editors' warm-up, the prompt read and no answer
+                [stop for stop in body.stop or [] if stop],
+                n_indent=body.n_indent,
+                t_max_predict_ms=body.t_max_predict_ms,
             ),
-            n_indent=body.n_indent,
-            t_max_predict_ms=body.t_max_predict_ms,
-            drafting=body.speculative.drafting() if body.speculative else RequestDrafting(),
+            (body.speculative or Speculative()).speculation(),
         )
         if body.n_cmpl > 1 and n_predict:  # llama.vscode's alternatives: a list, as llama-server answers
             return JSONResponse(await _several(worker, generation, request, body.n_cmpl, result, body))
@@ -179,9 +179,10 @@ async def _several(
     each its own draw: a seeded request's take the seeds seed, seed + 1, ..."""
     answers = []
     for index in range(n):
-        seed = generation.seed
+        seed = generation.sampling.seed
         seed = seed + index if seed is not None and seed >= 0 else seed
-        reply = await answer(worker, replace(generation, seed=seed), request, stream=False)
+        sampling = replace(generation.sampling, seed=seed)
+        reply = await answer(worker, replace(generation, sampling=sampling), request, stream=False)
         assert isinstance(reply, Answer)
         answers.append(result(reply.text, reply.finished, body, index))
     return answers

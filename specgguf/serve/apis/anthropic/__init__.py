@@ -15,10 +15,10 @@ from fastapi import FastAPI, Request
 from pydantic_core import from_json
 
 from ....conversation import ToolCall
-from ...common import ApiError, ServeOptions, parse_body
+from ...common import ApiError, ServeOptions, check_model, parse_body
 from ...generator import Delta, Failed, Finished, Job, Worker
 from ...jobs import Answer, answer, failure, messages, set_up, stream
-from ...plan import GenerationRequest
+from ...plan import GenerationRequest, Limits, RequestPrompt, RequestSampling
 from ...tools import CallDelta
 from .bodies import CountBody, MessagesBody
 
@@ -84,14 +84,13 @@ def _event(name: str, data: dict) -> str:
 
 
 def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
-    def check_model(name: str) -> None:
-        if options.strict_model and name != options.model_name:
-            raise ApiError(404, f"model: {name[:200]}")
+    def served(name: str) -> None:
+        check_model(options, name, lambda shown: ApiError(404, f"model: {shown}"))  # Anthropic's not_found_error
 
     @app.post("/v1/messages/count_tokens", dependencies=dependencies)
     async def count_tokens(request: Request):
         body = parse_body(CountBody, await request.body())
-        check_model(body.model)
+        served(body.model)
         tools = await set_up(body.tool_plan)  # its grammars compile off the event loop
         tokens = worker.templates.chat_tokens(body.history(), None if tools is None else tools.definitions)
         return {"input_tokens": len(tokens)}
@@ -99,16 +98,13 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
     @app.post("/v1/messages", dependencies=dependencies)
     async def create(request: Request):
         body = parse_body(MessagesBody, await request.body())
-        check_model(body.model)
+        served(body.model)
         # Off the event loop: a grammar's first compilation may take up to grammar.COMPILE_SECONDS.
         grammar, tools = await set_up(lambda: (body.grammar(), body.tool_plan()))
         generation = GenerationRequest(
-            messages=body.history(),
-            text="",
-            max_tokens=body.max_tokens,
-            settings=body.sampling(options.settings),
-            seed=None,
-            stops=list(body.stop_sequences),
+            RequestPrompt(body.history()),
+            RequestSampling(body.sampling(options.settings)),
+            Limits(body.max_tokens, list(body.stop_sequences)),
             grammar=grammar,
             tools=tools,
         )

@@ -15,7 +15,6 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
@@ -26,10 +25,19 @@ from pydantic import Field
 from ....conversation import FimRequest, Message
 from ....core.sampling import SamplingSettings
 from ....grammar import GrammarSpec
-from ...common import ApiError, Body, ServeOptions, checked_grammar, llama_sampling, parse_body, unsupported
+from ...common import (
+    ApiError,
+    Body,
+    ServeOptions,
+    check_model,
+    checked_grammar,
+    llama_sampling,
+    parse_body,
+    unsupported,
+)
 from ...generator import Delta, Failed, Finished, Worker
 from ...jobs import Answer, answer, messages, set_up, stream
-from ...plan import GenerationRequest
+from ...plan import GenerationRequest, Limits, RequestPrompt, RequestSampling
 from ...tools import ToolPlan
 from . import embed
 from .chat import OllamaMessage, OllamaTool, history, tool_calls, tool_plan
@@ -183,19 +191,13 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
     """Ollama's routes on `app`; `dependencies` the API-key check."""
     n_ctx = worker.verifier.n_ctx
 
-    def generation(
-        body: _Generating, messages_: list[Message] | None, text: str, tools: ToolPlan | None = None
-    ) -> GenerationRequest:
+    def generation(body: _Generating, prompt: RequestPrompt, tools: ToolPlan | None = None) -> GenerationRequest:
         opts = body.options or Options()
-        if options.strict_model and body.model != options.model_name:
-            raise ApiError(404, f"model {body.model[:200]!r} not found, try pulling it first")
+        check_model(options, body.model, embed.not_found)
         return GenerationRequest(
-            messages=messages_,
-            text=text,
-            max_tokens=opts.max_tokens(options.max_tokens, n_ctx),
-            settings=opts.sampling(options.settings, n_ctx),
-            seed=opts.seed,
-            stops=[stop for stop in opts.stop or [] if stop],
+            prompt,
+            RequestSampling(opts.sampling(options.settings, n_ctx), opts.seed),
+            Limits(opts.max_tokens(options.max_tokens, n_ctx), [stop for stop in opts.stop or [] if stop]),
             grammar=body.grammar(),
             tools=tools,
         )
@@ -236,7 +238,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
             return {"model": body.model, "created_at": _now(), "message": message}
 
         # Off the event loop: a grammar's first compilation may take up to grammar.COMPILE_SECONDS.
-        job = await set_up(lambda: generation(body, body.history(), "", body.tool_plan()))
+        job = await set_up(lambda: generation(body, RequestPrompt(body.history()), body.tool_plan()))
         return await reply(request, body, job, shape)
 
     @app.post("/api/generate", dependencies=dependencies)
@@ -245,14 +247,13 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         if not body.prompt and not body.suffix:  # Ollama: load the model, answer nothing
             return {"model": body.model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
         if body.suffix:  # fill in the middle, framed with the model's FIM tokens
-            job = replace(
-                await set_up(lambda: generation(body, None, "")), fim=FimRequest(body.prompt or "", body.suffix)
-            )
+            prompt = RequestPrompt(fim=FimRequest(body.prompt or "", body.suffix))
         elif body.raw:  # the model's raw input: special tokens' texts are those tokens, as Ollama reads them
-            job = replace(await set_up(lambda: generation(body, None, body.prompt or "")), parse_special=True)
+            prompt = RequestPrompt(text=body.prompt or "", parse_special=True)
         else:
             turns = ([Message("system", body.system)] if body.system else []) + [Message("user", body.prompt or "")]
-            job = await set_up(lambda: generation(body, turns, ""))
+            prompt = RequestPrompt(turns)
+        job = await set_up(lambda: generation(body, prompt))
         return await reply(
             request,
             body,
@@ -310,8 +311,7 @@ def _add_model_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, de
         name = body.model or body.name
         if not name:
             raise ApiError(400, "'model' is required", param="model")
-        if options.strict_model and name != options.model_name:
-            raise ApiError(404, f"model {name[:200]!r} not found")
+        check_model(options, name, embed.not_found)
         listed = entry()
         info = info_cache["entry"]["_info"]
         return {

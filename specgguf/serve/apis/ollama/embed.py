@@ -18,7 +18,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from pydantic import Field
 
-from ...common import ApiError, Body, ServeOptions, parse_body
+from ...common import ApiError, Body, ServeOptions, check_model, parse_body
 from ...generator import MAX_EMBEDDING_INPUTS, EmbeddingRequest, Worker
 from ...jobs import embedded
 
@@ -59,16 +59,20 @@ def _shortened(vector: list[float], dimensions: int | None) -> list[float]:
     return (head / norm if norm > 0 else head).tolist()
 
 
+def not_found(name: str) -> ApiError:
+    """Ollama's answer to a model it does not have (common.check_model, --strict-model)."""
+    return ApiError(404, f"model {name!r} not found, try pulling it first")
+
+
 def add_embed_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependencies: list) -> None:
-    def check_model(name: str) -> None:
-        if options.strict_model and name != options.model_name:
-            raise ApiError(404, f"model {name[:200]!r} not found, try pulling it first")
+    def check(name: str) -> None:
+        check_model(options, name, not_found)
 
     @app.post("/api/embed", dependencies=dependencies)
     async def embed(request: Request):
         arrived = time.perf_counter()
         body: EmbedBody = parse_body(EmbedBody, await request.body())
-        check_model(body.model)
+        check(body.model)
         if not body.inputs():  # Ollama: load the model, embed nothing
             return {"model": body.model, "embeddings": []}
         work = EmbeddingRequest(body.inputs(), truncate=body.truncate is not False)
@@ -84,7 +88,7 @@ def add_embed_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dep
     @app.post("/api/embeddings", dependencies=dependencies)
     async def embeddings(request: Request):
         body: EmbeddingsBody = parse_body(EmbeddingsBody, await request.body())
-        check_model(body.model)
+        check(body.model)
         if not body.prompt:  # Ollama: load the model, embed nothing
             return {"embedding": []}
         result = await embedded(worker, EmbeddingRequest([body.prompt], truncate=True), request)

@@ -14,10 +14,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ....conversation import FimRequest, Message
-from ...common import ApiError, ServeOptions, parse_body
+from ...common import ApiError, ServeOptions, Speculative, check_model, parse_body
 from ...generator import Delta, Finished, Job, Worker
 from ...jobs import Answer, answer, failure, messages, set_up, stream
-from ...plan import GenerationRequest, RequestDrafting
+from ...plan import GenerationRequest, Limits, RequestPrompt, RequestSampling
 from .bodies import ChatRequest, CompletionRequest
 from .shapes import Shape
 
@@ -91,13 +91,7 @@ async def _answer(
     options: ServeOptions,
 ):
     """Queue one request; answer it whole, or return the stream of its events."""
-    if options.strict_model and body.model is not None and body.model != options.model_name:
-        raise ApiError(
-            404,
-            f"unknown model {body.model[:200]!r}: this server serves {options.model_name!r} (see GET /v1/models)",
-            param="model",
-            code="model_not_found",
-        )
+    check_model(options, body.model)
     reply = await answer(worker, generation, request, stream=bool(body.stream))
     if isinstance(reply, Answer) and body.warm_up:  # n_predict 0: the prompt is read, nothing answered
         reply = Answer("", replace(reply.finished, n_completion=0, tool_calls=[], finish_reason="length"), [])
@@ -132,20 +126,19 @@ def _generation_request(
     n_ctx: int,
 ) -> GenerationRequest:
     completion = body if isinstance(body, CompletionRequest) else None
-    return GenerationRequest(
-        messages=messages,
-        text=text,
-        max_tokens=body.token_limit or options.max_tokens,
-        settings=body.sampling(options.settings, n_ctx),
-        seed=body.seed,
-        stops=body.stop_strings,
-        drafting=body.speculative.drafting() if body.speculative else RequestDrafting(),
-        n_top_logprobs=body.n_top_logprobs,
-        grammar=body.grammar_spec(),
-        tools=body.tool_plan() if isinstance(body, ChatRequest) else None,
-        prompt_tokens=None if completion is None else completion.tokens,
+    prompt = RequestPrompt(
+        messages,
+        text,
+        tokens=None if completion is None else completion.tokens,
         # A completion with a suffix fills in the middle (as Ollama and OpenAI's instruct models do).
         fim=FimRequest(text, completion.suffix) if completion is not None and completion.suffix is not None else None,
-        mark_drafts=body.marks_drafts,
         parse_special=completion is not None,  # a completions prompt is raw model input; chat content is text
+    )
+    return GenerationRequest(
+        prompt,
+        RequestSampling(body.sampling(options.settings, n_ctx), body.seed, body.n_top_logprobs),
+        Limits(body.token_limit or options.max_tokens, body.stop_strings),
+        (body.speculative or Speculative()).speculation(mark_drafts=body.marks_drafts),
+        grammar=body.grammar_spec(),
+        tools=body.tool_plan() if isinstance(body, ChatRequest) else None,
     )

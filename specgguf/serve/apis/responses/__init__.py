@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import FastAPI, Request
 
 from ....conversation import Message, ToolCall
-from ...common import ApiError, ServeOptions, parse_body
+from ...common import ApiError, ServeOptions, check_model, parse_body
 from ...generator import Delta, Failed, Finished, Job, Worker
 from ...jobs import Answer, answer, messages, set_up, stream
-from ...plan import GenerationRequest
+from ...plan import GenerationRequest, Limits, RequestPrompt, RequestSampling
 from ...tools import CallDelta
 from .bodies import ResponsesBody
 from .shape import Shape, call_item_id
@@ -40,8 +40,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
     @app.post("/responses", dependencies=dependencies)
     async def create(request: Request):
         body: ResponsesBody = parse_body(ResponsesBody, await request.body())
-        if options.strict_model and body.model not in (None, options.model_name):
-            raise ApiError(404, f"unknown model {str(body.model)[:200]!r}", param="model", code="model_not_found")
+        check_model(options, body.model)
         history: list[Message] = []
         if body.previous_response_id is not None:
             if body.previous_response_id not in memory:
@@ -57,12 +56,9 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         # Off the event loop: a grammar's first compilation may take up to grammar.COMPILE_SECONDS.
         grammar, tools = await set_up(lambda: (body.grammar(), body.tool_plan(history)))
         generation = GenerationRequest(
-            messages=system + turns,
-            text="",
-            max_tokens=body.max_output_tokens or options.max_tokens,
-            settings=body.sampling(options.settings),
-            seed=None,
-            stops=[],
+            RequestPrompt(system + turns),
+            RequestSampling(body.sampling(options.settings)),
+            Limits(body.max_output_tokens or options.max_tokens),
             grammar=grammar,
             tools=tools,
         )
