@@ -5,7 +5,8 @@
 - `gguf`: loads a GGUF file in this process, generated (tiny_gguf.py) or real (SmolLM2, Gemma, Qwen);
 - `unit`: neither: in this process, fake models, numbers and text (`make test-unit`).
 
-A test gets its kind from what it uses, at collection: a fixture in GGUF_FIXTURES, or source (the test
+A test gets its kind from what it uses, at collection: a fixture in GGUF_FIXTURES (or a parameter naming
+one, for `request.getfixturevalue`), or source (the test
 function's, its fixtures' or their helpers' in the same module) that calls one of LIVE_CALLS or GGUF_CALLS.
 Where that cannot see it (the code under test starts a program), the test carries the mark itself. The guard
 checks it as the test runs: a `unit` test that loads a model or starts a process, or a `gguf` test that
@@ -68,6 +69,11 @@ def _sources(item: pytest.Function) -> list[str]:
     return [_source(helper) for function in functions for helper in _helpers(function, seen)]
 
 
+def _params(item: pytest.Function) -> list:
+    callspec = getattr(item, "callspec", None)
+    return list(callspec.params.values()) if callspec is not None else []
+
+
 def kind_of(item: pytest.Item) -> str:
     """The kind a test's marks give it, or the one found from what it uses."""
     marked = {mark.name for mark in item.iter_markers() if mark.name in KINDS}
@@ -80,7 +86,9 @@ def kind_of(item: pytest.Item) -> str:
     sources = _sources(item)
     if any(call in source for source in sources for call in LIVE_CALLS):
         return "live"
-    if GGUF_FIXTURES & set(item.fixturenames) or any(call in source for source in sources for call in GGUF_CALLS):
+    # a fixture by name, or one named by a parameter (`request.getfixturevalue(model_file)`)
+    used = set(item.fixturenames) | {value for value in _params(item) if isinstance(value, str)}
+    if GGUF_FIXTURES & used or any(call in source for source in sources for call in GGUF_CALLS):
         return "gguf"
     return "unit"
 

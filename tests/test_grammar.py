@@ -116,6 +116,7 @@ def _whole(spec: GrammarSpec, text: str) -> bool:
     ],
     ids=["compact", "one-line", "pretty", "tabs", "extra-key", "two-spaces", "three-breaks", "indent-21", "lead"],
 )
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_json_takes_the_models_whitespace_within_a_bound(text, whole):
     assert _whole(GrammarSpec.json_schema(SCHEMA), text) is whole
     assert _whole(GrammarSpec("json_object"), text) is (whole or "extra" in text)
