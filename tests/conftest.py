@@ -15,6 +15,7 @@ from typing import NoReturn
 import pytest
 from click.testing import CliRunner
 
+from kinds import _kind_guard, pytest_collection_modifyitems  # noqa: F401 - hooks pytest finds here
 from tiny_gguf import write_tiny_llama
 
 IN_CI = os.environ.get("CI") == "true"

@@ -92,6 +92,7 @@ def test_options_that_do_not_apply_are_refused(capsys, tmp_path, option):
 SETTINGS = ToolSettings(n_threads=1, n_ctx=256, max_tokens=8, sampling=SamplingSettings(temperature=0.8), seed=7)
 
 
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_a_program_that_fails_or_prints_no_timings_is_named_with_its_log(tmp_path):
     tools = LlamaTools.find(fake_programs(tmp_path / "failing", "printf 'error: \\033[31mbad model\\n' >&2; exit 3\n"))
     with pytest.raises(
@@ -106,6 +107,7 @@ def test_a_program_that_fails_or_prints_no_timings_is_named_with_its_log(tmp_pat
         run_plain(tools, model=Path("m.gguf"), prompt="hi", settings=SETTINGS)
 
 
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_each_program_gets_our_settings_no_stdin_and_its_own_libraries(tmp_path, monkeypatch):
     record = tmp_path / "record"
     tools = LlamaTools.find(
@@ -145,6 +147,7 @@ def test_each_program_gets_our_settings_no_stdin_and_its_own_libraries(tmp_path,
     assert f"LD_LIBRARY_PATH={tools.directory}" in environment and "LLAMA_ARG_" not in environment
 
 
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_a_program_that_overruns_is_stopped(tmp_path, monkeypatch):
     pid_file = tmp_path / "pid"
     tools = LlamaTools.find(fake_programs(tmp_path / "bin", f"echo $$ > {pid_file}; exec sleep 60\n"))
@@ -161,6 +164,7 @@ def test_the_limit_scales_with_the_tokens_asked_for():
     assert llama_tools.run_limit(128) < 900  # the old flat limit: a hung program was 15 silent minutes
 
 
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_a_program_that_overruns_is_stopped_with_its_children(tmp_path, monkeypatch):
     pid_file = tmp_path / "pid"
     script = f"sleep 60 & echo $! > {pid_file}; exec sleep 60\n"
@@ -193,6 +197,7 @@ def assert_gone(pid: int) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_a_background_child_holding_the_log_open_is_not_waited_for(tmp_path):
     pid_file = tmp_path / "pid"
     timings = TIMINGS.format(sampling="1.0", eval="100.0", runs="7")
@@ -238,6 +243,7 @@ def test_bench_with_a_program_reporting_zero_seconds_is_one_line(cli, tmp_path, 
     assert "llama-completion reported its eval time as '0.000'" in line
 
 
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_a_huge_log_is_one_capped_error_line(tmp_path):
     script = "head -c 2000000 /dev/zero | tr '\\0' x >&2\nexit 1\n"
     tools = LlamaTools.find(fake_programs(tmp_path / "bin", script))

@@ -116,11 +116,13 @@ def _whole(spec: GrammarSpec, text: str) -> bool:
     ],
     ids=["compact", "one-line", "pretty", "tabs", "extra-key", "two-spaces", "three-breaks", "indent-21", "lead"],
 )
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_json_takes_the_models_whitespace_within_a_bound(text, whole):
     assert _whole(GrammarSpec.json_schema(SCHEMA), text) is whole
     assert _whole(GrammarSpec("json_object"), text) is (whole or "extra" in text)
 
 
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_one_of_is_read_as_any_of():
     # Branches llguidance cannot prove disjoint (pydantic's unions): compiled as anyOf, as vLLM does.
     spec = GrammarSpec.json_schema({"oneOf": [{"type": "integer"}, {"type": "number"}]})
@@ -145,6 +147,7 @@ def _deep(depth):
     ],
     ids=["gbnf", "not-an-object", "not-json", "too-deep", "bad-type"],
 )
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_bad_grammars_are_refused_by_name(spec, message):
     with pytest.raises(GrammarError, match=message):
         spec().compile()
@@ -189,6 +192,7 @@ def test_run_takes_one_grammar_at_most(cli, tmp_path):
         (None, "--grammar", "cannot read"),
     ],
 )
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_run_refuses_a_bad_grammar_file_before_loading_anything(cli, tmp_path, content, option, message):
     path = tmp_path / "g.txt"
     if content is not None:

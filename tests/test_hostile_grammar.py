@@ -40,6 +40,7 @@ def chained_rules(n: int) -> str:
     return "root ::= r0\n" + "".join(f'r{i} ::= "x" r{i + 1}\n' for i in range(n)) + f'r{n} ::= "y"\n'
 
 
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_a_chain_of_thousands_of_rules_is_refused_in_bounded_time(monkeypatch):
     children = []
     in_child = grammar._in_child
@@ -54,6 +55,7 @@ def test_a_chain_of_thousands_of_rules_is_refused_in_bounded_time(monkeypatch):
     assert len(children) == 1
 
 
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_a_checker_that_cannot_run_is_no_verdict_on_the_grammar(monkeypatch):
     monkeypatch.setattr(sys, "executable", shutil.which("false") or "/bin/false")
     spec = GrammarSpec("gbnf", 'root ::= "never cached"')
@@ -76,6 +78,7 @@ def test_ordinary_grammars_still_compile_and_a_moderate_chain_runs_on_the_verifi
         assert constraint.allowed().any()
 
 
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_a_grammar_that_names_token_ids_passes_the_check():
     """Tool calls open with a special token named by id (`<[151657]>`, Qwen's <tool_call>): the
     check's byte vocabulary holds every id the grammar names (it was 'Token range end too large')."""
@@ -94,11 +97,13 @@ def test_a_grammar_that_names_token_ids_passes_the_check():
         GrammarSpec.json_schema(CYCLE),
     ],
 )
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_a_grammar_nothing_can_satisfy_is_refused(spec):
     with pytest.raises(GrammarError, match=f"nothing can satisfy the {spec.kind}: no text matches it"):
         spec.compile()  # it answered "" with finish_reason "stop"
 
 
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_a_grammar_too_large_to_follow_is_refused_by_name():
     with pytest.raises(GrammarError, match="the gbnf is too large or too deeply nested to follow: Too many items"):
         GrammarSpec("gbnf", 'root ::= "a"{100000}').compile()  # a 500 with llguidance's state dump

@@ -326,6 +326,7 @@ with socket.create_server(("127.0.0.1", int(sys.argv[1]))) as server:
 """
 
 
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_the_worker_waits_for_a_slow_answer_from_ggml(monkeypatch):
     """Connecting to ggml's server is bounded, its answers are not: a graph that computes for longer
     than the connect time-out (a long prompt on a slow worker) must not cut the client off."""
@@ -343,6 +344,7 @@ def test_the_worker_waits_for_a_slow_answer_from_ggml(monkeypatch):
         inner.stop()
 
 
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_a_ggml_server_that_cannot_start_stops_the_worker():
     from specgguf.cli.worker import InnerServer
 

@@ -236,6 +236,7 @@ CALL = '{"name": "add", "arguments": {"a": 1}}'
         "mistral",
     ],
 )
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_the_call_grammar_takes_the_models_layout_within_bounds(family, form, text, follows):
     syntax = SYNTAXES[family]
     assert _follows(syntax.call_lark(TOOLS, json.dumps, syntax.forms[form]), text) is follows
@@ -292,6 +293,7 @@ def test_tool_choice_none_reads_no_call():
     assert call_stream(ToolPlan(TOOLS, [], "auto", parallel=True), "hermes", bytes) is not None
 
 
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_plan_tools_is_every_apis_one_check():
     weather = Function("get_weather", "The weather", {"type": "object"}, "tools[0].input_schema")
     bare = Function("ping", None, None, "tools[1].input_schema")

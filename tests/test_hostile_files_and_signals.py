@@ -335,7 +335,8 @@ sys.meta_path.insert(0, InterruptAtImport)
 def test_ctrl_c_at_any_import_is_one_line_and_130(cli, tiny_verifier, tmp_path, module):
     """A sitecustomize module sends the SIGINT at a chosen import, instead of a timer that may miss it
     (`signal`: specgguf/__init__.py imported it before its handler was in place, a traceback; `platform`,
-    under Typer, is where a timer's signal once landed in CI, inside a class body: see test_hostile's wrapped case)."""
+    under Typer, is where a timer's signal once landed in CI, inside a class body: see the wrapped case in
+    test_hostile_hub_and_files)."""
     (tmp_path / "sitecustomize.py").write_text(INTERRUPT_AT_IMPORT)
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
     env = {"INTERRUPT_AT_IMPORT": module, "PYTHONPATH": path}
@@ -352,7 +353,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("module", ["signal", "enum"])  # (later imports: the tests above)
-@pytest.mark.parametrize("name", ["specgguf.exe", "sg"])  # (`specgguf` itself: test_hostile_two)
+@pytest.mark.parametrize("name", ["specgguf.exe", "sg"])  # (`specgguf` itself: test_results_never_lost)
 def test_ctrl_c_at_an_import_under_the_console_script_is_one_line_whatever_its_name(
     tiny_verifier, tmp_path, module, name
 ):
