@@ -40,16 +40,20 @@ class ControlToken:
     rstrip: bool
 
 
-def tokenize(vocab: llama_cpp.llama_vocab_p, text: str, *, special: bool) -> list[int]:
-    """Text -> tokens, adding BOS if the model wants it (LlamaModel.tokenize)."""
-    data = text.encode("utf-8")
+def _tokenize_bytes(vocab: llama_cpp.llama_vocab_p, data: bytes, *, add_special: bool, special: bool) -> list[int]:
+    """llama_tokenize of `data`, its buffer grown once when llama.cpp says it needs more."""
     capacity = len(data) + 8
     buffer = (llama_cpp.llama_token * capacity)()
-    count = llama_cpp.llama_tokenize(vocab, data, len(data), buffer, capacity, True, special)
+    count = llama_cpp.llama_tokenize(vocab, data, len(data), buffer, capacity, add_special, special)
     if count < 0:
         buffer = (llama_cpp.llama_token * -count)()
-        count = llama_cpp.llama_tokenize(vocab, data, len(data), buffer, -count, True, special)
-    tokens = list(buffer[:count])
+        count = llama_cpp.llama_tokenize(vocab, data, len(data), buffer, -count, add_special, special)
+    return list(buffer[:count])
+
+
+def tokenize(vocab: llama_cpp.llama_vocab_p, text: str, *, special: bool) -> list[int]:
+    """Text -> tokens, adding BOS if the model wants it (LlamaModel.tokenize)."""
+    tokens = _tokenize_bytes(vocab, text.encode("utf-8"), add_special=True, special=special)
     bos = llama_cpp.llama_vocab_bos(vocab)
     if len(tokens) >= 2 and tokens[0] == tokens[1] == bos:
         tokens = tokens[1:]  # a template that writes BOS itself, plus add_bos
@@ -95,13 +99,7 @@ def text_tokenizer(vocab: llama_cpp.llama_vocab_p) -> Callable[[bytes], list[int
     special tokens' texts read as those tokens (core/cross_drafter.py's `Tokenize`)."""
 
     def tokenize(data: bytes) -> list[int]:
-        capacity = len(data) + 8
-        buffer = (llama_cpp.llama_token * capacity)()
-        count = llama_cpp.llama_tokenize(vocab, data, len(data), buffer, capacity, False, True)
-        if count < 0:
-            buffer = (llama_cpp.llama_token * -count)()
-            count = llama_cpp.llama_tokenize(vocab, data, len(data), buffer, -count, False, True)
-        return list(buffer[:count])
+        return _tokenize_bytes(vocab, data, add_special=False, special=True)
 
     return tokenize
 
