@@ -23,7 +23,7 @@ from rich.console import Console
 
 from specgguf.bench import llama_tools
 from specgguf.bench.llama_tools import LlamaTools, ToolSettings, run_plain
-from specgguf.bench.vs_llama import _ratio_table, _speed_table
+from specgguf.bench.vs_tables import ratio_table, speed_table
 from specgguf.cli.app import main
 from specgguf.core.sampling import SamplingSettings
 from specgguf.errors import SpecggufError
@@ -380,13 +380,18 @@ def test_ratios_are_the_ratios_of_the_medians_shown(comparison):
             speed["specgguf default"] / speed["llama.cpp K=2"], abs=2e-3
         )
         assert ratios["K=2 / llama.cpp K=2"] == pytest.approx(speed["specgguf K=2"] / speed["llama.cpp K=2"], abs=2e-3)
+        assert ratios["default / plain"] == pytest.approx(speed["specgguf default"] / speed["specgguf plain"], abs=2e-3)
+        assert cell["kind"] == cell["prompt"]  # bench's own prompts are their own kind
+    worst = comparison["results"][0]["worst"]["default / llama.cpp plain"]
+    lowest = min(c["ratios"]["default / llama.cpp plain"] for c in comparison["results"][0]["cells"])
+    assert worst["ratio"] == lowest and worst["prompt"] in ("code", "prose")
 
 
 def test_the_tables_show_every_column_and_ratio(comparison):
     console = Console(width=200, record=True, file=io.StringIO())
     (result,) = comparison["results"]
-    console.print(_speed_table(result, comparison))
-    console.print(_ratio_table(result, comparison["ks"]))
+    console.print(speed_table(result, comparison))
+    console.print(ratio_table(result))
     text = console.export_text()
     assert "tok/s, -n 8, -t 1, median of 1" in text
     for header in (
@@ -398,6 +403,8 @@ def test_the_tables_show_every_column_and_ratio(comparison):
         "default / llama.cpp plain",
         "default / llama.cpp best K",
         "K=2 / llama.cpp K=2",
+        "plain / llama.cpp plain",
+        "default / plain",
     ):
         assert header in text
     first = result["cells"][0]

@@ -217,7 +217,12 @@ def run_limit(max_tokens: int) -> float:
 
 def _run(command: list[str], directory: Path, *, max_tokens: int) -> str:
     """Run one program to the end (stdin closed) and return its log; nothing of it is left running."""
-    timeout = run_limit(max_tokens)
+    return run_program(command, directory, seconds=run_limit(max_tokens))
+
+
+def run_program(command: list[str], directory: Path, *, seconds: float, output: bool = False) -> str:
+    """Run a program of `directory` to the end within `seconds` (stdin closed, its own process group,
+    killed whole whatever happens) and return its log, or with `output` what it printed on stdout."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("LLAMA_ARG_")}
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(directory), env.get("LD_LIBRARY_PATH")]))
     # The answer goes to stdout (not needed); the timing lines go to stderr, which the answer
@@ -225,33 +230,33 @@ def _run(command: list[str], directory: Path, *, max_tokens: int) -> str:
     process = subprocess.Popen(
         command,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE if output else subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=env,
         start_new_session=True,  # its own process group: killed whole below
     )
     try:
-        output = _collect(process, timeout, Path(command[0]).name)
+        printed, logged = _collect(process, seconds, Path(command[0]).name)
     finally:  # a timeout, Ctrl-C or any error: neither the program nor a child of its outlives us
         _kill_group(process)
-    log = output.decode("utf-8", errors="replace")
+    log = logged.decode("utf-8", errors="replace")
     if process.returncode != 0:
         raise SpecggufError(
             f"{Path(command[0]).name} failed (exit status {process.returncode}); its log ends: {_tail(log)}"
         )
-    return log
+    return (printed or b"").decode("utf-8", errors="replace") if output else log
 
 
-def _collect(process: subprocess.Popen, timeout: float, name: str) -> bytes:
-    """Its stderr until it ends (not until every child of its closes the pipe), within `timeout`."""
+def _collect(process: subprocess.Popen, timeout: float, name: str) -> tuple[bytes | None, bytes]:
+    """Its stdout and stderr until it ends (not until every child of its closes the pipes), within `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return process.communicate(timeout=min(0.5, max(deadline - time.monotonic(), 0.01)))[1]
+            return process.communicate(timeout=min(0.5, max(deadline - time.monotonic(), 0.01)))
         except subprocess.TimeoutExpired:
             if process.poll() is not None:  # it ended; something it started holds the log open
                 _kill_group(process)
-                return process.communicate()[1]
+                return process.communicate()
             if time.monotonic() >= deadline:
                 raise SpecggufError(f"{name} ran past {timeout:g} s; stopped it") from None
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Literal, TextIO
 
 from rich.console import Console
-from rich.table import Table
 
 from ..conversation import Message, Prompts
 from ..core.engine import FixedK
@@ -40,7 +39,10 @@ from ..llama.variants import ORIGINAL_VARIANT
 from ..prepare import MEASURING, DraftOptions, LoadOptions, Prepared, prepare
 from .command import BenchPlan, BenchTarget, run_progress, says
 from .llama_tools import LlamaTools, ToolRun, ToolSettings, run_plain, run_speculative
+from .machine import machine_lines, machine_report
 from .measure import PROMPTS, generate
+from .suite import SuitePrompt
+from .vs_tables import ratio_table, speed_table
 
 Side = Literal["llama.cpp", "specgguf"]
 MEANING = (
@@ -111,8 +113,12 @@ class Cell:
 
     def ratios(self, ks: list[int]) -> dict[str, float]:
         """Ours over llama.cpp's: default vs plain, default vs llama.cpp's best fixed K, and K vs K."""
-        ours_default = self.speed(Column("specgguf", None))
-        ratios = {"default / llama.cpp plain": ours_default / self.speed(Column("llama.cpp", 0))}
+        ours_default, llama_plain = self.speed(Column("specgguf", None)), self.speed(Column("llama.cpp", 0))
+        ratios = {
+            "default / llama.cpp plain": ours_default / llama_plain,
+            "plain / llama.cpp plain": self.speed(Column("specgguf", 0)) / llama_plain,
+            "default / plain": ours_default / self.speed(Column("specgguf", 0)),
+        }
         best_k = self.best_k(ks)
         if best_k is not None:
             ratios["default / llama.cpp best K"] = ours_default / self.speed(Column("llama.cpp", best_k))
@@ -135,12 +141,15 @@ class Cell:
 class VsPlan:
     ks: list[int]
     temperatures: list[float]
-    prompts: list[str]  # keys of bench.measure.PROMPTS
+    prompts: list[str]  # the prompts' names: keys of `texts`
     repeats: int
     max_tokens: int
+    texts: dict[str, str]  # name -> the user's message
+    kinds: dict[str, str]  # name -> its kind (bench/suite.py's KINDS; bench's own prompts: their name)
+    machine: bool = False  # also report the CPU and llama-bench's verify curve (the suite does)
 
 
-def vs_plan(plan: BenchPlan) -> VsPlan:
+def vs_plan(plan: BenchPlan, suite: list[SuitePrompt] | None = None) -> VsPlan:
     """bench's plan for this comparison: the draft model's drafting (llama.cpp's draft-simple) and
     our default, at each fixed K but 0 (plain decoding is always measured)."""
     if plan.drafters != ["model"] or not plan.adaptive:
@@ -151,9 +160,12 @@ def vs_plan(plan: BenchPlan) -> VsPlan:
     return VsPlan(
         ks=sorted({k for k in plan.ks if k > 0}),
         temperatures=plan.temperatures,
-        prompts=plan.prompts,
+        prompts=[p.name for p in suite] if suite else plan.prompts,
         repeats=plan.repeats,
         max_tokens=plan.max_tokens,
+        texts={p.name: p.text for p in suite} if suite else {kind: PROMPTS[kind] for kind in plan.prompts},
+        kinds={p.name: p.kind for p in suite} if suite else {kind: kind for kind in plan.prompts},
+        machine=bool(suite),
     )
 
 
@@ -178,7 +190,10 @@ def compare(
         task = progress.add_task("comparing with llama.cpp", total=total)
         for target in targets:
             results.append(_compare_target(target, tools, plan, order, load, progress=says(progress, task)))
+    verifiers = [(target.label, target.pair.verifier) for target in targets]
+    machine = machine_report(tools, verifiers, n_threads) if plan.machine else None
     report = {
+        "machine": machine,
         "llama_cpp": str(tools.directory),
         "threads": n_threads,
         "max_tokens": plan.max_tokens,
@@ -193,9 +208,18 @@ def compare(
         out.write(json.dumps(report) + "\n")
     else:
         console = Console(file=out, highlight=False, width=None if out.isatty() else 160)
+        if machine:
+            console.print(machine_lines(machine))
         for result in results:
-            console.print(_speed_table(result, report))
-            console.print(_ratio_table(result, plan.ks))
+            console.print(speed_table(result, report))
+            console.print(ratio_table(result))
+            console.print(
+                "lowest: "
+                + "; ".join(
+                    f"{name} {w['ratio']:.2f}× ({w['prompt']}, T {w['temperature']:g})"
+                    for name, w in result["worst"].items()
+                )
+            )
         console.print(MEANING, style="dim")
     return report
 
@@ -220,7 +244,7 @@ def _compare_target(
         default = _default_side(prepared, load, progress)
         progress(target.label)
         prompts = Prompts(prepared.verifier)
-        tokens = {kind: prompts.question(PROMPTS[kind], raw=False, system=None) for kind in plan.prompts}
+        tokens = {name: prompts.question(plan.texts[name], raw=False, system=None) for name in plan.prompts}
         assert load.n_threads is not None  # compare fixed it
         cells = _measure(
             prepared,
@@ -243,8 +267,19 @@ def _compare_target(
         "draft": str(target.pair.draft),
         "default_draft": None if choice is None else {"name": choice.name, "file": str(choice.path), "why": choice.why},
         "prompt_tokens": {k: len(t) for k, t in tokens.items()},
-        "cells": [c.report(plan.ks) for c in cells],
+        "cells": [{**c.report(plan.ks), "kind": plan.kinds[c.kind]} for c in cells],
+        "worst": worst_ratios([c.report(plan.ks) for c in cells]),
     }
+
+
+def worst_ratios(cells: list[dict]) -> dict[str, dict]:
+    """Each ratio's lowest cell: the floor is per prompt (issue 45), not a median over prompts."""
+    worst: dict[str, dict] = {}
+    for cell in cells:
+        for name, value in cell["ratios"].items():
+            if name not in worst or value < worst[name]["ratio"]:
+                worst[name] = {"ratio": value, "prompt": cell["prompt"], "temperature": cell["temperature"]}
+    return worst
 
 
 def _default_side(prepared: Prepared, load: LoadOptions, progress: Callable[[str | None], None]) -> Prepared:
@@ -271,7 +306,7 @@ def _measure(
     n_ctx: int,
     on_run: Callable[[], None],
 ) -> list[Cell]:
-    texts = {kind: _prompt_text(prepared.verifier, PROMPTS[kind]) for kind in plan.prompts}
+    texts = {name: _prompt_text(prepared.verifier, plan.texts[name]) for name in plan.prompts}
     cells = {(kind, t): Cell(kind, t) for kind in plan.prompts for t in plan.temperatures}
     for repeat in range(plan.repeats):
         seed = 1000 * repeat + 7  # as `bench`; the two sides' random generators differ all the same
@@ -344,41 +379,3 @@ def _our_run(prepared: Prepared, column: Column, tokens: list[int], *, temperatu
     return generate(
         prepared.verifier, drafter, tokens, policy=policy, max_tokens=max_tokens, temperature=temperature, seed=seed
     )
-
-
-def _speed_table(result: dict, report: dict) -> Table:
-    table = Table(
-        title=f"{result['pair']}: tok/s, -n {report['max_tokens']}, -t {report['threads']}, "
-        f"median of {report['repeats']}",
-        title_justify="left",
-    )
-    table.add_column("prompt")
-    table.add_column("temp", justify="right")
-    labels = list(result["cells"][0]["tokens_per_second"]) if result["cells"] else []
-    for label in labels:
-        table.add_column(label, justify="right")
-    for cell in result["cells"]:
-        table.add_row(
-            cell["prompt"], f"{cell['temperature']:g}", *(f"{cell['tokens_per_second'][label]:.2f}" for label in labels)
-        )
-    return table
-
-
-def _ratio_table(result: dict, ks: list[int]) -> Table:
-    table = Table(title="specgguf / llama.cpp (ratio of the medians above)", title_justify="left")
-    table.add_column("prompt")
-    table.add_column("temp", justify="right")
-    names = list(result["cells"][0]["ratios"]) if result["cells"] else []
-    for name in names:
-        table.add_column(name, justify="right")
-    for cell in result["cells"]:
-        ratios = cell["ratios"]
-        table.add_row(
-            cell["prompt"],
-            f"{cell['temperature']:g}",
-            *(
-                f"{ratios[name]:.2f}×" + (f" (K={cell['llama_cpp_best_k']})" if "best K" in name else "")
-                for name in names
-            ),
-        )
-    return table

@@ -77,6 +77,14 @@ def bench(
             show_default=False,
         ),
     ] = None,
+    suite: Annotated[
+        bool,
+        typer.Option(
+            "--suite",
+            help="With --vs-llama-cpp: the benchmark suite's prompts of every kind (docs/benchmarks.md),"
+            " a row each, with the CPU and llama-bench's verify curve, instead of --prompts.",
+        ),
+    ] = False,
     ctx_size: CtxSize = 2048,
     threads: Threads = None,
     rpc: Rpc = None,
@@ -98,6 +106,8 @@ def bench(
         if plot is not None or rpc:
             raise UsageError("--vs-llama-cpp runs both sides on this machine and draws no plot: drop --plot/--rpc")
         tools = LlamaTools.find(vs_llama_cpp)  # before minutes of loading, not after
+    if suite and (tools is None or prompts is not None):
+        raise UsageError("--suite goes with --vs-llama-cpp DIR, instead of --prompts")
     load = load_options(
         ctx_size=ctx_size,
         threads=threads,
@@ -118,7 +128,11 @@ def bench(
         adaptive=adaptive,
         vs_llama_cpp=tools is not None,
     )
-    comparison = vs_plan(plan) if tools is not None else None
+    comparison = None
+    if tools is not None:
+        from ..bench.suite import load_suite
+
+        comparison = vs_plan(plan, load_suite() if suite else None)
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=progress_bar(err_console))
     if resolved.draft is None and model is not None:
         resolved, _ = found_draft(resolved, draft_options(None, "model", 0.0, 0, False), err_console)

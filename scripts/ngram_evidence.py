@@ -1,0 +1,118 @@
+"""How often a prompt-lookup (n-gram) draft is right, by its evidence, on the benchmark suite.
+
+Decodes each suite prompt greedily with the verifier alone (plain steps), then replays prompt lookup at
+every position of the answer: the longest suffix n-gram (up to --max-ngram) of prompt + answer so far
+found earlier, where it was found (the prompt or the answer), how many of its earlier occurrences agree
+on the next token, and how many of its proposed tokens the verifier's greedy answer continues with
+(what a greedy verify would accept). Counts only, no timing, so it may run on a busy machine.
+
+    .venv/bin/python scripts/ngram_evidence.py -m VERIFIER.gguf -n 128 --out /tmp/evidence.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specgguf.bench.suite import load_suite  # noqa: E402
+from specgguf.conversation import Prompts  # noqa: E402
+from specgguf.core.drafting import NoDrafter  # noqa: E402
+from specgguf.core.engine import FixedK, speculate  # noqa: E402
+from specgguf.core.sampling import SamplingSettings  # noqa: E402
+from specgguf.llama.loaded import ModelSettings  # noqa: E402
+
+
+def answer(verifier, tokens: list[int], n: int) -> list[int]:
+    out: list[int] = []
+    for event in speculate(
+        verifier=verifier,
+        drafter=NoDrafter(),
+        prompt_tokens=tokens,
+        k=FixedK(0),
+        max_tokens=n,
+        settings=SamplingSettings(temperature=0.0),
+        rng=np.random.default_rng(0),
+    ):
+        out += event.tokens
+    return out
+
+
+def replay(prompt: list[int], reply: list[int], *, max_ngram: int, min_ngram: int, k: int) -> list[dict]:
+    """One record per answer position t: the lookup's evidence and how many drafts greedy keeps."""
+    records = []
+    for t in range(len(reply) - 1):
+        history = np.asarray(prompt + reply[:t], dtype=np.int64)
+        truth = reply[t : t + k]
+        for n in range(min(max_ngram, len(history) - 1), min_ngram - 1, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(history[:-1], n)
+            hits = np.flatnonzero((windows == history[-n:]).all(axis=1))
+            hits = hits[hits + n < len(history)]
+            if not hits.size:
+                continue
+            start = int(hits[-1]) + n
+            draft = history[start : start + k].tolist()
+            followers = history[hits + n]
+            agree = int((followers == history[start]).sum())
+            kept = 0
+            for ours, theirs in zip(draft, truth):
+                if ours != theirs:
+                    break
+                kept += 1
+            records.append(
+                {
+                    "t": t,
+                    "n": n,
+                    "in_answer": start >= len(prompt),
+                    "hits": int(hits.size),
+                    "agree": agree,
+                    "draft": len(draft),
+                    "kept": kept,
+                }
+            )
+            break
+    return records
+
+
+def summary(records: list[dict], key) -> dict:
+    classes: dict = defaultdict(lambda: np.zeros(3))
+    for record in records:
+        row = classes[key(record)]
+        row += [1, record["kept"] >= 1, min(record["kept"], record["draft"])]
+    return {str(name): [int(r[0]), round(r[1] / r[0], 3), round(r[2] / r[0], 2)] for name, r in sorted(classes.items())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-m", "--model", required=True)
+    parser.add_argument("-n", type=int, default=128)
+    parser.add_argument("--max-ngram", type=int, default=8)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    verifier = ModelSettings(n_ctx=4096, n_threads=args.threads).load(Path(args.model))
+    prompts = Prompts(verifier)
+    everything = []
+    for item in load_suite():
+        tokens = prompts.question(item.text, raw=False, system=None)
+        reply = answer(verifier, tokens, args.n)
+        records = replay(tokens, reply, max_ngram=args.max_ngram, min_ngram=2, k=8)
+        everything.append({"name": item.name, "kind": item.kind, "prompt_tokens": len(tokens), "reply": reply,
+                           "records": records})
+        print(item.name, len(tokens), len(reply), summary(records, lambda r: r["n"]), file=sys.stderr, flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(everything))
+    records = [r for entry in everything for r in entry["records"]]
+    print("by n [count, first kept, mean kept]:", summary(records, lambda r: r["n"]))
+    print("by where:", summary(records, lambda r: "answer" if r["in_answer"] else "prompt"))
+    print("by agreement:", summary(records, lambda r: (min(r["hits"], 3), r["agree"] == r["hits"])))
+
+
+if __name__ == "__main__":
+    main()

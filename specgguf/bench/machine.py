@@ -1,0 +1,72 @@
+"""What a comparison was measured on: the CPU, whether it has AVX-512 VNNI, and the verifier's
+verify curve by llama.cpp's own `llama-bench -p 1,2,4,8` (figures from different CPUs never compare)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+from ..errors import SpecggufError
+from .llama_tools import LlamaTools, run_program
+
+LLAMA_BENCH = "llama-bench"
+BATCH_ROWS = (1, 2, 4, 8)
+
+
+def cpu() -> dict:
+    """The CPU's model name and whether its flags include avx512_vnni (Linux's /proc/cpuinfo)."""
+    name, flags = platform.processor() or platform.machine(), set[str]()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and name in ("", platform.machine(), platform.processor()):
+                name = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    return {"cpu": name, "avx512_vnni": "avx512_vnni" in flags, "cores": os.cpu_count()}
+
+
+def llama_bench(tools: LlamaTools, model: Path, n_threads: int) -> dict[int, float] | None:
+    """tok/s of a prompt pass of 1, 2, 4 and 8 rows (None: no llama-bench beside the other programs)."""
+    program = tools.directory / LLAMA_BENCH
+    if not program.is_file():
+        return None
+    rows = ",".join(map(str, BATCH_ROWS))
+    command = [str(program), "-m", str(model), "-p", rows, "-n", "0", "-t", str(n_threads), "-r", "3", "-o", "json"]
+    log = run_program(command, tools.directory, seconds=600.0, output=True)
+    try:
+        entries = json.loads(log)
+        return {int(entry["n_prompt"]): float(entry["avg_ts"]) for entry in entries}
+    except (ValueError, KeyError, TypeError) as error:
+        raise SpecggufError(f"{LLAMA_BENCH} printed no JSON this version reads: {error}") from None
+
+
+def machine_report(tools: LlamaTools, verifiers: list[tuple[str, Path]], n_threads: int) -> dict:
+    return {
+        **cpu(),
+        "threads": n_threads,
+        "llama_bench": {label: llama_bench(tools, path, n_threads) for label, path in verifiers},
+    }
+
+
+def machine_lines(report: dict) -> str:
+    """The report's machine as text: the CPU, then each verifier's pass cost by rows, relative to one row."""
+    lines = [
+        f"CPU: {report['cpu']} ({report['cores']} cores, -t {report['threads']}),"
+        f" avx512_vnni: {'yes' if report['avx512_vnni'] else 'no'}"
+    ]
+    for label, speeds in report["llama_bench"].items():
+        if not speeds:
+            lines.append(f"{label}: no {LLAMA_BENCH} beside llama.cpp's programs (make llama-tools builds it)")
+            continue
+        one = 1.0 / speeds[1] if 1 in speeds else None
+        parts = [
+            f"{rows} rows {rows / speed * 1000:.1f} ms" + (f" ({rows / speed / one:.2f}× one)" if one else "")
+            for rows, speed in sorted(speeds.items())
+        ]
+        lines.append(f"{label} llama-bench -p {','.join(map(str, BATCH_ROWS))}: " + ", ".join(parts))
+    return "\n".join(lines)
