@@ -41,10 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specgguf.bench.measure import PROMPTS  # noqa: E402
 from specgguf.conversation import Prompts  # noqa: E402
+from specgguf.core.acceptance_counts import Calibration  # noqa: E402
 from specgguf.core.costs import MachineCosts  # noqa: E402
 from specgguf.core.drafters import DraftSettings, build_drafter  # noqa: E402
 from specgguf.core.engine import FixedK, speculate  # noqa: E402
-from specgguf.core.kpolicy import AdaptiveK, Calibration, PerSource, PolicyConfig, adaptive_policy  # noqa: E402
+from specgguf.core.kpolicy import AdaptiveK, PerSource, PolicyConfig, adaptive_policy  # noqa: E402
 from specgguf.core.ngram_cache import SessionNgrams  # noqa: E402
 from specgguf.core.sampling import SamplingSettings  # noqa: E402
 from specgguf.files.resolve import ResolvedPair  # noqa: E402

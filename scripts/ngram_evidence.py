@@ -88,14 +88,33 @@ def summary(records: list[dict], key) -> dict:
     return {str(name): [int(r[0]), round(r[1] / r[0], 3), round(r[2] / r[0], 2)] for name, r in sorted(classes.items())}
 
 
+def by_effective_length(records: list[dict], cap: int = 8, key=lambda record: "") -> dict:
+    """Draft j of a proposal continues a match of n + j tokens once drafts 0..j-1 were right: how often
+    such a draft is right, by that length (capped), the MATCH_PRIORS of core/ngram_drafter.py."""
+    tested: dict = defaultdict(int)
+    right: dict = defaultdict(int)
+    for record in records:
+        for j in range(min(record["kept"] + 1, record["draft"])):
+            name = (key(record), min(record["n"] + j, cap))
+            tested[name] += 1
+            right[name] += j < record["kept"]
+    return {str(name): [tested[name], round(right[name] / tested[name], 3)] for name in sorted(tested)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-m", "--model", required=True)
+    parser.add_argument("-m", "--model")
     parser.add_argument("-n", type=int, default=128)
     parser.add_argument("--max-ngram", type=int, default=8)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--replay", type=Path, help="only summarise an --out file written before")
     args = parser.parse_args()
+    if args.replay:
+        records = [r for entry in json.loads(args.replay.read_text()) for r in entry["records"]]
+        print("each draft by the match it continues [tested, right]:", by_effective_length(records))
+        print("... in the prompt or the answer:", by_effective_length(records, key=lambda r: r["in_answer"]))
+        return
     verifier = ModelSettings(n_ctx=4096, n_threads=args.threads).load(Path(args.model))
     prompts = Prompts(verifier)
     everything = []
@@ -103,8 +122,9 @@ def main() -> None:
         tokens = prompts.question(item.text, raw=False, system=None)
         reply = answer(verifier, tokens, args.n)
         records = replay(tokens, reply, max_ngram=args.max_ngram, min_ngram=2, k=8)
-        everything.append({"name": item.name, "kind": item.kind, "prompt_tokens": len(tokens), "reply": reply,
-                           "records": records})
+        everything.append(
+            {"name": item.name, "kind": item.kind, "prompt_tokens": len(tokens), "reply": reply, "records": records}
+        )
         print(item.name, len(tokens), len(reply), summary(records, lambda r: r["n"]), file=sys.stderr, flush=True)
     if args.out:
         args.out.write_text(json.dumps(everything))
@@ -112,6 +132,8 @@ def main() -> None:
     print("by n [count, first kept, mean kept]:", summary(records, lambda r: r["n"]))
     print("by where:", summary(records, lambda r: "answer" if r["in_answer"] else "prompt"))
     print("by agreement:", summary(records, lambda r: (min(r["hits"], 3), r["agree"] == r["hits"])))
+    print("each draft by the match it continues [tested, right]:", by_effective_length(records))
+    print("... in the prompt or the answer:", by_effective_length(records, key=lambda r: r["in_answer"]))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from specgguf.core.engine import speculate
 from specgguf.core.hybrid_drafter import HybridDrafter
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.ngram_cache import SessionNgrams
-from specgguf.core.ngram_drafter import NgramDrafter
+from specgguf.core.ngram_drafter import Match, NgramDrafter
 from specgguf.core.sampling import SamplingSettings
 
 GREEDY = SamplingSettings(temperature=0.0)
@@ -26,10 +26,10 @@ def test_ngram_continues_the_longest_most_recent_match():
     drafter = NgramDrafter(max_ngram=3, min_ngram=1)
     context = [5, 6, 7, 8, 9, 1, 6, 7, 4, 2, 5, 6, 7]
     # Suffix [5, 6, 7] (3 tokens) occurred at the start: propose what followed it.
-    assert _propose(drafter, context, 3).tokens == [8, 9, 1] and drafter.lookup(context, 3) == ([8, 9, 1], 3)
+    assert _propose(drafter, context, 3).tokens == [8, 9, 1] and drafter.lookup(context, 3) == Match([8, 9, 1], 3)
     # Only [.., 6, 7] matches (twice): the most recent occurrence wins.
     assert _propose(drafter, [6, 7, 8, 3, 6, 7, 4, 0, 6, 7], 2).tokens == [4, 0]
-    assert _propose(drafter, [1, 2, 3, 4], 3).tokens == [] and drafter.lookup([1, 2, 3, 4], 3) == ([], 0)
+    assert _propose(drafter, [1, 2, 3, 4], 3).tokens == [] and drafter.lookup([1, 2, 3, 4], 3) == Match()
 
 
 def test_ngram_proposal_is_one_hot_under_sampling():

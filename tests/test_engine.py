@@ -400,6 +400,9 @@ class ScriptedSeconds:
     def keep_drafting(self, confidences):
         return self.policy.keep_drafting(confidences)
 
+    def worth(self, confidences):
+        return self.policy.worth(confidences)
+
     def branch(self, confidences, runner_up):
         return False
 

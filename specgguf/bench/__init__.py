@@ -1,2 +1,3 @@
 """Benchmarks: command (`specgguf bench`), measure (interleaved runs), vs_llama (against llama.cpp's
-programs), llama_tools (running them)."""
+programs) and vs_tables (its tables), llama_tools (running them), suite (the suite of prompts, suite/),
+machine (the CPU and llama-bench's verify curve)."""

@@ -75,6 +75,8 @@ class DraftStep:
     settings: SamplingSettings
     rng: np.random.Generator
     keep_drafting: KeepDrafting | None = None
+    # For a proposal known whole, with each draft's chance from its evidence: how many to verify.
+    worth: Callable[[list[float]], int] | None = None
     branch: Branch | None = None
     # A grammar (constraint.Constraint): a drafter masks its distribution by it at each draft and
     # leaves it as it found it.

@@ -47,6 +47,10 @@ class KPolicy(Protocol):
     def keep_drafting(self, confidences: list[float]) -> bool:
         """Asked after each draft token (its top probabilities so far): go on drafting?"""
 
+    def worth(self, confidences: list[float]) -> int:
+        """For a proposal known whole (prompt lookup), each draft with the chance its evidence gives it of
+        being accepted after the ones before: how many of its first drafts to verify (0: a plain step)."""
+
     @property
     def branches(self) -> bool:
         """Whether `branch` can ever say yes (else the drafter need not find runner-ups)."""
@@ -95,6 +99,9 @@ class FixedK:
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         return True
+
+    def worth(self, confidences: list[float]) -> int:
+        return len(confidences)  # a fixed K verifies what it drafted
 
     def branch(self, confidences: list[float], runner_up: float) -> bool:
         return False
@@ -236,6 +243,7 @@ def _propose(
         settings=settings,
         rng=rng,
         keep_drafting=policy.keep_drafting,
+        worth=policy.worth,
         branch=_capped(policy.branch, verifier.max_leaves - 1) if trees else None,
         constraint=constraint,
     )

@@ -25,8 +25,8 @@ class HybridDrafter:
         return self.model_drafter.room(context_length)
 
     def next_source(self, context: list[int]) -> Source:
-        found, match = self.ngram.lookup(context, 1)
-        return self.ngram.source if found and match >= self.min_match else self.model_drafter.source
+        match = self.ngram.lookup(context, 1)
+        return self.ngram.source if match.tokens and match.length >= self.min_match else self.model_drafter.source
 
     def propose(
         self,
@@ -35,9 +35,9 @@ class HybridDrafter:
         step: DraftStep,
     ) -> Drafts:
         # The same test as `next_source`, on the lookup the proposal needs anyway.
-        found, match = self.ngram.lookup(context, k)
-        if found and match >= self.min_match:
-            return self.ngram.drafts(found, step)
+        match = self.ngram.lookup(context, k)
+        if match.tokens and match.length >= self.min_match:
+            return self.ngram.drafts(match, step)
         return self.model_drafter.propose(context, k, step)
 
     def sync(self, context: list[int]) -> None:

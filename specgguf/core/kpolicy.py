@@ -44,100 +44,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .acceptance_counts import Acceptance, Calibration, PolicyConfig
 from .costs import MachineCosts, StepCosts
 from .drafters import DRAFTER_KINDS, FORCED, DrafterKind
 from .drafting import Source
 from .engine import KPolicy, StepEvent
 from .rounds import ALONE, K_MAX, Round, expected_at, optimistic, reprice
-
-# Bins of the draft's top probability for calibration: finer near 1, where most drafts are.
-CONFIDENCE_EDGES = np.array([0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995])
-
-
-@dataclass(frozen=True)
-class PolicyConfig:
-    k_max: int = K_MAX
-    k_min: int = 0  # 1 forces speculation (no fallback to plain)
-    decay: float = 0.95  # weight of the past per step
-    prior_acceptance: float = 0.5  # c_i before any evidence ...
-    prior_drafts: float = 4.0  # ... worth this many drafts
-    doubt: float = 2.0  # standard errors of optimism about c_1 before falling back to plain
-    evidence: int = 16  # first drafts tested (not decayed) after which `doubt` no longer keeps a source drafting
-    probe_every: int = 16  # plain steps before the first probe; doubles after each lost probe ...
-    max_probe_interval: int = 128  # ... up to this
-    probe_budget: float = 0.02  # ... and never more often than losing this share of plain decoding's time
-    explore_every: int = 8
-    explore_budget: float = 0.1  # explore deeper only where the estimate says it loses at most this share
-    calibration_decay: float = 0.995  # slower: each confidence bin sees only some of the drafts
-    cost_trust: int = 3  # the prior (tuning.json's costs) counts as this many measured steps
-    recheck_every: int = 16  # steps between asking again whether drafting could win at the learned costs
-    worth_trying: float = 0.9  # draft at all only if some K wins at this acceptance per position
-    # Draft trees (--draft-tree): add the draft's runner-up beside the chain where it pays
-    # (`AdaptiveK.branch`). Off by default: on the CPUs measured it did not win beyond the noise
-    # (docs/adaptive-k.md); it is for verifiers that check extra tokens nearly free (GPUs).
-    trees: bool = False
-
-
-class Calibration:
-    """How often a draft of some probability turns out right: decayed counts per probability bin,
-    the probability itself a prior worth two drafts."""
-
-    def __init__(self, decay: float):
-        self.decay = decay
-        self.tried = np.zeros(len(CONFIDENCE_EDGES) + 1)
-        self.right = np.zeros(len(CONFIDENCE_EDGES) + 1)
-
-    def __call__(self, probability: float) -> float:
-        b = int(np.searchsorted(CONFIDENCE_EDGES, probability, side="right"))
-        return (self.right[b] + 2.0 * probability) / (self.tried[b] + 2.0)
-
-    def observe(self, probabilities: list[float], right: list[bool]) -> None:
-        self.tried *= self.decay
-        self.right *= self.decay
-        bins = np.searchsorted(CONFIDENCE_EDGES, probabilities, side="right")
-        np.add.at(self.tried, bins, 1.0)
-        np.add.at(self.right, bins[np.asarray(right, dtype=bool)], 1.0)
-
-
-class Acceptance:
-    """Per-position acceptance c_i, and the draft's confidence calibrated against the verifier."""
-
-    def __init__(self, config: PolicyConfig):
-        self.config = config
-        self.drafted = np.zeros(config.k_max)  # decayed count of drafts tested at each position
-        self.accepted = np.zeros(config.k_max)  # ... and of those accepted
-        self.first_tested = 0  # steps that tested a first draft, not decayed: how much evidence there is
-        # Chance the verifier accepts a draft of this top probability (earlier drafts accepted).
-        self.calibrated = Calibration(config.calibration_decay)
-
-    def overall(self) -> float:
-        weight = self.config.prior_drafts
-        return (self.accepted.sum() + weight * self.config.prior_acceptance) / (self.drafted.sum() + weight)
-
-    def expected(self, optimism: float = 0.0) -> np.ndarray:
-        """E(k) for k = 0..k_max. Each c_i is shrunk towards c_(i-1) (c_1 towards the overall
-        rate) with the weight of two drafts: drafts come right in runs, so a deep position seen
-        once failing does not condemn deep drafts. `optimism` raises c_1 by that many standard
-        errors (an upper confidence bound): c_1 is what every speculative step tests."""
-        conditional = np.empty(self.config.k_max)
-        prior = self.overall()
-        for i in range(self.config.k_max):
-            prior = conditional[i] = (self.accepted[i] + 2.0 * prior) / (self.drafted[i] + 2.0)
-        if optimism:
-            first, seen = conditional[0], self.drafted[0] + self.config.prior_drafts
-            conditional[0] = min(1.0, first + optimism * np.sqrt(first * (1.0 - first) / seen))
-        return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(conditional))])
-
-    def observe(self, n_drafted: int, n_accepted: int, confidences: list[float]) -> None:
-        decay, n = self.config.decay, min(n_drafted, self.config.k_max)
-        self.drafted *= decay
-        self.accepted *= decay
-        self.drafted[: min(n_accepted + 1, n)] += 1  # position i is tested only if 1..i-1 were accepted
-        self.accepted[: min(n_accepted, n)] += 1
-        self.first_tested += n > 0
-        if confidences:
-            tested = confidences[: n_accepted + 1]
-            self.calibrated.observe(tested, [i < n_accepted for i in range(len(tested))])
 
 
 class AdaptiveK:
@@ -237,6 +149,8 @@ class AdaptiveK:
             self.worth_drafting = self.config.k_min > 0 or self.could_win()
         if not self.worth_drafting:
             return 0
+        if self.confidence_seen and self.source == "ngram":
+            return self.config.k_max  # free drafts, each with its evidence: `worth` decides step by step
         k = self.best_k()
         if k == 0:
             self.plain_steps += 1
@@ -250,7 +164,7 @@ class AdaptiveK:
         if self.steps % self.config.recheck_every == 0 and not self.costs.measured(0) and self.config.k_min == 0:
             return 0  # plain decoding's own cost, what every draft must beat, measured a few times
         if self.confidence_seen:
-            return self.config.k_max  # a cap: `keep_drafting` ends the draft
+            return self.config.k_max  # a cap: `keep_drafting` (or `worth`) ends the draft
         if self.steps % self.config.explore_every == 0:
             return self.explore_k(k)
         return k
@@ -283,6 +197,19 @@ class AdaptiveK:
         expected = 1.0 + all_accepted.sum() + np.concatenate([[0.0], streak])
         rates = expected / self.costs.step(lengths, self.source)
         return bool(rates[1:].max() > rates[0])
+
+    def worth(self, confidences: list[float]) -> int:
+        """How many of a whole proposal's drafts to verify: with a_j the calibrated chance of draft j
+        (its evidence's prior, learned per evidence bin, raised by `doubt` standard errors while a bin
+        has seen few drafts), verifying the first n yields E_n = 1 + a_1 + a_1·a_2 + … + a_1·…·a_n
+        tokens in T(n) seconds; n* = argmax E_n / T(n), 0 (a plain step) where no draft is sure
+        enough to pay for the rows it adds."""
+        n = min(len(confidences), self.config.k_max)
+        if n == 0 or self.config.k_min > 0:
+            return n
+        acceptance = np.array([self.acceptance.calibrated(c, self.config.doubt) for c in confidences[:n]])
+        expected = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(acceptance))])
+        return int(np.argmax(expected / self.costs.step(np.arange(n + 1), self.source)))
 
     def ahead(self, acceptance: np.ndarray) -> float:
         """The chance each draft past the newest is accepted, given the calibrated acceptance of
@@ -348,7 +275,11 @@ class PerSource:
         return self.policies[source].choose(source)
 
     def keep_drafting(self, confidences: list[float]) -> bool:
-        return self.policies["model"].keep_drafting(confidences)  # only a draft model knows its confidence
+        return self.policies["model"].keep_drafting(confidences)  # only a draft model drafts token by token
+
+    def worth(self, confidences: list[float]) -> int:
+        # Only prompt lookup proposes whole drafts with their evidence.
+        return self.policies["ngram"].worth(confidences) if "ngram" in self.policies else len(confidences)
 
     @property
     def branches(self) -> bool:

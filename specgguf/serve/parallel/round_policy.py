@@ -73,6 +73,9 @@ class SharedCosts:
     def keep_drafting(self, confidences: list[float]) -> bool:
         return self.policy.keep_drafting(confidences)
 
+    def worth(self, confidences: list[float]) -> int:
+        return self.policy.worth(confidences)  # priced for the round `choose` shared
+
     @property
     def adapts(self) -> bool:
         return self.policy.adapts

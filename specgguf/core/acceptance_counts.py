@@ -1,0 +1,107 @@
+"""What the steps teach a K policy about its drafts: acceptance per draft position, and how often
+a draft of some confidence (a draft model's top probability, or an n-gram match's evidence) is right.
+`PolicyConfig` holds every knob of the adaptive policy (kpolicy.py) that uses them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .rounds import K_MAX
+
+# Bins of the draft's top probability for calibration: finer near 1, where most drafts are.
+CONFIDENCE_EDGES = np.array([0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995])
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    k_max: int = K_MAX
+    k_min: int = 0  # 1 forces speculation (no fallback to plain)
+    decay: float = 0.95  # weight of the past per step
+    prior_acceptance: float = 0.5  # c_i before any evidence ...
+    prior_drafts: float = 4.0  # ... worth this many drafts
+    doubt: float = 2.0  # standard errors of optimism about c_1 before falling back to plain
+    evidence: int = 16  # first drafts tested (not decayed) after which `doubt` no longer keeps a source drafting
+    probe_every: int = 16  # plain steps before the first probe; doubles after each lost probe ...
+    max_probe_interval: int = 128  # ... up to this
+    probe_budget: float = 0.02  # ... and never more often than losing this share of plain decoding's time
+    explore_every: int = 8
+    explore_budget: float = 0.1  # explore deeper only where the estimate says it loses at most this share
+    calibration_decay: float = 0.995  # slower: each confidence bin sees only some of the drafts
+    cost_trust: int = 3  # the prior (tuning.json's costs) counts as this many measured steps
+    recheck_every: int = 16  # steps between asking again whether drafting could win at the learned costs
+    worth_trying: float = 0.9  # draft at all only if some K wins at this acceptance per position
+    # Draft trees (--draft-tree): add the draft's runner-up beside the chain where it pays
+    # (`AdaptiveK.branch`). Off by default: on the CPUs measured it did not win beyond the noise
+    # (docs/adaptive-k.md); it is for verifiers that check extra tokens nearly free (GPUs).
+    trees: bool = False
+
+
+class Calibration:
+    """How often a draft of some probability turns out right: decayed counts per probability bin,
+    the probability itself a prior worth two drafts."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.tried = np.zeros(len(CONFIDENCE_EDGES) + 1)
+        self.right = np.zeros(len(CONFIDENCE_EDGES) + 1)
+
+    def __call__(self, probability: float, optimism: float = 0.0) -> float:
+        """The chance; with `optimism`, no lower than the probability itself while that is within so many
+        standard errors of the bin's estimate: a few unlucky drafts do not end a bin's drafts for good,
+        and a bin is never thought better than its own probability says before it has shown it."""
+        b = int(np.searchsorted(CONFIDENCE_EDGES, probability, side="right"))
+        seen = self.tried[b] + 2.0
+        chance = (self.right[b] + 2.0 * probability) / seen
+        if not optimism:
+            return chance
+        return max(chance, min(probability, chance + optimism * np.sqrt(chance * (1.0 - chance) / seen)))
+
+    def observe(self, probabilities: list[float], right: list[bool]) -> None:
+        self.tried *= self.decay
+        self.right *= self.decay
+        bins = np.searchsorted(CONFIDENCE_EDGES, probabilities, side="right")
+        np.add.at(self.tried, bins, 1.0)
+        np.add.at(self.right, bins[np.asarray(right, dtype=bool)], 1.0)
+
+
+class Acceptance:
+    """Per-position acceptance c_i, and the draft's confidence calibrated against the verifier."""
+
+    def __init__(self, config: PolicyConfig):
+        self.config = config
+        self.drafted = np.zeros(config.k_max)  # decayed count of drafts tested at each position
+        self.accepted = np.zeros(config.k_max)  # ... and of those accepted
+        self.first_tested = 0  # steps that tested a first draft, not decayed: how much evidence there is
+        # Chance the verifier accepts a draft of this top probability (earlier drafts accepted).
+        self.calibrated = Calibration(config.calibration_decay)
+
+    def overall(self) -> float:
+        weight = self.config.prior_drafts
+        return (self.accepted.sum() + weight * self.config.prior_acceptance) / (self.drafted.sum() + weight)
+
+    def expected(self, optimism: float = 0.0) -> np.ndarray:
+        """E(k) for k = 0..k_max. Each c_i is shrunk towards c_(i-1) (c_1 towards the overall
+        rate) with the weight of two drafts: drafts come right in runs, so a deep position seen
+        once failing does not condemn deep drafts. `optimism` raises c_1 by that many standard
+        errors (an upper confidence bound): c_1 is what every speculative step tests."""
+        conditional = np.empty(self.config.k_max)
+        prior = self.overall()
+        for i in range(self.config.k_max):
+            prior = conditional[i] = (self.accepted[i] + 2.0 * prior) / (self.drafted[i] + 2.0)
+        if optimism:
+            first, seen = conditional[0], self.drafted[0] + self.config.prior_drafts
+            conditional[0] = min(1.0, first + optimism * np.sqrt(first * (1.0 - first) / seen))
+        return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(conditional))])
+
+    def observe(self, n_drafted: int, n_accepted: int, confidences: list[float]) -> None:
+        decay, n = self.config.decay, min(n_drafted, self.config.k_max)
+        self.drafted *= decay
+        self.accepted *= decay
+        self.drafted[: min(n_accepted + 1, n)] += 1  # position i is tested only if 1..i-1 were accepted
+        self.accepted[: min(n_accepted, n)] += 1
+        self.first_tested += n > 0
+        if confidences:
+            tested = confidences[: n_accepted + 1]
+            self.calibrated.observe(tested, [i < n_accepted for i in range(len(tested))])

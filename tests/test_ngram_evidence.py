@@ -1,0 +1,114 @@
+"""Prompt-lookup drafts with their evidence (core/ngram_drafter.py's Match) and the policy that verifies
+only what its evidence says pays (AdaptiveK.worth): a sure copy of the prompt is drafted deep, a weak
+repeat of the answer not at all, and what the evidence classes really deliver here is learned."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numpy.lib.stride_tricks import sliding_window_view
+
+from specgguf.core.costs import MachineCosts
+from specgguf.core.engine import FixedK
+from specgguf.core.kpolicy import PolicyConfig, adaptive_policy
+from specgguf.core.ngram_drafter import ANSWER_PRIORS, DISAGREED, PROMPT_PRIORS, Match, NgramDrafter
+from test_kpolicy import ISSUE_Q4, _step, _verify
+
+
+def reference_lookup(context, k, *, max_ngram, min_ngram, window):
+    """Prompt lookup as first written: the longest n first, each n a scan of the history."""
+    history = np.asarray(context[-window:], dtype=np.int64)
+    for n in range(min(max_ngram, len(history) - 1), min_ngram - 1, -1):
+        hits = np.flatnonzero((sliding_window_view(history[:-1], n) == history[-n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return history[start : start + k].tolist(), n
+    return [], 0
+
+
+@pytest.mark.parametrize(("max_ngram", "min_ngram"), [(4, 2), (8, 2), (8, 1)])
+def test_one_scan_finds_what_a_scan_per_length_finds(max_ngram, min_ngram):
+    rng = np.random.default_rng(max_ngram + min_ngram)
+    drafter = NgramDrafter(max_ngram=max_ngram, min_ngram=min_ngram, window=40)
+    for _ in range(3000):
+        context = rng.integers(0, int(rng.integers(2, 6)), int(rng.integers(1, 60))).tolist()
+        match = drafter.lookup(context, 5)
+        assert (match.tokens, match.length) == reference_lookup(
+            context, 5, max_ngram=max_ngram, min_ngram=min_ngram, window=40
+        )
+
+
+def test_a_match_knows_where_its_continuation_is_and_whether_earlier_ones_agreed():
+    drafter = NgramDrafter()
+    prompt = [1, 2, 3, 4, 5, 6]
+    drafter.prepare(prompt)
+    copy = drafter.lookup(prompt + [9, 2, 3], 3)  # "2 3" continues in the prompt
+    assert copy == Match([4, 5, 6], 2, in_prompt=True, agreed=True)
+    # "2 3" went on with 4 in the prompt and with 7 in the answer: the latest is proposed, unsure.
+    repeat = drafter.lookup(prompt + [2, 3, 7, 0, 2, 3], 2)
+    assert repeat == Match([7, 0], 2, in_prompt=False, agreed=False)
+    assert repeat.evidence() == [DISAGREED, ANSWER_PRIORS[3]]
+    # Each later draft continues a longer match; a long copy of the prompt is the surest evidence.
+    assert copy.evidence() == [PROMPT_PRIORS[2], PROMPT_PRIORS[3], PROMPT_PRIORS[4]]
+    assert Match([1] * 3, 12, in_prompt=True).evidence() == [PROMPT_PRIORS[-1]] * 3
+    assert list(PROMPT_PRIORS[2:]) == sorted(PROMPT_PRIORS[2:]) and list(ANSWER_PRIORS[2:]) == sorted(ANSWER_PRIORS[2:])
+    assert all(p > a for p, a in zip(PROMPT_PRIORS[1:], ANSWER_PRIORS[1:]))
+
+
+def test_a_fixed_k_verifies_every_draft_it_proposed():
+    assert FixedK(4).worth([0.1, 0.1, 0.1]) == 3
+
+
+def test_worth_takes_only_drafts_that_pay_for_their_rows_on_a_compute_bound_verifier():
+    policy = adaptive_policy("hybrid", ISSUE_Q4, PolicyConfig(k_max=8))
+    assert policy.worth(Match([1] * 8, 2).evidence()) == 0  # a weak repeat of the answer: a plain step
+    assert policy.worth(Match([1] * 8, 2, agreed=False).evidence()) == 0
+    assert policy.worth(Match([1] * 8, 12, in_prompt=True).evidence()) >= 3  # a long copy: deep (4 rows ~2.4x one)
+    assert policy.worth([]) == 0
+
+
+def _evidence_run(classes, *, costs: MachineCosts = ISSUE_Q4, steps=600, seed=0):
+    """The n-gram side of a hybrid fed steps whose proposals come with evidence: each step one of
+    `classes` (a Match, and the true chance each of its drafts is right given the ones before).
+    Returns its tokens per second over plain decoding's, and how many drafts each class had verified."""
+    rng = np.random.default_rng(seed)
+    policy = adaptive_policy("hybrid", costs, PolicyConfig(k_max=8))
+    tokens, seconds, verified = 0, 0.0, [0] * len(classes)
+    for _ in range(steps):
+        which = int(rng.integers(len(classes)))
+        match, truth = classes[which]
+        k = policy.choose("ngram")
+        evidence = match.evidence()[:k]
+        n = policy.worth(evidence)
+        n_accepted = next((i for i in range(n) if rng.random() >= truth), n)
+        event = _step(n, n_accepted, verify=_verify(costs, n), draft=0.0, confidences=evidence[:n], source="ngram")
+        policy.observe(event)
+        tokens, seconds, verified[which] = (
+            tokens + len(event.tokens),
+            seconds + event.verify_seconds,
+            verified[which] + n,
+        )
+    return tokens / seconds * costs.verify[0], verified
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_edit_drafts_its_copies_deep_and_its_weak_repeats_not_at_all(seed):
+    sure = (Match([1] * 8, 10, in_prompt=True), 0.92)
+    weak = (Match([1] * 8, 2), 0.35)
+    speed, verified = _evidence_run([sure, weak], seed=seed)
+    # Knowing the truth: 3 drafts at each sure step (3.5 tokens in 79 ms), none at a weak one: 1.34x.
+    assert speed > 1.25 and verified[1] < 0.02 * verified[0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_prose_whose_matches_are_all_weak_runs_at_plain_speed(seed):
+    speed, _ = _evidence_run([(Match([1] * 8, 2), 0.3), (Match([1] * 8, 3), 0.4)], seed=seed)
+    assert speed > 0.99
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_evidence_that_lies_here_is_learned_and_stops_costing(seed):
+    # Long copies of the prompt that are right only one time in five (a prompt the answer does not
+    # follow): the prior says draft deep, what the steps teach says not.
+    speed, verified = _evidence_run([(Match([1] * 8, 10, in_prompt=True), 0.2)], seed=seed)
+    assert speed > 0.95 and verified[0] < 150
