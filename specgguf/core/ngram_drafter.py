@@ -19,7 +19,8 @@ from .ngram_cache import SessionNgrams
 # (scripts/ngram_evidence.py; docs/adaptive-k.md has the table): a copy from the prompt (an edit,
 # a summary) is right far more often than a repeat of the answer's own words. Where earlier
 # occurrences of the match went on differently, the first draft was right 3 times in 64: DISAGREED.
-# (Length 1, below the default min_ngram, is a guess.) Only priors: the policy learns how often drafts of each are right here (kpolicy's calibration bins).
+# (Length 1, below the default min_ngram, is a guess.) Only priors: the policy learns how often
+# drafts of each are right here (kpolicy's calibration bins).
 PROMPT_PRIORS = (0.0, 0.4, 0.55, 0.72, 0.82, 0.84, 0.86, 0.88, 0.92)
 ANSWER_PRIORS = (0.0, 0.25, 0.38, 0.48, 0.68, 0.72, 0.74, 0.76, 0.78)
 DISAGREED = 0.05
