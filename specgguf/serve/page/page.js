@@ -49,50 +49,7 @@ async function loadModel() {
   notice("", false);
 }
 
-// --- the messages on the page ---
-
-function button(label, action, title) {
-  const element = document.createElement("button");
-  element.type = "button";
-  element.textContent = label;
-  element.dataset.action = action;
-  if (title) element.title = title;
-  return element;
-}
-
-function messageView(message, index) {
-  const item = document.createElement("li");
-  item.className = message.role;
-  item.dataset.index = String(index);
-  const text = document.createElement("div");
-  text.className = "text";
-  if (message.role === "user") {
-    text.textContent = message.content; // a question is shown as typed
-    item.append(text);
-  } else {
-    const rendered = document.createElement("div");
-    rendered.className = "md";
-    renderMarkdown(rendered, message.content);
-    renderPieces(text, message.pieces, message.content);
-    item.append(rendered, text);
-  }
-  for (const [name, className] of [["stats", "stats"], ["error", "error"]]) {
-    if (message[name]) item.append(line(className, message[name]));
-  }
-  const actions = document.createElement("div");
-  actions.className = "actions";
-  if (message.role === "user") actions.append(button("edit", "edit", "edit this question and send it again"));
-  else actions.append(button("regenerate", "regenerate", "answer this question again"));
-  item.append(actions);
-  return item;
-}
-
-function line(className, text) {
-  const element = document.createElement("div");
-  element.className = className;
-  element.textContent = text;
-  return element;
-}
+// --- the conversation on the page ---
 
 function showConversation() {
   $("messages").replaceChildren(...current.messages.map(messageView));

@@ -2,7 +2,8 @@
 // sanitised by DOMPurify before it reaches the document (no model text becomes HTML any other way),
 // code blocks highlighted by highlight.js (its HTML sanitised too) with a copy button each. Drafts:
 // the raw text, each piece coloured by who wrote it (an accepted draft or the verifier), as
-// `specgguf run` colours it in a terminal. And the step statistics in words, plain decoding explained.
+// `specgguf run` colours it in a terminal. The step statistics in words, plain decoding explained;
+// and each message's view (`messageView`), its actions (edit, regenerate) as buttons page.js answers.
 "use strict";
 
 const WRITERS = new Set(["model", "ngram", "grammar", "verifier"]);
@@ -123,4 +124,49 @@ function statsLine(stats, timings, finishReason) {
   }
   if (finishReason === "length") parts.push("cut at max tokens");
   return parts.join(" · ");
+}
+
+// --- a message on the page: the question as typed, or the answer both ways, with its actions ---
+
+function button(label, action, title) {
+  const element = document.createElement("button");
+  element.type = "button";
+  element.textContent = label;
+  element.dataset.action = action;
+  if (title) element.title = title;
+  return element;
+}
+
+function messageView(message, index) {
+  const item = document.createElement("li");
+  item.className = message.role;
+  item.dataset.index = String(index);
+  const text = document.createElement("div");
+  text.className = "text";
+  if (message.role === "user") {
+    text.textContent = message.content; // a question is shown as typed
+    item.append(text);
+  } else {
+    const rendered = document.createElement("div");
+    rendered.className = "md";
+    renderMarkdown(rendered, message.content);
+    renderPieces(text, message.pieces, message.content);
+    item.append(rendered, text);
+  }
+  for (const [name, className] of [["stats", "stats"], ["error", "error"]]) {
+    if (message[name]) item.append(line(className, message[name]));
+  }
+  const actions = document.createElement("div");
+  actions.className = "actions";
+  if (message.role === "user") actions.append(button("edit", "edit", "edit this question and send it again"));
+  else actions.append(button("regenerate", "regenerate", "answer this question again"));
+  item.append(actions);
+  return item;
+}
+
+function line(className, text) {
+  const element = document.createElement("div");
+  element.className = className;
+  element.textContent = text;
+  return element;
 }
