@@ -9,6 +9,8 @@ stream, chunks and marks as the server's, through the same code that shows real 
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -166,6 +168,13 @@ def test_conversations_survive_a_reload_and_are_listed_switched_and_deleted(serv
     browser.refresh()
     _wait(browser, lambda: "verifier" in _text(browser, "#model")[0])
     assert _text(browser, "#conversations .open") == [] and _text(browser, "#messages li") == []
+    stored = [{"id": "bad", "messages": [{"role": "user", "content": 5}]}, "junk", {"id": "x", "messages": {}}]
+    stored.append({"id": "ok", "title": "kept", "messages": [{"role": "assistant", "content": "*hi*", "pieces": 7}]})
+    browser.execute_script("localStorage.setItem('specgguf-conversations', arguments[0])", json.dumps(stored))
+    browser.refresh()  # what is stored is checked, not trusted: the well-formed one is listed
+    _wait(browser, lambda: _text(browser, "#conversations .open") == ["kept"])
+    _click(browser, "#conversations .open", 0)
+    assert _text(browser, "#messages .md em") == ["hi"] and _text(browser, "#messages li .text") == ["*hi*"]
 
 
 def test_the_settings_are_sent_with_each_request(server, browser):

@@ -238,6 +238,7 @@ $("conversations").addEventListener("click", (event) => {
   const item = event.target.closest("li");
   if (!item) return;
   if (event.target.dataset.action === "delete") {
+    if (running) return; // the answer being written would save its conversation again
     store.remove(item.dataset.id);
     if (item.dataset.id === current.id) openConversation(store.conversations()[0] || newConversation());
     else showConversationList();

@@ -84,7 +84,8 @@ function appendPiece(body, text, writer) {
 
 function renderPieces(body, pieces, content) {
   body.replaceChildren();
-  if (!pieces || !pieces.length) body.textContent = content || "";
+  const hasMarks = Array.isArray(pieces) && pieces.length && pieces.every((p) => Array.isArray(p) && typeof p[1] === "string");
+  if (!hasMarks) body.textContent = content || "";
   else for (const [writer, text] of pieces) appendPiece(body, text, writer);
 }
 

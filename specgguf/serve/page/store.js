@@ -33,7 +33,7 @@ function writeJson(key, value) {
 const store = {
   conversations() {
     const list = readJson(STORE.conversations, []);
-    return Array.isArray(list) ? list.filter((item) => item && typeof item.id === "string") : [];
+    return Array.isArray(list) ? list.filter(wellFormed) : [];
   },
   conversation(id) {
     return this.conversations().find((item) => item.id === id) || null;
@@ -47,14 +47,10 @@ const store = {
     writeJson(STORE.conversations, this.conversations().filter((item) => item.id !== id));
   },
   currentId() {
-    return localStorage.getItem(STORE.current);
+    return readJson(STORE.current, null);
   },
   setCurrent(id) {
-    try {
-      localStorage.setItem(STORE.current, id);
-    } catch {
-      // storage off: only this tab knows
-    }
+    writeJson(STORE.current, id);
   },
   settings() {
     const saved = readJson(STORE.settings, {});
@@ -70,6 +66,18 @@ const store = {
     writeJson(STORE.theme, theme);
   },
 };
+
+// What another version of the page (or anything else on this origin) stored is checked, not trusted.
+function wellFormed(conversation) {
+  return (
+    conversation &&
+    typeof conversation.id === "string" &&
+    Array.isArray(conversation.messages) &&
+    conversation.messages.every(
+      (message) => message && ["user", "assistant"].includes(message.role) && typeof message.content === "string"
+    )
+  );
+}
 
 function newConversation() {
   const id = Date.now().toString(36) + Math.random().toString(36).slice(2, 8);
