@@ -254,6 +254,7 @@ def test_plain_decoding_is_shown_with_why(server, browser):
     stats = _text(browser, "#messages li.assistant .stats")[0]
     assert "plain decoding (the server drafted in none of its 24 steps: its K policy drafts only where" in stats
     assert "1.00 tokens/step" in stats
+    _screenshot(browser, "page-plain.png")
 
 
 def test_no_webui_turns_the_page_off_and_leaves_the_apis(tiny_verifier, tiny_draft):

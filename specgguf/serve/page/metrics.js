@@ -51,9 +51,10 @@ async function refreshMetrics() {
     $("metrics-note").textContent = await errorMessage(response);
     return;
   }
+  const values = parseMetrics(await response.text()); // read whole before the panel changes
   const list = $("figures");
   list.replaceChildren();
-  for (const [label, value] of figures(parseMetrics(await response.text()))) {
+  for (const [label, value] of figures(values)) {
     const term = document.createElement("dt");
     const detail = document.createElement("dd");
     term.textContent = label;
