@@ -19,7 +19,7 @@ DEMO_PROMPT ?= Write a Python function that checks whether a number is prime.
 .PHONY: install browser lint wheel-check test test-fast test-unit demo bench chat-ttft clean
 install: $(VENV)/.installed
 
-# The page's browser test (tests/test_page.py) drives Debian's Chromium through Debian's chromedriver
+# The page's browser tests (tests/test_page.py, test_page_tool.py) drive Debian's Chromium through Debian's chromedriver
 # (selenium, from the test extra). CI runs as root on Debian and installs them here (.ci/run);
 # elsewhere `sudo make browser`, or the test skips and says so (in CI, CI=true, it fails instead).
 browser:

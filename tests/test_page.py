@@ -1,8 +1,14 @@
 """The page at `/` (serve/page/) in a real browser: Debian's Chromium, driven by selenium through
 Debian's chromedriver, against a live `specgguf serve` of the tiny pair. It loads the page, sends a
 message, and sees the answer appear with the accepted drafts coloured, the step statistics and the
-/metrics panel; with `--api-key` it asks for the key and then works. Also the stream marks the page
-reads (`speculative.mark_drafts`) through plain HTTP.
+/metrics panel; with `--api-key` it asks for the key and then works. The daily tool: answers rendered as
+markdown (code highlighted, a copy button per block) with model text sanitised (a `<script>` or an
+`<img onerror>` in an answer is inert), conversations kept in localStorage across a reload, listed,
+switched and deleted, settings (system prompt, temperature, top-p, max tokens) sent with each request,
+regenerate and edit-and-resend, the theme toggle, plain decoding explained, and `--no-webui`. Also the
+stream marks the page reads (`speculative.mark_drafts`) through plain HTTP.
+
+SPECGGUF_PAGE_SCREENSHOTS=docs/screenshots keeps pictures of the page (the ones in docs/ were made so).
 
 Where the browser is missing the browser tests skip, saying how to install it, except in CI
 (CI=true), where they fail: `make browser` (called by .ci/run) installs it there."""
@@ -69,6 +75,14 @@ def browser():
         driver.quit()
 
 
+def _open_fresh(driver, url: str) -> None:
+    """The page with nothing kept from an earlier test (conversations, settings, theme)."""
+    driver.get(url)
+    driver.execute_script("localStorage.clear()")
+    driver.refresh()
+    _wait(driver, lambda: "verifier" in _text(driver, "#model")[0])
+
+
 def _wait(driver, condition, timeout: float = 60):
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -115,7 +129,7 @@ def _figures(driver) -> dict[str, str]:
 
 
 def _screenshot(driver, name: str) -> None:
-    """SPECGGUF_PAGE_SCREENSHOTS=folder keeps a picture of the page, to look at (never committed)."""
+    """SPECGGUF_PAGE_SCREENSHOTS=folder keeps a picture of the page, to look at."""
     if folder := os.environ.get("SPECGGUF_PAGE_SCREENSHOTS"):
         driver.save_screenshot(os.path.join(folder, name))
 
@@ -145,7 +159,7 @@ def test_stream_marks_split_each_chunk_by_writer_and_end_with_the_stats(server):
         refused = http.post(
             "/v1/chat/completions", json={**body, "stream": False, "speculative": {"mark_drafts": True}}
         )
-        text_body = {"prompt": "the cat was", "stream": True, "speculative": {"mark_drafts": True}}
+        text_body = {"prompt": "the cat was", "temperature": 0, "stream": True, "speculative": {"mark_drafts": True}}
         with http.stream("POST", "/v1/completions", json=text_body) as reply:
             text_chunks = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
     for chunk in chunks:
@@ -171,8 +185,7 @@ def test_stream_marks_split_each_chunk_by_writer_and_end_with_the_stats(server):
 
 
 def test_a_chat_in_the_browser_streams_coloured_drafts_stats_and_metrics(server, browser):
-    browser.get(server.base_url + "/")
-    _wait(browser, lambda: "verifier" in _text(browser, "#model")[0])
+    _open_fresh(browser, server.base_url + "/")
     browser.find_element("id", "temperature").send_keys("0")
     question = "<b>hello</b> the cat"  # shown as typed: text, never markup
     _ask(browser, question, n_answers=1)
@@ -202,7 +215,10 @@ def test_a_chat_in_the_browser_streams_coloured_drafts_stats_and_metrics(server,
         {"role": "user", "content": "and the dog?"},
     ]
     assert _last_answer(browser)[0] == _greedy_answer(server, conversation)
-    _screenshot(browser, "page.png")
+    browser.find_element("id", "drafts").click()  # the raw text, coloured by writer, instead of markdown
+    assert browser.execute_script("return getComputedStyle(document.querySelector('#messages .md')).display") == "none"
+    _screenshot(browser, "page-drafts.png")
+    browser.find_element("id", "drafts").click()
 
 
 def test_with_an_api_key_the_page_asks_for_it_and_then_answers(tiny_verifier, tiny_draft, browser):
@@ -210,6 +226,8 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_answers(tiny_verifier, ti
 
     with live_server("-m", tiny_verifier, "-md", tiny_draft, *PAIR, api_key=KEY) as server:
         browser.get(f"http://localhost:{server.port}/")  # a name, not the address: the Host guard lets it by
+        browser.execute_script("localStorage.clear()")
+        browser.refresh()
         browser.find_element(By.ID, "temperature").send_keys("0")
         _wait(browser, lambda: "API key" in _text(browser, "#notice")[0])
         assert "missing or wrong API key" in _text(browser, "#metrics-note")[0]
@@ -224,4 +242,3 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_answers(tiny_verifier, ti
         assert STATS.match(_text(browser, "#messages li.assistant .stats")[0])
         assert "verifier" in _text(browser, "#model")[0]
         _wait(browser, lambda: int(_figures(browser).get("requests", "0")) > 0)
-        _screenshot(browser, "page-key.png")

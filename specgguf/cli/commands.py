@@ -303,6 +303,9 @@ def serve(
             " (default: as many as half the free memory holds, 2 to 4). 1: one at a time, draft trees allowed.",
         ),
     ] = None,
+    no_webui: Annotated[
+        bool, typer.Option("--no-webui", help="Serve no chat page at / (it is a 404); the APIs stay.")
+    ] = False,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...).
 
@@ -355,4 +358,5 @@ def serve(
         strict_model=strict_model,
         cache_slots=cache_slots,
         parallel=parallel,
+        webui=not no_webui,
     )

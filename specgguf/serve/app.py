@@ -80,7 +80,8 @@ def create_app(
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
-    page.add_routes(app)  # the chat page at / (no key: the page asks for it)
+    if options.webui:
+        page.add_routes(app)  # the chat page at / (no key: the page asks for it)
 
     @app.get("/health")
     async def health():
@@ -145,6 +146,7 @@ def run_server(
     strict_model: bool = False,
     cache_slots: int = 4,
     parallel: int | None = None,
+    webui: bool = True,
 ) -> None:
     """Check the address, load the pair (the same set-up as `run`), then serve until stopped."""
     check_address(host, api_key=api_key, insecure=insecure)
@@ -184,6 +186,7 @@ def run_server(
                 cors_origins=cors_origins,
                 strict_model=strict_model,
                 concurrency=memory,
+                webui=webui,
             ),
             sock=sock,
             err_console=err_console,

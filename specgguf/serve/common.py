@@ -39,6 +39,7 @@ class ServeOptions:
     cors_origins: tuple[str, ...] = ()  # browser origins that may call the API
     strict_model: bool = False  # an unknown `model` is a 404 (else any name means the loaded model)
     concurrency: str = ""  # the startup line's words for --parallel (app.concurrency)
+    webui: bool = True  # the chat page at / (--no-webui: off, / is a 404, the APIs stay)
 
 
 class ApiError(Exception):

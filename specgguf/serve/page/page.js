@@ -1,15 +1,15 @@
-// The page at `/` of `specgguf serve`: a chat over the server's own /v1/chat/completions
-// (stream: true), with the text that accepted drafts wrote coloured as the terminal colours it, the
-// step statistics after each answer, and /metrics at a glance. It asks for the `specgguf` marks
-// ("speculative": {"mark_drafts": true}): each chunk's text split by who wrote it. Model text is only
-// ever set as textContent, never parsed as HTML.
+// The page at `/` of `specgguf serve`: a chat over the server's own /v1/chat/completions (stream:
+// true). Answers are rendered as markdown (render.js: sanitised by DOMPurify, code highlighted, a
+// copy button per block) or, with "show who wrote each piece", as raw text coloured by who wrote it:
+// the page asks for the `specgguf` marks ("speculative": {"mark_drafts": true}). Conversations,
+// settings (system prompt, temperature, top-p, max tokens) and the theme live in localStorage
+// (store.js); each answer can be regenerated and each question edited and sent again.
 "use strict";
 
 const KEY_STORE = "specgguf-api-key"; // this tab only (sessionStorage)
-const WRITERS = new Set(["model", "ngram", "grammar", "verifier"]);
 const METRICS_EVERY_MS = 10000;
 const $ = (id) => document.getElementById(id);
-const conversation = []; // {role, content}, sent whole with every turn
+let current = null; // the conversation shown: {id, title, updated, messages}
 let running = null; // the AbortController of the answer being streamed
 
 function requestHeaders(json) {
@@ -49,19 +49,46 @@ async function loadModel() {
   notice("", false);
 }
 
-// --- the chat ---
+// --- the conversation on the page ---
 
-function addMessage(role, text) {
-  const item = document.createElement("li");
-  item.className = role;
-  const body = document.createElement("div");
-  body.className = "text";
-  body.textContent = text;
-  item.append(body);
-  $("messages").append(item);
-  item.scrollIntoView({ block: "end" });
-  return body;
+function showConversation() {
+  $("messages").replaceChildren(...current.messages.map(messageView));
+  const last = $("messages").lastElementChild;
+  if (last) last.scrollIntoView({ block: "end" });
+  showConversationList();
 }
+
+function showConversationList() {
+  const list = $("conversations");
+  list.replaceChildren();
+  for (const conversation of store.conversations()) {
+    const item = document.createElement("li");
+    item.dataset.id = conversation.id;
+    if (conversation.id === current.id) item.className = "current";
+    const open = button(conversation.title || "(empty)", "open");
+    open.className = "open";
+    item.append(open, button("×", "delete", "delete this conversation"));
+    list.append(item);
+  }
+}
+
+function openConversation(conversation) {
+  if (running) running.abort();
+  current = conversation;
+  store.setCurrent(current.id);
+  showConversation();
+}
+
+function save(conversation = current) {
+  if (!conversation.title) {
+    const first = conversation.messages.find((message) => message.role === "user");
+    if (first) conversation.title = first.content.slice(0, 60);
+  }
+  if (conversation.messages.length && !store.save(conversation)) notice("this browser's storage is full or off", true);
+  showConversationList();
+}
+
+// --- asking ---
 
 // Server-sent events from a fetch body: each `data:` line parsed, up to `data: [DONE]`.
 async function* streamedChunks(response) {
@@ -75,185 +102,151 @@ async function* streamedChunks(response) {
     while ((end = buffer.indexOf("\n\n")) >= 0) {
       const event = buffer.slice(0, end);
       buffer = buffer.slice(end + 2);
-      for (const line of event.split("\n")) {
-        if (!line.startsWith("data: ")) continue;
-        if (line === "data: [DONE]") return;
-        yield JSON.parse(line.slice(6));
+      for (const dataLine of event.split("\n")) {
+        if (!dataLine.startsWith("data: ")) continue;
+        if (dataLine === "data: [DONE]") return;
+        yield JSON.parse(dataLine.slice(6));
       }
     }
   }
-}
-
-function appendPiece(body, text, writer) {
-  const last = body.lastElementChild;
-  if (last && last.dataset.writer === writer && last === body.lastChild) {
-    last.textContent += text; // the same writer goes on: one span
-    return;
-  }
-  const piece = document.createElement("span");
-  piece.className = "w-" + writer;
-  piece.dataset.writer = writer;
-  piece.textContent = text;
-  body.append(piece);
-}
-
-// A chunk's text, appended by writer (the marks), or plain when a chunk has none; returns the text.
-function appendChunk(body, chunk) {
-  const choice = (chunk.choices && chunk.choices[0]) || {};
-  const content = (choice.delta && choice.delta.content) || "";
-  const spans = (chunk.specgguf && chunk.specgguf.spans) || [];
-  if (spans.length) {
-    for (const span of spans) appendPiece(body, span.text, WRITERS.has(span.source) ? span.source : "verifier");
-  } else if (content) {
-    body.append(document.createTextNode(content));
-  }
-  return content;
-}
-
-function statsLine(stats, timings, finishReason) {
-  const acceptance =
-    stats.acceptance_rate === null
-      ? "plain decoding"
-      : `acceptance ${Math.round(stats.acceptance_rate * 100)}% (${stats.n_accepted}/${stats.n_drafted})`;
-  const parts = [
-    `${stats.n_tokens} tokens in ${stats.seconds.generation.toFixed(2)} s`,
-    `${stats.tokens_per_second.toFixed(1)} tok/s`,
-    acceptance,
-    `${stats.tokens_per_step.toFixed(2)} tokens/step`,
-  ];
-  if (timings) parts.push(`prompt ${timings.prompt_n} tokens read, ${timings.cache_n} cached`);
-  if (finishReason === "length") parts.push("cut at max tokens");
-  return parts.join(" · ");
-}
-
-function showLine(item, className, text) {
-  const line = document.createElement("div");
-  line.className = className;
-  line.textContent = text;
-  item.append(line);
-  item.scrollIntoView({ block: "end" });
 }
 
 function setBusy(busy) {
   $("send").disabled = busy;
   $("stop").disabled = !busy;
+  document.body.classList.toggle("busy", busy);
 }
 
 function requestBody() {
-  const body = { messages: conversation, stream: true, speculative: { mark_drafts: true } };
-  const temperature = $("temperature").value;
-  const maxTokens = $("max-tokens").value;
-  if (temperature !== "") body.temperature = Number(temperature);
-  if (maxTokens !== "") body.max_tokens = Number(maxTokens);
+  const settings = store.settings();
+  const messages = [];
+  for (const message of current.messages) {
+    if (message.error) messages.pop(); // a question that was not answered is not sent again
+    else messages.push({ role: message.role, content: message.content });
+  }
+  if (settings.system.trim()) messages.unshift({ role: "system", content: settings.system });
+  const body = { messages, stream: true, speculative: { mark_drafts: true } };
+  for (const name of ["temperature", "top_p", "max_tokens"]) {
+    if (settings[name] !== "") body[name] = Number(settings[name]);
+  }
   return JSON.stringify(body);
 }
 
-async function send(text) {
-  conversation.push({ role: "user", content: text });
-  addMessage("user", text);
-  const body = addMessage("assistant", "");
-  const item = body.parentElement;
+// Answer the conversation as it stands (its last message is a question).
+async function answer() {
+  const body = requestBody();
+  const conversation = current; // where the answer goes, even if another is opened meanwhile
+  const message = { role: "assistant", content: "", pieces: [] };
+  conversation.messages.push(message);
+  const index = conversation.messages.length - 1;
+  const item = messageView(message, index);
+  $("messages").append(item);
+  item.scrollIntoView({ block: "end" });
+  const rendered = item.querySelector(".md");
+  const text = item.querySelector(".text");
+  let pending = false; // one markdown render per frame, however many chunks came
+  const render = () => {
+    pending = false;
+    renderMarkdown(rendered, message.content);
+  };
   running = new AbortController();
   setBusy(true);
-  let answer = "";
   try {
     const response = await fetch("v1/chat/completions", {
       method: "POST",
       headers: requestHeaders(true),
-      body: requestBody(),
+      body,
       signal: running.signal,
     });
     if (!response.ok) {
-      const message = await errorMessage(response);
-      if (response.status === 401) askForKey(message);
-      throw new Error(message);
+      const error = await errorMessage(response);
+      if (response.status === 401) askForKey(error);
+      throw new Error(error);
     }
     for await (const chunk of streamedChunks(response)) {
       if (chunk.error) throw new Error(chunk.error.message);
-      answer += appendChunk(body, chunk);
+      for (const [writer, piece] of chunkPieces(chunk)) {
+        message.pieces.push([writer, piece]);
+        message.content += piece;
+        appendPiece(text, piece, writer);
+      }
+      if (!pending) (pending = true), requestAnimationFrame(render);
       if (chunk.specgguf && chunk.specgguf.stats) {
-        showLine(item, "stats", statsLine(chunk.specgguf.stats, chunk.timings, chunk.choices[0].finish_reason));
+        message.stats = statsLine(chunk.specgguf.stats, chunk.timings, chunk.choices[0].finish_reason);
       }
     }
-    conversation.push({ role: "assistant", content: answer });
   } catch (error) {
-    if (error.name === "AbortError") {
-      conversation.push({ role: "assistant", content: answer }); // what was shown stays in the chat
-      showLine(item, "stats", "stopped");
-    } else {
-      conversation.pop(); // the question was not answered: the next turn does not carry it
-      showLine(item, "error", error.message);
-    }
+    if (error.name === "AbortError") message.stats = "stopped"; // what was shown stays in the chat
+    else message.error = error.message; // not sent with the next turn
   } finally {
     running = null;
     setBusy(false);
+    if (item.isConnected) {
+      item.replaceWith(messageView(message, index));
+      $("messages").lastElementChild.scrollIntoView({ block: "end" });
+    }
+    save(conversation);
     refreshMetrics();
   }
 }
 
-// --- /metrics at a glance ---
-
-// Prometheus text -> {name: value}, summed over each sample's labels.
-function parseMetrics(text) {
-  const values = {};
-  for (const line of text.split("\n")) {
-    if (!line || line.startsWith("#")) continue;
-    const space = line.lastIndexOf(" ");
-    const sample = line.slice(0, space);
-    const name = sample.includes("{") ? sample.slice(0, sample.indexOf("{")) : sample;
-    values[name] = (values[name] || 0) + Number(line.slice(space + 1));
-  }
-  return values;
+function send(text) {
+  current.messages.push({ role: "user", content: text });
+  $("messages").append(messageView(current.messages.at(-1), current.messages.length - 1));
+  save();
+  answer();
 }
 
-function ratio(numerator, denominator) {
-  return denominator ? numerator / denominator : null;
+function regenerate(index) {
+  current.messages.splice(index); // this answer and anything after it
+  showConversation();
+  answer();
 }
 
-function figures(values) {
-  const get = (name) => values["specgguf_" + name] || 0;
-  const acceptance = ratio(get("tokens_accepted_total"), get("tokens_drafted_total"));
-  const speed = ratio(get("tokens_per_second_sum"), get("tokens_per_second_count"));
-  const firstToken = ratio(get("time_to_first_token_seconds_sum"), get("time_to_first_token_seconds_count"));
-  const cached = ratio(get("prompt_tokens_cached_total"), get("prompt_tokens_total"));
-  const percent = (value) => (value === null ? "–" : `${Math.round(value * 100)}%`);
-  return [
-    ["requests", String(get("requests_total"))],
-    ["waiting", String(get("queue_length"))],
-    ["tokens generated", String(get("tokens_generated_total"))],
-    ["draft acceptance", percent(acceptance)],
-    ["mean tok/s", speed === null ? "–" : speed.toFixed(1)],
-    ["mean first token", firstToken === null ? "–" : `${Math.round(firstToken * 1000)} ms`],
-    ["prompt cached", percent(cached)],
-  ];
-}
-
-async function refreshMetrics() {
-  let response;
-  try {
-    response = await fetch("metrics", { headers: requestHeaders(false) });
-  } catch (error) {
-    $("metrics-note").textContent = "the server does not answer";
-    return;
-  }
-  if (!response.ok) {
-    $("metrics-note").textContent = await errorMessage(response);
-    return;
-  }
-  const list = $("figures");
-  list.replaceChildren();
-  for (const [label, value] of figures(parseMetrics(await response.text()))) {
-    const term = document.createElement("dt");
-    const detail = document.createElement("dd");
-    term.textContent = label;
-    detail.textContent = value;
-    list.append(term, detail);
-  }
-  $("metrics-note").textContent = "since the server started · GET /metrics";
+function edit(item, index) {
+  const editor = document.createElement("textarea");
+  editor.className = "editor";
+  editor.value = current.messages[index].content;
+  const row = document.createElement("div");
+  row.className = "row";
+  row.append(button("send", "resend"), button("cancel", "cancel"));
+  item.replaceChildren(editor, row);
+  editor.focus();
 }
 
 // --- wiring ---
 
+$("messages").addEventListener("click", (event) => {
+  const target = event.target;
+  if (target.matches("button.copy")) return copyCode(target);
+  const item = target.closest("li");
+  const action = target.dataset && target.dataset.action;
+  if (!item || !action || running) return;
+  const index = Number(item.dataset.index);
+  if (action === "regenerate") regenerate(index);
+  else if (action === "edit") edit(item, index);
+  else if (action === "cancel") showConversation();
+  else if (action === "resend") {
+    const text = item.querySelector(".editor").value.trim();
+    if (!text) return;
+    current.messages.splice(index); // the question edited, and everything after it, goes
+    showConversation();
+    send(text);
+  }
+});
+$("conversations").addEventListener("click", (event) => {
+  const item = event.target.closest("li");
+  if (!item) return;
+  if (event.target.dataset.action === "delete") {
+    if (running) return; // the answer being written would save its conversation again
+    store.remove(item.dataset.id);
+    if (item.dataset.id === current.id) openConversation(store.conversations()[0] || newConversation());
+    else showConversationList();
+  } else if (event.target.dataset.action === "open") {
+    openConversation(store.conversation(item.dataset.id) || newConversation());
+  }
+});
+$("new-chat").addEventListener("click", () => openConversation(newConversation()));
 $("ask").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = $("prompt").value.trim();
@@ -268,12 +261,21 @@ $("prompt").addEventListener("keydown", (event) => {
   }
 });
 $("stop").addEventListener("click", () => running && running.abort());
-$("new-chat").addEventListener("click", () => {
-  if (running) running.abort();
-  conversation.length = 0;
-  $("messages").replaceChildren();
-});
 $("refresh").addEventListener("click", refreshMetrics);
+const FIELDS = { system: "system", temperature: "temperature", top_p: "top-p", max_tokens: "max-tokens" };
+function saveSettings() {
+  const settings = Object.fromEntries(Object.entries(FIELDS).map(([name, id]) => [name, $(id).value]));
+  settings.drafts = $("drafts").checked ? "on" : "";
+  document.body.classList.toggle("show-drafts", $("drafts").checked);
+  store.saveSettings(settings);
+}
+for (const id of [...Object.values(FIELDS), "drafts"]) $(id).addEventListener("input", saveSettings);
+$("theme").addEventListener("click", () => {
+  const theme = shownTheme() === "dark" ? "light" : "dark";
+  applyTheme(theme);
+  store.saveTheme(theme);
+  $("theme-name").textContent = theme;
+});
 $("key-form").addEventListener("submit", (event) => {
   event.preventDefault();
   const key = $("key").value.trim();
@@ -284,6 +286,14 @@ $("key-form").addEventListener("submit", (event) => {
   loadModel();
   refreshMetrics();
 });
+
+const settings = store.settings();
+for (const [name, id] of Object.entries(FIELDS)) $(id).value = settings[name];
+$("drafts").checked = settings.drafts === "on";
+document.body.classList.toggle("show-drafts", $("drafts").checked);
+applyTheme(store.theme());
+$("theme-name").textContent = shownTheme();
+openConversation(store.conversation(store.currentId()) || newConversation());
 setInterval(() => document.hidden || refreshMetrics(), METRICS_EVERY_MS);
 loadModel();
 refreshMetrics();

@@ -1,10 +1,12 @@
-"""`GET /`: a chat page over the server's own `/v1/chat/completions`, shipped as three static files.
+"""`GET /`: a chat page over the server's own `/v1/chat/completions`, shipped as static files.
 
-index.html, page.css and page.js are package data (no build step): read once when the app is
-made and answered from memory. Only these three paths exist; the folder is never listed or served
-as a whole. The files need no key (they hold nothing but the page): the page asks for the key and
-sends it with its API calls. Its Content-Security-Policy lets it load only its own files and talk
-only to this server, so even text that slipped into the document could not run.
+index.html, page.css, the page's scripts and the vendored libraries (vendor/README.md: marked,
+DOMPurify, highlight.js, pinned and licensed) are package data (no build step): read once when the
+app is made and answered from memory. Only the paths in FILES exist; the folder is never listed or
+served as a whole; `--no-webui` leaves them all out (app.py). The files need no key (they hold
+nothing but the page): the page asks for the key and sends it with its API calls. Its
+Content-Security-Policy lets it load only its own files and talk only to this server, so even text
+that slipped past DOMPurify into the document could not run.
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ from fastapi.responses import Response
 FILES = {  # path -> (file in this package, media type)
     "/": ("index.html", "text/html; charset=utf-8"),
     "/page/page.css": ("page.css", "text/css; charset=utf-8"),
-    "/page/page.js": ("page.js", "text/javascript; charset=utf-8"),
+    **{
+        f"/page/{name}": (name, "text/javascript; charset=utf-8")
+        for name in ("store.js", "render.js", "metrics.js", "page.js")
+    },
+    **{
+        f"/page/vendor/{name}": (f"vendor/{name}", "text/javascript; charset=utf-8")
+        for name in ("marked.min.js", "purify.min.js", "highlight.min.js")
+    },
 }
 HEADERS = {
     "Content-Security-Policy": (
@@ -33,7 +42,7 @@ HEADERS = {
 def add_routes(app: FastAPI) -> None:
     folder = resources.files(__package__)
     for path, (name, media_type) in FILES.items():
-        app.add_api_route(path, _answer((folder / name).read_bytes(), media_type), methods=["GET"])
+        app.add_api_route(path, _answer(folder.joinpath(*name.split("/")).read_bytes(), media_type), methods=["GET"])
 
 
 def _answer(content: bytes, media_type: str):
