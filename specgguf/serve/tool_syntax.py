@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..grammar import JSON_OPTIONS, WHITESPACE
+from ..grammar import JSON_OPTIONS, WHITESPACE, bound_integers
 
 Family = Literal["hermes", "llama3", "mistral"]
 
@@ -134,8 +134,9 @@ class ToolSyntax:
 
 
 def _with_options(schema: dict[str, Any]) -> dict[str, Any]:
-    """A schema as the top of a %json: llguidance reads its whitespace options there only."""
-    return {**schema, "x-guidance": {**schema.get("x-guidance", {}), **JSON_OPTIONS}}
+    """A schema as the top of a %json (its integers bounded, grammar.bound_integers): llguidance reads
+    its whitespace options there only."""
+    return {**bound_integers(schema), "x-guidance": {**schema.get("x-guidance", {}), **JSON_OPTIONS}}
 
 
 def _one_call(text: str, at: int, arguments_key: str, names: Collection[str] | None) -> tuple[ParsedCall | None, int]:
