@@ -138,6 +138,25 @@ def test_a_conversation_with_tool_results_goes_on(client):
     ]
     answer = _ask(client, history, tool_choice="none", max_tokens=8, temperature=0)
     assert answer.choices[0].finish_reason in ("stop", "length") and answer.choices[0].message.tool_calls is None
+    # "none": the prompt is rendered without the tools (as if none were given), whole and streamed.
+    plain = client.chat.completions.create(
+        model=MODEL, messages=history, max_tokens=8, temperature=0, extra_body={"speculative": {"k": 3}}
+    )
+    assert answer.usage.prompt_tokens == plain.usage.prompt_tokens
+    assert answer.choices[0].message.content == plain.choices[0].message.content
+    streamed = _ask(
+        client,
+        history,
+        tool_choice="none",
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(streamed)
+    assert not any(chunk.choices and chunk.choices[0].delta.tool_calls for chunk in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain.choices[0].message.content
+    assert chunks[-1].usage.prompt_tokens == plain.usage.prompt_tokens
 
 
 def _bad(tools=None, **fields):

@@ -4,7 +4,7 @@ them), the grammar that makes every call's arguments follow its tool's schema (`
 lazy, from the opener on, as llama-server's), and the model's text turned back into calls
 (`CallStream`: the content ends where a call begins) as API-neutral values — `CallDelta` pieces
 while streaming, `conversation.ToolCall`s whole — that each API shapes its own way. tool_choice
-"none" is the plain answer: the tools are in the prompt, no grammar, nothing parsed. The syntax
+"none" is the plain answer: the prompt without the tools, no grammar, nothing parsed. The syntax
 of each model family: tool_syntax.py."""
 
 from __future__ import annotations
@@ -34,6 +34,12 @@ class ToolPlan:
     definitions: list[dict]  # as the chat template reads them (OpenAI's shape)
     choice: str  # "auto", "required", "none", or the one function's name
     parallel: bool
+
+    @property
+    def in_prompt(self) -> list[dict] | None:
+        """The tools as the chat template gets them: none for tool_choice "none", whose answer is
+        text (a model shown tools it may not call writes the call as text anyway)."""
+        return None if self.choice == "none" else self.definitions
 
 
 @dataclass(frozen=True)
