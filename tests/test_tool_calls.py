@@ -215,6 +215,11 @@ CALL = '{"name": "add", "arguments": {"a": 1}}'
         ("hermes", 0, f"\n{CALL}\n\n\n</tool_call>", False),  # whitespace is bounded: two line breaks
         ("hermes", 0, '\n{"name": "add", "arguments": {"a":' + " " * 2 + "1}}\n</tool_call>", False),  # one space
         ("hermes", 0, '\n{"name": "add", "arguments": {\n' + " " * 21 + '"a": 1}}\n</tool_call>', False),
+        ("hermes", 0, f"\n\n{CALL}\n\n</tool_call>", True),  # a blank line around the call
+        # Around the call no indent: Qwen at T = 0.8 wrote 20 spaces before the closer, 19 tokens billed
+        # that no client sees (issue 48: "42 tokens for a 22-token call").
+        ("hermes", 0, f"\n\n{CALL}\n\n" + " " * 20 + "</tool_call>", False),
+        ("hermes", 0, f"\n  {CALL}\n</tool_call>", False),
         ("hermes", 1, f"{PRETTY}\n```", True),
         ("hermes", 2, 'add", "arguments": {"a": 1}}}', True),  # the doubled braces: the name on
         ("hermes", 2, 'get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}}', True),
@@ -229,6 +234,9 @@ CALL = '{"name": "add", "arguments": {"a": 1}}'
         "three-line-breaks",
         "two-spaces",
         "indent-21",
+        "blank-lines-around",
+        "indented-closer",
+        "indented-call",
         "fenced-pretty",
         "doubled-braces",
         "doubled-braces-pretty",
