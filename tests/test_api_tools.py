@@ -321,6 +321,15 @@ def test_a_call_cut_by_max_tokens_is_kept_as_cut_whole_and_streamed(claude, serv
     assert message.stop_reason == final.stop_reason == "max_tokens"
     assert [(b.type, b.name, b.input) for b in message.content] == [(b.type, b.name, b.input) for b in final.content]
     assert [b.type for b in message.content] == ["tool_use"]
+    # Cut before the call's name (16 tokens): no block, and never the call's markup as text (issue 48).
+    cut = {**asked, "max_tokens": 16}
+    early = claude.messages.create(**cut, extra_body=GREEDY)
+    with claude.messages.stream(**cut, extra_body=GREEDY) as stream:
+        streamed = stream.get_final_message()
+    for shown in (early, streamed):
+        assert shown.stop_reason == "max_tokens"
+        # (the tiny SPM vocabulary spells the opener with a space in front, which comes as text)
+        assert not [b for b in shown.content if b.type == "tool_use" or (b.type == "text" and b.text.strip())]
     client = server.client()
     asked_responses: dict[str, Any] = {
         "model": "m",

@@ -86,15 +86,21 @@ def test_a_call_cut_by_max_tokens_ends_as_length(client):
     for max_tokens in (16, 60):  # cut before the call's name, and inside its arguments
         choice = _ask(client, max_tokens=max_tokens, **options).choices[0]
         assert choice.finish_reason == "length"
+        # Never the call's markup (issue 48: cut before its name); the tiny SPM vocabulary spells the
+        # opener with a space in front, which comes as content.
+        assert not (choice.message.content or "").strip()
         whole = [(call.function.name, call.function.arguments) for call in choice.message.tool_calls or []]
-        finish, streamed = [], {}
+        finish, streamed, content = [], {}, ""
         for chunk in _ask(client, max_tokens=max_tokens, stream=True, **options):
             finish += [chunk.choices[0].finish_reason] if chunk.choices else []
+            content += (chunk.choices[0].delta.content or "") if chunk.choices else ""
             for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
                 entry = streamed.setdefault(delta.index, [delta.function.name, ""])
                 entry[1] += delta.function.arguments or ""
-        assert [reason for reason in finish if reason] == ["length"]
+        assert [reason for reason in finish if reason] == ["length"] and not content.strip()
         assert [tuple(entry) for entry in streamed.values()] == whole
+        if max_tokens == 16:
+            assert whole == []  # cut before its name: no call to report
     # At 60 tokens the name has come, not all the arguments: OpenAI's "length" with the arguments so far.
     ((name, arguments),) = whole
     assert name in SCHEMAS and arguments.lstrip().startswith("{")

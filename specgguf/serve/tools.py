@@ -25,7 +25,7 @@ from ..core.lazy_grammar import LazyGrammar
 from ..errors import UsageError
 from ..grammar import GrammarError, GrammarSpec, GuidanceConstraint, check_schema
 from .text import AnswerText
-from .tool_syntax import SYNTAXES, Family, ParsedCall, Tool, ToolSyntax
+from .tool_syntax import CALL_START, SYNTAXES, Family, ParsedCall, Tool, ToolSyntax
 
 
 @dataclass(frozen=True)
@@ -255,12 +255,23 @@ class CallStream:
         start, end = self.start(), self.released
         if start is not None:
             end = min(end, start)
-            if final and not self.result()[1]:  # no call after all: its text too (to a stop string)
-                at_opener = any(self.text.startswith(opener, start) for opener in self.syntax.openers)
+            at_opener = any(self.text.startswith(opener, start) for opener in self.syntax.openers)
+            # No call after all: its text too (to a stop string); but a call cut before its name came
+            # is a call that got no further ("length"), its markup no content.
+            begun = at_opener or self._named_so_far(start)
+            if final and not self.result()[1] and not (self.cut and begun):
                 end = len(self.text) if at_opener else self.released
         shown = self.text[self.shown : end]
         self.shown = max(self.shown, end)
         return shown
+
+    def _named_so_far(self, start: int) -> bool:
+        """Whether the text from `start` is a call's JSON whose name so far begins a tool's name."""
+        match = CALL_START.match(self.text, start)
+        if match is None or not self.text.startswith('"', match.end()):
+            return False
+        so_far = self.text[match.end() + 1 :]
+        return self.names is None or any(name.startswith(so_far) for name in self.names)
 
     def finish(self, answer: AnswerText, stop: str | None) -> str:
         """The answer ended (`stop`: the engine's reason, "eos" or "max_tokens"): the last content."""
@@ -271,7 +282,8 @@ class CallStream:
     def result(self) -> tuple[str | None, list[ToolCall]]:
         """How the answer ends: a finish reason for its calls (None: no call, the answer's own) and
         the calls. A call cut short (max_tokens) ends the answer as "length" with
-        its arguments so far, as OpenAI does; whole calls as "tool_calls"."""
+        its arguments so far, as OpenAI does (cut before its name: no call, and none of its text as
+        content); whole calls as "tool_calls"."""
         region = self.region()
         parsed = [] if region is None else self._parsed(region)
         if self.cut and region is not None and (not parsed or not parsed[-1].complete):
