@@ -48,6 +48,10 @@ WHITESPACE = r"(?: |\n{1,2}[ \t]{0,20})?"
 # llguidance's JSON options (its docs/json_schema.md); oneOf is read as anyOf, as vLLM does, rather
 # than refusing the schemas (pydantic's unions) whose branches it cannot prove disjoint.
 JSON_OPTIONS: Any = {"whitespace_pattern": WHITESPACE, "coerce_one_of": True}
+# A JSON integer's digits, bounded as llama.cpp's schema converter bounds them (16): without a bound a
+# model that starts `"age": 25000…` can write digits until max_tokens. Given as the range it spans
+# (`bound_integers`), which llguidance turns into an exact regex; a schema's own wider bound stands.
+MAX_INTEGER = 10**16 - 1
 MAX_SCHEMA_DEPTH = 32  # nested objects/arrays in a schema; deeper is refused (it would be a DoS, not a use)
 MAX_GRAMMAR_CHARS = 256 * 1024
 COMPILE_SECONDS = 5.0  # a first compilation's deadline (an ordinary grammar takes milliseconds)
@@ -88,6 +92,34 @@ def check_schema(schema: Any, what: str = "the JSON schema") -> dict:
     return schema
 
 
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_VALUES = ("const", "enum", "default", "examples")  # JSON values, not schemas: left as they are
+
+
+def bound_integers(schema: Any) -> Any:
+    """The schema with every integer (`"type": "integer"`, alone or beside "null", "string"…) that
+    sets no minimum (maximum) given -MAX_INTEGER (MAX_INTEGER): at most 16 digits. A type that
+    allows "number" too is left alone: llguidance's bounded numbers have no exponent (`1e-5`)."""
+    if isinstance(schema, list):
+        return [bound_integers(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    bounded: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            bounded[key] = {name: bound_integers(sub) for name, sub in value.items()}
+        else:
+            bounded[key] = value if key in _SCHEMA_VALUES else bound_integers(value)
+    kinds = bounded.get("type")
+    kinds = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else []
+    if "integer" in kinds and "number" not in kinds:
+        if "minimum" not in bounded and "exclusiveMinimum" not in bounded:
+            bounded["minimum"] = -MAX_INTEGER
+        if "maximum" not in bounded and "exclusiveMaximum" not in bounded:
+            bounded["maximum"] = MAX_INTEGER
+    return bounded
+
+
 @dataclass(frozen=True)
 class GrammarSpec:
     """What the answer must follow: a kind and its text (a schema as JSON text, or the grammar)."""
@@ -97,7 +129,7 @@ class GrammarSpec:
 
     @classmethod
     def json_schema(cls, schema: Any, what: str = "the JSON schema") -> GrammarSpec:
-        return cls("json_schema", json.dumps(check_schema(schema, what)))
+        return cls("json_schema", json.dumps(bound_integers(check_schema(schema, what))))
 
     def compile(self) -> str:
         """llguidance's grammar, checked (no model needed); GrammarError says what is wrong."""

@@ -85,8 +85,14 @@ def test_anthropic_tool_use_round_trip_whole_and_streamed(claude):
         model="m", max_tokens=8, messages=history, tools=CLAUDE_TOOLS, tool_choice={"type": "none"}, extra_body=GREEDY
     )
     assert after.stop_reason in ("end_turn", "max_tokens") and [b.type for b in after.content] == ["text"]
-    counted = claude.messages.count_tokens(model="m", messages=history, tools=CLAUDE_TOOLS)
+    # {"type": "none"}: the prompt is the one without the tools (counted so too), so is the answer.
+    counted = claude.messages.count_tokens(
+        model="m", messages=history, tools=CLAUDE_TOOLS, tool_choice={"type": "none"}
+    )
     assert counted.input_tokens == after.usage.input_tokens + after.usage.cache_read_input_tokens
+    assert counted.input_tokens == claude.messages.count_tokens(model="m", messages=history).input_tokens
+    plain = claude.messages.create(model="m", max_tokens=8, messages=history, extra_body=GREEDY)
+    assert [b.text for b in after.content] == [b.text for b in plain.content]
 
 
 def test_anthropic_structured_output_whole_and_streamed(claude):
@@ -259,7 +265,8 @@ def test_responses_function_call_round_trip_whole_and_streamed(server):
     items = [ASK[0], call.model_dump(exclude_none=True), result]
     after = client.responses.create(model="m", input=items, tools=RESPONSES_TOOLS, max_output_tokens=6, temperature=0)
     assert [item.type for item in after.output] == ["message"] and after.output_text
-    # tool_choice "none" after the call: a plain answer (the tools stay in the prompt).
+    # tool_choice "none" after the call: a plain answer, its prompt the one without the tools.
+    plain = client.responses.create(model="m", input=items, max_output_tokens=6, temperature=0)
     chained = client.responses.create(
         model="m",
         input=[result],
@@ -269,8 +276,9 @@ def test_responses_function_call_round_trip_whole_and_streamed(server):
         max_output_tokens=6,
         temperature=0,
     )
-    assert chained.output_text == after.output_text
-    assert chained.usage.input_tokens == after.usage.input_tokens
+    assert [item.type for item in chained.output] == ["message"]
+    assert chained.output_text == plain.output_text
+    assert chained.usage.input_tokens == plain.usage.input_tokens
 
 
 def test_responses_bodies_with_tools_follow_openais_schema(server):
@@ -313,6 +321,15 @@ def test_a_call_cut_by_max_tokens_is_kept_as_cut_whole_and_streamed(claude, serv
     assert message.stop_reason == final.stop_reason == "max_tokens"
     assert [(b.type, b.name, b.input) for b in message.content] == [(b.type, b.name, b.input) for b in final.content]
     assert [b.type for b in message.content] == ["tool_use"]
+    # Cut before the call's name (16 tokens): no block, and never the call's markup as text (issue 48).
+    cut = {**asked, "max_tokens": 16}
+    early = claude.messages.create(**cut, extra_body=GREEDY)
+    with claude.messages.stream(**cut, extra_body=GREEDY) as stream:
+        streamed = stream.get_final_message()
+    for shown in (early, streamed):
+        assert shown.stop_reason == "max_tokens"
+        # (the tiny SPM vocabulary spells the opener with a space in front, which comes as text)
+        assert not [b for b in shown.content if b.type == "tool_use" or (b.type == "text" and b.text.strip())]
     client = server.client()
     asked_responses: dict[str, Any] = {
         "model": "m",
@@ -331,6 +348,53 @@ def test_a_call_cut_by_max_tokens_is_kept_as_cut_whole_and_streamed(claude, serv
         json.loads(call.arguments)
     done = [event.item for event in events if event.type == "response.output_item.done"]
     assert [(item.status, item.arguments) for item in done] == [("incomplete", call.arguments)]
+
+
+# --- tool_choice "none", on a GGUF without a chat template (ChatML, Hermes' tool prompt: tools show) ---
+
+
+@pytest.fixture(scope="module")
+def chatml_server(tmp_path_factory):
+    from tiny_gguf import write_tiny_llama
+
+    model = write_tiny_llama(tmp_path_factory.mktemp("chatml") / "plain.gguf", base_seed=7, chat_template=None)
+    with live_server("-m", model, "-c", "2048", "-t", "1", "-n", "8", "-k", "0") as live:
+        yield live
+
+
+def test_tool_choice_none_renders_the_prompt_without_the_tools(chatml_server):
+    # As a client asking for an answer expects: the model is not shown tools it may not call, so it
+    # does not write a call as text; nothing is parsed into calls.
+    client, tools = chatml_server.client(), [{"type": "function", "function": {"name": "get_weather"}}]
+    asked: dict[str, Any] = {"model": "m", "messages": ASK, "max_tokens": 8, "temperature": 0}
+    plain = client.chat.completions.create(**asked)
+    shown = client.chat.completions.create(**asked, tools=tools)
+    none = client.chat.completions.create(**asked, tools=tools, tool_choice="none")
+    assert none.usage.prompt_tokens == plain.usage.prompt_tokens < shown.usage.prompt_tokens
+    assert none.choices[0].message.content == plain.choices[0].message.content
+    assert none.choices[0].message.tool_calls is None and none.choices[0].finish_reason in ("stop", "length")
+    chunks = list(
+        client.chat.completions.create(
+            **asked, tools=tools, tool_choice="none", stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain.choices[0].message.content
+    assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+    assert chunks[-1].usage.prompt_tokens == plain.usage.prompt_tokens
+    claude = anthropic.Anthropic(base_url=chatml_server.base_url, api_key="unused", max_retries=0)
+    claude_tools = [{"name": "get_weather", "input_schema": {"type": "object"}}]
+    counted = {
+        choice: claude.messages.count_tokens(model="m", messages=ASK, tools=claude_tools, tool_choice={"type": choice})
+        for choice in ("auto", "none")
+    }
+    assert counted["none"].input_tokens == claude.messages.count_tokens(model="m", messages=ASK).input_tokens
+    assert counted["none"].input_tokens < counted["auto"].input_tokens
+    answer = claude.messages.create(
+        model="m", max_tokens=8, messages=ASK, tools=claude_tools, tool_choice={"type": "none"}, extra_body=GREEDY
+    )
+    assert answer.usage.input_tokens + answer.usage.cache_read_input_tokens == counted["none"].input_tokens
+    assert [b.type for b in answer.content] == ["text"] and answer.stop_reason in ("end_turn", "max_tokens")
+    assert answer.content[0].text == plain.choices[0].message.content
 
 
 # --- Ollama, with a model that calls: SmolLM2-135M-Instruct, shown one call in the history ---

@@ -215,6 +215,11 @@ CALL = '{"name": "add", "arguments": {"a": 1}}'
         ("hermes", 0, f"\n{CALL}\n\n\n</tool_call>", False),  # whitespace is bounded: two line breaks
         ("hermes", 0, '\n{"name": "add", "arguments": {"a":' + " " * 2 + "1}}\n</tool_call>", False),  # one space
         ("hermes", 0, '\n{"name": "add", "arguments": {\n' + " " * 21 + '"a": 1}}\n</tool_call>', False),
+        ("hermes", 0, f"\n\n{CALL}\n\n</tool_call>", True),  # a blank line around the call
+        # Around the call no indent: Qwen at T = 0.8 wrote 20 spaces before the closer, 19 tokens billed
+        # that no client sees (issue 48: "42 tokens for a 22-token call").
+        ("hermes", 0, f"\n\n{CALL}\n\n" + " " * 20 + "</tool_call>", False),
+        ("hermes", 0, f"\n  {CALL}\n</tool_call>", False),
         ("hermes", 1, f"{PRETTY}\n```", True),
         ("hermes", 2, 'add", "arguments": {"a": 1}}}', True),  # the doubled braces: the name on
         ("hermes", 2, 'get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}}', True),
@@ -229,6 +234,9 @@ CALL = '{"name": "add", "arguments": {"a": 1}}'
         "three-line-breaks",
         "two-spaces",
         "indent-21",
+        "blank-lines-around",
+        "indented-closer",
+        "indented-call",
         "fenced-pretty",
         "doubled-braces",
         "doubled-braces-pretty",
@@ -280,8 +288,14 @@ def test_content_ends_where_a_call_begins_and_text_that_held_none_is_content(tex
 def test_a_call_cut_by_max_tokens_ends_as_length_with_its_arguments_so_far():
     cut = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
     assert _stream(cut, stop="max_tokens") == ("", "length", [("get_weather", '{"city": "Par')])
-    # Cut before the name: no call to report; the text is what there is.
-    assert _stream('OK <tool_call>\n{"na', stop="max_tokens") == ('OK <tool_call>\n{"na', "length", [])
+    # Cut before the name ends: no call to report, and none of its markup as content (issue 48).
+    assert _stream('OK <tool_call>\n{"na', stop="max_tokens") == ("OK ", "length", [])
+    assert _stream("<tool_call>", stop="max_tokens") == ("", "length", [])
+    assert _stream('<tool_call>\n{"name": "get_wea', stop="max_tokens") == ("", "length", [])
+    assert _stream('OK {"name": "get_wea', stop="max_tokens") == ("OK ", "length", [])  # bare, a tool's name
+    # Bare JSON whose name begins no tool's, or that has no name yet, may be anything: content.
+    assert _stream('OK {"name": "Ad', stop="max_tokens") == ('OK {"name": "Ad', "length", [])
+    assert _stream('OK {"na', stop="max_tokens") == ('OK {"na', "length", [])
     # Whole calls, then the answer cut between them: still the calls.
     whole = f"<tool_call>\n{CALL}\n</tool_call>"
     assert _stream(whole, stop="max_tokens") == ("", "tool_calls", [("add", '{"a": 1}')])

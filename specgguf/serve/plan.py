@@ -168,7 +168,7 @@ class Planner:
         prompt = request.prompt
         if prompt.messages is None:
             return self.templates.tokens(prompt.text, special=prompt.parse_special)
-        tools = None if request.tools is None else request.tools.definitions
+        tools = None if request.tools is None else request.tools.in_prompt
         return self.templates.chat_tokens(prompt.messages, tools)  # a failing or looping template: PromptError
 
     def _drafting(self, request: GenerationRequest, lane: int) -> tuple[Drafter | None, KPolicy]:

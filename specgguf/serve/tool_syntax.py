@@ -19,9 +19,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..grammar import JSON_OPTIONS, WHITESPACE
+from ..grammar import JSON_OPTIONS, WHITESPACE, bound_integers
 
 Family = Literal["hermes", "llama3", "mistral"]
+# Around a call's JSON (after `<tool_call>`, before `</tool_call>`, inside a fence or `[…]`): nothing, a
+# space, or one or two line breaks, as templates write it; no indent.
+AROUND_CALL = r"(?: |\n{1,2})?"
 
 
 @dataclass(frozen=True)
@@ -69,12 +72,13 @@ class ToolSyntax:
         """A Lark grammar (llguidance's dialect) for one call of any of `tools` in `form` (the
         family's own): its body after the opener, through the closer. `special(text)` spells text
         that may be a special token. The call's JSON follows the tool's schema with the model's own
-        whitespace (grammar.JSON_OPTIONS), and so does what wraps it: where the form writes
-        whitespace (`<tool_call>\\n{…}\\n</tool_call>`) any bounded whitespace may come."""
+        whitespace (grammar.JSON_OPTIONS). What wraps it (`<tool_call>\\n{…}\\n</tool_call>`) takes
+        AROUND_CALL: no indent, which a model sampling at T > 0 could run to 20 spaces the client
+        never sees but is billed for."""
         form = form or self.forms[0]
         wrap = [json.dumps(piece) for piece in form.after.split()] + ([special(form.closer)] if form.closer else [])
-        after = " ".join(f"WS? {piece}" for piece in wrap)
-        rules = [f"WS: /{WHITESPACE}/"]
+        after = " ".join(f"AROUND? {piece}" for piece in wrap)
+        rules = [f"WS: /{WHITESPACE}/", f"AROUND: /{AROUND_CALL}/"]
         if form.lead:  # the opener wrote the call up to its name: the rest, by hand, arguments as %json
             assert form.lead == '{"name": "', form.lead
             names = []
@@ -85,7 +89,7 @@ class ToolSyntax:
                 rules.append(f"args_{i}: %json {json.dumps(_with_options(tool.parameters))}")
                 names.append(f"call_{i}")
             return "\n".join([f"start: ({' | '.join(names)}) {after}", *rules]) + "\n"
-        before = " ".join(["WS?", *(f"{json.dumps(piece)} WS?" for piece in form.before.split())])
+        before = " ".join(["AROUND?", *(f"{json.dumps(piece)} AROUND?" for piece in form.before.split())])
         calls = [
             {
                 "type": "object",
@@ -134,8 +138,9 @@ class ToolSyntax:
 
 
 def _with_options(schema: dict[str, Any]) -> dict[str, Any]:
-    """A schema as the top of a %json: llguidance reads its whitespace options there only."""
-    return {**schema, "x-guidance": {**schema.get("x-guidance", {}), **JSON_OPTIONS}}
+    """A schema as the top of a %json (its integers bounded, grammar.bound_integers): llguidance reads
+    its whitespace options there only."""
+    return {**bound_integers(schema), "x-guidance": {**schema.get("x-guidance", {}), **JSON_OPTIONS}}
 
 
 def _one_call(text: str, at: int, arguments_key: str, names: Collection[str] | None) -> tuple[ParsedCall | None, int]:

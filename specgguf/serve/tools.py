@@ -4,7 +4,7 @@ them), the grammar that makes every call's arguments follow its tool's schema (`
 lazy, from the opener on, as llama-server's), and the model's text turned back into calls
 (`CallStream`: the content ends where a call begins) as API-neutral values — `CallDelta` pieces
 while streaming, `conversation.ToolCall`s whole — that each API shapes its own way. tool_choice
-"none" is the plain answer: the tools are in the prompt, no grammar, nothing parsed. The syntax
+"none" is the plain answer: the prompt without the tools, no grammar, nothing parsed. The syntax
 of each model family: tool_syntax.py."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..core.lazy_grammar import LazyGrammar
 from ..errors import UsageError
 from ..grammar import GrammarError, GrammarSpec, GuidanceConstraint, check_schema
 from .text import AnswerText
-from .tool_syntax import SYNTAXES, Family, ParsedCall, Tool, ToolSyntax
+from .tool_syntax import CALL_START, SYNTAXES, Family, ParsedCall, Tool, ToolSyntax
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,12 @@ class ToolPlan:
     definitions: list[dict]  # as the chat template reads them (OpenAI's shape)
     choice: str  # "auto", "required", "none", or the one function's name
     parallel: bool
+
+    @property
+    def in_prompt(self) -> list[dict] | None:
+        """The tools as the chat template gets them: none for tool_choice "none", whose answer is
+        text (a model shown tools it may not call writes the call as text anyway)."""
+        return None if self.choice == "none" else self.definitions
 
 
 @dataclass(frozen=True)
@@ -249,12 +255,23 @@ class CallStream:
         start, end = self.start(), self.released
         if start is not None:
             end = min(end, start)
-            if final and not self.result()[1]:  # no call after all: its text too (to a stop string)
-                at_opener = any(self.text.startswith(opener, start) for opener in self.syntax.openers)
+            at_opener = any(self.text.startswith(opener, start) for opener in self.syntax.openers)
+            # No call after all: its text too (to a stop string); but a call cut before its name came
+            # is a call that got no further ("length"), its markup no content.
+            begun = at_opener or self._named_so_far(start)
+            if final and not self.result()[1] and not (self.cut and begun):
                 end = len(self.text) if at_opener else self.released
         shown = self.text[self.shown : end]
         self.shown = max(self.shown, end)
         return shown
+
+    def _named_so_far(self, start: int) -> bool:
+        """Whether the text from `start` is a call's JSON whose name so far begins a tool's name."""
+        match = CALL_START.match(self.text, start)
+        if match is None or not self.text.startswith('"', match.end()):
+            return False
+        so_far = self.text[match.end() + 1 :]
+        return self.names is None or any(name.startswith(so_far) for name in self.names)
 
     def finish(self, answer: AnswerText, stop: str | None) -> str:
         """The answer ended (`stop`: the engine's reason, "eos" or "max_tokens"): the last content."""
@@ -265,7 +282,8 @@ class CallStream:
     def result(self) -> tuple[str | None, list[ToolCall]]:
         """How the answer ends: a finish reason for its calls (None: no call, the answer's own) and
         the calls. A call cut short (max_tokens) ends the answer as "length" with
-        its arguments so far, as OpenAI does; whole calls as "tool_calls"."""
+        its arguments so far, as OpenAI does (cut before its name: no call, and none of its text as
+        content); whole calls as "tool_calls"."""
         region = self.region()
         parsed = [] if region is None else self._parsed(region)
         if self.cut and region is not None and (not parsed or not parsed[-1].complete):

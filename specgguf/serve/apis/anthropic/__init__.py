@@ -92,7 +92,7 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
         body = parse_body(CountBody, await request.body())
         served(body.model)
         tools = await set_up(body.tool_plan)  # its grammars compile off the event loop
-        tokens = worker.templates.chat_tokens(body.history(), None if tools is None else tools.definitions)
+        tokens = worker.templates.chat_tokens(body.history(), None if tools is None else tools.in_prompt)
         return {"input_tokens": len(tokens)}
 
     @app.post("/v1/messages", dependencies=dependencies)

@@ -1,0 +1,124 @@
+"""JSON-schema integers are bounded at 16 digits (grammar.bound_integers, as llama.cpp bounds them), so a
+sampled `"age": 2500000000000…` cannot run until max_tokens, and the law of the numbers a model writes
+within the bound is the model's own: the masks are the unbounded grammar's up to the 16th digit, and
+sampled lengths follow the masked law (a chi-square count test)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from llguidance import LLTokenizer
+from scipy.stats import chisquare
+
+from specgguf.grammar import MAX_INTEGER, GrammarSpec, GuidanceConstraint, bound_integers
+from specgguf.serve.tool_syntax import _with_options
+
+AGE = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"], "additionalProperties": False}
+pytestmark = pytest.mark.live  # compiling a grammar starts a program (tests/kinds.py)
+
+
+def _constraint(spec: GrammarSpec) -> tuple[LLTokenizer, GuidanceConstraint]:
+    tokenizer = LLTokenizer("byte")
+    return tokenizer, GuidanceConstraint(tokenizer, spec.compile(), tokenizer.vocab_size)
+
+
+def _whole(spec: GrammarSpec, text: str) -> bool:
+    tokenizer, constraint = _constraint(spec)
+    tokens = tokenizer.tokenize_str(text)
+    if constraint.valid_prefix(tokens) < len(tokens):
+        return False
+    for token in tokens:
+        constraint.advance(token)
+    return constraint.accepting
+
+
+@pytest.mark.parametrize(
+    "schema, text, whole",
+    [
+        (AGE, '{"age": 42}', True),
+        (AGE, '{"age": -7}', True),
+        (AGE, '{"age": 9999999999999999}', True),  # 16 digits
+        (AGE, '{"age": -9999999999999999}', True),
+        (AGE, '{"age": 25000000000000000}', False),  # 17: the runaway
+        (AGE, '{"age": -25000000000000000}', False),
+        ({"type": "integer", "minimum": 0}, "12345678901234567", False),  # a lower bound alone: still bounded
+        ({"type": "integer", "minimum": 0}, "-1", False),  # the schema's own bound stands
+        ({"type": "integer", "maximum": 10**17}, "12345678901234567", True),  # a wider bound it gives stands
+        ({"type": ["integer", "null"]}, "12345678901234567", False),
+        ({"type": ["integer", "null"]}, "null", True),
+        ({"type": "number"}, "1.5e-3", True),  # numbers keep their exponent (left unbounded)
+        ({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"}, "12345678901234567", False),
+        ({"type": "array", "items": {"type": "integer"}}, "[1, 12345678901234567]", False),
+    ],
+)
+def test_integers_are_bounded_at_16_digits(schema, text, whole):
+    assert _whole(GrammarSpec.json_schema(schema), text) is whole
+
+
+def test_values_and_property_names_are_not_schemas():
+    schema = {
+        "type": "object",
+        "properties": {"default": {"type": "integer"}, "type": {"type": "string"}},
+        "default": {"type": "integer"},
+        "enum": [{"type": "integer"}],
+    }
+    bounded = bound_integers(schema)
+    assert bounded["properties"]["default"] == {"type": "integer", "minimum": -MAX_INTEGER, "maximum": MAX_INTEGER}
+    assert bounded["properties"]["type"] == {"type": "string"}
+    assert bounded["default"] == {"type": "integer"} and bounded["enum"] == [{"type": "integer"}]
+    assert schema["properties"]["default"] == {"type": "integer"}  # the caller's schema is not changed
+
+
+def test_a_tools_integer_arguments_are_bounded_too():
+    top = _with_options({"type": "object", "properties": {"n": {"type": "integer"}}})
+    assert top["properties"]["n"]["maximum"] == MAX_INTEGER and "x-guidance" in top
+
+
+def test_the_mask_is_the_unbounded_grammars_up_to_the_16th_digit():
+    unbounded = GrammarSpec("json_schema", json.dumps(AGE))
+    assert "minimum" not in unbounded.text
+    tokenizer, free = _constraint(unbounded)
+    _, bounded = _constraint(GrammarSpec.json_schema(AGE))
+    digits = [tokenizer.tokenize_str(d)[0] for d in "0123456789"]
+    for token in tokenizer.tokenize_str('{"age": -'):
+        free.advance(token), bounded.advance(token)
+    for n_digits in range(16):
+        assert np.array_equal(free.allowed(), bounded.allowed()), n_digits
+        free.advance(digits[1 + n_digits % 9]), bounded.advance(digits[1 + n_digits % 9])
+    assert free.allowed()[digits].all() and not bounded.allowed()[digits].any()  # the bound, at 16
+
+
+def test_sampled_lengths_follow_the_models_law_within_the_bound():
+    # A model writing the age: a first digit uniform over 0-9, then another digit (0.07 each) or the end
+    # "}" (0.3); every other byte has no mass. Masked by the grammar: a leading 0 ends at once, and the
+    # 16th digit ends the number. Its law: P(1) = 0.1 + 0.9 * 0.3, P(k) = 0.9 * 0.7^(k-1) * 0.3 for
+    # 2 <= k <= 15, P(16) = 0.9 * 0.7^15.
+    tokenizer, constraint = _constraint(GrammarSpec.json_schema(AGE))
+    model = np.zeros(tokenizer.vocab_size)
+    model[[tokenizer.tokenize_str(d)[0] for d in "0123456789"]] = 0.07
+    model[tokenizer.tokenize_str("}")[0]] = 0.3
+    prefix = tokenizer.tokenize_str('{"age": ')
+    rng = np.random.default_rng(48)
+    counts = np.zeros(17, dtype=int)
+    n_samples = 4000
+    for _ in range(n_samples):
+        for token in prefix:
+            constraint.advance(token)
+        n_tokens, token = len(prefix), -1
+        while not constraint.accepting or token != tokenizer.tokenize_str("}")[0]:
+            weights = model * constraint.allowed()
+            token = int(rng.choice(len(weights), p=weights / weights.sum()))
+            constraint.advance(token)
+            n_tokens += 1
+        counts[n_tokens - len(prefix) - 1] += 1
+        constraint.rollback(n_tokens)
+    law = np.zeros(17)
+    law[1] = 0.1 + 0.9 * 0.3
+    law[2:16] = 0.9 * 0.7 ** np.arange(1, 15) * 0.3
+    law[16] = 0.9 * 0.7**15
+    assert counts[0] == 0 and counts[16] > 0  # some reach the bound, none go past it
+    expected = law[1:] * n_samples
+    assert expected.min() >= 5  # every cell large enough for the chi-square
+    assert chisquare(counts[1:], expected).pvalue > 1e-3
