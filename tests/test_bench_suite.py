@@ -11,9 +11,10 @@ import pytest
 from specgguf.bench import machine
 from specgguf.bench.command import make_plan
 from specgguf.bench.llama_tools import LlamaTools
-from specgguf.bench.suite import KINDS, SuiteError, load_suite
+from specgguf.bench.suite import KINDS, SuiteError, load_suite, select
 from specgguf.bench.vs_llama import vs_plan
 from specgguf.cli.app import main
+from specgguf.errors import UsageError
 
 
 def test_the_shipped_suite_has_every_kind_and_a_long_context():
@@ -80,6 +81,8 @@ def test_a_suite_plan_measures_each_prompt_by_name_with_its_kind():
 def test_suite_needs_the_comparison(capsys):
     assert main(["bench", "-m", "x.gguf", "--suite"]) != 0
     assert "specgguf: error: --suite goes with --vs-llama-cpp DIR" in capsys.readouterr().err
+    assert main(["bench", "-m", "x.gguf", "--suite", "--vs-llama-cpp", "/nonexistent"]) != 0
+    assert "--vs-llama-cpp /nonexistent: not a directory" in capsys.readouterr().err
 
 
 def test_the_machine_report_reads_llama_bench_and_the_cpu(tmp_path):
@@ -109,3 +112,13 @@ def test_without_llama_bench_the_report_says_how_to_build_it(tmp_path):
         (tmp_path / name).chmod(0o755)
     report = machine.machine_report(LlamaTools.find(tmp_path), [("pair", Path("v.gguf"))], 2)
     assert "no llama-bench beside llama.cpp's programs (make llama-tools builds it)" in machine.machine_lines(report)
+
+
+def test_prompts_picks_suite_prompts_by_name_or_kind():
+    suite = load_suite()
+    picked = select(suite, "edit-rename,long")
+    assert [p.name for p in picked] == ["edit-rename"] + [p.name for p in suite if p.kind == "long"]
+    assert select(suite, None) == suite
+    for bad in ("edit-renam", ",", "code,poetry"):
+        with pytest.raises(UsageError, match="--prompts with --suite takes the suite's prompt names or kinds"):
+            select(suite, bad)

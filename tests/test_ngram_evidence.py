@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 
+from fakes import FakeModel
 from specgguf.core.costs import MachineCosts
+from specgguf.core.drafters import DraftSettings, build_drafter
 from specgguf.core.engine import FixedK
 from specgguf.core.kpolicy import PolicyConfig, adaptive_policy
 from specgguf.core.ngram_drafter import ANSWER_PRIORS, DISAGREED, PROMPT_PRIORS, Match, NgramDrafter
@@ -112,3 +114,13 @@ def test_evidence_that_lies_here_is_learned_and_stops_costing(seed):
     # follow): the prior says draft deep, what the steps teach says not.
     speed, verified = _evidence_run([(Match([1] * 8, 10, in_prompt=True), 0.2)], seed=seed)
     assert speed > 0.95 and verified[0] < 150
+
+
+def test_the_default_hybrid_leaves_weak_repeats_to_the_draft_model():
+    hybrid = build_drafter("hybrid", FakeModel(lambda context: np.zeros(20), n_vocab=20), DraftSettings())
+    prompt = [1, 2, 3, 4, 5, 6]
+    hybrid.prepare(prompt)
+    assert hybrid.next_source(prompt + [9, 2, 3]) == "ngram"  # a copy of the prompt, 2 tokens matched
+    assert hybrid.next_source(prompt + [7, 8, 0, 7, 8]) == "model"  # a 2-token repeat of the answer
+    assert hybrid.next_source(prompt + [7, 8, 0, 9, 7, 8, 0, 9, 7, 8, 0]) == "ngram"  # a long one
+    assert hybrid.next_source(prompt + [2, 3, 7, 0, 2, 3]) == "model"  # earlier occurrences disagreed

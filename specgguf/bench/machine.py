@@ -63,6 +63,7 @@ def machine_lines(report: dict) -> str:
         if not speeds:
             lines.append(f"{label}: no {LLAMA_BENCH} beside llama.cpp's programs (make llama-tools builds it)")
             continue
+        speeds = {int(rows): float(speed) for rows, speed in speeds.items()}  # (keys are text in --json)
         one = 1.0 / speeds[1] if 1 in speeds else None
         parts = [
             f"{rows} rows {rows / speed * 1000:.1f} ms" + (f" ({rows / speed / one:.2f}× one)" if one else "")

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import SpecggufError
+from ..errors import SpecggufError, UsageError
 
 KINDS = ("code", "edit", "prose", "chat", "json", "tools", "summary", "translation", "long")
 SUITE_FILE = "suite.yaml"
@@ -60,6 +60,20 @@ def load_suite(text: str | None = None, *, source: str = SUITE_FILE, read=None) 
         attached = [_attachment(name, read, where) for name in entry.get("attach", [])]
         prompts.append(SuitePrompt(entry["name"], entry["kind"], "\n\n".join([entry["prompt"], *attached])))
     return prompts
+
+
+def select(suite: list[SuitePrompt], names: str | None) -> list[SuitePrompt]:
+    """The suite's prompts named in `names` (comma-separated prompt names or kinds; None: all), in suite order."""
+    if names is None:
+        return suite
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    known = {p.name for p in suite} | {p.kind for p in suite}
+    unknown = [name for name in wanted if name not in known]
+    if unknown or not wanted:
+        raise UsageError(
+            f"--prompts with --suite takes the suite's prompt names or kinds ({', '.join(KINDS)}), got {names!r}"
+        )
+    return [p for p in suite if p.name in wanted or p.kind in wanted]
 
 
 def _entry(node: yaml.Node, source: str) -> dict[str, Any]:

@@ -81,8 +81,9 @@ def bench(
         bool,
         typer.Option(
             "--suite",
-            help="With --vs-llama-cpp: the benchmark suite's prompts of every kind (docs/benchmarks.md),"
-            " a row each, with the CPU and llama-bench's verify curve, instead of --prompts.",
+            help="With --vs-llama-cpp: the benchmark suite's prompts of every kind (docs/llama-cpp.md),"
+            " a row each, with the CPU and llama-bench's verify curve; --prompts then picks suite prompts"
+            " by name or kind.",
         ),
     ] = False,
     ctx_size: CtxSize = 2048,
@@ -106,8 +107,8 @@ def bench(
         if plot is not None or rpc:
             raise UsageError("--vs-llama-cpp runs both sides on this machine and draws no plot: drop --plot/--rpc")
         tools = LlamaTools.find(vs_llama_cpp)  # before minutes of loading, not after
-    if suite and (tools is None or prompts is not None):
-        raise UsageError("--suite goes with --vs-llama-cpp DIR, instead of --prompts")
+    if suite and tools is None:
+        raise UsageError("--suite goes with --vs-llama-cpp DIR")
     load = load_options(
         ctx_size=ctx_size,
         threads=threads,
@@ -121,7 +122,7 @@ def bench(
         ks=draft_max,
         temps=temps,
         drafters=drafters,
-        prompts=prompts,
+        prompts=None if suite else prompts,  # with --suite: the suite's prompts by name
         repeats=repeats,
         max_tokens=max_tokens,
         quick=quick,
@@ -130,9 +131,9 @@ def bench(
     )
     comparison = None
     if tools is not None:
-        from ..bench.suite import load_suite
+        from ..bench.suite import load_suite, select
 
-        comparison = vs_plan(plan, load_suite() if suite else None)
+        comparison = vs_plan(plan, select(load_suite(), prompts) if suite else None)
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=progress_bar(err_console))
     if resolved.draft is None and model is not None:
         resolved, _ = found_draft(resolved, draft_options(None, "model", 0.0, 0, False), err_console)

@@ -59,7 +59,8 @@ def _ngram(draft: Model, settings: DraftSettings) -> Drafter:
 
 
 def _hybrid(draft: Model, settings: DraftSettings) -> Drafter:
-    return HybridDrafter(_model(draft, settings), NgramDrafter(session=settings.session))
+    # Matches of 2 tokens and more, where their evidence makes the first draft at least an even bet.
+    return HybridDrafter(_model(draft, settings), NgramDrafter(session=settings.session), min_match=2, min_chance=0.5)
 
 
 def _cross(draft: Model, settings: DraftSettings) -> Drafter:

@@ -1,21 +1,24 @@
-"""`HybridDrafter`: the n-gram proposal where its match is long, the draft model elsewhere."""
+"""`HybridDrafter`: the n-gram proposal where its match is long and sure, the draft model elsewhere."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from .drafting import Drafter, Drafts, DraftStep, Source
-from .ngram_drafter import NgramDrafter
+from .ngram_drafter import Match, NgramDrafter
 
 
 class HybridDrafter:
-    """The n-gram proposal when its match is at least `min_match` tokens long, else the model.
+    """The n-gram proposal when its match is at least `min_match` tokens long and its first draft's
+    evidence gives it at least `min_chance` (ngram_drafter.Match.evidence), else the model: a weak
+    repeat of the answer's own words is no reason to leave out a draft model that would draft there.
     Each step's `Drafts.source` says which; `kpolicy.PerSource` keeps a K policy for each."""
 
     source: Source = "model"
 
-    def __init__(self, model_drafter: Drafter, ngram: NgramDrafter, *, min_match: int = 3):
-        self.model_drafter, self.ngram, self.min_match = model_drafter, ngram, min_match
+    def __init__(self, model_drafter: Drafter, ngram: NgramDrafter, *, min_match: int = 3, min_chance: float = 0.0):
+        self.model_drafter, self.ngram = model_drafter, ngram
+        self.min_match, self.min_chance = min_match, min_chance
 
     def prepare(self, prompt_tokens: Sequence[int]) -> None:
         self.model_drafter.prepare(prompt_tokens)
@@ -25,8 +28,10 @@ class HybridDrafter:
         return self.model_drafter.room(context_length)
 
     def next_source(self, context: list[int]) -> Source:
-        match = self.ngram.lookup(context, 1)
-        return self.ngram.source if match.tokens and match.length >= self.min_match else self.model_drafter.source
+        return self.ngram.source if self._takes(self.ngram.lookup(context, 1)) else self.model_drafter.source
+
+    def _takes(self, match: Match) -> bool:
+        return bool(match.tokens) and match.length >= self.min_match and match.evidence()[0] >= self.min_chance
 
     def propose(
         self,
@@ -36,7 +41,7 @@ class HybridDrafter:
     ) -> Drafts:
         # The same test as `next_source`, on the lookup the proposal needs anyway.
         match = self.ngram.lookup(context, k)
-        if match.tokens and match.length >= self.min_match:
+        if self._takes(match):
             return self.ngram.drafts(match, step)
         return self.model_drafter.propose(context, k, step)
 
