@@ -162,3 +162,17 @@ class NoDrafter:
 
     def sync(self, context: list[int]) -> None:
         pass
+
+
+def capped(branch: Branch, max_siblings: int) -> Branch:
+    """`branch`, saying no after `max_siblings` yeses: each adds a sibling, a leaf beside the chain's
+    own, and the verifier takes trees of at most `max_leaves` leaves."""
+    n_siblings = 0
+
+    def capped(confidences: list[float], runner_up: float) -> bool:
+        nonlocal n_siblings
+        taken = n_siblings < max_siblings and branch(confidences, runner_up)
+        n_siblings += taken
+        return taken
+
+    return capped

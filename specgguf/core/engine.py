@@ -20,7 +20,7 @@ from ..errors import ContextFullError, PromptError
 from .block_verify import accept_block
 from .constraint import Constraint
 from .costs import MachineCosts
-from .drafting import Branch, Drafter, Drafts, DraftStep, NoDrafter, Source, ingest
+from .drafting import Drafter, Drafts, DraftStep, NoDrafter, Source, capped, ingest
 from .forced_drafter import ForcedDrafter
 from .grammar_walk import GrammarWalk
 from .model import Model
@@ -244,7 +244,7 @@ def _propose(
         rng=rng,
         keep_drafting=policy.keep_drafting,
         worth=policy.worth,
-        branch=_capped(policy.branch, verifier.max_leaves - 1) if trees else None,
+        branch=capped(policy.branch, verifier.max_leaves - 1) if trees else None,
         constraint=constraint,
     )
     drafts = drafter.propose(context, k, step) if k else Drafts()
@@ -252,20 +252,6 @@ def _propose(
         return drafts, None
     drafts = drafts.cut(constraint.valid_prefix(drafts.tokens))
     return drafts, GrammarWalk(constraint, drafts)
-
-
-def _capped(branch: Branch, max_siblings: int) -> Branch:
-    """`branch`, saying no after `max_siblings` yeses: each adds a sibling, a leaf beside the chain's
-    own, and the verifier takes trees of at most `max_leaves` leaves."""
-    n_siblings = 0
-
-    def capped(confidences: list[float], runner_up: float) -> bool:
-        nonlocal n_siblings
-        taken = n_siblings < max_siblings and branch(confidences, runner_up)
-        n_siblings += taken
-        return taken
-
-    return capped
 
 
 def _through_end(emitted: list[int], verifier: Model) -> list[int]:
