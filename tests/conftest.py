@@ -15,10 +15,9 @@ from typing import NoReturn
 import pytest
 from click.testing import CliRunner
 
-# Each test's kind (unit, gguf, live) from what it uses. kinds._kind_guard, which fails a test that does
-# more than its kind says, is checked by tests/test_kinds.py but not yet applied to the whole suite: it
-# has not run over every gguf and live test (issue 44).
-from kinds import pytest_collection_modifyitems  # noqa: F401 - the hook pytest finds here
+# Each test's kind (unit, gguf, live) from what it uses, and the guard that fails a test doing more
+# than its kind says (tests/kinds.py; tests/test_kinds.py plants tests that break the rules).
+from kinds import _kind_guard, pytest_collection_modifyitems  # noqa: F401 - the fixture and hook pytest finds here
 from tiny_gguf import write_tiny_llama
 
 IN_CI = os.environ.get("CI") == "true"
