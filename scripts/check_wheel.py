@@ -16,6 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_SUFFIXES = (".yaml", ".html", ".css", ".js")  # pyproject's [tool.setuptools.package-data]
+DATA_FOLDERS = ("specgguf/bench/suite", "specgguf/serve/page/vendor")  # shipped whole (licences, attachments)
 
 
 def main(wheel: Path, *, run: bool) -> int:
@@ -25,6 +26,8 @@ def main(wheel: Path, *, run: bool) -> int:
     modules = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "specgguf").rglob("*.py"))
     missing += [module for module in modules if module not in names]
     data = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "specgguf").rglob("*") if p.suffix in DATA_SUFFIXES)
+    for folder in DATA_FOLDERS:
+        data += [str(p.relative_to(ROOT)) for p in sorted((ROOT / folder).iterdir()) if p.is_file()]
     missing += [name for name in data if name not in names]
     if missing:
         print(f"{wheel.name} lacks: {', '.join(missing)}", file=sys.stderr)
