@@ -85,6 +85,7 @@ def test_suite_needs_the_comparison(capsys):
     assert "--vs-llama-cpp /nonexistent: not a directory" in capsys.readouterr().err
 
 
+@pytest.mark.live  # it runs a stand-in llama-bench
 def test_the_machine_report_reads_llama_bench_and_the_cpu(tmp_path):
     for name in ("llama-completion", "llama-speculative-simple", "llama-bench"):
         (tmp_path / name).write_text(

@@ -386,7 +386,7 @@ def test_a_verifier_masked_to_the_drafts_vocabulary_fails_the_hot_vocabulary_che
 
 class ScriptedSeconds:
     """An adaptive policy that sees each step take what `costs` says (the fakes take no time),
-    and records the K it chose."""
+    and records the K it chose (for prompt lookup's whole proposals, how many it verified)."""
 
     def __init__(self, policy, costs: MachineCosts):
         self.policy, self.costs = policy, costs
@@ -401,7 +401,8 @@ class ScriptedSeconds:
         return self.policy.keep_drafting(confidences)
 
     def worth(self, confidences):
-        return self.policy.worth(confidences)
+        self.chosen[-1] = self.policy.worth(confidences)  # a whole proposal: the drafts verified are the step's K
+        return self.chosen[-1]
 
     def branch(self, confidences, runner_up):
         return False

@@ -241,6 +241,7 @@ def test_a_json_schema_file_that_cannot_be_read_is_one_line(cli, tiny_verifier, 
 
 
 # --- the worker: one deadline for the handshake, its own places, a throttled log ------------
+@pytest.mark.live  # LoggedWorker (test_rpc_relay.py) starts `specgguf worker`
 def test_peers_trickling_a_token_cannot_keep_its_holder_out(tmp_path, cli, tiny_verifier, tiny_draft):
     import socket
     import threading
