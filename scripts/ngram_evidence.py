@@ -117,7 +117,7 @@ def main() -> None:
         return
     verifier = ModelSettings(n_ctx=4096, n_threads=args.threads).load(Path(args.model))
     prompts = Prompts(verifier)
-    everything = []
+    everything: list[dict] = []
     for item in load_suite():
         tokens = prompts.question(item.text, raw=False, system=None)
         reply = answer(verifier, tokens, args.n)
