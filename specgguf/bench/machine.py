@@ -16,18 +16,17 @@ BATCH_ROWS = (1, 2, 4, 8)
 
 
 def cpu() -> dict:
-    """The CPU's model name and whether its flags include avx512_vnni (Linux's /proc/cpuinfo)."""
-    name, flags = platform.processor() or platform.machine(), set[str]()
+    """The CPU's model name and whether its flags include avx512_vnni (Linux's /proc/cpuinfo: the first
+    processor's lines)."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "model name" and name in ("", platform.machine(), platform.processor()):
-                name = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return {"cpu": name, "avx512_vnni": "avx512_vnni" in flags, "cores": os.cpu_count()}
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    return {"cpu": name, "avx512_vnni": "avx512_vnni" in fields.get("flags", "").split(), "cores": os.cpu_count()}
 
 
 def llama_bench(tools: LlamaTools, model: Path, n_threads: int) -> dict[int, float] | None:

@@ -38,6 +38,12 @@ class PolicyConfig:
     trees: bool = False
 
 
+def expected_tokens(chances: np.ndarray) -> np.ndarray:
+    """E_n for n = 0..len(chances), draft i right with chances[i] given the ones before it were: the
+    tokens a step verifying the first n drafts emits on average, 1 + c_1 + c_1·c_2 + … + c_1·…·c_n."""
+    return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(chances))])
+
+
 class Calibration:
     """How often a draft of some probability turns out right: decayed counts per probability bin,
     the probability itself a prior worth two drafts."""
@@ -93,7 +99,7 @@ class Acceptance:
         if optimism:
             first, seen = conditional[0], self.drafted[0] + self.config.prior_drafts
             conditional[0] = min(1.0, first + optimism * np.sqrt(first * (1.0 - first) / seen))
-        return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(conditional))])
+        return expected_tokens(conditional)
 
     def observe(self, n_drafted: int, n_accepted: int, confidences: list[float]) -> None:
         decay, n = self.config.decay, min(n_drafted, self.config.k_max)

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .acceptance_counts import Acceptance, Calibration, PolicyConfig
+from .acceptance_counts import Acceptance, Calibration, PolicyConfig, expected_tokens
 from .costs import MachineCosts, StepCosts
 from .drafters import DRAFTER_KINDS, FORCED, DrafterKind
 from .drafting import Source
@@ -208,8 +208,7 @@ class AdaptiveK:
         if n == 0 or self.config.k_min > 0:
             return n
         acceptance = np.array([self.acceptance.calibrated(c, self.config.doubt) for c in confidences[:n]])
-        expected = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(acceptance))])
-        return int(np.argmax(expected / self.costs.step(np.arange(n + 1), self.source)))
+        return int(np.argmax(expected_tokens(acceptance) / self.costs.step(np.arange(n + 1), self.source)))
 
     def ahead(self, acceptance: np.ndarray) -> float:
         """The chance each draft past the newest is accepted, given the calibrated acceptance of
