@@ -86,6 +86,28 @@ def test_hybrid_uses_ngram_on_long_matches_and_the_model_otherwise():
     assert drafts.source == "model" and drafts.tokens == [9, 9]
 
 
+def test_hybrid_looks_up_once_per_step_and_anew_when_the_context_changes():
+    class CountingNgrams(NgramDrafter):
+        calls = 0
+
+        def lookup(self, context: list[int], k: int) -> Match:
+            CountingNgrams.calls += 1
+            return super().lookup(context, k)
+
+    model = FakeModel(one_hot_logits(lambda c: 9, 20), n_vocab=20)
+    hybrid = HybridDrafter(ModelDrafter(model), CountingNgrams(min_ngram=1), min_match=3)
+    context = [1, 2, 3, 4, 5, 1, 2, 3]
+    assert hybrid.next_source(context) == "ngram"
+    assert _propose(hybrid, context, 2).tokens == [4, 5]  # the same step's lookup, cut to K
+    assert _propose(hybrid, context, 3).tokens == [4, 5, 1]
+    assert CountingNgrams.calls == 1
+    context.append(4)  # the next step: looked up again
+    assert _propose(hybrid, context, 1).tokens == [5] and CountingNgrams.calls == 2
+    hybrid.prepare(context)  # a new answer (another prompt boundary): never the last answer's match
+    hybrid.next_source(context)
+    assert CountingNgrams.calls == 3
+
+
 def test_build_drafter_by_name():
     model = FakeModel(one_hot_logits(lambda c: 1, 5), n_vocab=5)
     assert isinstance(build_drafter("ngram", None), NgramDrafter)

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 # Who proposed a step's drafts: a draft model, prompt lookup, or a grammar's forced tokens (free,
 # and under the grammar's mask nearly always right: forced_drafter.py).
 Source = Literal["model", "ngram", "grammar"]
+# Sources that propose a whole draft at once, each token with its prior chance, at no cost per drafted
+# token (prompt lookup): the policy lets `worth` cut each proposal rather than choosing K ahead.
+WHOLE_DRAFTS: frozenset[Source] = frozenset({"ngram"})
 KeepDrafting = Callable[[list[float]], bool]  # asked after each draft token: go on?
 # Asked after each draft token (the confidences so far, the runner-up's probability): add a sibling?
 Branch = Callable[[list[float], float], bool]

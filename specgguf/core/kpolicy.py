@@ -47,7 +47,7 @@ import numpy as np
 from .acceptance_counts import Acceptance, Calibration, PolicyConfig, expected_tokens
 from .costs import MachineCosts, StepCosts
 from .drafters import DRAFTER_KINDS, FORCED, DrafterKind
-from .drafting import Source
+from .drafting import WHOLE_DRAFTS, Source
 from .engine import KPolicy, StepEvent
 from .rounds import ALONE, K_MAX, Round, expected_at, optimistic, reprice
 
@@ -149,7 +149,7 @@ class AdaptiveK:
             self.worth_drafting = self.config.k_min > 0 or self.could_win()
         if not self.worth_drafting:
             return 0
-        if self.confidence_seen and self.source == "ngram":
+        if self.confidence_seen and self.source in WHOLE_DRAFTS:
             return self.config.k_max  # free drafts, each with its evidence: `worth` decides step by step
         k = self.best_k()
         if k == 0:
@@ -277,8 +277,9 @@ class PerSource:
         return self.policies["model"].keep_drafting(confidences)  # only a draft model drafts token by token
 
     def worth(self, confidences: list[float]) -> int:
-        # Only prompt lookup proposes whole drafts with their evidence.
-        return self.policies["ngram"].worth(confidences) if "ngram" in self.policies else len(confidences)
+        # Only a source of whole drafts (prompt lookup) proposes them with their evidence.
+        whole = [policy for source, policy in self.policies.items() if source in WHOLE_DRAFTS]
+        return whole[0].worth(confidences) if whole else len(confidences)
 
     @property
     def branches(self) -> bool:
