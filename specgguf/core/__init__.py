@@ -2,7 +2,8 @@
 block rule for a chain), drafting, one drafter per module (model_drafter, ngram_drafter, hybrid_drafter,
 cross_drafter: a draft of another vocabulary through text, over vocab_map) and drafters (the table of
 kinds), ngram_cache, engine (the loop), verify_tree (a step's verifier batch), kpolicy (adaptive K) and
-acceptance_counts (what its steps teach it),
+acceptance_counts (what its steps teach it), repeatable (a K policy timed by fixed costs: serve
+--deterministic),
 rounds (a round's price under serve --parallel: its line, shared costs and K), stats, costs,
 calibration (greedy runs that measure a draft); constraint (grammars under speculation) and
 grammar_walk (its masks along a step), forced_drafter (a grammar's forced tokens as free drafts),

@@ -58,9 +58,19 @@ class Lane:
     first_until: float = 0.0  # (time.monotonic) its fill-in-the-middle request goes first until then; 0: it does not
     steps_until: float = 0.0  # its request gave way just before: until then it steps without giving way
 
-    def live(self) -> contextlib.AbstractContextManager[None]:
-        """While a request runs here: its thread takes part in both models' batches."""
-        return self._each_view(lambda view: view.participant())
+    @contextlib.contextmanager
+    def live(self, *, alone: bool = False) -> Iterator[None]:
+        """While a request runs here: its thread takes part in both models' batches, or (`alone`: serve
+        --deterministic) its rows go in passes of their own and no batch waits for it."""
+        views = [view for view in (self.verifier, self.draft_sequence) if view is not None]
+        for view in views:
+            view.alone = alone
+        try:
+            with self._each_view(lambda view: view.participant()):
+                yield
+        finally:
+            for view in views:
+                view.alone = False
 
     def away(self) -> contextlib.AbstractContextManager[None]:
         """While this request waits between its steps: both models' batches no longer wait for it."""
@@ -148,10 +158,14 @@ class Lanes:
             return lane
 
     @contextlib.contextmanager
-    def shared(self, policy: KPolicy, lane: Lane) -> Iterator[SharedCosts]:
-        """`policy`, for a request running on `lane`, among the live requests' (SharedCosts)."""
-        shared = SharedCosts(policy, lane, self._live, lambda: self.between_steps(lane))
-        self._live.add(shared)
+    def shared(self, policy: KPolicy, lane: Lane, *, alone: bool = False) -> Iterator[SharedCosts]:
+        """`policy`, for a request running on `lane`, among the live requests' (SharedCosts); `alone`
+        (serve --deterministic): priced and capped as a request alone, and no other's round counts it."""
+        shared = SharedCosts(
+            policy, lane, set() if alone else self._live, lambda: self.between_steps(lane), alone=alone
+        )
+        if not alone:
+            self._live.add(shared)
         if lane.fim:
             with self._urgent:
                 lane.first_until = time.monotonic() + PRIORITY_SECONDS
