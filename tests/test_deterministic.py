@@ -18,9 +18,10 @@ from specgguf.core.repeatable import Repeatable, table_seconds
 from specgguf.core.sampling import SamplingSettings
 from specgguf.llama.batcher import Batcher, Rows, SequenceView
 from specgguf.serve.common import Speculative
-from specgguf.serve.parallel.lanes import Lane
+from specgguf.serve.parallel.lanes import Lane, Lanes
 from test_laws import DRAFT, TARGET, VOCAB
 from test_parallel_laws import PROMPTS, FakeContext
+from test_serve_parallel import _Views as _FakeViews
 
 ALONE = 0  # the lane whose request is deterministic
 COSTS = MachineCosts(verify=(0.040, 0.046, 0.052, 0.058, 0.064, 0.070), draft=0.012)
@@ -134,3 +135,24 @@ def test_the_table_times_a_pass_past_its_end_by_its_last_slope():
 def test_a_request_asks_for_it_in_its_speculative_object():
     assert Speculative.model_validate({"deterministic": True}).speculation().deterministic is True
     assert Speculative.model_validate({}).speculation().deterministic is None  # the server's --deterministic
+
+
+def _hold(lane: Lane, tokens: list[int], *, used: float) -> None:
+    lane.verifier.cached, lane.verifier.n_past = list(tokens), len(tokens)
+    lane.prompt, lane.used = list(tokens[:-2]), used
+
+
+def test_a_request_that_keeps_no_cache_takes_the_least_recently_used_lane():
+    """A deterministic request empties its lane first: past its own conversation and an empty lane it
+    takes the least recently used one, not the one whose cache it shares most of (another's, kept)."""
+
+    def two_lanes() -> Lanes:
+        lanes = Lanes(_FakeViews(), None, 2)
+        _hold(lanes.lanes[0], [1, 2, 3, 4, 5, 6, 8, 8], used=1.0)  # shares most with the request, used last
+        _hold(lanes.lanes[1], [9, 9, 9, 9], used=0.0)
+        return lanes
+
+    lanes = two_lanes()
+    assert lanes.acquire([1, 2, 3, 7], fresh=True) is lanes.lanes[1]
+    lanes = two_lanes()
+    assert lanes.acquire([1, 2, 3, 7]) is lanes.lanes[0]  # a request that keeps its cache: the one it shares

@@ -227,8 +227,8 @@ class Worker:
                 self.prompts.select(plan.prompt)  # the cached conversation this prompt continues, if one is parked
             self._run(job, plan, self.verifier, self._forget_caches)
             return
-        lane = self.lanes.acquire(plan.prompt, fim=request.prompt.fim is not None)
         alone = plan.deterministic
+        lane = self.lanes.acquire(plan.prompt, fim=request.prompt.fim is not None, fresh=alone)
         try:
             if alone:
                 lane.clear()  # its prompt read whole, in the same passes whatever the lane held

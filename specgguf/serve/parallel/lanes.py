@@ -131,9 +131,10 @@ class Lanes:
         self._live: set[SharedCosts] = set()
         self._urgent = threading.Condition()  # guards the lanes' first_until; notified when one ends
 
-    def acquire(self, prompt: list[int], *, fim: bool = False) -> Lane:
+    def acquire(self, prompt: list[int], *, fim: bool = False, fresh: bool = False) -> Lane:
         """The free lane for `prompt` (one is free: a thread per lane asks), as the docstring above says;
-        `fim`: a fill-in-the-middle request."""
+        `fim`: a fill-in-the-middle request; `fresh`: one that keeps no cache (serve --deterministic),
+        so past its own conversation and an empty lane it takes the least recently used one."""
         with self._lock:
             free = [lane for lane in self.lanes if not lane.busy]
             kept = {lane.index: common_prefix(lane.verifier.cached, prompt) for lane in free}
@@ -152,6 +153,8 @@ class Lanes:
                 lane = max(going_on, key=lambda lane: (kept[lane.index], -lane.used))
             elif empty := [lane for lane in free if not lane.verifier.n_past]:
                 lane = max(empty, key=lambda lane: -lane.used)
+            elif fresh:
+                lane = max(free, key=lambda lane: -lane.used)
             else:
                 lane = max(free, key=value)
             lane.busy, lane.prompt, lane.fim, lane.steps_until = True, list(prompt), fim, 0.0
