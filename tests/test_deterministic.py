@@ -9,7 +9,9 @@ import threading
 from collections.abc import Sequence
 
 import numpy as np
+import pytest
 
+from live_server import live_server
 from specgguf.core.costs import MachineCosts
 from specgguf.core.engine import FixedK, StepEvent, speculate
 from specgguf.core.kpolicy import PolicyConfig, adaptive_policy
@@ -156,3 +158,27 @@ def test_a_request_that_keeps_no_cache_takes_the_least_recently_used_lane():
     assert lanes.acquire([1, 2, 3, 7], fresh=True) is lanes.lanes[1]
     lanes = two_lanes()
     assert lanes.acquire([1, 2, 3, 7]) is lanes.lanes[0]  # a request that keeps its cache: the one it shares
+
+
+@pytest.mark.parametrize("parallel", ["1", "2"])
+def test_a_deterministic_server_reads_each_prompt_whole(tiny_verifier, tiny_draft, parallel):
+    """With --parallel 1 (the models' own caches) and 2 (lanes): the same greedy request twice gets the
+    same answer and its prompt read whole the second time (no cached tokens); a request that asks out
+    of it (`"deterministic": false`) keeps the cache."""
+    args = ("-m", tiny_verifier, "-md", tiny_draft, "-c", "512", "-t", "1", "--parallel", parallel, "--deterministic")
+    with live_server(*args) as server:
+        client = server.client()
+
+        def complete(**speculative):
+            response = client.completions.create(
+                model="m",
+                prompt="the cat sat on the mat and the dog",
+                max_tokens=24,
+                temperature=0,
+                extra_body={"speculative": speculative} if speculative else None,
+            )
+            return response.choices[0].text, response.usage.prompt_tokens_details.cached_tokens
+
+        first, second = complete(), complete()
+        assert first[0] == second[0] and second[1] == 0
+        assert complete(deterministic=False)[1] > 0
