@@ -6,6 +6,7 @@ acceptance_counts (what its steps teach it), repeatable (a K policy timed by fix
 --deterministic),
 rounds (a round's price under serve --parallel: its line, shared costs and K), stats, costs,
 calibration (greedy runs that measure a draft); constraint (grammars under speculation) and
-grammar_walk (its masks along a step), json_digits (a JSON schema's numbers bounded in digits), forced_drafter (a grammar's forced tokens as free drafts),
+grammar_walk (its masks along a step), json_digits (a JSON schema's numbers bounded in
+digits), forced_drafter (a grammar's forced tokens as free drafts),
 lazy_grammar (tool calls: a grammar from an opener on); hot_vocab (a hot-vocabulary draft seen over the
 whole vocabulary)."""
