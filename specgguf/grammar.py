@@ -28,6 +28,8 @@ import numpy as np
 from llguidance import LLMatcher, LLTokenizer
 
 from . import grammar_check
+from .core.constraint import Constraint
+from .core.json_digits import Bounds, DigitBound
 from .errors import SpecggufError, UsageError, terminal_safe
 from .files.small_files import FileRefused, loads, read_small
 
@@ -99,7 +101,8 @@ _SCHEMA_VALUES = ("const", "enum", "default", "examples")  # JSON values, not sc
 def bound_integers(schema: Any) -> Any:
     """The schema with every integer (`"type": "integer"`, alone or beside "null", "string"…) that
     sets no minimum (maximum) given -MAX_INTEGER (MAX_INTEGER): at most 16 digits. A type that
-    allows "number" too is left alone: llguidance's bounded numbers have no exponent (`1e-5`)."""
+    allows "number" too is left alone (llguidance's bounded numbers have no exponent, `1e-5`): its
+    digits are bounded over the masks instead (constraint_for, core/json_digits.py)."""
     if isinstance(schema, list):
         return [bound_integers(item) for item in schema]
     if not isinstance(schema, dict):
@@ -307,8 +310,34 @@ def grammar_from_files(*, json_schema: Path | None, grammar: Path | None) -> Gra
     return spec
 
 
-def constraint_for(verifier: Any, spec: GrammarSpec) -> GuidanceConstraint:
-    """The grammar bound to the verifier's vocabulary (a `llama.model.LlamaModel`)."""
-    from .llama.guidance import guidance_tokenizer  # llama.cpp loads only when a grammar is used
+def constraint_for(verifier: Any, spec: GrammarSpec) -> Constraint:
+    """The grammar bound to the verifier's vocabulary (a `llama.model.LlamaModel`); a JSON schema's
+    numbers bounded in digits (core/json_digits.py)."""
+    from .llama.guidance import guidance_tokenizer, token_texts  # llama.cpp loads only when a grammar is used
 
-    return GuidanceConstraint(guidance_tokenizer(verifier), spec.compile(), verifier.n_vocab)
+    constraint = GuidanceConstraint(guidance_tokenizer(verifier), spec.compile(), verifier.n_vocab)
+    if spec.kind != "json_schema":
+        return constraint
+    return DigitBound(constraint, token_texts(verifier), number_bounds(json.loads(spec.text)))
+
+
+def number_bounds(schema: Any) -> Bounds:
+    """The digit bounds for a schema's numbers: an integral part unbounded where the schema gives a
+    numeric bound past MAX_INTEGER (its own wider bound stands, as `bound_integers` lets it)."""
+    return Bounds(integral=None if _wider(schema) else len(str(MAX_INTEGER)))
+
+
+def _wider(schema: Any) -> bool:
+    if isinstance(schema, list):
+        return any(_wider(item) for item in schema)
+    if not isinstance(schema, dict):
+        return False
+    for key, value in schema.items():
+        if key in _BOUNDS and isinstance(value, int | float) and abs(value) > MAX_INTEGER:
+            return True
+        if key not in _SCHEMA_VALUES and _wider(value):
+            return True
+    return False
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")

@@ -12,7 +12,9 @@ import pytest
 from llguidance import LLTokenizer
 from scipy.stats import chisquare
 
-from specgguf.grammar import MAX_INTEGER, GrammarSpec, GuidanceConstraint, bound_integers
+from live_server import live_server
+from specgguf.core.json_digits import DigitBound
+from specgguf.grammar import MAX_INTEGER, GrammarSpec, GuidanceConstraint, bound_integers, number_bounds
 from specgguf.serve.tool_syntax import _with_options
 
 AGE = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"], "additionalProperties": False}
@@ -48,7 +50,7 @@ def _whole(spec: GrammarSpec, text: str) -> bool:
         ({"type": "integer", "maximum": 10**17}, "12345678901234567", True),  # a wider bound it gives stands
         ({"type": ["integer", "null"]}, "12345678901234567", False),
         ({"type": ["integer", "null"]}, "null", True),
-        ({"type": "number"}, "1.5e-3", True),  # numbers keep their exponent (left unbounded)
+        ({"type": "number"}, "1.5e-3", True),  # numbers keep their exponent
         ({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"}, "12345678901234567", False),
         ({"type": "array", "items": {"type": "integer"}}, "[1, 12345678901234567]", False),
     ],
@@ -122,3 +124,133 @@ def test_sampled_lengths_follow_the_models_law_within_the_bound():
     expected = law[1:] * n_samples
     assert expected.min() >= 5  # every cell large enough for the chi-square
     assert chisquare(counts[1:], expected).pvalue > 1e-3
+
+
+# --- numbers: each part's digits bounded over the grammar's masks (core/json_digits.py) ---
+
+MASS = {
+    "type": "object",
+    "properties": {"mass": {"type": "number"}},
+    "required": ["mass"],
+    "additionalProperties": False,
+}
+
+
+def _bounded(spec: GrammarSpec) -> tuple[LLTokenizer, DigitBound]:
+    """The grammar as constraint_for gives it: a JSON schema's numbers bounded in digits."""
+    tokenizer, constraint = _constraint(spec)
+    texts = [tokenizer.decode_bytes([token]) for token in range(tokenizer.vocab_size)]
+    return tokenizer, DigitBound(constraint, texts, number_bounds(json.loads(spec.text)))
+
+
+def _takes(spec: GrammarSpec, text: str) -> bool:
+    tokenizer, constraint = _bounded(spec)
+    tokens = tokenizer.tokenize_str(text)
+    if constraint.valid_prefix(tokens) < len(tokens):
+        return False
+    for token in tokens:
+        assert constraint.allowed()[token]  # the mask says what valid_prefix says
+        constraint.advance(token)
+    return constraint.accepting
+
+
+@pytest.mark.parametrize(
+    "schema, text, whole",
+    [
+        (MASS, '{"mass": 1.5e-3}', True),  # numbers keep their exponent
+        (MASS, '{"mass": -0.30000000000000004}', True),  # a double as Python prints it (17 decimals)
+        (MASS, '{"mass": 1.2345678901234567e-07}', True),
+        (MASS, '{"mass": 0.000000123456789012345678}', True),  # 24 decimals
+        (MASS, '{"mass": 0.3333333333333333333333333}', False),  # 25: the runaway
+        (MASS, '{"mass": 9999999999999999.5}', True),  # 16 integral digits
+        (MASS, '{"mass": 25000000000000000}', False),  # 17
+        (MASS, '{"mass": 1e-0000000000000001}', True),  # 16 exponent digits
+        (MASS, '{"mass": 1E+00000000000000001}', False),  # 17
+        ({"type": "string"}, '"' + "3" * 40 + '"', True),  # a string's digits are the string's
+        (
+            {"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "number"}}},
+            '{"s": "a\\"' + "1" * 30 + '", "n": 2}',  # an escaped quote: still in the string
+            True,
+        ),
+        ({"type": "integer", "maximum": 10**17}, "12345678901234567", True),  # a wider bound it gives stands
+        ({"type": "array", "items": {"type": "number"}}, "[1.25, 3.0, 1234567890123456789]", False),
+    ],
+)
+def test_numbers_are_bounded_in_each_part(schema, text, whole):
+    assert _takes(GrammarSpec.json_schema(schema), text) is whole
+
+
+def test_the_mask_is_the_unbounded_grammars_up_to_the_24th_decimal():
+    tokenizer, free = _constraint(GrammarSpec.json_schema(MASS))
+    _, bounded = _bounded(GrammarSpec.json_schema(MASS))
+    digits = [tokenizer.tokenize_str(d)[0] for d in "0123456789"]
+    for token in tokenizer.tokenize_str('{"mass": -12.'):
+        free.advance(token), bounded.advance(token)
+    for n_digits in range(24):
+        assert np.array_equal(free.allowed(), bounded.allowed()), n_digits
+        free.advance(digits[n_digits % 10]), bounded.advance(digits[n_digits % 10])
+    allowed = bounded.allowed()
+    assert free.allowed()[digits].all() and not allowed[digits].any()  # the bound, at 24
+    assert allowed[tokenizer.tokenize_str("e")[0]] and allowed[tokenizer.tokenize_str("}")[0]]
+    bounded.rollback(3)  # back under the bound: digits again
+    assert bounded.allowed()[digits].all()
+
+
+def test_sampled_decimals_follow_the_models_law_within_the_bound():
+    # A model writing the mass after `0.`: another digit (0.085 each) or the end "}" (0.15); every other
+    # byte has no mass. Masked: at least one decimal, and the 24th ends the fraction. Its law over the
+    # number of decimals: P(k) = 0.85^(k-1) * 0.15 for 1 <= k <= 23, P(24) = 0.85^23.
+    tokenizer, constraint = _bounded(GrammarSpec.json_schema(MASS))
+    end = tokenizer.tokenize_str("}")[0]
+    model = np.zeros(tokenizer.vocab_size)
+    model[[tokenizer.tokenize_str(d)[0] for d in "0123456789"]] = 0.085
+    model[end] = 0.15
+    prefix = tokenizer.tokenize_str('{"mass": 0.')
+    rng = np.random.default_rng(48)
+    counts = np.zeros(26, dtype=int)
+    n_samples = 3000
+    for _ in range(n_samples):
+        for token in prefix:
+            constraint.advance(token)
+        n_tokens, token = len(prefix), -1
+        while not constraint.accepting or token != end:
+            weights = model * constraint.allowed()
+            token = int(rng.choice(len(weights), p=weights / weights.sum()))
+            constraint.advance(token)
+            n_tokens += 1
+        counts[n_tokens - len(prefix) - 1] += 1
+        constraint.rollback(n_tokens)
+    law = np.zeros(25)
+    law[1:24] = 0.85 ** np.arange(0, 23) * 0.15
+    law[24] = 0.85**23
+    assert counts[0] == 0 and counts[24] > 0 and counts[25] == 0  # some reach the bound, none go past it
+    expected = law[1:] * n_samples
+    assert expected.min() >= 5  # every cell large enough for the chi-square
+    assert chisquare(counts[1:25], expected).pvalue > 1e-3
+
+
+@pytest.mark.slow
+def test_a_client_asking_for_many_decimals_gets_a_whole_object(qwen_pair):
+    """The real `openai` client and the default pair: asked for pi to 60 decimals under a schema with a
+    `number`, the model writes digits until the bound (24), then the object closes, whole."""
+    verifier, draft = qwen_pair
+    schema = {
+        "type": "object",
+        "properties": {"pi": {"type": "number"}},
+        "required": ["pi"],
+        "additionalProperties": False,
+    }
+    with live_server("-m", verifier, "-md", draft, "-c", "1024", "--parallel", "1", startup_timeout=240) as server:
+        response = server.client(timeout=300).chat.completions.create(
+            model="coder",
+            messages=[{"role": "user", "content": "Write pi to 60 decimal places, as JSON."}],
+            temperature=0,
+            max_tokens=120,
+            response_format={"type": "json_schema", "json_schema": {"name": "pi", "schema": schema, "strict": True}},
+        )
+    choice = response.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    text = choice.message.content
+    assert json.loads(text)["pi"] == pytest.approx(3.14159265358979)
+    decimals = text.split(".", 1)[1].split("}")[0].strip()
+    assert len(decimals) == 24  # it wrote up to the bound, and no further

@@ -306,6 +306,14 @@ def serve(
     no_webui: Annotated[
         bool, typer.Option("--no-webui", help="Serve no chat page at / (it is a 404); the APIs stay.")
     ] = False,
+    deterministic: Annotated[
+        bool,
+        typer.Option(
+            "--deterministic",
+            help="Each request's rows go in passes of their own, its prompt read whole and its K chosen from its"
+            " own tokens: the same greedy request gets the same answer whatever else runs (slower under load).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...).
 
@@ -359,4 +367,5 @@ def serve(
         cache_slots=cache_slots,
         parallel=parallel,
         webui=not no_webui,
+        deterministic=deterministic,
     )

@@ -2,9 +2,11 @@
 block rule for a chain), drafting, one drafter per module (model_drafter, ngram_drafter, hybrid_drafter,
 cross_drafter: a draft of another vocabulary through text, over vocab_map) and drafters (the table of
 kinds), ngram_cache, engine (the loop), verify_tree (a step's verifier batch), kpolicy (adaptive K) and
-acceptance_counts (what its steps teach it),
+acceptance_counts (what its steps teach it), repeatable (a K policy timed by fixed costs: serve
+--deterministic),
 rounds (a round's price under serve --parallel: its line, shared costs and K), stats, costs,
 calibration (greedy runs that measure a draft); constraint (grammars under speculation) and
-grammar_walk (its masks along a step), forced_drafter (a grammar's forced tokens as free drafts),
+grammar_walk (its masks along a step), json_digits (a JSON schema's numbers bounded in
+digits), forced_drafter (a grammar's forced tokens as free drafts),
 lazy_grammar (tool calls: a grammar from an opener on); hot_vocab (a hot-vocabulary draft seen over the
 whole vocabulary)."""

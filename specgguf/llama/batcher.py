@@ -46,6 +46,7 @@ class Rows:
     embeddings: np.ndarray | None = None
     seconds: float = 0.0  # set by the batcher: this caller's share of its batch's time, by rows
     stop: Stop | None = None  # a prompt's chunk: its request's stop, for a pass that is its alone (stops.py)
+    alone: bool = False  # decoded in a pass of its own, never beside another caller's rows (serve --deterministic)
 
 
 class Decoder(Protocol):
@@ -123,9 +124,9 @@ class Batcher:
             deadline = time.monotonic() + self.wait_seconds
             while not call.done:
                 now = time.monotonic()
-                everyone = len(self._pending) >= max(1, self._participants)
-                if not self._decoding and self._pending and (everyone or now >= deadline):
-                    self._lead()
+                taken = [] if self._decoding else self._next_batch(late=now >= deadline)
+                if taken:
+                    self._lead(taken)
                 elif self._decoding or now >= deadline:
                     self._changed.wait()  # the decode under way ends with notify_all
                 else:
@@ -135,15 +136,30 @@ class Batcher:
         assert call.result is not None
         return call.result
 
-    def _lead(self) -> None:
-        """(Holding the lock.) Decode the pending calls that fit one batch, in arrival order."""
+    def _next_batch(self, *, late: bool) -> list[_Call]:
+        """(Holding the lock.) The calls to decode now, if any: the shared calls that fit one batch,
+        in arrival order, once every participant has brought its rows (or the caller waited
+        `wait_seconds`: `late`); a call `alone` goes in a pass of its own at once, and never waits
+        for the others (its thread is no participant: serve/parallel/lanes.py)."""
+        shared = [call for call in self._pending if not call.rows.alone]
+        alone = [call for call in self._pending if call.rows.alone]
+        ready = bool(shared) and (late or len(shared) >= max(1, self._participants))
+        if alone and not (ready and self._pending[0] is shared[0]):
+            return alone[:1]
+        if not ready:
+            return []
         taken: list[_Call] = []
         n_rows = 0
-        for call in self._pending:
+        for call in shared:
             if taken and n_rows + len(call.rows.tokens) > self.decoder.n_batch:
                 continue
             taken.append(call)
             n_rows += len(call.rows.tokens)
+        return taken
+
+    def _lead(self, taken: list[_Call]) -> None:
+        """(Holding the lock.) Decode `taken` in one batch."""
+        n_rows = sum(len(call.rows.tokens) for call in taken)
         self._pending = [call for call in self._pending if call not in taken]
         self._decoding = True
         self._changed.release()
@@ -187,16 +203,19 @@ class SequenceView:
         # The same request's sequences of the other model (serve/parallel/lanes.py): while this one reads a
         # long evaluation, their batches do not wait for this thread's rows (it brings none).
         self.partners: list[SequenceView] = []
+        # Its request's rows go in passes of their own (serve --deterministic): it is then no participant,
+        # so no batch waits for it, and its long evaluations go in whole batches, whoever else is live.
+        self.alone = False
 
     @property
     def n_past(self) -> int:
         return len(self.cached)
 
     def participant(self) -> contextlib.AbstractContextManager[None]:
-        return self.batcher.participant()
+        return contextlib.nullcontext() if self.alone else self.batcher.participant()
 
     def away(self) -> contextlib.AbstractContextManager[None]:
-        return self.batcher.away()
+        return contextlib.nullcontext() if self.alone else self.batcher.away()
 
     def pass_line(self) -> tuple[float, float] | None:
         """What a pass of this context costs, (per pass, per row) seconds (Decoder.pass_line)."""
@@ -233,6 +252,7 @@ class SequenceView:
                 max(0, end - max(start, first_output)),
                 None if embeddings is None else embeddings[start:end],
                 stop=stops.current() if end - start >= stops.ABORTABLE_ROWS else None,
+                alone=self.alone,
             )
             started = time.perf_counter()
             parts.append(self.batcher.run(rows))
@@ -251,7 +271,7 @@ class SequenceView:
         instead of waiting out passes of hundreds of rows (512 rows: 13 s of the Q4 1.5B here)."""
         n_batch = self.batcher.decoder.n_batch
         line = self.pass_line()
-        if self.batcher.n_participants <= 1 or line is None:
+        if self.alone or self.batcher.n_participants <= 1 or line is None:
             return n_batch
         per_pass, per_row = line
         return max(MIN_SHARED_CHUNK, min(n_batch, int((SHARED_CHUNK_SECONDS - per_pass) / per_row)))

@@ -13,6 +13,7 @@ from llguidance.llamacpp import lltokenizer_from_vocab
 from .model import LlamaModel
 
 _TOKENIZERS: weakref.WeakKeyDictionary[LlamaModel, LLTokenizer] = weakref.WeakKeyDictionary()
+_TEXTS: weakref.WeakKeyDictionary[LlamaModel, list[bytes]] = weakref.WeakKeyDictionary()
 
 
 def guidance_tokenizer(model: LlamaModel) -> LLTokenizer:
@@ -24,3 +25,10 @@ def guidance_tokenizer(model: LlamaModel) -> LLTokenizer:
             warnings.simplefilter("ignore", DeprecationWarning)
             _TOKENIZERS[model] = lltokenizer_from_vocab(vocab, n_vocab=model.n_vocab, eos_token=eog or None)
     return _TOKENIZERS[model]
+
+
+def token_texts(model: LlamaModel) -> list[bytes]:
+    """Each token's bytes, by id (cached per model): what core/json_digits.py reads numbers from."""
+    if model not in _TEXTS:
+        _TEXTS[model] = [model.token_bytes(token) for token in range(model.n_vocab)]
+    return _TEXTS[model]

@@ -147,6 +147,7 @@ def run_server(
     cache_slots: int = 4,
     parallel: int | None = None,
     webui: bool = True,
+    deterministic: bool = False,
 ) -> None:
     """Check the address, load the pair (the same set-up as `run`), then serve until stopped."""
     check_address(host, api_key=api_key, insecure=insecure)
@@ -171,7 +172,12 @@ def run_server(
         metrics = Metrics(lambda: worker.n_waiting if worker else 0)
         n_seq, memory = concurrency(prepared, parallel)
         worker = Worker(
-            prepared=prepared, queue_size=queue_size, metrics=metrics, cache_slots=cache_slots, parallel=n_seq
+            prepared=prepared,
+            queue_size=queue_size,
+            metrics=metrics,
+            cache_slots=cache_slots,
+            parallel=n_seq,
+            deterministic=deterministic,
         )
         name = resolved.label or resolved.name or resolved.verifier.stem
         serve(

@@ -301,15 +301,17 @@ class AccountFields(Body):
 
 
 class Speculative(Body):
-    """Per-request drafting: {"k": 8 | "auto" | "adaptive", "drafter": ..., "p_min": ...}."""
+    """Per-request drafting: {"k": 8 | "auto" | "adaptive", "drafter": ..., "p_min": ...,
+    "deterministic": true | false (None: the server's --deterministic)}."""
 
     k: Annotated[int, Field(ge=0, le=64)] | Literal["auto", "adaptive"] | None = None
     drafter: DrafterKind | None = None
     p_min: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    deterministic: bool | None = None
 
     def speculation(self, *, mark_drafts: bool = False) -> Speculation:
         k = None if self.k is None else parse_k(self.k) if isinstance(self.k, str) else KChoice("fixed", self.k)
-        return Speculation(k, self.drafter, self.p_min, mark_drafts)
+        return Speculation(k, self.drafter, self.p_min, mark_drafts, self.deterministic)
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}

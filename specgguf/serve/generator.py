@@ -74,7 +74,16 @@ class Worker:
     """The loaded pair, the planner (plan.py) and the threads that run its plans (`parallel` of them,
     each on a live sequence of its own when more than one)."""
 
-    def __init__(self, *, prepared: Prepared, queue_size: int, metrics=None, cache_slots: int = 1, parallel: int = 1):
+    def __init__(
+        self,
+        *,
+        prepared: Prepared,
+        queue_size: int,
+        metrics=None,
+        cache_slots: int = 1,
+        parallel: int = 1,
+        deterministic: bool = False,
+    ):
         self.prepared = prepared
         self.verifier, self.draft = prepared.verifier, prepared.draft
         self.metrics = metrics
@@ -90,7 +99,9 @@ class Worker:
             _ = prepared.costs
             self.lanes = Lanes(self.verifier, self.draft, self.parallel)
         self.prompts = CacheSlots([self.verifier, self.draft], cache_slots if self.lanes is None else 1)
-        self.planner = Planner(prepared=prepared, templates=self.templates, tool_family=self.tool_family)
+        self.planner = Planner(
+            prepared=prepared, templates=self.templates, tool_family=self.tool_family, deterministic=deterministic
+        )
         self._waiting: deque[Job] = deque()  # FIFO; a job whose client left is dropped from it
         self._running: set[Job] = set()
         self._queue_size = queue_size
@@ -208,12 +219,20 @@ class Worker:
             job.send(Failed(error, status=503 if isinstance(error, GrammarBusy) else 400))
             return
         if self.lanes is None:
-            self.prompts.select(plan.prompt)  # the cached conversation this prompt continues, if one is parked
+            if plan.deterministic:  # its prompt read whole, in the same passes whatever came before
+                for model in (self.verifier, self.draft):
+                    if model is not None:
+                        model.clear()
+            else:
+                self.prompts.select(plan.prompt)  # the cached conversation this prompt continues, if one is parked
             self._run(job, plan, self.verifier, self._forget_caches)
             return
-        lane = self.lanes.acquire(plan.prompt, fim=request.prompt.fim is not None)
+        alone = plan.deterministic
+        lane = self.lanes.acquire(plan.prompt, fim=request.prompt.fim is not None, fresh=alone)
         try:
-            with lane.live(), self.lanes.shared(plan.policy, lane) as policy:
+            if alone:
+                lane.clear()  # its prompt read whole, in the same passes whatever the lane held
+            with lane.live(alone=alone), self.lanes.shared(plan.policy, lane, alone=alone) as policy:
                 self._run(
                     job, replace(self.planner.on_draft(plan, lane.draft), policy=policy), lane.verifier, lane.clear
                 )

@@ -16,6 +16,7 @@ from ..core.drafting import Drafter
 from ..core.engine import FixedK, KPolicy
 from ..core.model import Model
 from ..core.ngram_cache import SessionNgrams
+from ..core.repeatable import Repeatable
 from ..core.sampling import SamplingSettings
 from ..errors import ContextFullError, PromptError, UsageError
 from ..grammar import GrammarSpec, constraint_for
@@ -65,6 +66,7 @@ class Speculation:
     drafter: DrafterKind | None = None
     p_min: float | None = None
     mark_drafts: bool = False
+    deterministic: bool | None = None  # passes of its own, K from its own tokens (None: the server's --deterministic)
 
 
 @dataclass(frozen=True)
@@ -88,13 +90,14 @@ class Plan:
     constraint: Constraint | None  # the grammar (response_format, grammar) or the tool calls' lazy one
     drafter: Drafter | None
     policy: KPolicy
+    deterministic: bool = False  # the request's passes are its own, its prompt read whole (serve --deterministic)
 
 
 class Planner:
     """Plans requests against the loaded pair and the server's drafting defaults."""
 
-    def __init__(self, *, prepared: Prepared, templates: Prompts, tool_family: Family):
-        self.prepared = prepared
+    def __init__(self, *, prepared: Prepared, templates: Prompts, tool_family: Family, deterministic: bool = False):
+        self.prepared, self.deterministic = prepared, deterministic
         self.verifier, self.draft, self.defaults = prepared.verifier, prepared.draft, prepared.options
         self.templates, self.tool_family = templates, tool_family
         self._policies: dict[tuple, tuple[KPolicy, object]] = {}  # adaptive policies keep learning
@@ -121,25 +124,31 @@ class Planner:
             constraint = call_constraint(self.verifier, request.tools, SYNTAXES[self.tool_family])
         else:
             constraint = None if request.grammar is None else constraint_for(self.verifier, request.grammar)
-        drafter, policy = self._drafting(request, lane)
-        return Plan(request, prompt, constraint, drafter, policy)
+        deterministic = (
+            self.deterministic if request.speculation.deterministic is None else request.speculation.deterministic
+        )
+        drafter, policy = self._drafting(request, lane, deterministic=deterministic)
+        return Plan(request, prompt, constraint, drafter, policy, deterministic)
 
     def on_draft(self, plan: Plan, draft: Model | None) -> Plan:
         """The plan with its drafter over `draft` (a live sequence's view of the draft model)."""
         if plan.drafter is None:
             return plan
-        return replace(plan, drafter=self._drafter(plan.request, draft))
+        return replace(plan, drafter=self._drafter(plan.request, draft, fresh=plan.deterministic))
 
     def _kind(self, request: GenerationRequest) -> DrafterKind:
         return request.speculation.drafter or self.defaults.drafter
 
-    def _drafter(self, request: GenerationRequest, draft: Model | None = None) -> Drafter | None:
+    def _drafter(
+        self, request: GenerationRequest, draft: Model | None = None, *, fresh: bool = False
+    ) -> Drafter | None:
         """The request's drafter, over `draft` if given (a live sequence's view), else the draft model.
-        A seeded request drafts without what earlier requests taught the n-gram cache: the same
-        drafts consume the same random numbers, so the same seed gives the same answer."""
+        A seeded request (and a `fresh` one: deterministic) drafts without what earlier requests taught
+        the n-gram cache: the same drafts consume the same random numbers, so the same seed gives the
+        same answer, and the same drafts make the same verify passes."""
         wanted = request.speculation
         p_min = self.defaults.p_min if wanted.p_min is None else wanted.p_min
-        session = SessionNgrams() if request.sampling.seed is not None else None
+        session = SessionNgrams() if fresh or request.sampling.seed is not None else None
         return self.prepared.drafter(self._kind(request), p_min=p_min, session=session, draft=draft)
 
     def _fim_prompt(self, request: GenerationRequest) -> list[int]:
@@ -171,8 +180,12 @@ class Planner:
         tools = None if request.tools is None else request.tools.in_prompt
         return self.templates.chat_tokens(prompt.messages, tools)  # a failing or looping template: PromptError
 
-    def _drafting(self, request: GenerationRequest, lane: int) -> tuple[Drafter | None, KPolicy]:
-        """The drafter and K policy for a request: the server's defaults, overridden per request."""
+    def _drafting(
+        self, request: GenerationRequest, lane: int, *, deterministic: bool
+    ) -> tuple[Drafter | None, KPolicy]:
+        """The drafter and K policy for a request: the server's defaults, overridden per request. A
+        deterministic request's adaptive policy is its own, new, and timed by the machine's costs
+        (core/repeatable.py): its K follows from its tokens alone, not from earlier requests or the clock."""
         wanted = request.speculation
         kind = self._kind(request)
         choice = wanted.k or self.defaults.k
@@ -183,10 +196,13 @@ class Planner:
                     ' it with -md or --pair, or ask for "drafter": "ngram" or "k": 0)'
                 )
             choice = KChoice("fixed", 0)
-        drafter = self._drafter(request)
+        drafter = self._drafter(request, fresh=deterministic)
         if choice.mode == "fixed":
             return drafter, FixedK(choice.k or 0)
         settings = request.sampling.settings
+        if deterministic:
+            policy = self.prepared.policy(choice, temperature=settings.temperature, drafter=kind)[0]
+            return drafter, Repeatable(policy, self.prepared.costs) if policy.adapts else policy
         key = (choice.mode, kind, settings.greedy, lane)
         if key not in self._policies:
             self._policies[key] = self.prepared.policy(choice, temperature=settings.temperature, drafter=kind)

@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from ..conversation import ToolCall
+from ..core.json_digits import DigitBound
 from ..core.lazy_grammar import LazyGrammar
 from ..errors import UsageError
-from ..grammar import GrammarError, GrammarSpec, GuidanceConstraint, check_schema
+from ..grammar import GrammarError, GrammarSpec, GuidanceConstraint, check_schema, number_bounds
 from .text import AnswerText
 from .tool_syntax import CALL_START, SYNTAXES, Family, ParsedCall, Tool, ToolSyntax
 
@@ -139,7 +140,7 @@ def call_constraint(verifier: Any, tools_plan: ToolPlan, syntax: ToolSyntax) -> 
     tokens of one of the family's openers, then that form's call grammar (tool_choice "required" or a
     named function: the first form's opener at once). None: nothing to constrain (a family without
     an opener, tool_choice "auto": the calls are parsed from the text; tool_choice "none")."""
-    from ..llama.guidance import guidance_tokenizer
+    from ..llama.guidance import guidance_tokenizer, token_texts
 
     forms = [form for form in syntax.forms if form.opener]
     if tools_plan.choice == "none" or (not forms and tools_plan.choice == "auto"):
@@ -153,8 +154,10 @@ def call_constraint(verifier: Any, tools_plan: ToolPlan, syntax: ToolSyntax) -> 
         ids = _tokens(verifier, text)
         return f"<[{ids[0]}]>" if len(ids) == 1 and tokenizer.is_special_token(ids[0]) else json.dumps(text)
 
-    def factory(grammar: str):
-        return lambda: GuidanceConstraint(tokenizer, grammar, verifier.n_vocab)
+    texts, bounds = token_texts(verifier), number_bounds([tool.parameters for tool in strict])
+
+    def factory(grammar: str):  # the arguments' numbers bounded in digits, as an answer's (core/json_digits.py)
+        return lambda: DigitBound(GuidanceConstraint(tokenizer, grammar, verifier.n_vocab), texts, bounds)
 
     grammars = [
         GrammarSpec("lark", syntax.call_lark(strict, special, form)).compile() for form in forms or syntax.forms

@@ -58,9 +58,19 @@ class Lane:
     first_until: float = 0.0  # (time.monotonic) its fill-in-the-middle request goes first until then; 0: it does not
     steps_until: float = 0.0  # its request gave way just before: until then it steps without giving way
 
-    def live(self) -> contextlib.AbstractContextManager[None]:
-        """While a request runs here: its thread takes part in both models' batches."""
-        return self._each_view(lambda view: view.participant())
+    @contextlib.contextmanager
+    def live(self, *, alone: bool = False) -> Iterator[None]:
+        """While a request runs here: its thread takes part in both models' batches, or (`alone`: serve
+        --deterministic) its rows go in passes of their own and no batch waits for it."""
+        views = [view for view in (self.verifier, self.draft_sequence) if view is not None]
+        for view in views:
+            view.alone = alone
+        try:
+            with self._each_view(lambda view: view.participant()):
+                yield
+        finally:
+            for view in views:
+                view.alone = False
 
     def away(self) -> contextlib.AbstractContextManager[None]:
         """While this request waits between its steps: both models' batches no longer wait for it."""
@@ -121,9 +131,10 @@ class Lanes:
         self._live: set[SharedCosts] = set()
         self._urgent = threading.Condition()  # guards the lanes' first_until; notified when one ends
 
-    def acquire(self, prompt: list[int], *, fim: bool = False) -> Lane:
+    def acquire(self, prompt: list[int], *, fim: bool = False, fresh: bool = False) -> Lane:
         """The free lane for `prompt` (one is free: a thread per lane asks), as the docstring above says;
-        `fim`: a fill-in-the-middle request."""
+        `fim`: a fill-in-the-middle request; `fresh`: one that keeps no cache (serve --deterministic),
+        so past its own conversation and an empty lane it takes the least recently used one."""
         with self._lock:
             free = [lane for lane in self.lanes if not lane.busy]
             kept = {lane.index: common_prefix(lane.verifier.cached, prompt) for lane in free}
@@ -142,16 +153,22 @@ class Lanes:
                 lane = max(going_on, key=lambda lane: (kept[lane.index], -lane.used))
             elif empty := [lane for lane in free if not lane.verifier.n_past]:
                 lane = max(empty, key=lambda lane: -lane.used)
+            elif fresh:
+                lane = max(free, key=lambda lane: -lane.used)
             else:
                 lane = max(free, key=value)
             lane.busy, lane.prompt, lane.fim, lane.steps_until = True, list(prompt), fim, 0.0
             return lane
 
     @contextlib.contextmanager
-    def shared(self, policy: KPolicy, lane: Lane) -> Iterator[SharedCosts]:
-        """`policy`, for a request running on `lane`, among the live requests' (SharedCosts)."""
-        shared = SharedCosts(policy, lane, self._live, lambda: self.between_steps(lane))
-        self._live.add(shared)
+    def shared(self, policy: KPolicy, lane: Lane, *, alone: bool = False) -> Iterator[SharedCosts]:
+        """`policy`, for a request running on `lane`, among the live requests' (SharedCosts); `alone`
+        (serve --deterministic): priced and capped as a request alone, and no other's round counts it."""
+        shared = SharedCosts(
+            policy, lane, set() if alone else self._live, lambda: self.between_steps(lane), alone=alone
+        )
+        if not alone:
+            self._live.add(shared)
         if lane.fim:
             with self._urgent:
                 lane.first_until = time.monotonic() + PRIORITY_SECONDS

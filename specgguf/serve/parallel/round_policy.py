@@ -39,16 +39,27 @@ class SharedCosts:
     each step the policy's prior is set for the lanes live now (rounds.Round.prices)."""
 
     def __init__(
-        self, policy: KPolicy, lane: LaneCosts, live: set[SharedCosts], between_steps: Callable[[], None] | None = None
+        self,
+        policy: KPolicy,
+        lane: LaneCosts,
+        live: set[SharedCosts],
+        between_steps: Callable[[], None] | None = None,
+        *,
+        alone: bool = False,
     ):
         self.policy, self.lane, self.live = policy, lane, live  # live: the requests' policies running now
         self.between_steps = between_steps  # lanes.Lanes.between_steps
+        # A request whose passes are its own (serve --deterministic): its policy steps as alone, never
+        # priced for the others (core/repeatable.py times its steps); it still gives way between steps.
+        self.alone = alone
         self._marks = lane.charged()
 
     def choose(self, source: Source = "model") -> int:
         if self.between_steps is not None:
             self.between_steps()  # a step starts: first, an editor's completion may go ahead
         self._marks = self.lane.charged()  # a step starts: drafting and verifying are charged from here
+        if self.alone:
+            return self.policy.choose(source)
         n_lanes = self.lane.verifier.batcher.n_participants
         verify, draft = self.lane.pass_lines()
         self.policy.share(Round(n_lanes, verify, draft))  # priced for the lanes live now
@@ -98,6 +109,9 @@ class SharedCosts:
         return self.policy.branch(confidences, runner_up)
 
     def observe(self, event: StepEvent) -> None:
+        if self.alone:
+            self.policy.observe(event)
+            return
         verify, draft = (now - mark for now, mark in zip(self.lane.charged(), self._marks))
         catchup = event.draft_catchup_seconds * draft / event.draft_seconds if event.draft_seconds > 0 else 0.0
         charged = replace(event, verify_seconds=verify, draft_seconds=draft, draft_catchup_seconds=catchup)
