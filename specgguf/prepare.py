@@ -237,9 +237,9 @@ def load_models(
     return verifier, draft, choice
 
 
-CROSS_MODE_WHY: dict[CrossMode, str] = {
-    "tokens": "proposing the tokens both share",
-    "string": "its own text re-encoded by the verifier",
+CROSS_MODE_WHY: dict[CrossMode, str] = {  # after CROSS_WHY (the first round's sentence, unchanged)
+    "tokens": "",
+    "string": " (string-level: its own text, re-encoded by the verifier)",
 }
 
 
@@ -252,7 +252,7 @@ def pair_cross(
     if draft is None or choice is None or not choice.cross:
         return None, choice
     cross = cross_vocab(draft, verifier, mode)
-    why = f"{CROSS_WHY}, {CROSS_MODE_WHY[mode]}; {shared_text(cross.vocab_map, verifier.path)}"
+    why = f"{CROSS_WHY}{CROSS_MODE_WHY[mode]}, {shared_text(cross.vocab_map, verifier.path)}"
     return cross, replace(choice, why=why, cross_mode=mode)
 
 

@@ -90,8 +90,10 @@ class VerifierText:
 
     @cached_property
     def prefixes(self) -> frozenset[bytes]:
-        """Every byte string that is a strict prefix of some token's bytes (built once, on first need)."""
-        return frozenset(piece[:end] for piece in self.pieces for end in range(1, len(piece)))
+        """The token texts that are a strict prefix of another token's (built once, on first need). In
+        sorted order a text's successor starts with it whenever any longer text does."""
+        texts = sorted(set(self.pieces))
+        return frozenset(text for text, after in zip(texts, texts[1:]) if text and after.startswith(text))
 
     def could_merge(self, token: int) -> bool:
         """Whether a longer token starts with this token's bytes (text that follows may merge into it)."""
