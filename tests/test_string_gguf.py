@@ -6,6 +6,8 @@ and text with emoji and CJK characters. One runs by default; the rest are `slow`
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -78,3 +80,16 @@ def _greedy_per_step(verifier_path, draft_path, prompt):
 )
 def test_its_own_text_re_encoded_decodes_as_the_verifier_does(draft_file, kind, qwen_pair, request):
     _greedy_per_step(qwen_pair[0], request.getfixturevalue(draft_file), PROMPTS[kind])
+
+
+def test_run_drafts_its_own_text_with_cross_mode_string(cli, tiny_verifier, smollm2):
+    args = ("run", "-m", str(tiny_verifier), "-md", str(smollm2), "--temp", "0", "-n", "20", "-k", "3", "--json")
+    result = cli(*args, "--drafter", "model", "--cross-mode", "string", "hi")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["n_tokens"] == 20
+    assert report["settings"]["draft_variant"]["why"].startswith(
+        "another vocabulary: it drafts through the text (string-level: its own text, re-encoded by the verifier)"
+    )
+    refused = cli(*args, "--cross-mode", "strings", "hi")
+    assert refused.error_line() == "specgguf: error: --cross-mode must be one of tokens, string, not 'strings'"
