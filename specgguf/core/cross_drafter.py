@@ -95,6 +95,10 @@ class VerifierText:
         texts = sorted(set(self.pieces))
         return frozenset(text for text, after in zip(texts, texts[1:]) if text and after.startswith(text))
 
+    def index(self) -> None:
+        """Build what `could_merge` and `string_drafter.reencode` read, now rather than on first need."""
+        _ = self.adds_space, self.prefixes
+
     def could_merge(self, token: int) -> bool:
         """Whether a longer token starts with this token's bytes (text that follows may merge into it)."""
         return self.pieces[token] in self.prefixes

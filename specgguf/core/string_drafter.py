@@ -101,6 +101,7 @@ class StringDrafter(CrossVocabDrafter):
     ):
         super().__init__(model, cross, window=window, p_min=p_min, n_min=n_min)
         self.verifier, self.context_window, self.hold = verifier, context_window, hold
+        verifier.index()  # once per pair (a quarter second for 151k tokens), off the first step's clock
 
     def propose(self, context: list[int], k: int, step: DraftStep) -> Drafts:
         drafts = Drafts(source=self.source)
