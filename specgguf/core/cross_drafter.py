@@ -20,6 +20,9 @@ p to the intersection, or reporting q without renormalising it, would break this
 test_cross_vocab_laws.py plants both). Greedy: the verifier's argmax decides every token, whatever
 the draft proposes. How the draft tokenizes the text affects only how often it is right.
 
+The string-level mode (string_drafter.py: the draft's own text, re-encoded by the verifier, proposed as
+point masses) shares this drafter's reading of the text (`read`, `catch_up`) and `VerifierText` below.
+
 Token boundaries move: text read as `a` then `b` may be one draft token `ab`. The draft keeps its
 tokens only up to a window of `window` tokens before the end of the text the verifier still agrees
 with, re-tokenizes the text from there, and keeps its KV cache up to the longest common token prefix.

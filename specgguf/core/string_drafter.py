@@ -29,7 +29,8 @@ Why the output is still exactly the verifier's: each proposed token x is determi
 context and the draft's draws, so it is verified as a point mass, q = one-hot(x), as n-gram drafts
 are (drafting.fixed_drafts). core/sampling.accept_tree with q one-hot accepts x with probability
 min(1, p(x)/q(x)) = p(x), and on rejection draws from normalize(max(0, p - q)) = p with x removed,
-renormalised: the emitted token has law p(x)·[=x] + (1 - p(x))·p(y)/(1 - p(x))·[y != x] = p. The
+renormalised: the emitted token y has P(y) = p(x)·[y = x] + (1 - p(x))·p(y)/(1 - p(x))·[y != x] = p(y) (the
+test: test_string_laws.test_the_engines_rule_with_a_one_hot_q_is_p_then_p_without_x). The
 draft's own probability of its tokens plays no part: using it as q (min(1, p(x)/q_draft(x))) would
 bias the law (planted in tests/test_string_laws.py, with a residual that keeps x). Greedy: the
 verifier's argmax decides every token. p is the verifier's processed, masked distribution, so grammar
