@@ -93,3 +93,27 @@ def test_run_drafts_its_own_text_with_cross_mode_string(cli, tiny_verifier, smol
     )
     refused = cli(*args, "--cross-mode", "strings", "hi")
     assert refused.error_line() == "specgguf: error: --cross-mode must be one of tokens, string, not 'strings'"
+
+
+def _stored_k(config, verifier, draft) -> bool:
+    from specgguf.tuning import pair_key
+
+    path = config / "specgguf" / "tuning.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    return any(pair_key(verifier, draft) in pairs for pairs in data.values() if isinstance(pairs, dict))
+
+
+@pytest.mark.parametrize("mode", ["string", "tokens"])
+def test_bench_runs_a_cross_mode_and_reports_its_text_round_trip(cli, tiny_verifier, smollm2, tmp_path, mode):
+    result = cli(
+        "bench", "-m", tiny_verifier, "-md", smollm2, "--quick", "-n", "8", "-k", "3", "--no-adaptive", "--json",
+        "--cross-mode", mode, env={"XDG_CONFIG_HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (pair,) = json.loads(result.stdout)["results"]
+    assert ("string-level" in pair["draft_variant"]["why"]) == (mode == "string")
+    drafted = [row for row in pair["settings"] if row["k"] != 0]
+    assert drafted and all(row["draft_text_ms_per_step"] >= 0.0 for row in drafted)
+    if mode == "tokens":
+        assert all(row["draft_text_ms_per_step"] == 0.0 for row in drafted)
+    assert _stored_k(tmp_path, tiny_verifier, smollm2) == (mode == "tokens")  # `-k auto` reads the default mode's
