@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import tuning
 from .autodraft import MAX_RATIO, Found, FoundDraft, LocalPair, find_draft, local_pairs, scan, vocab_match
-from .core.cross_drafter import CrossVocab
+from .core.cross_drafter import CrossMode, CrossVocab
 from .cross_vocab import pair_map
 from .draft_variant import measure_model, ngram_rate
 from .errors import SpecggufError
@@ -33,6 +33,11 @@ from .llama.loaded import LoadedModel
 
 MIN_OVERLAP = 0.3  # a draft proposing fewer of the verifier's tokens than this is not worth a trial
 TRIAL = "cross_trial"  # its tuning.json entries: tuning.draft_variant_key(draft, verifier, TRIAL)
+
+
+def trial_name(mode: CrossMode) -> str:
+    """A trial's tuning.json name per mode (the intersection mode's is the first round's, unchanged)."""
+    return TRIAL if mode == "tokens" else f"{TRIAL}_{mode}"
 
 
 @dataclass(frozen=True)
@@ -98,9 +103,10 @@ def adopt(
     measure: Measure | None = None,
     announce: Callable[[str], None] | None = None,
 ) -> Trial:
-    """The kept trial of this found draft against this verifier here, else measured now (`measure`,
-    measure_trial unless a caller gives another) and kept. Its `adopted` says whether to draft with it."""
-    key = tuning.draft_variant_key(draft.path, verifier, TRIAL)
+    """The kept trial of this found draft against this verifier here in its mode (`cross.mode`), else
+    measured now (`measure`, measure_trial unless a caller gives another) and kept. Its `adopted` says
+    whether to draft with it."""
+    key = tuning.draft_variant_key(draft.path, verifier, trial_name(cross.mode))
     trial = tuning.stored_entry(key, Trial.from_json)
     if trial is None:
         if announce is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .core.cross_drafter import CrossVocab
+from .core.cross_drafter import CrossMode, CrossVocab, VerifierText
 from .core.vocab_map import VocabMap, VocabMapError, VocabPieces, build_vocab_map, check_map
 from .errors import AssetError
 from .files.derived import counts_path
@@ -65,14 +65,18 @@ def _read_pieces(pieces: VocabPieces, bos: int) -> Sequence[bytes]:
     return read
 
 
-def cross_vocab(draft: LoadedModel, verifier: LoadedModel) -> CrossVocab:
-    """What the cross-vocabulary drafter needs for a loaded pair, over the pair's (cached) map."""
+def cross_vocab(draft: LoadedModel, verifier: LoadedModel, mode: CrossMode = "tokens") -> CrossVocab:
+    """What the cross-vocabulary drafter needs for a loaded pair, over the pair's (cached) map; in
+    `mode` "string" it re-encodes the draft's text with the verifier's tokenizer (core/string_drafter.py)."""
     draft_info, verifier_info = draft.vocab_info(), verifier.vocab_info()
     vocab_map = pair_map(draft_info, verifier_info, draft_path=draft.path, verifier_path=verifier.path)
+    verifier_pieces = _read_pieces(vocab_pieces(verifier_info), verifier_info.bos)
     return CrossVocab(
         vocab_map,
-        verifier_pieces=_read_pieces(vocab_pieces(verifier_info), verifier_info.bos),
+        verifier_pieces=verifier_pieces,
         draft_pieces=vocab_pieces(draft_info).pieces,
         tokenize=draft.text_tokenizer(),
         bos=draft_info.bos if draft_info.add_bos else None,
+        mode=mode,
+        verifier_text=VerifierText(verifier.text_tokenizer(), verifier_pieces),
     )

@@ -19,7 +19,7 @@ import numpy as np
 
 from .core.constraint import Constraint
 from .core.costs import MachineCosts
-from .core.cross_drafter import CrossVocab
+from .core.cross_drafter import CrossMode, CrossVocab
 from .core.drafters import DEFAULT_DRAFTER, DRAFTER_KINDS, DrafterKind, DraftSettings, build_drafter
 from .core.drafting import Drafter
 from .core.engine import KPolicy, speculate
@@ -79,6 +79,9 @@ class DraftOptions:
     # The draft was found here, of another vocabulary (cross_search.py): adopted only where measured
     # (once, kept in tuning.json) to beat n-gram drafts alone; else the run drafts with n-grams alone.
     trial: bool = False
+    # A draft of another vocabulary proposes shared tokens ("tokens") or its own text re-encoded by the
+    # verifier's tokenizer ("string": core/string_drafter.py).
+    cross_mode: CrossMode = "tokens"
 
     @property
     def plain(self) -> bool:
@@ -234,16 +237,23 @@ def load_models(
     return verifier, draft, choice
 
 
+CROSS_MODE_WHY: dict[CrossMode, str] = {  # after CROSS_WHY (the first round's sentence, unchanged)
+    "tokens": "",
+    "string": " (string-level: its own text, re-encoded by the verifier)",
+}
+
+
 def pair_cross(
-    verifier: LoadedModel, draft: LoadedModel | None, choice: DraftChoice | None
+    verifier: LoadedModel, draft: LoadedModel | None, choice: DraftChoice | None, mode: CrossMode = "tokens"
 ) -> tuple[CrossVocab | None, DraftChoice | None]:
     """For a draft of another vocabulary (its choice says so: `cross`, set by load_models), what it drafts
-    through text with, and its choice's reason with the overlap; else (None, choice). Every command's pair
-    goes through here."""
+    through text with (in `mode`), and its choice's reason with the overlap; else (None, choice). Every
+    command's pair goes through here."""
     if draft is None or choice is None or not choice.cross:
         return None, choice
-    cross = cross_vocab(draft, verifier)
-    return cross, replace(choice, why=f"{CROSS_WHY}, {shared_text(cross.vocab_map, verifier.path)}")
+    cross = cross_vocab(draft, verifier, mode)
+    why = f"{CROSS_WHY}{CROSS_MODE_WHY[mode]}, {shared_text(cross.vocab_map, verifier.path)}"
+    return cross, replace(choice, why=why, cross_mode=mode)
 
 
 def prepare(
@@ -266,7 +276,7 @@ def prepare(
     need_draft = DRAFTER_KINDS[drafting.drafter].needs_model and (keep_draft or not drafting.plain)
     announce = on_announce or (None if on_measure is None else lambda _text: on_measure())
     verifier, draft, choice = load_models(resolved, load, need_draft=need_draft, announce=announce, cross_ok=True)
-    cross, choice = pair_cross(verifier, draft, choice)
+    cross, choice = pair_cross(verifier, draft, choice, drafting.cross_mode)
     if drafting.trial and draft is not None and cross is not None:
         trial = adopt(verifier, draft, cross, measure=measure_trial, announce=announce)
         verdict = "drafting with it" if trial.adopted else "not drafting with it: n-gram drafts alone"

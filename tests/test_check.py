@@ -148,7 +148,7 @@ def test_a_pair_of_two_vocabularies_is_told_to_draft_through_the_text_not_refuse
     assert verdict == [
         "↔ these draft across vocabularies: llama.cpp's rules fail (tokenizer type), so `specgguf run` drafts"
         " through the text (the cross-vocabulary drafter), proposing only the 95% of the verifier's tokens that"
-        " a draft token spells the same"
+        " a draft token spells the same (`--cross-mode string`: its own text, re-encoded by the verifier)"
     ]
     assert "·  draft variant    a draft of another vocabulary is used as given" in result.stdout
 

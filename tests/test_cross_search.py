@@ -180,6 +180,26 @@ def test_the_real_measurement_declines_a_draft_that_never_agrees(ggufs, stores):
         draft.close()
 
 
+def test_a_trial_is_kept_per_cross_mode(ggufs, stores):
+    """`--cross-mode string` is measured on its own (its own tuning.json entry), then kept."""
+    from dataclasses import replace
+
+    from specgguf.cross_vocab import cross_vocab
+
+    verifier, draft = LlamaModel(ggufs["big"], n_ctx=256), LlamaModel(ggufs["other"], n_ctx=256)
+    try:
+        cross = cross_vocab(draft, verifier)
+        assert cross_search.adopt(verifier, draft, cross, measure=Scripted(SLOWER)) == SLOWER
+        string = Scripted(FASTER)
+        assert cross_search.adopt(verifier, draft, replace(cross, mode="string"), measure=string) == FASTER
+        assert cross_search.adopt(verifier, draft, replace(cross, mode="string"), measure=string) == FASTER
+        assert string.calls == 1
+        assert cross_search.adopt(verifier, draft, cross, measure=Scripted(FASTER)) == SLOWER  # tokens: kept
+    finally:
+        verifier.close()
+        draft.close()
+
+
 def test_pairs_local_lists_drafts_of_another_vocabulary_with_overlap_after_the_others(cli, ggufs, stores):
     ollama, lmstudio = stores
     add_ollama_model(ollama, "tiny", "big", ggufs["big"])

@@ -16,7 +16,7 @@ from rich.table import Table
 from .. import tuning
 from ..conversation import Prompts
 from ..core import costs
-from ..core.drafters import DrafterKind, drafter_kind
+from ..core.drafters import CrossMode, DrafterKind, cross_mode_named, drafter_kind
 from ..core.kpolicy import K_MAX
 from ..errors import SpecggufError, UsageError, terminal_safe
 from ..files.resolve import ResolvedPair
@@ -50,6 +50,7 @@ class BenchPlan:
     max_tokens: int
     quick: bool
     prompts: list[str]  # keys of bench.measure.PROMPTS
+    cross_mode: CrossMode = "tokens"  # how a draft of another vocabulary drafts (core/cross_drafter.py)
 
 
 def run_progress(err_console: Console) -> Progress:
@@ -75,6 +76,7 @@ def make_plan(
     quick: bool,
     adaptive: bool,
     vs_llama_cpp: bool = False,
+    cross_mode: str = "tokens",
 ) -> BenchPlan:
     """The command's options as a plan. Left out, they take bench's defaults (--quick: a short
     greedy run; --vs-llama-cpp: issue 12's prompt kinds and K 4, 8)."""
@@ -94,6 +96,7 @@ def make_plan(
         max_tokens=max_tokens or (48 if quick else 128),
         quick=quick,
         prompts=parse_list(prompts, str, "--prompts") if prompts else list(default_prompts),
+        cross_mode=cross_mode_named(cross_mode),
     )
     if not plan.temperatures:
         raise UsageError(f"--temps takes a comma-separated list of temperatures, got {temps!r}")
@@ -240,7 +243,7 @@ def _measure_target(
     progress(f"loading {target.label}")
     verifier, draft, choice = load_models(target.pair, load, need_draft=True, announce=progress, cross_ok=True)
     assert draft is not None  # bench's pairs have a draft (tool_commands.bench)
-    cross, choice = pair_cross(verifier, draft, choice)  # a draft of another vocabulary drafts through text
+    cross, choice = pair_cross(verifier, draft, choice, plan.cross_mode)  # another vocabulary: through text
     prompts = Prompts(verifier)
     tokens = {kind: prompts.question(PROMPTS[kind], raw=False, system=None) for kind in plan.prompts}
     progress(f"{target.label}: verify cost by batch size")

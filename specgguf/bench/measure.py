@@ -109,6 +109,8 @@ class Setting:
                 "verify": round(total.verify_seconds / split, 4),
                 "other": round(total.other_seconds / split, 4),
             },
+            # A draft of another vocabulary in string mode: its text round trip (decode, re-encode) per step.
+            "draft_text_ms_per_step": round(1000 * total.draft_text_seconds / max(total.n_steps, 1), 3),
             "n_tokens": total.n_tokens,
             "seconds": round(total.wall_seconds, 3),
             # The engine's own overhead: wall time not spent inside llama.cpp.

@@ -280,7 +280,8 @@ def render_report(report: Report, console: Console) -> None:
             + Text(
                 f"llama.cpp's rules fail ({', '.join(failed)}), so `specgguf run` drafts through the text"
                 f" (the cross-vocabulary drafter), proposing only the {report.overlap:.0%} of the verifier's"
-                " tokens that a draft token spells the same"
+                " tokens that a draft token spells the same (`--cross-mode string`: its own text, re-encoded by"
+                " the verifier)"
             )
         )
     else:

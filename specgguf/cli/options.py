@@ -72,6 +72,14 @@ DraftPMin = Annotated[
 DraftMin = Annotated[
     int, typer.Option("--draft-min", min=0, help="Draft at least this many tokens before --draft-p-min can stop it.")
 ]
+CrossModeName = Annotated[
+    str,
+    typer.Option(
+        "--cross-mode",
+        help="A draft of another vocabulary: 'tokens' (default) proposes the tokens both vocabularies share; "
+        "'string' writes its own text, re-encoded by the verifier's tokenizer (both exact).",
+    ),
+]
 DraftVariantName = Annotated[str, typer.Option("--draft-variant", help=variants_help())]
 ForceSpec = Annotated[bool, typer.Option("--force-spec", help="Keep speculating even where it measured slower.")]
 DraftTree = Annotated[
@@ -198,16 +206,25 @@ def draft_options(
     *,
     keep_ngrams: bool = False,
     trees: bool = False,
+    cross_mode: str = "tokens",
 ):
-    from ..core.drafters import drafter_kind
+    from ..core.drafters import cross_mode_named, drafter_kind
     from ..kchoice import KChoice, parse_k
 
     kind = drafter_kind(drafter)
+    mode = cross_mode_named(cross_mode)
     k = parse_k(draft_max)
     if on_workers and k.mode == "auto":
         k = KChoice("adaptive")  # the K `bench` stored was measured with the verifier here, not on workers
     return DraftOptions(
-        k=k, drafter=kind, p_min=p_min, n_min=n_min, force_spec=force_spec, keep_ngrams=keep_ngrams, trees=trees
+        k=k,
+        drafter=kind,
+        p_min=p_min,
+        n_min=n_min,
+        force_spec=force_spec,
+        keep_ngrams=keep_ngrams,
+        trees=trees,
+        cross_mode=mode,
     )
 
 
@@ -293,6 +310,7 @@ def pair_setup(
     draft_tree: bool,
     draft_variant: str,
     ctx_size: int,
+    cross_mode: str = "tokens",
     threads: int | None,
     n_gpu_layers: int,
     n_gpu_layers_draft: int,
@@ -325,6 +343,7 @@ def pair_setup(
         bool(load.rpc),
         keep_ngrams=keep_ngrams,
         trees=draft_tree,
+        cross_mode=cross_mode,
     )
     resolved = resolve_pair(model=model, model_draft=model_draft, pair=pair, on_progress=progress_bar(err_console))
     if model is not None and model_draft is None and DRAFTER_KINDS[drafting.drafter].needs_model and not drafting.plain:

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from ..errors import CheckCouldNotRun, SpecggufError, UsageError
 from .options import (
+    CrossModeName,
     CtxSize,
     DraftVariantName,
     Model,
@@ -93,6 +94,7 @@ def bench(
     rpc_timeout: RpcTimeout = 60.0,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON report.")] = False,
     draft_variant: DraftVariantName = "auto",
+    cross_mode: CrossModeName = "tokens",
 ) -> None:
     """Measure plain vs speculative decoding side by side and print the ratios."""
     from ..bench.command import BenchTarget, bench as run_benchmark, f16_variant, make_plan
@@ -128,6 +130,7 @@ def bench(
         quick=quick,
         adaptive=adaptive,
         vs_llama_cpp=tools is not None,
+        cross_mode=cross_mode,
     )
     comparison = None
     if tools is not None:
@@ -158,7 +161,7 @@ def bench(
         load=load,
         json_output=json_output,
         plot=plot,
-        store=store,
+        store=store and cross_mode == "tokens",  # `-k auto` reads one K per pair: the default mode's
         out=sys.stdout,
         err_console=err_console,
     )

@@ -20,6 +20,9 @@ p to the intersection, or reporting q without renormalising it, would break this
 test_cross_vocab_laws.py plants both). Greedy: the verifier's argmax decides every token, whatever
 the draft proposes. How the draft tokenizes the text affects only how often it is right.
 
+The string-level mode (string_drafter.py: the draft's own text, re-encoded by the verifier, proposed as
+point masses) shares this drafter's reading of the text (`read`, `catch_up`) and `VerifierText` below.
+
 Token boundaries move: text read as `a` then `b` may be one draft token `ab`. The draft keeps its
 tokens only up to a window of `window` tokens before the end of the text the verifier still agrees
 with, re-tokenizes the text from there, and keeps its KV cache up to the longest common token prefix.
@@ -38,7 +41,9 @@ import bisect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import accumulate
+from typing import Literal
 
 import numpy as np
 
@@ -47,6 +52,8 @@ from .model import Model
 from .sampling import SamplingSettings, sample_token, sparse_distribution
 from .vocab_map import VocabMap
 
+CrossMode = Literal["tokens", "string"]  # as --cross-mode names them
+CROSS_MODES: tuple[CrossMode, ...] = ("tokens", "string")
 Tokenize = Callable[[bytes], list[int]]  # the draft's tokens for this text: no BOS, no added prefix space
 
 
@@ -70,6 +77,36 @@ def intersection_distribution(
     return sparse_distribution(np.where(shared, logits, -np.inf), settings)
 
 
+class VerifierText:
+    """The verifier's side of the text round trip: its tokenizer (bytes -> tokens, no BOS, special
+    tokens' texts read as those tokens) and the bytes of each of its tokens."""
+
+    def __init__(self, tokenize: Tokenize, pieces: Sequence[bytes]):
+        self.tokenize, self.pieces = tokenize, pieces
+
+    @cached_property
+    def adds_space(self) -> bool:
+        """Whether its tokenizer writes a space before the text (SentencePiece's space prefix;
+        string_drafter.reencode)."""
+        probe = next((piece for piece in self.pieces if piece.isalpha()), b"a")  # a word it has
+        return b"".join(self.pieces[token] for token in self.tokenize(probe)) == b" " + probe
+
+    @cached_property
+    def prefixes(self) -> frozenset[bytes]:
+        """The token texts that are a strict prefix of another token's (built once, on first need). In
+        sorted order a text's successor starts with it whenever any longer text does."""
+        texts = sorted(set(self.pieces))
+        return frozenset(text for text, after in zip(texts, texts[1:]) if text and after.startswith(text))
+
+    def index(self) -> None:
+        """Build what `could_merge` and `string_drafter.reencode` read, now rather than on first need."""
+        _ = self.adds_space, self.prefixes
+
+    def could_merge(self, token: int) -> bool:
+        """Whether a longer token starts with this token's bytes (text that follows may merge into it)."""
+        return self.pieces[token] in self.prefixes
+
+
 @dataclass(frozen=True)
 class CrossVocab:
     """What a draft model of another vocabulary drafts with besides itself (cross_vocab.py makes it
@@ -80,6 +117,10 @@ class CrossVocab:
     draft_pieces: Sequence[bytes]  # the bytes of each draft token
     tokenize: Tokenize
     bos: int | None = None  # the draft's first token, before the text
+    # How it proposes: "tokens", tokens of the intersection (here); "string", its own text re-encoded
+    # by the verifier's tokenizer (string_drafter.py, which needs `verifier_text`).
+    mode: CrossMode = "tokens"
+    verifier_text: VerifierText | None = None
 
 
 class CrossVocabDrafter:
@@ -128,8 +169,10 @@ class CrossVocabDrafter:
             self._ends[:n_keep] + list(accumulate((len(self.draft_pieces[t]) for t in tail), initial=start))[1:]
         )
 
-    def propose(self, context: list[int], k: int, step: DraftStep) -> Drafts:
-        drafts = Drafts(source=self.source)
+    def catch_up(self, context: Sequence[int], k: int, drafts: Drafts) -> tuple[list[int], int]:
+        """Read the context's text, bring the draft's cache to all of its tokens but the last: (the token
+        to feed next, as a list; the drafts the context leaves room for). Nothing to feed: ([], 0).
+        Shared with the string-level mode (string_drafter.py)."""
         start = time.perf_counter()
         self.read(context)
         n_reused = min(common_prefix(self.model.cached, self.tokens), len(self.tokens) - 1)
@@ -137,11 +180,18 @@ class CrossVocabDrafter:
         feed = self.tokens[n_reused:]
         k = min(k, self.model.n_ctx - len(self.tokens) + 1)
         if not feed or k <= 0:
-            return drafts
+            return [], 0
         if len(feed) > 1:  # the prompt, the verifier's tokens: not a cost of drafting itself
             self.model.eval(feed[:-1], n_logits=0)
             feed = feed[-1:]
         drafts.catchup_seconds = time.perf_counter() - start
+        return feed, k
+
+    def propose(self, context: list[int], k: int, step: DraftStep) -> Drafts:
+        drafts = Drafts(source=self.source)
+        feed, k = self.catch_up(context, k, drafts)
+        if not feed:
+            return drafts
         constraint = step.constraint  # a grammar: masks over verifier ids, carried to draft ids
         try:
             return self._chain(drafts, feed, k, step)

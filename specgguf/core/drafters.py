@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from ..errors import UsageError
-from .cross_drafter import CrossVocab, CrossVocabDrafter
+from .cross_drafter import CROSS_MODES, CrossMode, CrossVocab, CrossVocabDrafter
 from .drafting import Drafter, Source
 from .hybrid_drafter import HybridDrafter
 from .model import Model
 from .model_drafter import ModelDrafter
 from .ngram_cache import SessionNgrams
 from .ngram_drafter import NgramDrafter
+from .string_drafter import StringDrafter
 
 DrafterKind = Literal["model", "ngram", "hybrid", "cross"]  # as the command line and the server name them
 
@@ -48,7 +49,13 @@ class DrafterSpec:
 
 
 def _model(draft: Model, settings: DraftSettings) -> Drafter:
-    """The draft model's drafter: through text when it has another vocabulary (`settings.cross`)."""
+    """The draft model's drafter: through text when it has another vocabulary (`settings.cross`), by
+    shared tokens or by its own text re-encoded (`cross.mode`)."""
+    cross = settings.cross
+    if cross is not None and cross.mode == "string":
+        if cross.verifier_text is None:
+            raise UsageError("--cross-mode string needs the verifier's tokenizer (cross_vocab.py gives it)")
+        return StringDrafter(draft, cross, cross.verifier_text, p_min=settings.p_min, n_min=settings.n_min)
     if settings.cross is not None:
         return CrossVocabDrafter(draft, settings.cross, p_min=settings.p_min, n_min=settings.n_min)
     return ModelDrafter(draft, p_min=settings.p_min, n_min=settings.n_min)
@@ -77,7 +84,8 @@ DRAFTER_KINDS: dict[DrafterKind, DrafterSpec] = {
         DrafterSpec("ngram", "prompt lookup and the session n-gram cache, no draft model", False, ("ngram",), _ngram),
         DrafterSpec(
             "cross",
-            "a draft model of another vocabulary, reading the text, proposing shared tokens",
+            "a draft model of another vocabulary, reading the text, proposing shared tokens or its own text "
+            "re-encoded by the verifier (--cross-mode)",
             True,
             ("model",),
             _cross,
@@ -104,6 +112,14 @@ def drafter_kind(text: str, option: str = "--drafter") -> DrafterKind:
         if kind == text:
             return kind
     raise UsageError(f"{option} must be one of {', '.join(DRAFTER_KINDS)}, not {text!r}")
+
+
+def cross_mode_named(text: str, option: str = "--cross-mode") -> CrossMode:
+    """A cross-vocabulary mode as the user typed it, or UsageError naming the choices."""
+    for mode in CROSS_MODES:
+        if mode == text:
+            return mode
+    raise UsageError(f"{option} must be one of {', '.join(CROSS_MODES)}, not {text!r}")
 
 
 def build_drafter(

@@ -16,6 +16,7 @@ class GenerationStats:
     n_drafted: int = 0
     n_accepted: int = 0
     draft_seconds: float = 0.0
+    draft_text_seconds: float = 0.0  # of draft_seconds: the string-level drafter's text round trip
     verify_seconds: float = 0.0
     sample_seconds: float = 0.0
     prefill_seconds: float = 0.0
@@ -40,6 +41,7 @@ class GenerationStats:
         self.n_drafted += event.n_drafted
         self.n_accepted += event.n_accepted
         self.draft_seconds += event.draft_seconds
+        self.draft_text_seconds += event.draft_text_seconds
         self.verify_seconds += event.verify_seconds
         self.sample_seconds += event.sample_seconds
         self.prefill_seconds += event.prefill_seconds
@@ -64,6 +66,7 @@ class GenerationStats:
             "n_accepted",
             "n_plain_steps",
             "draft_seconds",
+            "draft_text_seconds",
             "verify_seconds",
             "sample_seconds",
             "prefill_seconds",
