@@ -72,7 +72,7 @@ def main() -> None:
     pair = PairSettings(resolved.verifier, resolved.draft, args.t, args.c)
     ks = [int(k) for k in args.spec_draft_n_max.split(",") if k.strip()]
     program = args.vs_llama_server
-    specs = []
+    specs, bench = [], {}
     if program is None or not program.is_file():
         print(f"no llama-server ({program or 'give --vs-llama-server PATH'}): specgguf serve alone", file=sys.stderr)
     else:
@@ -84,11 +84,9 @@ def main() -> None:
         ngrams = [] if args.quick else [kind for kind in wanted if kind in known]
         specs = llama_server_specs(program, pair, draft_ks=ks[:1] if args.quick else ks, ngram_types=ngrams)
         tools = LlamaTools(program.parent, program.parent / COMPLETION, program.parent / SPECULATIVE)
-        bench = None if args.no_llama_bench else machine.llama_bench(tools, pair.verifier, args.t)
-        report = {**machine.cpu(), "threads": args.t, "llama_bench": {pair.verifier.name: bench}}
-        print(machine.machine_lines(report), flush=True)
-    if program is None or not program.is_file():
-        print(machine.machine_lines({**machine.cpu(), "threads": args.t, "llama_bench": {}}), flush=True)
+        if not args.no_llama_bench:
+            bench = {pair.verifier.name: machine.llama_bench(tools, pair.verifier, args.t)}
+    print(machine.machine_lines({**machine.cpu(), "threads": args.t, "llama_bench": bench}), flush=True)
     specs.append(specgguf_spec(pair))
     reports = []
     with running(specs) as servers:

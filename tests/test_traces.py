@@ -124,6 +124,10 @@ def test_bodies_are_greedy_streamed_and_replay_this_servers_history():
     second = prepared_body(trace.requests[1], transcript, greedy=False)
     assert [m["content"] for m in second["messages"]] == ["hi", "hello", "hi"] and "top_k" not in second
     assert trace.requests[1].body["messages"] == [{"role": "user", "content": "hi"}]  # the trace is left as it was
+    warm_up = parse_trace(
+        "\n".join([HEADER, INFILL.replace('"prompt": ""', '"prompt": "", "samplers": []')]), source="t"
+    )
+    assert prepared_body(warm_up.requests[0], Transcript(), greedy=True)["samplers"] == ["top_k"]
 
 
 def test_answers_compare_as_equal_prefix_or_where_they_part():

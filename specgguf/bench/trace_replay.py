@@ -2,8 +2,9 @@
 request by request: request 1 to every server in turn, then request 2, ... so that machine noise
 hits every server alike. Each request is streamed; the client times the first token and the last.
 
-Greedy by default: every body gets `temperature 0` and `top_k 1` (llama.vscode's own chain,
-top_k;top_p;infill with no temperature, samples; top_k 1 makes any chain greedy), so the answers can
+Greedy by default: every body gets `temperature 0` and `top_k 1`, and a `samplers` chain without
+top_k gets it in front (llama.vscode's chain, top_k;top_p;infill with no temperature, samples, and
+its warm-up's empty chain samples its one token; top_k 1 makes any chain greedy), so the answers can
 be compared with the reference's (llama-server plain). `stream` and `cache_prompt` are always on.
 A chat line that replays history gets, in front of its messages, the previous request's messages
 and the answer this server gave: each server sees its own history.
@@ -58,6 +59,11 @@ def prepared_body(request: TraceRequest, transcript: Transcript, *, greedy: bool
         body["messages"] = [*transcript.messages, *body["messages"]]
     if greedy:
         body |= GREEDY
+        samplers = body.get("samplers")  # a chain without top_k (the editors' warm-up: []) would sample
+        if isinstance(samplers, list) and "top_k" not in samplers:
+            body["samplers"] = ["top_k", *samplers]
+        elif isinstance(samplers, str) and "k" not in samplers:
+            body["samplers"] = "k" + samplers
     body |= {"stream": True, "cache_prompt": True}
     if request.path == CHAT:
         transcript.messages = list(body["messages"])

@@ -28,6 +28,7 @@ PLAIN = "llama-server plain"
 class ServerSpec:
     name: str
     command: tuple[str, ...]  # without --port, which is added when it starts
+    environment: tuple[tuple[str, str], ...] = ()  # set for it (LLAMA_SERVER_SLOTS_DEBUG, say)
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def running(specs: list[ServerSpec], *, startup_seconds: float = STARTUP_SECONDS
                         stdin=subprocess.DEVNULL,
                         stdout=out,
                         stderr=subprocess.STDOUT,
-                        env=_environment(Path(spec.command[0])),
+                        env=_environment(Path(spec.command[0])) | dict(spec.environment),
                         start_new_session=True,
                     )
                 server = Running(spec.name, f"http://127.0.0.1:{port}", process, log)
