@@ -101,8 +101,9 @@ def main() -> None:
             )
             print("\n".join(total_lines(trace.name, rows)), flush=True)
             reports.append(report_json(trace.name, rows))
-    if args.json:
-        args.json.write_text(json.dumps({"servers": [spec.name for spec in specs], "traces": reports}, indent=1))
+            if args.json:  # after each trace: a run stopped later keeps what it measured
+                document = {"servers": [spec.name for spec in specs], "traces": reports}
+                args.json.write_text(json.dumps(document, indent=1))
 
 
 if __name__ == "__main__":
