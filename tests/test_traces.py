@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import sys
 
+import httpx
 import pytest
 
-from specgguf.bench.trace_replay import Comparison, Reply, Transcript, compare, prepared_body, replay
+from specgguf.bench.trace_replay import Comparison, Reply, Transcript, compare, prepared_body, replay, send
 from specgguf.bench.trace_report import report_json, row_lines, total_lines
 from specgguf.bench.trace_servers import ServerSpec, running
 from specgguf.bench.traces import CHAT, TraceError, load_trace, parse_trace
@@ -140,6 +141,34 @@ def test_answers_compare_as_equal_prefix_or_where_they_part():
     assert compare(reply("", "HTTP 500"), reply("abc")).kind == "error"
     assert Reply("abc", 0.5, 2.5, 5).tokens_per_second == pytest.approx(2.0)
     assert Reply("", None, 0.1, 0).tokens_per_second is None
+
+
+def _events(*events: dict) -> httpx.Client:
+    stream = "".join(f"data: {json.dumps(event)}\n\n" for event in events) + "data: [DONE]\n\n"
+    return httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(200, text=stream)))
+
+
+def test_a_streamed_tool_call_is_gathered_and_compared_by_what_it_calls():
+    def call(**fields) -> dict:
+        return {"choices": [{"delta": {"tool_calls": [{"index": 0, **fields}]}}]}
+
+    events = [
+        call(id="c1", function={"name": "read_file", "arguments": ""}),
+        call(function={"arguments": '{"path": '}),
+        call(function={"arguments": '"a.py"}'}),
+        {"choices": [{"delta": {}, "finish_reason": "tool_calls"}], "timings": {"predicted_n": 9}},
+    ]
+    with _events(*events) as client:
+        reply = send(client, "http://t", CHAT, {})
+    assert reply.text == 'read_file({"path":"a.py"})' and reply.n_tokens == 9 and reply.ttft_s is not None
+    assert reply.message is not None and reply.message["tool_calls"][0]["function"]["arguments"] == '{"path": "a.py"}'
+    with _events(
+        {"content": "x = ", "stop": False}, {"content": "1", "stop": False}, {"content": "", "stop": True}
+    ) as client:
+        infill = send(client, "http://t", "/infill", {})
+    assert (infill.text, infill.n_tokens) == ("x = 1", 2)  # no timings: the pieces streamed
+    refused = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(400, text="no FIM")))
+    assert send(refused, "http://t", "/infill", {}).error == "HTTP 400: no FIM"
 
 
 @pytest.mark.live  # the runner starts the servers (tests/kinds.py)

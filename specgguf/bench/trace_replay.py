@@ -30,7 +30,7 @@ GREEDY = {"temperature": 0.0, "top_k": 1}
 
 @dataclass(frozen=True)
 class Reply:
-    text: str  # the content, then each tool call as name(arguments)
+    text: str  # the content, then each tool call as name(arguments), the arguments as compact JSON
     ttft_s: float | None  # to the first piece of an answer (None: no answer, e.g. n_predict 0)
     total_s: float
     n_tokens: int  # the server's own count (timings.predicted_n, else usage), else the pieces streamed
@@ -93,8 +93,8 @@ def send(client: httpx.Client, base_url: str, path: str, body: dict[str, Any]) -
                 return Reply(
                     "", first and first - start, time.perf_counter() - start, 0, error=str(event["error"])[:300]
                 )
-            piece = _piece(path, event, calls)
-            if piece:
+            piece, calling = _piece(path, event, calls)
+            if piece or calling:
                 first = first or time.perf_counter()
                 pieces.append(piece)
                 n_pieces += 1
@@ -102,7 +102,7 @@ def send(client: httpx.Client, base_url: str, path: str, body: dict[str, Any]) -
     total = time.perf_counter() - start
     text = "".join(pieces)
     tool_calls = [calls[index] for index in sorted(calls)]
-    shown = text + "".join(f"{call['name']}({call['arguments']})" for call in tool_calls)
+    shown = text + "".join(f"{call['name']}({_canonical(call['arguments'])})" for call in tool_calls)
     message: dict[str, Any] = {"role": "assistant", "content": text or None}
     if tool_calls:
         message["tool_calls"] = [
@@ -116,23 +116,32 @@ def send(client: httpx.Client, base_url: str, path: str, body: dict[str, Any]) -
     return Reply(shown, None if first is None else first - start, total, counted or n_pieces, message=message)
 
 
-def _piece(path: str, event: dict[str, Any], calls: dict[int, dict[str, str]]) -> str:
-    """What this event adds to the answer (tool calls are gathered into `calls`; their pieces count too)."""
+def _canonical(arguments: str) -> str:
+    """A tool call's arguments as compact JSON with sorted keys: servers re-serialize what the model
+    wrote differently (spaces, key order), and the comparison is of what it called, not the spelling."""
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except ValueError:
+        return arguments
+
+
+def _piece(path: str, event: dict[str, Any], calls: dict[int, dict[str, str]]) -> tuple[str, bool]:
+    """The text this event adds to the answer, and whether it adds to a tool call (gathered into `calls`)."""
     if path == "/infill":
-        return event.get("content") or ""
+        return event.get("content") or "", False
     choices = event.get("choices") or [{}]
     if path != CHAT:
-        return choices[0].get("text") or ""
+        return choices[0].get("text") or "", False
     delta = choices[0].get("delta") or {}
-    added = ""
+    calling = False
     for call in delta.get("tool_calls") or []:
         gathered = calls.setdefault(call.get("index", 0), {"id": "", "name": "", "arguments": ""})
         function = call.get("function") or {}
         gathered["id"] = call.get("id") or gathered["id"]
         gathered["name"] += function.get("name") or ""
         gathered["arguments"] += function.get("arguments") or ""
-        added += (function.get("name") or "") + (function.get("arguments") or "")
-    return (delta.get("content") or "") + added
+        calling = calling or bool(function.get("name") or function.get("arguments"))
+    return delta.get("content") or "", calling
 
 
 def _count(event: dict[str, Any]) -> int | None:
