@@ -156,11 +156,12 @@ def test_a_streamed_tool_call_is_gathered_and_compared_by_what_it_calls():
         call(id="c1", function={"name": "read_file", "arguments": ""}),
         call(function={"arguments": '{"path": '}),
         call(function={"arguments": '"a.py"}'}),
-        {"choices": [{"delta": {}, "finish_reason": "tool_calls"}], "timings": {"predicted_n": 9}},
+        {"choices": [{"delta": {}}], "timings": {"predicted_n": 9, "prompt_n": 3, "cache_n": 40}},
     ]
     with _events(*events) as client:
         reply = send(client, "http://t", CHAT, {})
     assert reply.text == 'read_file({"path":"a.py"})' and reply.n_tokens == 9 and reply.ttft_s is not None
+    assert reply.n_prompt == 43
     assert reply.message is not None and reply.message["tool_calls"][0]["function"]["arguments"] == '{"path": "a.py"}'
     with _events(
         {"content": "x = ", "stop": False}, {"content": "1", "stop": False}, {"content": "", "stop": True}
@@ -193,6 +194,7 @@ def test_the_runner_replays_a_trace_against_two_real_servers(tmp_path, tiny_veri
         for reply in row.replies.values():
             assert reply.error is None and reply.n_tokens > 0 and reply.ttft_s is not None
             assert reply.ttft_s <= reply.total_s
+        assert row.replies["specgguf"].n_prompt == row.replies["reference"].n_prompt > 0
     assert rows[1].replies["reference"].message is not None
     infill = rows[3].replies["reference"]  # the tiny model has no FIM tokens: llama-server's 4xx, recorded
     assert infill.error is None or infill.error.startswith("HTTP 4")

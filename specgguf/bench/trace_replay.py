@@ -36,6 +36,7 @@ class Reply:
     n_tokens: int  # the server's own count (timings.predicted_n, else usage), else the pieces streamed
     error: str | None = None
     message: dict[str, Any] | None = None  # chat: the assistant message, for a history that replays it
+    n_prompt: int | None = None  # the prompt's tokens, cached or evaluated (timings: cache_n + prompt_n)
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -77,6 +78,7 @@ def send(client: httpx.Client, base_url: str, path: str, body: dict[str, Any]) -
     pieces: list[str] = []
     calls: dict[int, dict[str, str]] = {}
     counted: int | None = None
+    n_prompt: int | None = None
     n_pieces = 0
     with client.stream("POST", base_url + path, json=body, timeout=REQUEST_SECONDS) as response:
         if response.status_code != 200:
@@ -99,6 +101,7 @@ def send(client: httpx.Client, base_url: str, path: str, body: dict[str, Any]) -
                 pieces.append(piece)
                 n_pieces += 1
             counted = _count(event) or counted
+            n_prompt = _prompt_count(event) or n_prompt
     total = time.perf_counter() - start
     text = "".join(pieces)
     tool_calls = [calls[index] for index in sorted(calls)]
@@ -113,7 +116,8 @@ def send(client: httpx.Client, base_url: str, path: str, body: dict[str, Any]) -
             }
             for i, call in enumerate(tool_calls)
         ]
-    return Reply(shown, None if first is None else first - start, total, counted or n_pieces, message=message)
+    ttft = None if first is None else first - start
+    return Reply(shown, ttft, total, counted or n_pieces, message=message, n_prompt=n_prompt)
 
 
 def _canonical(arguments: str) -> str:
@@ -150,6 +154,14 @@ def _count(event: dict[str, Any]) -> int | None:
         return timings["predicted_n"]
     usage = event.get("usage") or {}
     return usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else None
+
+
+def _prompt_count(event: dict[str, Any]) -> int | None:
+    timings = event.get("timings") or {}
+    cached, evaluated = timings.get("cache_n"), timings.get("prompt_n")
+    if isinstance(evaluated, int) and evaluated >= 0:
+        return evaluated + (cached if isinstance(cached, int) and cached > 0 else 0)
+    return None
 
 
 @dataclass(frozen=True)

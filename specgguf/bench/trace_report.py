@@ -1,7 +1,8 @@
 """A trace replay's figures (bench/trace_replay.py) as text and JSON: a line per request and server,
 then a total per server. Columns: `ttft` the seconds to the first streamed piece of the answer,
 `tok/s` generation after it ((tokens - 1) / (last - first), client-timed), `total` the request's
-seconds from sending to the last event, `n` the tokens the server says it generated, and the greedy
+seconds from sending to the last event, `n` the tokens the server says it generated, `prompt` the
+prompt's tokens it says it read (cached or not: two servers that render a request alike agree), and the greedy
 answer against the reference's (llama-server plain): `=`, `prefix` (one stops earlier, e.g. at
 t_max_predict_ms), or the first character where they differ."""
 
@@ -37,8 +38,8 @@ def row_lines(row: Row) -> list[str]:
         speed = reply.tokens_per_second
         lines.append(
             f"  {name:<28} ttft {_seconds(reply.ttft_s):>6}  tok/s {'—' if speed is None else f'{speed:.1f}':>6}"
-            f"  total {reply.total_s:7.2f}  n {reply.n_tokens:4d}  {row.comparisons[name].label()}"
-            + (f"  {terminal_safe(reply.error)}" if reply.error else "")
+            f"  total {reply.total_s:7.2f}  n {reply.n_tokens:4d}  prompt {reply.n_prompt or '—':>5}"
+            f"  {row.comparisons[name].label()}" + (f"  {terminal_safe(reply.error)}" if reply.error else "")
         )
     return lines
 
@@ -107,6 +108,7 @@ def report_json(trace_name: str, rows: list[Row]) -> dict:
                         "tokens_per_second": reply.tokens_per_second,
                         "total_s": reply.total_s,
                         "n_tokens": reply.n_tokens,
+                        "n_prompt": reply.n_prompt,
                         "compared": row.comparisons[name].kind,
                         "first_difference": row.comparisons[name].position,
                         "history_differs": row.comparisons[name].history_differs,
