@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -64,13 +65,18 @@ def arguments() -> argparse.Namespace:
 def main() -> None:
     args = arguments()
     traces = [load_trace(name) for name in args.trace or SHIPPED]
-    n_requests = args.requests or (QUICK_REQUESTS if args.quick else None)
+    n_requests = args.requests if args.requests is not None else QUICK_REQUESTS if args.quick else None
     traces = [trace.cut(n_requests) for trace in traces]
     resolved = resolve_pair(model=args.m, model_draft=args.md, pair=None)
     if resolved.draft is None:
         raise SpecggufError("give -md DRAFT with -m (llama-server -md and specgguf serve need a draft)")
     pair = PairSettings(resolved.verifier, resolved.draft, args.t, args.c)
-    ks = [int(k) for k in args.spec_draft_n_max.split(",") if k.strip()]
+    try:
+        ks = [int(k) for k in args.spec_draft_n_max.split(",") if k.strip()]
+    except ValueError:
+        raise SpecggufError(f"--spec-draft-n-max takes numbers like 4,8, got {args.spec_draft_n_max!r}") from None
+    if n_requests is not None and n_requests < 1 or any(k < 1 for k in ks):
+        raise SpecggufError("--requests and --spec-draft-n-max take numbers from 1")
     program = args.vs_llama_server
     specs, bench = [], {}
     if program is None or not program.is_file():
@@ -107,6 +113,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # `timeout` or `kill`: unwind as Ctrl-C does, so that no server outlives the run (trace_servers.running)
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(143))
     try:
         main()
     except SpecggufError as error:
