@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .core.cross_drafter import CrossMode, CrossVocab, VerifierText
+from .core.cross_drafter import DEFAULT_CROSS_MODE, CrossMode, CrossVocab, VerifierText
 from .core.vocab_map import VocabMap, VocabMapError, VocabPieces, build_vocab_map, check_map
 from .errors import AssetError
 from .files.derived import counts_path
@@ -65,7 +65,7 @@ def _read_pieces(pieces: VocabPieces, bos: int) -> Sequence[bytes]:
     return read
 
 
-def cross_vocab(draft: LoadedModel, verifier: LoadedModel, mode: CrossMode = "tokens") -> CrossVocab:
+def cross_vocab(draft: LoadedModel, verifier: LoadedModel, mode: CrossMode = DEFAULT_CROSS_MODE) -> CrossVocab:
     """What the cross-vocabulary drafter needs for a loaded pair, over the pair's (cached) map; in
     `mode` "string" it re-encodes the draft's text with the verifier's tokenizer (core/string_drafter.py)."""
     draft_info, verifier_info = draft.vocab_info(), verifier.vocab_info()

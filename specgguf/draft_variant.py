@@ -31,7 +31,7 @@ from . import tuning
 from .conversation import Prompts
 from .core import calibration
 from .core.costs import PROBE_CONTEXT, MachineCosts, measure
-from .core.cross_drafter import CrossMode, CrossVocab
+from .core.cross_drafter import DEFAULT_CROSS_MODE, CrossMode, CrossVocab
 from .core.hot_vocab import HotVocab
 from .errors import ModelLoadError
 from .files import hot_vocab
@@ -76,7 +76,9 @@ class DraftChoice:
     why: str
     candidates: tuple[Candidate, ...] = ()
     cross: bool = False  # of another vocabulary: used as given, it drafts through the text (cross_vocab.py)
-    cross_mode: CrossMode = "tokens"  # and how: shared tokens, or its own text re-encoded (core/string_drafter.py)
+    cross_mode: CrossMode = (
+        DEFAULT_CROSS_MODE  # and how: shared tokens, or its own text re-encoded (core/string_drafter.py)
+    )
 
     @property
     def name(self) -> str:

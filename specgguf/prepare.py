@@ -19,7 +19,7 @@ import numpy as np
 
 from .core.constraint import Constraint
 from .core.costs import MachineCosts
-from .core.cross_drafter import CrossMode, CrossVocab
+from .core.cross_drafter import DEFAULT_CROSS_MODE, CrossMode, CrossVocab
 from .core.drafters import DEFAULT_DRAFTER, DRAFTER_KINDS, DrafterKind, DraftSettings, build_drafter
 from .core.drafting import Drafter
 from .core.engine import KPolicy, speculate
@@ -81,7 +81,7 @@ class DraftOptions:
     trial: bool = False
     # A draft of another vocabulary proposes shared tokens ("tokens") or its own text re-encoded by the
     # verifier's tokenizer ("string": core/string_drafter.py).
-    cross_mode: CrossMode = "tokens"
+    cross_mode: CrossMode = DEFAULT_CROSS_MODE
 
     @property
     def plain(self) -> bool:
@@ -244,7 +244,7 @@ CROSS_MODE_WHY: dict[CrossMode, str] = {  # after CROSS_WHY (the first round's s
 
 
 def pair_cross(
-    verifier: LoadedModel, draft: LoadedModel | None, choice: DraftChoice | None, mode: CrossMode = "tokens"
+    verifier: LoadedModel, draft: LoadedModel | None, choice: DraftChoice | None, mode: CrossMode = DEFAULT_CROSS_MODE
 ) -> tuple[CrossVocab | None, DraftChoice | None]:
     """For a draft of another vocabulary (its choice says so: `cross`, set by load_models), what it drafts
     through text with (in `mode`), and its choice's reason with the overlap; else (None, choice). Every

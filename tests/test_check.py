@@ -147,8 +147,8 @@ def test_a_pair_of_two_vocabularies_is_told_to_draft_through_the_text_not_refuse
     verdict = [line for line in result.stdout.splitlines() if line.startswith("↔")]
     assert verdict == [
         "↔ these draft across vocabularies: llama.cpp's rules fail (tokenizer type), so `specgguf run` drafts"
-        " through the text (the cross-vocabulary drafter), proposing only the 95% of the verifier's tokens that"
-        " a draft token spells the same (`--cross-mode string`: its own text, re-encoded by the verifier)"
+        " through the text (the cross-vocabulary drafter): its own text, re-encoded by the verifier"
+        " (`--cross-mode tokens`: only the 95% of the verifier's tokens that a draft token spells the same)"
     ]
     assert "·  draft variant    a draft of another vocabulary is used as given" in result.stdout
 

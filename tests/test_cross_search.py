@@ -188,7 +188,7 @@ def test_a_trial_is_kept_per_cross_mode(ggufs, stores):
 
     verifier, draft = LlamaModel(ggufs["big"], n_ctx=256), LlamaModel(ggufs["other"], n_ctx=256)
     try:
-        cross = cross_vocab(draft, verifier)
+        cross = cross_vocab(draft, verifier, "tokens")
         assert cross_search.adopt(verifier, draft, cross, measure=Scripted(SLOWER)) == SLOWER
         string = Scripted(FASTER)
         assert cross_search.adopt(verifier, draft, replace(cross, mode="string"), measure=string) == FASTER

@@ -16,7 +16,7 @@ from rich.table import Table
 from .. import tuning
 from ..conversation import Prompts
 from ..core import costs
-from ..core.drafters import CrossMode, DrafterKind, cross_mode_named, drafter_kind
+from ..core.drafters import DEFAULT_CROSS_MODE, CrossMode, DrafterKind, cross_mode_named, drafter_kind
 from ..core.kpolicy import K_MAX
 from ..errors import SpecggufError, UsageError, terminal_safe
 from ..files.resolve import ResolvedPair
@@ -50,7 +50,7 @@ class BenchPlan:
     max_tokens: int
     quick: bool
     prompts: list[str]  # keys of bench.measure.PROMPTS
-    cross_mode: CrossMode = "tokens"  # how a draft of another vocabulary drafts (core/cross_drafter.py)
+    cross_mode: CrossMode = DEFAULT_CROSS_MODE  # how a draft of another vocabulary drafts (core/cross_drafter.py)
 
 
 def run_progress(err_console: Console) -> Progress:
@@ -76,7 +76,7 @@ def make_plan(
     quick: bool,
     adaptive: bool,
     vs_llama_cpp: bool = False,
-    cross_mode: str = "tokens",
+    cross_mode: str = DEFAULT_CROSS_MODE,
 ) -> BenchPlan:
     """The command's options as a plan. Left out, they take bench's defaults (--quick: a short
     greedy run; --vs-llama-cpp: issue 12's prompt kinds and K 4, 8)."""

@@ -145,7 +145,8 @@ def _cross_note(draft: Side, verifier: Side) -> _Cross:
         "shared texts",
         covered > 0,
         f"{vocab_map.overlap:.0%} of the verifier's tokens ({covered} of {verifier.vocab.n_vocab}) have a draft"
-        " token with the same text: `specgguf run -md` drafts through the text, proposing only those",
+        " token with the same text: `specgguf run -md` drafts through the text (with --cross-mode tokens,"
+        " proposing only those)",
     )
     return _Cross(note, vocab_map.overlap if covered else 0.0)
 
@@ -279,9 +280,8 @@ def render_report(report: Report, console: Console) -> None:
             Text("↔ these draft across vocabularies: ", style="yellow bold")
             + Text(
                 f"llama.cpp's rules fail ({', '.join(failed)}), so `specgguf run` drafts through the text"
-                f" (the cross-vocabulary drafter), proposing only the {report.overlap:.0%} of the verifier's"
-                " tokens that a draft token spells the same (`--cross-mode string`: its own text, re-encoded by"
-                " the verifier)"
+                " (the cross-vocabulary drafter): its own text, re-encoded by the verifier (`--cross-mode tokens`:"
+                f" only the {report.overlap:.0%} of the verifier's tokens that a draft token spells the same)"
             )
         )
     else:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ..core.drafters import DEFAULT_DRAFTER
+from ..core.drafters import DEFAULT_CROSS_MODE, DEFAULT_DRAFTER
 from .options import (
     Accept,
     CrossModeName,
@@ -58,7 +58,7 @@ def run(
     keep_ngrams: KeepNgrams = False,
     draft_tree: DraftTree = False,
     draft_variant: DraftVariantName = "auto",
-    cross_mode: CrossModeName = "tokens",
+    cross_mode: CrossModeName = DEFAULT_CROSS_MODE,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Tokens to generate.")] = 512,
     temp: Temperature = 0.8,
     top_k: TopK = 40,
@@ -157,7 +157,7 @@ def chat(
     keep_ngrams: KeepNgrams = False,
     draft_tree: DraftTree = False,
     draft_variant: DraftVariantName = "auto",
-    cross_mode: CrossModeName = "tokens",
+    cross_mode: CrossModeName = DEFAULT_CROSS_MODE,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Most tokens per answer.")] = 1024,
     temp: Temperature = 0.8,
     top_k: TopK = 40,
@@ -234,7 +234,7 @@ def serve(
     keep_ngrams: KeepNgrams = False,
     draft_tree: DraftTree = False,
     draft_variant: DraftVariantName = "auto",
-    cross_mode: CrossModeName = "tokens",
+    cross_mode: CrossModeName = DEFAULT_CROSS_MODE,
     max_tokens: Annotated[
         int,
         typer.Option("-n", "--max-tokens", min=1, help="Most tokens per answer when a request gives no max_tokens."),

@@ -234,8 +234,8 @@ def show_local_pairs(*, json_output: bool, console: Console, out: TextIO) -> Non
         Text(
             "ratio: the draft's size over the verifier's (green: at most ~1/4, what `-m VERIFIER` alone"
             " picks). Each same-vocabulary pair passed llama.cpp's vocabulary rules on the files' headers; run"
-            " checks again. A draft of another vocabulary drafts through text, proposing only the shared tokens"
-            " (`--cross-mode string`: its own text, re-encoded; exact all the same); `-m VERIFIER` alone tries"
+            " checks again. A draft of another vocabulary drafts through text, its own re-encoded by the verifier"
+            " (`--cross-mode tokens`: only the shared tokens; exact all the same); `-m VERIFIER` alone tries"
             " one only after those that share the vocabulary, and uses it only where measured here to beat"
             " n-gram drafts alone.",
             style="dim",
