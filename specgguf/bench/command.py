@@ -16,7 +16,8 @@ from rich.table import Table
 from .. import tuning
 from ..conversation import Prompts
 from ..core import costs
-from ..core.drafters import DEFAULT_CROSS_MODE, CrossMode, DrafterKind, cross_mode_named, drafter_kind
+from ..core.cross_drafter import DEFAULT_CROSS_MODE
+from ..core.drafters import CrossMode, DrafterKind, cross_mode_named, drafter_kind
 from ..core.kpolicy import K_MAX
 from ..errors import SpecggufError, UsageError, terminal_safe
 from ..files.resolve import ResolvedPair
@@ -221,10 +222,7 @@ def says(progress: Progress, task: TaskID) -> Callable[[str | None], None]:
     """A progress callback: a text becomes the bar's description, None counts one run."""
 
     def say(text: str | None) -> None:
-        if text is None:
-            progress.advance(task)
-        else:
-            progress.update(task, description=text)
+        progress.advance(task) if text is None else progress.update(task, description=text)
 
     return say
 

@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from ..core.drafters import DEFAULT_CROSS_MODE, DEFAULT_DRAFTER
+from ..core.cross_drafter import DEFAULT_CROSS_MODE
+from ..core.drafters import DEFAULT_DRAFTER
 from .options import (
     Accept,
     CrossModeName,

@@ -20,7 +20,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from ..core.drafters import DEFAULT_CROSS_MODE, DEFAULT_DRAFTER, DRAFTER_KINDS
+from ..core.cross_drafter import DEFAULT_CROSS_MODE
+from ..core.drafters import DEFAULT_DRAFTER, DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
 from ..errors import PromptError, UsageError, terminal_safe
 from ..files.resolve import ResolvedPair

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ..core.drafters import DEFAULT_CROSS_MODE
+from ..core.cross_drafter import DEFAULT_CROSS_MODE
 from ..errors import CheckCouldNotRun, SpecggufError, UsageError
 from .options import (
     CrossModeName,
