@@ -139,13 +139,24 @@ AGENT_TOOLS = [
 ]
 
 
+AGENT_MAX_TOKENS = 512
+
+
 def agent() -> list[dict]:
     """One request a turn: the transcript so far; after each, the script's tool call and its result."""
     task, steps = agent_script()
     messages: list[dict] = [{"role": "system", "content": AGENT_INSTRUCTIONS}, {"role": "user", "content": task}]
     requests = []
     for turn in range(len(steps) + 1):
-        body = {"model": "coder", "messages": [dict(m) for m in messages], "tools": AGENT_TOOLS, "tool_choice": "auto"}
+        # A cap per turn, as an agent SDK's model settings send it: without one a server that does not
+        # call a tool (or loops) writes until its context is full, and the replay measures that instead.
+        body = {
+            "model": "coder",
+            "messages": [dict(m) for m in messages],
+            "tools": AGENT_TOOLS,
+            "tool_choice": "auto",
+            "max_tokens": AGENT_MAX_TOKENS,
+        }
         requests.append({"path": "/v1/chat/completions", "gap_s": 0.0 if turn == 0 else 0.3, "body": body})
         if turn == len(steps):
             break  # the last request is where the model writes its summary
