@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import tuning
 from .autodraft import MAX_RATIO, Found, FoundDraft, LocalPair, find_draft, local_pairs, scan, vocab_match
-from .core.cross_drafter import CrossMode, CrossVocab
+from .core.cross_drafter import DEFAULT_CROSS_MODE, CrossMode, CrossVocab
 from .cross_vocab import pair_map
 from .draft_variant import measure_model, ngram_rate
 from .errors import SpecggufError
@@ -118,10 +118,12 @@ def adopt(
     return trial
 
 
-def stored_trial(draft: Path, verifier: Path) -> Trial | None:
-    """A trial kept here for this draft and verifier file, at any thread count (for ranking before loading)."""
+def stored_trial(draft: Path, verifier: Path, mode: CrossMode = DEFAULT_CROSS_MODE) -> Trial | None:
+    """A trial kept here for this draft and verifier file in `mode` (a found draft's: the default), at any
+    thread count (for ranking before loading)."""
+    name = trial_name(mode)
     return next(
-        (trial for _threads, trial in tuning.stored_at_any_threads(TRIAL, draft, verifier, Trial.from_json)), None
+        (trial for _threads, trial in tuning.stored_at_any_threads(name, draft, verifier, Trial.from_json)), None
     )
 
 

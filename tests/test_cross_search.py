@@ -14,12 +14,15 @@ import pytest
 
 from fake_stores import add_lmstudio_model, add_ollama_model
 from specgguf import cross_search, tuning
+from specgguf.core.cross_drafter import DEFAULT_CROSS_MODE
 from specgguf.cross_search import Trial, find_any_draft
 from specgguf.llama.model import LlamaModel
 from tiny_gguf import write_tiny_llama
 
 FASTER = Trial(0.1, 0.8, 900.0, 500.0, 400.0)  # beats n-gram drafts alone and plain decoding
 SLOWER = Trial(0.1, 0.1, 300.0, 500.0, 400.0)  # n-gram drafts alone do better
+
+FOUND_TRIAL = cross_search.trial_name(DEFAULT_CROSS_MODE)  # a found draft is tried in the default mode
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +94,7 @@ def test_a_draft_sharing_the_vocabulary_ranks_first_unless_the_other_measured_fa
         "candidates": [{"name": "original", "ms_per_token": 0.1, "acceptance": 0.5, "expected_tokens_per_second": 600}],
     }
     tuning.keep_entry(key, variants)
-    cross_key = key.replace(f"draft_variant|{same.name}|", f"cross_trial|{other.name}|").replace(
+    cross_key = key.replace(f"draft_variant|{same.name}|", f"{FOUND_TRIAL}|{other.name}|").replace(
         f"|{same.stat().st_size}|", f"|{other.stat().st_size}|", 1
     )
     tuning.keep_entry(cross_key, FASTER.as_json())
@@ -121,7 +124,7 @@ def test_run_alone_measures_the_draft_adopts_it_where_it_beats_ngrams_and_keeps_
     assert measured.calls == 1 and again["settings"]["model_draft"] == str(draft)
     assert "measured here: 900.0 tok/s" in stderr
     (entries,) = json.loads(tuning.tuning_path().read_text()).values()
-    (kept,) = [value for key, value in entries.items() if key.startswith("cross_trial|")]
+    (kept,) = [value for key, value in entries.items() if key.startswith(f"{FOUND_TRIAL}|")]
     assert Trial.from_json(kept) == FASTER
 
 
@@ -154,7 +157,7 @@ def test_a_damaged_kept_trial_is_measured_again(cli, ggufs, stores, monkeypatch)
     path = tuning.tuning_path()
     data = json.loads(path.read_text())
     (entries,) = data.values()
-    (key,) = [key for key in entries if key.startswith("cross_trial|")]
+    (key,) = [key for key in entries if key.startswith(f"{FOUND_TRIAL}|")]
     entries[key] = {"acceptance": "high"}
     path.write_text(json.dumps(data))
     result = cli("run", "-m", "ollama:tiny:big", "-n", "4", "--temp", "0", "the cat")

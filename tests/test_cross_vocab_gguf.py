@@ -119,7 +119,10 @@ def test_run_takes_a_draft_of_another_vocabulary_and_says_so(cli, smollm2, gemma
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     why = report["settings"]["draft_variant"]["why"]
-    assert why == "another vocabulary: it drafts through the text, 18% of the verifier's tokens shared"
+    assert why == (  # the default mode: its own text, re-encoded (--cross-mode tokens: the shared tokens)
+        "another vocabulary: it drafts through the text (string-level: its own text, re-encoded by the verifier),"
+        " 18% of the verifier's tokens shared"
+    )
     assert report["n_tokens"] == 40 and 0 < report["n_accepted"] <= report["n_drafted"]
     assert report["accepted_by_source"] == {"model": report["n_accepted"]}
     # Where the verifier's answers were counted (a hot vocabulary's calibration), their share too.

@@ -47,7 +47,7 @@ def _drafter(window: int = 2) -> CrossVocabDrafter:
 def test_the_drafter_table_builds_it_from_the_pairs_map():
     draft = FakeModel(lambda context: DRAFT_TABLE[context[-1]], n_vocab=len(DRAFT_PIECES))
     cross = _drafter().map, VERIFIER_PIECES, DRAFT_PIECES, DRAFT_VOCAB.tokenize
-    built = build_drafter("cross", draft, DraftSettings(p_min=0.5, cross=CrossVocab(*cross)))
+    built = build_drafter("cross", draft, DraftSettings(p_min=0.5, cross=CrossVocab(*cross, mode="tokens")))
     assert isinstance(built, CrossVocabDrafter) and built.p_min == 0.5 and built.model is draft
     assert build_drafter("cross", None, DraftSettings()) is None  # no draft model
     with pytest.raises(UsageError, match="vocabulary map"):
