@@ -54,7 +54,7 @@ from typing import Literal
 import numpy as np
 
 from .cross_drafter import CrossVocab, CrossVocabDrafter, VerifierText, complete_utf8
-from .drafting import Drafts, DraftStep
+from .drafting import Drafts, DraftStep, fixed_drafts
 from .model import Model
 from .sampling import sample_token, sparse_distribution
 
@@ -113,14 +113,8 @@ class StringDrafter(CrossVocabDrafter):
         start = time.perf_counter()
         tokens, token_confidence = self.text_tokens(context, written, confidence, ended)
         drafts.text_seconds = time.perf_counter() - start
-        for token, chance in zip(tokens[:k], token_confidence):
-            one_hot = None
-            if not step.settings.greedy:  # a point mass: q(x) = 1
-                one_hot = np.zeros(step.n_vocab)
-                one_hot[token] = 1.0
-            drafts.add(token, len(drafts.tokens) - 1, one_hot)
-            drafts.confidence.append(chance)
-        drafts.parents = []  # a chain
+        proposed = fixed_drafts(tokens[:k], step, self.source)  # point masses, q(x) = 1: a chain
+        drafts.tokens, drafts.probs, drafts.confidence = proposed.tokens, proposed.probs, token_confidence[:k]
         return drafts
 
     def write(self, feed: list[int], k: int, step: DraftStep) -> tuple[list[int], list[float], bool]:
