@@ -36,12 +36,9 @@ def test_token_texts_as_bytes_are_llamas_own_pieces(model_file, request):
     model.close()
 
 
-def _greedy_per_step(verifier_path, draft_path, prompt, *, max_tokens):
-    """Each emitted token is the verifier's argmax for exactly its context (test_backend's check:
-    llama.cpp is not batch-invariant, so each step against its own logits); drafts kept and refused."""
-    verifier = RecordingModel(LlamaModel(verifier_path, n_ctx=512))
-    draft = LlamaModel(draft_path, n_ctx=512)
-    drafter = CrossVocabDrafter(draft, cross_vocab(draft, verifier.model))
+def greedy_events(verifier: RecordingModel, drafter, prompt: str, *, max_tokens: int):
+    """Greedy through `speculate` at K 4; asserts each emitted token is the verifier's argmax for exactly
+    its context (the logits it recorded for it). Returns (events, emitted tokens)."""
     prompt_tokens = verifier.tokenize(prompt, special=False)
     events = list(
         speculate(
@@ -60,6 +57,16 @@ def _greedy_per_step(verifier_path, draft_path, prompt, *, max_tokens):
     for token in output:
         assert token == int(np.argmax(scored[tuple(context)])), f"token after {len(context)} tokens"
         context.append(token)
+    return events, output
+
+
+def _greedy_per_step(verifier_path, draft_path, prompt, *, max_tokens):
+    """Each emitted token is the verifier's argmax for exactly its context (test_backend's check:
+    llama.cpp is not batch-invariant, so each step against its own logits); drafts kept and refused."""
+    verifier = RecordingModel(LlamaModel(verifier_path, n_ctx=512))
+    draft = LlamaModel(draft_path, n_ctx=512)
+    drafter = CrossVocabDrafter(draft, cross_vocab(draft, verifier.model))
+    events, output = greedy_events(verifier, drafter, prompt, max_tokens=max_tokens)
     assert len(output) >= 100
     n_drafted, n_accepted = sum(e.n_drafted for e in events), sum(e.n_accepted for e in events)
     assert 0 < n_accepted < n_drafted  # drafts through text, kept and refused

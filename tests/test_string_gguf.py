@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from specgguf.core.cross_drafter import DEFAULT_CROSS_MODE
-from specgguf.core.engine import speculate
-from specgguf.core.sampling import SamplingSettings
 from specgguf.core.string_drafter import StringDrafter
 from specgguf.cross_vocab import cross_vocab
 from specgguf.llama.model import LlamaModel
 from test_backend import RecordingModel
+from test_cross_vocab_gguf import greedy_events
 
 PROMPTS = {
     "code": (
@@ -42,24 +40,8 @@ def _greedy_per_step(verifier_path, draft_path, prompt):
     draft = LlamaModel(draft_path, n_ctx=512)
     cross = cross_vocab(draft, verifier.model, "string")
     assert cross.verifier_text is not None
-    prompt_tokens = verifier.tokenize(prompt, special=False)
-    events = list(
-        speculate(
-            verifier=verifier,
-            drafter=StringDrafter(draft, cross, cross.verifier_text),
-            prompt_tokens=prompt_tokens,
-            k=4,
-            max_tokens=N_TOKENS,
-            settings=SamplingSettings(temperature=0.0),
-            rng=np.random.default_rng(0),
-        )
-    )
-    output = [token for event in events for token in event.tokens]
-    scored = {tuple(context): row for context, row in verifier.rows}
-    context = list(prompt_tokens)
-    for token in output:
-        assert token == int(np.argmax(scored[tuple(context)])), f"token after {len(context)} tokens"
-        context.append(token)
+    drafter = StringDrafter(draft, cross, cross.verifier_text)
+    events, output = greedy_events(verifier, drafter, prompt, max_tokens=N_TOKENS)
     assert len(output) == N_TOKENS
     n_drafted, n_accepted = sum(e.n_drafted for e in events), sum(e.n_accepted for e in events)
     assert 0 < n_accepted <= n_drafted  # its own text, re-encoded, was proposed and kept
