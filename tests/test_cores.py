@@ -61,6 +61,24 @@ def test_the_governor_gives_up_a_thread_under_load_and_takes_it_back_when_idle(m
     assert governor.check() == 2 and governor.threads == 2
 
 
+def test_a_pause_between_decodes_starts_a_new_window_and_keeps_the_threads(monkeypatch):
+    # An idle server's next request: what ran during the pause (an agent's tool, the client's start)
+    # says nothing about now; the next half second does.
+    clock = Clock(monkeypatch)
+    governor = cores.ThreadGovernor(usable=2, threads=2)
+    governor.check()
+    clock.run(5.0, ours=0.0, others=1.0)  # busy while we waited for a request
+    assert governor.check() is None and governor.threads == 2
+    clock.run(0.6, ours=2.0, others=0.0)
+    assert governor.check() is None and governor.threads == 2
+    clock.run(0.6, ours=1.4, others=0.6)  # a busy process now: given up at the next look
+    assert governor.check() == 1
+    clock.run(5.0, ours=0.0, others=0.0)  # idle during a pause: kept until a look in a fresh window
+    assert governor.check() is None and governor.threads == 1
+    clock.run(0.6, ours=1.0, others=0.05)
+    assert governor.check() == 2
+
+
 def test_others_busy_cores_sees_a_real_busy_process():
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

@@ -5,8 +5,8 @@ keeps a core busy, one of our threads is descheduled for a whole time slice at e
 barrier and the others spin until it returns: with 2 threads on 2 cores and one busy
 process, decoding gets ~15x slower, while 1 thread loses only what the busy core costs.
 So by default the thread count follows the load: `ThreadGovernor` reads the machine's CPU
-time (/proc/stat) minus our own every half second, and gives up a thread for each core
-another program keeps busy (taken back when it goes idle). An explicit `-t` is kept as given.
+time (/proc/stat) minus our own every half second while it decodes, and gives up a thread for
+each core another program keeps busy (taken back when it goes idle). An explicit `-t` is kept as given.
 Elsewhere than Linux (no /proc/stat) it is all usable cores, as llama.cpp does.
 """
 
@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 _CHECK_EVERY = 0.5  # seconds between looks at the load
 _BUSY = 0.5  # another program using this much of a core takes that core
 _IDLE = 0.25  # ... and gives it back below this (hysteresis: no flapping at the edge)
+# A look longer than this after the last (a server idle between requests) starts a new window and keeps
+# the thread count: the load averaged over a pause is what ran while we did not decode (an agent's
+# tool, a client starting up), not what runs now, and it once cost a 629-token prompt half its speed.
+_STALE = 2.0
 
 
 def usable_cores() -> int:
@@ -82,7 +86,7 @@ class ThreadGovernor:
         if machine is None:
             return None
         last, self._last = self._last, (now, machine, own)
-        if last is None:
+        if last is None or now - last[0] > _STALE:
             return None
         busy = max(0.0, (machine - last[1] - (own - last[2])) / (now - last[0]))
         wanted = threads_for(busy, self.usable)
