@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 import socket
+import threading
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -179,6 +180,8 @@ def run_server(
             parallel=n_seq,
             deterministic=deterministic,
         )
+        # The grammar tables, built while the server waits for its first request (not on a tool call's path).
+        threading.Thread(target=_grammar_tables, args=(prepared.verifier,), name="specgguf-tables", daemon=True).start()
         name = resolved.label or resolved.name or resolved.verifier.stem
         serve(
             worker=worker,
@@ -213,3 +216,14 @@ def concurrency(prepared: Prepared, parallel: int | None) -> tuple[int, str]:
     trees = " · draft trees off (they need --parallel 1)" if prepared.options.trees else ""
     size = f"{per_sequence / 2**20:.0f} MiB" if per_sequence >= 2**20 else f"{per_sequence / 2**10:.0f} KiB"
     return n_seq, f"{n_seq} requests at once ({size} of KV cache each){trees}"
+
+
+def _grammar_tables(verifier: object) -> None:
+    from ..llama.guidance import grammar_tables  # llguidance loads only in a server
+    from ..llama.model import LlamaModel
+
+    try:
+        if isinstance(verifier, LlamaModel):
+            grammar_tables(verifier)
+    except Exception:  # noqa: BLE001 - the request that needs a table builds it again and reports why
+        return
