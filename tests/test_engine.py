@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+import specgguf.core.engine as engine
 from fakes import FakeModel, one_hot_logits
 from specgguf.core.costs import MachineCosts
 from specgguf.core.engine import FixedK, speculate
@@ -14,6 +15,7 @@ from specgguf.core.hybrid_drafter import HybridDrafter
 from specgguf.core.kpolicy import PolicyConfig, adaptive_policy
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.ngram_drafter import NgramDrafter
+from specgguf.core.reading import DRAFT_READ_PRIOR, LONG_READ, Reading
 from specgguf.core.sampling import SamplingSettings
 from specgguf.errors import ContextFullError, PromptError
 
@@ -165,6 +167,50 @@ def test_the_draft_model_reads_nothing_until_it_drafts_then_catches_up_on_the_wh
     assert draft.eval_calls[0] == context[:-1] and draft.eval_calls[1] == context[-1:]
     assert events[first].draft_catchup_seconds > 0 and not any(event.draft_catchup_seconds for event in events[:first])
     assert draft.cached == [*prompt, *tokens][: draft.n_past]  # and after: a prefix of the context
+
+
+LONG = [*(1 + i % 7 for i in range(LONG_READ + 1)), 7]  # ends in (2, 7): nothing for the n-gram side to copy
+
+
+@pytest.mark.parametrize("kind", ["model", "hybrid"])
+def test_a_draft_model_reads_a_long_prompt_only_once_the_answer_has_run_as_long(kind, monkeypatch):
+    # The reading is priced at 10 ms a token, a plain step at what it takes (a fake's: well under
+    # 10 ms), so the 65-token catch-up waits for steps worth 650 ms: none in a 12-token answer.
+    monkeypatch.setattr(engine.Reading, "after_prefill", classmethod(lambda cls, seconds, n: cls(0.01)))
+    verifier, draft = _models(draft_choice=sometimes_wrong, n_ctx=512)
+    events, tokens = _run(verifier, draft, k=3, max_tokens=12, prompt=LONG, kind=kind)
+    assert tokens == _plain_greedy(counting, LONG, 12)
+    assert draft.eval_calls == [] and all(event.draft_source != "model" for event in events)
+    # Once the answer has taken as long as the reading would, the draft reads and drafts.
+    monkeypatch.setattr(engine.Reading, "after_prefill", classmethod(lambda cls, seconds, n: cls(1e-9)))
+    verifier, draft = _models(draft_choice=sometimes_wrong, n_ctx=512)
+    events, tokens = _run(verifier, draft, k=3, max_tokens=12, prompt=LONG, kind=kind)
+    assert tokens == _plain_greedy(counting, LONG, 12)
+    assert events[0].draft_source is None and not events[0].draft_catchup_seconds  # nothing waited yet
+    assert events[1].draft_source == "model" and events[1].draft_catchup_seconds > 0
+    assert draft.eval_calls[0] == LONG  # the whole context but its newest token (8)
+    # A short prompt is read at once: the first step drafts.
+    short, _ = _run(*_models(draft_choice=sometimes_wrong), k=3, max_tokens=12, prompt=LONG[1:], kind=kind)
+    assert short[0].draft_source == "model"
+
+
+def test_prompt_lookup_drafts_from_the_first_step_after_a_long_prompt(monkeypatch):
+    monkeypatch.setattr(engine.Reading, "after_prefill", classmethod(lambda cls, seconds, n: cls(0.01)))
+    prompt = [1 + i % 8 for i in range(LONG_READ + 1)]  # counting goes on as the prompt repeats
+    events, tokens = _run(*_models(), k=3, max_tokens=8, prompt=prompt, kind="hybrid")
+    assert tokens == _plain_greedy(counting, prompt, 8) and events[0].draft_source == "ngram"
+
+
+def test_the_reading_rule_waits_for_the_answer_then_learns_the_measured_cost():
+    reading = Reading.after_prefill(2.0, 100)  # the verifier read 100 tokens in 2 s: a draft token 10 ms
+    assert reading.per_token == pytest.approx(DRAFT_READ_PRIOR * 0.02)
+    assert not reading.defers(LONG_READ)  # a short read happens at once
+    assert reading.defers(200)  # 200 tokens: 2 s at the prior, nothing waited yet
+    reading.observe(1.5, 0.0, 0)
+    assert reading.defers(200) and not reading.defers(140)  # 1.5 s waited: 140 tokens (1.4 s) are read
+    reading.observe(0.6, 1.0, 200)  # the draft read 200 tokens in 1 s: 5 ms a token from now on
+    assert reading.per_token == pytest.approx(0.005) and not reading.defers(400) and reading.defers(500)
+    assert Reading.after_prefill(0.01, 10).per_token == 0.0  # a prompt too short to tell: no wait
 
 
 def test_max_tokens_is_exact():

@@ -151,6 +151,9 @@ class CrossVocabDrafter:
     def next_source(self, context: list[int]) -> Source:
         return self.source
 
+    def unread(self, context: list[int]) -> int:
+        return 0  # its draft reads the text as it drafts (not deferred: its reading is not yet measured)
+
     def sync(self, context: list[int]) -> None:
         pass  # the next `propose` compares the text read with the context, by token then by bytes
 

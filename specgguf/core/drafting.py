@@ -100,6 +100,10 @@ class Drafter(Protocol):
     def next_source(self, context: list[int]) -> Source:
         """Who would propose after `context`: "model" (a draft model) or "ngram"."""
 
+    def unread(self, context: list[int]) -> int:
+        """How many tokens of `context` a draft model must read before it can propose (its catch-up:
+        core/reading.py decides when that pays); 0 for a drafter that reads nothing first."""
+
     def propose(
         self,
         context: list[int],
@@ -135,11 +139,12 @@ def fixed_drafts(tokens: list[int], step: DraftStep, source: Source) -> Drafts:
     return Drafts(tokens=tokens, probs=probs, source=source)
 
 
-def ingest(model: Model, prompt_tokens: Sequence[int]) -> None:
-    """Bring a model's cache to prompt[:-1], keeping whatever prefix it already holds."""
+def ingest(model: Model, prompt_tokens: Sequence[int]) -> int:
+    """Bring a model's cache to prompt[:-1], keeping whatever prefix it already holds; the tokens read."""
     n_reused = common_prefix(model.cached, prompt_tokens[:-1])
     model.rewind(n_reused)
     model.eval(prompt_tokens[n_reused:-1], n_logits=0)
+    return len(prompt_tokens) - 1 - n_reused
 
 
 class NoDrafter:
@@ -149,6 +154,9 @@ class NoDrafter:
 
     def prepare(self, prompt_tokens: Sequence[int]) -> None:
         pass
+
+    def unread(self, context: list[int]) -> int:
+        return 0
 
     def room(self, context_length: int) -> int:
         return 0

@@ -24,6 +24,7 @@ from .drafting import Drafter, Drafts, DraftStep, NoDrafter, Source, capped, ing
 from .forced_drafter import ForcedDrafter
 from .grammar_walk import GrammarWalk
 from .model import Model
+from .reading import Reading
 from .rounds import Round
 from .sampling import (
     SamplingSettings,
@@ -185,18 +186,20 @@ def speculate(
         drafter = ForcedDrafter(drafter, constraint)
     policy = FixedK(k) if isinstance(k, int) else k
     start = time.perf_counter()
-    # The verifier's cache holds all of the context but its newest token, which rides in
-    # the next batch: it never spends a forward pass on it alone. What a cache already
-    # holds of the prompt (an earlier chat turn) is kept. A draft model catches up only
-    # when it is about to draft (model_drafter.py).
-    ingest(verifier, prompt_tokens)
+    # The verifier's cache holds all of the context but its newest token, which rides in the next batch: it
+    # never spends a forward pass on it alone. What a cache already holds of the prompt (an earlier chat turn)
+    # is kept. A draft model catches up when it drafts (model_drafter.py), a long read once it pays (reading.py).
+    n_read = ingest(verifier, prompt_tokens)
     drafter.prepare(prompt_tokens)
     prefill_seconds = time.perf_counter() - start
+    reading = Reading.after_prefill(prefill_seconds, n_read)
     context, n_emitted = list(prompt_tokens), 0
     while len(context) <= verifier.n_ctx:
         # The verifier's batch (the pending token plus the drafts) must fit, and the answer's length.
         room = min(verifier.n_ctx - len(context), drafter.room(len(context)), max_tokens - n_emitted - 1)
-        k_step = max(0, min(policy.choose(drafter.next_source(context)), room))
+        source = drafter.next_source(context)
+        unread = drafter.unread(context) if source == "model" else 0
+        k_step = 0 if reading.defers(unread) else max(0, min(policy.choose(source), room))
         t0 = time.perf_counter()
         drafts, walk = _propose(drafter, policy, context, k_step, verifier, settings, rng, constraint)
         t1 = time.perf_counter()
@@ -217,6 +220,7 @@ def speculate(
         seconds = StepSeconds(draft=t1 - t0, verify=t2 - t1, sample=time.perf_counter() - t2, prefill=prefill_seconds)
         event = _event(emitted, drafts, path, tree, target_logits, verifier, max_tokens - n_emitted, seconds)
         prefill_seconds, n_emitted = 0.0, n_emitted + len(event.tokens)
+        reading.observe(time.perf_counter() - t0, event.draft_catchup_seconds, unread if k_step else 0)
         policy.observe(event)
         yield event
         if event.stop:

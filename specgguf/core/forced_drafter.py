@@ -29,6 +29,9 @@ class ForcedDrafter:
     def next_source(self, context: list[int]) -> Source:
         return self.source if self.constraint.forced() else self.inner.next_source(context)
 
+    def unread(self, context: list[int]) -> int:
+        return self.inner.unread(context)
+
     def propose(self, context: list[int], k: int, step: DraftStep) -> Drafts:
         forced = self.constraint.forced()[:k]
         if not forced:

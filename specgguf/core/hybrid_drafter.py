@@ -33,6 +33,9 @@ class HybridDrafter:
     def room(self, context_length: int) -> int:
         return self.model_drafter.room(context_length)
 
+    def unread(self, context: list[int]) -> int:
+        return self.model_drafter.unread(context)
+
     def next_source(self, context: list[int]) -> Source:
         return self.ngram.source if self._takes(self._lookup(context, 1)) else self.model_drafter.source
 

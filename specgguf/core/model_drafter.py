@@ -48,6 +48,11 @@ class ModelDrafter:
     def next_source(self, context: list[int]) -> Source:
         return self.source
 
+    def unread(self, context: list[int]) -> int:
+        agreed = min(self._agreed, self.model.n_past)  # as `sync` finds it, without rewinding
+        agreed += common_prefix(self.model.cached[agreed:], context[agreed:])
+        return max(0, len(context) - 1 - agreed)
+
     def propose(
         self,
         context: list[int],

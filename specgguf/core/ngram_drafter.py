@@ -81,6 +81,9 @@ class NgramDrafter:
     def next_source(self, context: list[int]) -> Source:
         return self.source
 
+    def unread(self, context: list[int]) -> int:
+        return 0  # a lookup reads nothing first
+
     def lookup(self, context: list[int], k: int) -> Match:
         """Up to k tokens that followed the longest suffix n-gram's latest earlier occurrence, with the
         evidence for them (no tokens, length 0: no match)."""
