@@ -92,30 +92,38 @@ def test_the_mask_is_the_unbounded_grammars_up_to_the_16th_digit():
     assert free.allowed()[digits].all() and not bounded.allowed()[digits].any()  # the bound, at 16
 
 
-def test_sampled_lengths_follow_the_models_law_within_the_bound():
-    # A model writing the age: a first digit uniform over 0-9, then another digit (0.07 each) or the end
-    # "}" (0.3); every other byte has no mass. Masked by the grammar: a leading 0 ends at once, and the
-    # 16th digit ends the number. Its law: P(1) = 0.1 + 0.9 * 0.3, P(k) = 0.9 * 0.7^(k-1) * 0.3 for
-    # 2 <= k <= 15, P(16) = 0.9 * 0.7^15.
-    tokenizer, constraint = _constraint(GrammarSpec.json_schema(AGE))
+def _sampled_lengths(tokenizer_and_constraint, prefix_text, digit_mass, end_mass, n_samples, n_cells):
+    """After `prefix_text`, a model that writes a digit (each `digit_mass`) or "}" (`end_mass`), masked by
+    the constraint, sampled `n_samples` times: how many answers had each number of tokens before the end."""
+    tokenizer, constraint = tokenizer_and_constraint
+    end = tokenizer.tokenize_str("}")[0]
     model = np.zeros(tokenizer.vocab_size)
-    model[[tokenizer.tokenize_str(d)[0] for d in "0123456789"]] = 0.07
-    model[tokenizer.tokenize_str("}")[0]] = 0.3
-    prefix = tokenizer.tokenize_str('{"age": ')
+    model[[tokenizer.tokenize_str(d)[0] for d in "0123456789"]] = digit_mass
+    model[end] = end_mass
+    prefix = tokenizer.tokenize_str(prefix_text)
     rng = np.random.default_rng(48)
-    counts = np.zeros(17, dtype=int)
-    n_samples = 4000
+    counts = np.zeros(n_cells, dtype=int)
     for _ in range(n_samples):
         for token in prefix:
             constraint.advance(token)
         n_tokens, token = len(prefix), -1
-        while not constraint.accepting or token != tokenizer.tokenize_str("}")[0]:
+        while not constraint.accepting or token != end:
             weights = model * constraint.allowed()
             token = int(rng.choice(len(weights), p=weights / weights.sum()))
             constraint.advance(token)
             n_tokens += 1
         counts[n_tokens - len(prefix) - 1] += 1
         constraint.rollback(n_tokens)
+    return counts
+
+
+def test_sampled_lengths_follow_the_models_law_within_the_bound():
+    # A model writing the age: a first digit uniform over 0-9, then another digit (0.07 each) or the end
+    # "}" (0.3); every other byte has no mass. Masked by the grammar: a leading 0 ends at once, and the
+    # 16th digit ends the number. Its law: P(1) = 0.1 + 0.9 * 0.3, P(k) = 0.9 * 0.7^(k-1) * 0.3 for
+    # 2 <= k <= 15, P(16) = 0.9 * 0.7^15.
+    n_samples = 4000
+    counts = _sampled_lengths(_constraint(GrammarSpec.json_schema(AGE)), '{"age": ', 0.07, 0.3, n_samples, 17)
     law = np.zeros(17)
     law[1] = 0.1 + 0.9 * 0.3
     law[2:16] = 0.9 * 0.7 ** np.arange(1, 15) * 0.3
@@ -200,26 +208,8 @@ def test_sampled_decimals_follow_the_models_law_within_the_bound():
     # A model writing the mass after `0.`: another digit (0.085 each) or the end "}" (0.15); every other
     # byte has no mass. Masked: at least one decimal, and the 24th ends the fraction. Its law over the
     # number of decimals: P(k) = 0.85^(k-1) * 0.15 for 1 <= k <= 23, P(24) = 0.85^23.
-    tokenizer, constraint = _bounded(GrammarSpec.json_schema(MASS))
-    end = tokenizer.tokenize_str("}")[0]
-    model = np.zeros(tokenizer.vocab_size)
-    model[[tokenizer.tokenize_str(d)[0] for d in "0123456789"]] = 0.085
-    model[end] = 0.15
-    prefix = tokenizer.tokenize_str('{"mass": 0.')
-    rng = np.random.default_rng(48)
-    counts = np.zeros(26, dtype=int)
     n_samples = 3000
-    for _ in range(n_samples):
-        for token in prefix:
-            constraint.advance(token)
-        n_tokens, token = len(prefix), -1
-        while not constraint.accepting or token != end:
-            weights = model * constraint.allowed()
-            token = int(rng.choice(len(weights), p=weights / weights.sum()))
-            constraint.advance(token)
-            n_tokens += 1
-        counts[n_tokens - len(prefix) - 1] += 1
-        constraint.rollback(n_tokens)
+    counts = _sampled_lengths(_bounded(GrammarSpec.json_schema(MASS)), '{"mass": 0.', 0.085, 0.15, n_samples, 26)
     law = np.zeros(25)
     law[1:24] = 0.85 ** np.arange(0, 23) * 0.15
     law[24] = 0.85**23
