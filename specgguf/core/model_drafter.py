@@ -49,9 +49,7 @@ class ModelDrafter:
         return self.source
 
     def unread(self, context: list[int]) -> int:
-        agreed = min(self._agreed, self.model.n_past)  # as `sync` finds it, without rewinding
-        agreed += common_prefix(self.model.cached[agreed:], context[agreed:])
-        return max(0, len(context) - 1 - agreed)
+        return max(0, len(context) - 1 - self._agreed_with(context))
 
     def propose(
         self,
@@ -131,8 +129,10 @@ class ModelDrafter:
     def sync(self, context: list[int]) -> None:
         # Keep what the cache shares with the context (a sibling the verifier took replaces the
         # chain's token there), never the newest token: it rides in with the next proposal.
-        # The cache agreed with the context up to the last sync; only what came since is compared.
-        agreed = min(self._agreed, self.model.n_past)
-        agreed += common_prefix(self.model.cached[agreed:], context[agreed:])
-        self._agreed = min(agreed, len(context) - 1)
+        self._agreed = min(self._agreed_with(context), len(context) - 1)
         self.model.rewind(self._agreed)
+
+    def _agreed_with(self, context: list[int]) -> int:
+        """How much of `context` the cache holds (it agreed up to the last sync: only what came since is compared)."""
+        agreed = min(self._agreed, self.model.n_past)
+        return agreed + common_prefix(self.model.cached[agreed:], context[agreed:])
