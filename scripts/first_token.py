@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -25,9 +25,9 @@ from specgguf.bench.traces import load_trace
 from specgguf.core.engine import FixedK, speculate
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.sampling import SamplingSettings
+from specgguf.errors import SpecggufError
+from specgguf.files.resolve import resolve_pair
 from specgguf.llama.model import LlamaModel
-
-CACHE = Path.home() / ".cache" / "specgguf"
 
 
 def run(verifier: LlamaModel, draft: LlamaModel, prompt: list[int], n: int, k: int) -> tuple[float, float, int]:
@@ -55,7 +55,7 @@ def prompts(verifier: LlamaModel, args: argparse.Namespace) -> list[list[int]]:
     if args.suite:
         chats = [([{"role": "user", "content": p.text}], None) for p in load_suite() if p.kind == args.suite]
         if not chats:
-            raise SystemExit(f"the suite has no prompts of kind {args.suite!r}")
+            raise SpecggufError(f"the suite has no prompts of kind {args.suite!r}")
     else:
         chats = [(r.body["messages"], r.body.get("tools")) for r in load_trace("agent").requests[: args.turns]]
     return [verifier.tokenize(verifier.apply_chat_template(messages, tools)) for messages, tools in chats]
@@ -63,8 +63,8 @@ def prompts(verifier: LlamaModel, args: argparse.Namespace) -> list[list[int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-m", type=Path, default=CACHE / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
-    parser.add_argument("-md", type=Path, default=CACHE / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    parser.add_argument("-m", help="the verifier GGUF (default: the default pair's)")
+    parser.add_argument("-md", help="the draft GGUF (default: the default pair's)")
     parser.add_argument("-t", type=int, default=2)
     parser.add_argument("-k", type=int, default=4)
     parser.add_argument("-n", type=int, default=48, help="tokens an answer")
@@ -75,8 +75,11 @@ def main() -> None:
     machine = cpu()
     vnni = "yes" if machine["avx512_vnni"] else "no"
     print(f"CPU: {machine['cpu']} ({machine['cores']} cores), avx512_vnni: {vnni}, -t {args.t}")
-    verifier = LlamaModel(args.m, n_ctx=4096, n_threads=args.t)
-    draft = LlamaModel(args.md, n_ctx=4096, n_threads=args.t)
+    pair = resolve_pair(model=args.m, model_draft=args.md, pair=None)
+    if pair.draft is None:
+        raise SpecggufError("give -md DRAFT with -m")
+    verifier = LlamaModel(pair.verifier, n_ctx=4096, n_threads=args.t)
+    draft = LlamaModel(pair.draft, n_ctx=4096, n_threads=args.t)
     rule, sides = engine.Reading.__dict__["after_prefill"], ("the reading rule", "reading at once")
     at_once = classmethod(lambda cls, seconds, n_read: cls(0.0))
     for prompt in prompts(verifier, args):
@@ -98,4 +101,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SpecggufError as error:
+        sys.exit(f"specgguf: error: {error}")
