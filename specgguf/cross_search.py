@@ -11,18 +11,30 @@ without `-md`) and in `pairs --local`.
   alone on the same calibration set and verify costs (draft_variant.ngram_rate); adopted only where it
   beats them and plain decoding. The `Trial` is kept in tuning.json: the next run neither measures
   again nor, where it lost, loads the draft at all.
+- In each mode (`choose_mode`, for --cross-mode auto, the default, also for a draft given with -md): its
+  shared tokens and its own text re-encoded are two trials, each measured once; the pair drafts in the
+  faster (`ModeChoice`), which is what ranks it, what `check`, `pairs --local` and `bench` show, and
+  what must beat n-gram drafts alone. A mode that loses is never used unless asked for by name.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from . import tuning
 from .autodraft import MAX_RATIO, Found, FoundDraft, LocalPair, find_draft, local_pairs, scan, vocab_match
-from .core.cross_drafter import DEFAULT_CROSS_MODE, CrossMode, CrossVocab
+from .core.cross_drafter import (
+    AUTO_CROSS_MODE,
+    CROSS_MODES,
+    DEFAULT_CROSS_MODE,
+    CrossMode,
+    CrossModeChoice,
+    CrossVocab,
+    unmeasured_mode,
+)
 from .cross_vocab import pair_map
 from .draft_variant import measure_model, ngram_rate
 from .errors import SpecggufError
@@ -111,20 +123,86 @@ def adopt(
     if trial is None:
         if announce is not None:
             announce(
-                "measuring the draft of another vocabulary against n-gram drafts alone (once; kept in tuning.json)"
+                f"measuring the draft of another vocabulary ({MODE_NAMES[cross.mode]}) against n-gram drafts alone"
+                " (once; kept in tuning.json)"
             )
         trial = (measure or measure_trial)(verifier, draft, cross)
         tuning.keep_entry(key, trial.as_json())
     return trial
 
 
-def stored_trial(draft: Path, verifier: Path, mode: CrossMode = DEFAULT_CROSS_MODE) -> Trial | None:
-    """A trial kept here for this draft and verifier file in `mode` (a found draft's: the default), at any
-    thread count (for ranking before loading)."""
-    name = trial_name(mode)
-    return next(
-        (trial for _threads, trial in tuning.stored_at_any_threads(name, draft, verifier, Trial.from_json)), None
+@dataclass(frozen=True)
+class ModeChoice:
+    """How a draft of another vocabulary drafts for a verifier here: the mode whose trial expects the
+    most tokens per second (DEFAULT_CROSS_MODE on a tie), with each mode's trial."""
+
+    trials: dict[CrossMode, Trial]
+
+    @property
+    def mode(self) -> CrossMode:
+        return max(
+            self.trials,
+            key=lambda mode: (self.trials[mode].expected_tokens_per_second, mode == DEFAULT_CROSS_MODE),
+        )
+
+    @property
+    def trial(self) -> Trial:
+        return self.trials[self.mode]
+
+    @property
+    def open(self) -> bool:
+        """Adopted, or a mode not measured yet (which may be)."""
+        return self.trial.adopted or self.partial
+
+    @property
+    def partial(self) -> bool:
+        """Some mode not measured yet."""
+        return set(self.trials) != set(CROSS_MODES)
+
+    def describe(self) -> str:
+        """The chosen mode first, then the others' expected rates."""
+        others = [
+            f"{MODE_NAMES[mode]} {trial.expected_tokens_per_second:.1f} tok/s"
+            for mode, trial in self.trials.items()
+            if mode != self.mode
+        ]
+        return f"{MODE_NAMES[self.mode]}: {self.trial.describe()}" + "".join(f"; {other}" for other in others)
+
+
+MODE_NAMES: dict[CrossMode, str] = {"tokens": "shared tokens", "string": "string-level"}
+
+
+def choose_mode(
+    verifier: LoadedModel,
+    draft: LoadedModel,
+    cross: CrossVocab,
+    modes: tuple[CrossMode, ...] = CROSS_MODES,
+    *,
+    measure: Measure | None = None,
+    announce: Callable[[str], None] | None = None,
+) -> ModeChoice:
+    """Each of `modes` kept or measured here for this pair (`adopt`, once each), and the faster."""
+    return ModeChoice(
+        {mode: adopt(verifier, draft, replace(cross, mode=mode), measure=measure, announce=announce) for mode in modes}
     )
+
+
+def stored_choice(draft: Path, verifier: Path) -> ModeChoice | None:
+    """The modes kept here for this draft and verifier file, at any thread count (for ranking before
+    loading); None where none was measured."""
+    trials = {}
+    for mode in CROSS_MODES:
+        kept = tuning.stored_at_any_threads(trial_name(mode), draft, verifier, Trial.from_json)
+        if kept:
+            trials[mode] = kept[0][1]
+    return ModeChoice(trials) if trials else None
+
+
+def kept_mode(choice: CrossModeChoice, draft: Path, verifier: Path) -> CrossMode:
+    """The mode a choice means for this pair without measuring (bench): "auto", the one kept here as
+    faster if both were measured, else the default."""
+    kept = stored_choice(draft, verifier) if choice == AUTO_CROSS_MODE else None
+    return kept.mode if kept is not None and not kept.partial else unmeasured_mode(choice)
 
 
 @dataclass(frozen=True)
@@ -134,7 +212,12 @@ class CrossDraft:
     model: LocalModel
     size: int
     overlap: float  # of the verifier's tokens, the share it can propose
-    trial: Trial | None = None  # measured here before, if it was
+    measured: ModeChoice | None = None  # measured here before, if it was (in one mode or both)
+
+    @property
+    def trial(self) -> Trial | None:
+        """The trial of the mode it would draft in, if measured."""
+        return None if self.measured is None else self.measured.trial
 
     @property
     def why(self) -> str:
@@ -177,19 +260,19 @@ def cross_drafts(
         return []
     real = verifier.resolve()
     candidates = [
-        (item, stored_trial(item.model.path, verifier))
+        (item, stored_choice(item.model.path, verifier))
         for item in found
         if item.summary.size <= MAX_RATIO * ours.size
         and item.model.path.resolve() != real
         and not vocab_match(ours, item.summary)
     ]
-    others = [(item, trial) for item, trial in candidates if not (measured_only and trial is None)]
+    others = [(item, measured) for item, measured in candidates if not (measured_only and measured is None)]
     try:
         verifier_info = _vocab(verifier, seen) if others else None
     except SpecggufError:
         return []
     drafts = []
-    for item, trial in others:
+    for item, measured in others:
         assert verifier_info is not None
         try:
             info = _vocab(item.model.path, seen)
@@ -199,7 +282,7 @@ def cross_drafts(
             continue
         overlap = _overlap(item.model.path, info, verifier, verifier_info)
         if overlap >= MIN_OVERLAP:
-            drafts.append(CrossDraft(item.model, item.summary.size, overlap, trial))
+            drafts.append(CrossDraft(item.model, item.summary.size, overlap, measured))
     return sorted(drafts, key=CrossDraft.rank)
 
 
@@ -220,7 +303,7 @@ def find_any_draft(verifier: Path) -> FoundDraft | None:
     found = scan(local_models(), index, warn=False)  # find_draft warned of what it could not read
     crosses = cross_drafts(verifier, found, index, measured_only=same.draft is not None)
     index.save()
-    usable = [draft for draft in crosses if draft.trial is None or draft.trial.adopted]
+    usable = [draft for draft in crosses if draft.measured is None or draft.measured.open]
     if same.draft is not None:
         same_rate = _same_rate(same.draft, verifier)
         faster = [
@@ -231,26 +314,26 @@ def find_any_draft(verifier: Path) -> FoundDraft | None:
         if not faster:
             return same
         best = faster[0]
-        assert best.trial is not None
+        assert best.measured is not None
         return FoundDraft(
             best.model.path,
-            f"draft: {best.why}; measured here faster than the draft that shares it ({best.trial.describe()})",
+            f"draft: {best.why}; measured here faster than the draft that shares it ({best.measured.describe()})",
             cross=True,
         )
     if usable:
         best = usable[0]
         measured = (
-            f"; measured here: {best.trial.describe()}"
-            if best.trial is not None
+            f"; measured here: {best.measured.describe()}"
+            if best.measured is not None
             else "; measured against n-gram drafts alone before it is used"
         )
         return FoundDraft(best.model.path, f"draft: {best.why}{measured}", cross=True)
     if crosses:
         declined = crosses[0]
-        assert declined.trial is not None
+        assert declined.measured is not None
         return FoundDraft(
             None,
-            f"{same.message}; {declined.why}, measured here slower: {declined.trial.describe()}",
+            f"{same.message}; {declined.why}, measured here slower: {declined.measured.describe()}",
         )
     return same
 

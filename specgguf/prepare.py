@@ -19,7 +19,15 @@ import numpy as np
 
 from .core.constraint import Constraint
 from .core.costs import MachineCosts
-from .core.cross_drafter import DEFAULT_CROSS_MODE, CrossMode, CrossVocab
+from .core.cross_drafter import (
+    AUTO_CROSS_MODE,
+    CROSS_MODES,
+    DEFAULT_CROSS_MODE,
+    CrossMode,
+    CrossModeChoice,
+    CrossVocab,
+    unmeasured_mode,
+)
 from .core.drafters import DEFAULT_DRAFTER, DRAFTER_KINDS, DrafterKind, DraftSettings, build_drafter
 from .core.drafting import Drafter
 from .core.engine import KPolicy, speculate
@@ -28,7 +36,7 @@ from .core.model import Model
 from .core.ngram_cache import SessionNgrams
 from .core.sampling import SamplingSettings
 from .core.stats import Generation
-from .cross_search import Measure, adopt
+from .cross_search import Measure, ModeChoice, choose_mode
 from .cross_vocab import cross_vocab, shared_text
 from .draft_variant import DraftChoice, load_chosen
 from .errors import UsageError
@@ -80,8 +88,8 @@ class DraftOptions:
     # (once, kept in tuning.json) to beat n-gram drafts alone; else the run drafts with n-grams alone.
     trial: bool = False
     # A draft of another vocabulary proposes shared tokens ("tokens") or its own text re-encoded by the
-    # verifier's tokenizer ("string": core/string_drafter.py).
-    cross_mode: CrossMode = DEFAULT_CROSS_MODE
+    # verifier's tokenizer ("string": core/string_drafter.py); "auto": whichever measured faster here.
+    cross_mode: CrossModeChoice = AUTO_CROSS_MODE
 
     @property
     def plain(self) -> bool:
@@ -252,8 +260,42 @@ def pair_cross(
     if draft is None or choice is None or not choice.cross:
         return None, choice
     cross = cross_vocab(draft, verifier, mode)
-    why = f"{CROSS_WHY}{CROSS_MODE_WHY[mode]}, {shared_text(cross.vocab_map, verifier.path)}"
-    return cross, replace(choice, why=why, cross_mode=mode)
+    return cross, in_mode(cross, choice, verifier.path)
+
+
+def in_mode(cross: CrossVocab, choice: DraftChoice, verifier: Path) -> DraftChoice:
+    """A cross-vocabulary draft's choice for the mode `cross` drafts in, its reason with the overlap."""
+    why = f"{CROSS_WHY}{CROSS_MODE_WHY[cross.mode]}, {shared_text(cross.vocab_map, verifier)}"
+    return replace(choice, why=why, cross_mode=cross.mode)
+
+
+def measured_cross(
+    verifier: LoadedModel,
+    draft: LoadedModel,
+    cross: CrossVocab,
+    choice: DraftChoice,
+    drafting: DraftOptions,
+    *,
+    measure: Measure | None,
+    announce: Callable[[str], None] | None,
+) -> tuple[CrossVocab, DraftChoice, ModeChoice, str]:
+    """A draft of another vocabulary in the mode measured faster here for the pair (--cross-mode auto:
+    both, once each, kept in tuning.json; else the one asked for), and the verdict: "draft" where that
+    mode beats n-gram drafts alone and plain decoding, else "decline" for a found draft (`drafting.trial`)
+    and "asked" for one given with -md (drafted with all the same); with each mode's trial."""
+    modes = CROSS_MODES if drafting.cross_mode == AUTO_CROSS_MODE else (unmeasured_mode(drafting.cross_mode),)
+    measured = choose_mode(verifier, draft, cross, modes, measure=measure, announce=announce)
+    cross = replace(cross, mode=measured.mode)
+    choice = in_mode(cross, choice, verifier.path)
+    verdict = "draft" if measured.trial.adopted else "decline" if drafting.trial else "asked"
+    return cross, replace(choice, why=f"{choice.why}; measured here: {measured.describe()}"), measured, verdict
+
+
+_VERDICTS = {
+    "draft": "drafting with it",
+    "decline": "not drafting with it: n-gram drafts alone",
+    "asked": "drafting with it as asked (n-gram drafts alone measured faster: --drafter ngram)",
+}
 
 
 def prepare(
@@ -276,16 +318,15 @@ def prepare(
     need_draft = DRAFTER_KINDS[drafting.drafter].needs_model and (keep_draft or not drafting.plain)
     announce = on_announce or (None if on_measure is None else lambda _text: on_measure())
     verifier, draft, choice = load_models(resolved, load, need_draft=need_draft, announce=announce, cross_ok=True)
-    cross, choice = pair_cross(verifier, draft, choice, drafting.cross_mode)
-    if drafting.trial and draft is not None and cross is not None:
-        trial = adopt(verifier, draft, cross, measure=measure_trial, announce=announce)
-        verdict = "drafting with it" if trial.adopted else "not drafting with it: n-gram drafts alone"
+    cross, choice = pair_cross(verifier, draft, choice, unmeasured_mode(drafting.cross_mode))
+    if draft is not None and cross is not None and (drafting.trial or drafting.cross_mode == AUTO_CROSS_MODE):
+        assert choice is not None
+        cross, choice, measured, verdict = measured_cross(
+            verifier, draft, cross, choice, drafting, measure=measure_trial, announce=announce
+        )
         if on_announce is not None:
-            on_announce(f"the draft of another vocabulary measured here: {trial.describe()}; {verdict}")
-        if trial.adopted:
-            assert choice is not None
-            choice = replace(choice, why=f"{choice.why}; measured here: {trial.describe()}")
-        else:
+            on_announce(f"the draft of another vocabulary measured here: {measured.describe()}; {_VERDICTS[verdict]}")
+        if verdict == "decline":
             draft.close()
             draft = cross = choice = None
             resolved, drafting = replace(resolved, draft=None), replace(drafting, drafter="ngram")

@@ -49,15 +49,20 @@ def stores(tmp_path, monkeypatch, config_home) -> tuple[Path, Path]:
 
 
 class Scripted:
-    """The measurement, scripted: returns `trial` and counts its calls (what was measured, not timed)."""
+    """The measurement, scripted: returns `trial` (or `trial[mode]`) and counts its calls (what was
+    measured, not timed), with the mode of each."""
 
-    def __init__(self, trial: Trial):
-        self.trial, self.calls = trial, 0
+    def __init__(self, trial: Trial | dict[str, Trial]):
+        self.trial, self.modes = trial, list[str]()
+
+    @property
+    def calls(self) -> int:
+        return len(self.modes)
 
     def __call__(self, verifier, draft, cross) -> Trial:
         assert cross.vocab_map.overlap > 0.3 and draft.n_vocab == len(cross.vocab_map.to_verifier) != verifier.n_vocab
-        self.calls += 1
-        return self.trial
+        self.modes.append(cross.mode)
+        return self.trial[cross.mode] if isinstance(self.trial, dict) else self.trial
 
 
 def run_json(cli, *args):
@@ -115,17 +120,18 @@ def test_run_alone_measures_the_draft_adopts_it_where_it_beats_ngrams_and_keeps_
     measured = Scripted(FASTER)
     monkeypatch.setattr(cross_search, "measure_trial", measured)
     report, stderr = run_json(cli, "-m", "ollama:tiny:big")
-    assert measured.calls == 1
+    assert sorted(measured.modes) == ["string", "tokens"]  # --cross-mode auto: both, once each
     assert report["settings"]["model_draft"] == str(draft) and report["settings"]["drafter"] == "hybrid"
     assert "other vocabulary" in report["settings"]["draft_variant"]["why"]
-    assert "measured here: 900.0 tok/s expected" in report["settings"]["draft_variant"]["why"]
+    assert "measured here: string-level: 900.0 tok/s expected" in report["settings"]["draft_variant"]["why"]
     assert "ollama:other:small: other vocabulary" in stderr
     again, stderr = run_json(cli, "-m", "ollama:tiny:big")  # kept in tuning.json: not measured again
-    assert measured.calls == 1 and again["settings"]["model_draft"] == str(draft)
-    assert "measured here: 900.0 tok/s" in stderr
+    assert measured.calls == 2 and again["settings"]["model_draft"] == str(draft)
+    assert "measured here: string-level: 900.0 tok/s" in stderr
     (entries,) = json.loads(tuning.tuning_path().read_text()).values()
-    (kept,) = [value for key, value in entries.items() if key.startswith(f"{FOUND_TRIAL}|")]
-    assert Trial.from_json(kept) == FASTER
+    for mode in ("tokens", "string"):
+        (kept,) = [value for key, value in entries.items() if key.startswith(f"{cross_search.trial_name(mode)}|")]
+        assert Trial.from_json(kept) == FASTER
 
 
 def test_run_alone_declines_a_draft_that_loses_to_ngrams_and_the_next_run_does_not_load_it(
@@ -138,13 +144,55 @@ def test_run_alone_declines_a_draft_that_loses_to_ngrams_and_the_next_run_does_n
     monkeypatch.setattr(cross_search, "measure_trial", measured)
     result = cli("run", "-m", "ollama:tiny:big", "-n", "6", "--temp", "0", "--seed", "1", "the cat")
     assert result.returncode == 0, result.stderr
-    assert measured.calls == 1
+    assert measured.calls == 2  # each mode
     assert "not drafting with it: n-gram drafts alone" in " ".join(result.stderr.split())
     report, stderr = run_json(cli, "-m", "ollama:tiny:big")
-    assert measured.calls == 1  # the kept decision: measured once
+    assert measured.calls == 2  # the kept decision: measured once
     assert report["settings"]["drafter"] == "ngram" and report["settings"]["model_draft"] is None
     assert "ollama:other:small: other vocabulary" in stderr and "measured here slower" in stderr
     assert "n-grams alone" in stderr
+
+
+def test_a_pair_drafts_in_the_mode_measured_faster_and_check_pairs_and_bench_say_which(cli, ggufs, stores, monkeypatch):
+    ollama, _ = stores
+    add_ollama_model(ollama, "tiny", "big", ggufs["big"])
+    add_ollama_model(ollama, "other", "small", ggufs["other"])
+    measured = Scripted({"tokens": FASTER, "string": Trial(0.1, 0.6, 700.0, 500.0, 400.0)})
+    monkeypatch.setattr(cross_search, "measure_trial", measured)
+    report, stderr = run_json(cli, "-m", "ollama:tiny:big")
+    why = report["settings"]["draft_variant"]["why"]
+    assert measured.calls == 2 and "string-level" not in why.split(";")[0]  # drafts in shared tokens
+    assert "measured here: shared tokens: 900.0 tok/s expected" in why and "string-level 700.0 tok/s" in why
+    listed = cli("pairs", "--local", "--json")
+    (cross,) = [row for row in json.loads(listed.stdout) if row["vocabulary"] == "other"]
+    assert cross["measured"]["mode"] == "tokens" and cross["measured"]["adopted"]
+    assert cross["measured"]["expected_tokens_per_second"] == 900.0 and set(cross["measured"]["modes"]) == {
+        "tokens",
+        "string",
+    }
+    assert "shared tokens measured faster than n-grams" in " ".join(cli("pairs", "--local").stdout.split())
+    checked = " ".join(cli("check", "ollama:other:small", "ollama:tiny:big").stdout.split())
+    assert "cross mode" in checked and "measured here: shared tokens: 900.0 tok/s" in checked
+    bench = cli("bench", "-m", "ollama:tiny:big", "-md", "ollama:other:small", "--quick", "-k", "2", "--no-adaptive",
+                "--drafters", "model", "--json", "--no-store")  # fmt: skip
+    assert bench.returncode == 0, bench.stderr
+    assert json.loads(bench.stdout)["results"][0]["cross_mode"] == "tokens"  # as run drafts
+    assert measured.calls == 2  # none of them measured again
+
+
+def test_a_draft_given_with_md_is_measured_in_both_modes_unless_one_is_named_and_drafted_as_asked(
+    cli, ggufs, stores, monkeypatch
+):
+    measured = Scripted(SLOWER)  # n-gram drafts alone do better in both modes
+    monkeypatch.setattr(cross_search, "measure_trial", measured)
+    named, _ = run_json(cli, "-m", ggufs["big"], "-md", ggufs["other"], "--cross-mode", "tokens")
+    assert measured.modes == [] and named["settings"]["model_draft"] == str(ggufs["other"])  # named: not measured
+    result = cli("run", "-m", ggufs["big"], "-md", ggufs["other"], "-n", "6", "--temp", "0", "the cat")
+    assert result.returncode == 0, result.stderr
+    assert sorted(measured.modes) == ["string", "tokens"]
+    assert "drafting with it as asked (n-gram drafts alone measured faster" in " ".join(result.stderr.split())
+    report, _ = run_json(cli, "-m", ggufs["big"], "-md", ggufs["other"])
+    assert report["settings"]["model_draft"] == str(ggufs["other"]) and measured.calls == 2  # asked for; kept
 
 
 def test_a_damaged_kept_trial_is_measured_again(cli, ggufs, stores, monkeypatch):
@@ -154,6 +202,7 @@ def test_a_damaged_kept_trial_is_measured_again(cli, ggufs, stores, monkeypatch)
     measured = Scripted(SLOWER)
     monkeypatch.setattr(cross_search, "measure_trial", measured)
     run_json(cli, "-m", "ollama:tiny:big")
+    assert measured.calls == 2
     path = tuning.tuning_path()
     data = json.loads(path.read_text())
     (entries,) = data.values()
@@ -162,7 +211,8 @@ def test_a_damaged_kept_trial_is_measured_again(cli, ggufs, stores, monkeypatch)
     path.write_text(json.dumps(data))
     result = cli("run", "-m", "ollama:tiny:big", "-n", "4", "--temp", "0", "the cat")
     assert result.returncode == 0, result.stderr
-    assert measured.calls == 2 and "warning" in result.stderr and "Traceback" not in result.stderr
+    assert measured.modes[2:] == [DEFAULT_CROSS_MODE]  # the damaged one alone
+    assert "warning" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_the_real_measurement_declines_a_draft_that_never_agrees(ggufs, stores):

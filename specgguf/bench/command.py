@@ -16,9 +16,10 @@ from rich.table import Table
 from .. import tuning
 from ..conversation import Prompts
 from ..core import costs
-from ..core.cross_drafter import DEFAULT_CROSS_MODE
-from ..core.drafters import CrossMode, DrafterKind, cross_mode_named, drafter_kind
+from ..core.cross_drafter import AUTO_CROSS_MODE, CrossModeChoice
+from ..core.drafters import DrafterKind, cross_mode_named, drafter_kind
 from ..core.kpolicy import K_MAX
+from ..cross_search import kept_mode
 from ..errors import SpecggufError, UsageError, terminal_safe
 from ..files.resolve import ResolvedPair
 from ..prepare import LoadOptions, load_models, pair_cross, placement, where_line
@@ -51,7 +52,7 @@ class BenchPlan:
     max_tokens: int
     quick: bool
     prompts: list[str]  # keys of bench.measure.PROMPTS
-    cross_mode: CrossMode = DEFAULT_CROSS_MODE  # how a draft of another vocabulary drafts (core/cross_drafter.py)
+    cross_mode: CrossModeChoice = AUTO_CROSS_MODE  # how a draft of another vocabulary drafts (core/cross_drafter.py)
 
 
 def run_progress(err_console: Console) -> Progress:
@@ -77,7 +78,7 @@ def make_plan(
     quick: bool,
     adaptive: bool,
     vs_llama_cpp: bool = False,
-    cross_mode: str = DEFAULT_CROSS_MODE,
+    cross_mode: str = AUTO_CROSS_MODE,
 ) -> BenchPlan:
     """The command's options as a plan. Left out, they take bench's defaults (--quick: a short
     greedy run; --vs-llama-cpp: issue 12's prompt kinds and K 4, 8)."""
@@ -241,7 +242,7 @@ def _measure_target(
     progress(f"loading {target.label}")
     verifier, draft, choice = load_models(target.pair, load, need_draft=True, announce=progress, cross_ok=True)
     assert draft is not None  # bench's pairs have a draft (tool_commands.bench)
-    cross, choice = pair_cross(verifier, draft, choice, plan.cross_mode)  # another vocabulary: through text
+    cross, choice = pair_cross(verifier, draft, choice, kept_mode(plan.cross_mode, draft.path, verifier.path))
     prompts = Prompts(verifier)
     tokens = {kind: prompts.question(PROMPTS[kind], raw=False, system=None) for kind in plan.prompts}
     progress(f"{target.label}: verify cost by batch size")
@@ -262,8 +263,7 @@ def _measure_target(
         cross=cross,
     )
     best = {t: best_fixed_k(settings, t) for t in plan.temperatures}
-    assert target.pair.draft is not None  # load_models(need_draft=True) loaded it
-    pair_draft = target.pair.draft
+    pair_draft = target.pair.draft or draft.path  # load_models(need_draft=True) loaded it
 
     def store_target() -> None:
         tuning.store_seconds(verify_key, list(profile))
@@ -280,6 +280,7 @@ def _measure_target(
         "draft_variant": None if choice is None else {"name": choice.name, "file": str(choice.path), "why": choice.why},
         # a draft of another vocabulary: the share of the verifier's tokens it can propose (None: the same vocabulary)
         "overlap": None if cross is None else round(cross.vocab_map.overlap, 4),
+        "cross_mode": None if cross is None else cross.mode,
         "settings": [s.report() for s in settings],
         "best_k": {str(t): b.as_json() for t, b in best.items()},
         "verify_ms_by_batch": [round(seconds * 1000, 2) for seconds in machine.verify],
@@ -307,7 +308,8 @@ def check_plot_path(path: Path) -> None:
 
 
 def _table(result: dict) -> Table:
-    table = Table(title=result["pair"], title_justify="left")
+    mode = f" · another vocabulary, {result['cross_mode']} mode" if result.get("cross_mode") else ""
+    table = Table(title=result["pair"] + mode, title_justify="left")
     overlap = result.get("overlap")
     for column in (
         "temp",

@@ -127,7 +127,25 @@ def _notes(draft: Side, verifier: Side, *, one_vocabulary: bool) -> list[Finding
         notes.append(_variant_note(draft.path, verifier.path))
     else:  # prepare.load_models: drafting through text, the draft is never re-quantized or cut
         notes.append(Finding("draft variant", True, "a draft of another vocabulary is used as given"))
+        notes.append(_cross_mode_note(draft.path, verifier.path))
     return notes
+
+
+def _cross_mode_note(draft: Path, verifier: Path) -> Finding:
+    """How `run` drafts across these vocabularies on this machine (--cross-mode auto), and why."""
+    from ..cross_search import stored_choice
+
+    measured = stored_choice(draft, verifier)
+    if measured is None or measured.partial:
+        return Finding(
+            "cross mode",
+            True,
+            "not measured here yet: `specgguf run` measures its shared tokens and its own text re-encoded on"
+            " first use (--cross-mode auto) and drafts in the faster"
+            + ("" if measured is None else f" (so far: {measured.describe()})"),
+        )
+    verdict = "" if measured.trial.adopted else "; n-gram drafts alone measured faster (`-m` alone declines it)"
+    return Finding("cross mode", True, f"drafts in the faster, measured here: {measured.describe()}{verdict}")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ..core.cross_drafter import DEFAULT_CROSS_MODE
+from ..core.cross_drafter import AUTO_CROSS_MODE
 from ..core.drafters import DEFAULT_DRAFTER
 from .options import (
     Accept,
@@ -59,7 +59,7 @@ def run(
     keep_ngrams: KeepNgrams = False,
     draft_tree: DraftTree = False,
     draft_variant: DraftVariantName = "auto",
-    cross_mode: CrossModeName = DEFAULT_CROSS_MODE,
+    cross_mode: CrossModeName = AUTO_CROSS_MODE,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Tokens to generate.")] = 512,
     temp: Temperature = 0.8,
     top_k: TopK = 40,
@@ -158,7 +158,7 @@ def chat(
     keep_ngrams: KeepNgrams = False,
     draft_tree: DraftTree = False,
     draft_variant: DraftVariantName = "auto",
-    cross_mode: CrossModeName = DEFAULT_CROSS_MODE,
+    cross_mode: CrossModeName = AUTO_CROSS_MODE,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", min=1, help="Most tokens per answer.")] = 1024,
     temp: Temperature = 0.8,
     top_k: TopK = 40,
@@ -235,7 +235,7 @@ def serve(
     keep_ngrams: KeepNgrams = False,
     draft_tree: DraftTree = False,
     draft_variant: DraftVariantName = "auto",
-    cross_mode: CrossModeName = DEFAULT_CROSS_MODE,
+    cross_mode: CrossModeName = AUTO_CROSS_MODE,
     max_tokens: Annotated[
         int,
         typer.Option("-n", "--max-tokens", min=1, help="Most tokens per answer when a request gives no max_tokens."),

@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from ..core.cross_drafter import DEFAULT_CROSS_MODE
+from ..core.cross_drafter import AUTO_CROSS_MODE
 from ..core.drafters import DEFAULT_DRAFTER, DRAFTER_KINDS
 from ..core.sampling import SamplingSettings
 from ..errors import PromptError, UsageError, terminal_safe
@@ -77,8 +77,9 @@ CrossModeName = Annotated[
     str,
     typer.Option(
         "--cross-mode",
-        help="A draft of another vocabulary: 'string' (default) writes its own text, re-encoded by the verifier's "
-        "tokenizer; 'tokens' proposes only the tokens both vocabularies share (both exact).",
+        help="A draft of another vocabulary: 'string' writes its own text, re-encoded by the verifier's "
+        "tokenizer; 'tokens' proposes only the tokens both vocabularies share (both exact); 'auto' (default): "
+        "whichever measured faster here for the pair (both measured once, kept in tuning.json).",
     ),
 ]
 DraftVariantName = Annotated[str, typer.Option("--draft-variant", help=variants_help())]
@@ -207,7 +208,7 @@ def draft_options(
     *,
     keep_ngrams: bool = False,
     trees: bool = False,
-    cross_mode: str = DEFAULT_CROSS_MODE,
+    cross_mode: str = AUTO_CROSS_MODE,
 ):
     from ..core.drafters import cross_mode_named, drafter_kind
     from ..kchoice import KChoice, parse_k
@@ -311,7 +312,7 @@ def pair_setup(
     draft_tree: bool,
     draft_variant: str,
     ctx_size: int,
-    cross_mode: str = DEFAULT_CROSS_MODE,
+    cross_mode: str = AUTO_CROSS_MODE,
     threads: int | None,
     n_gpu_layers: int,
     n_gpu_layers_draft: int,

@@ -149,8 +149,8 @@ def _sizes_here(verifier_size: int, draft_size: int) -> str:
 
 
 def _cross_why(cross: CrossPair) -> str:
-    trial = cross.draft.trial
-    return cross.draft.why + ("" if trial is None else f"; measured here: {trial.describe()}")
+    measured = cross.draft.measured
+    return cross.draft.why + ("" if measured is None else f"; measured here: {measured.describe()}")
 
 
 def _same_row(pair: LocalPair) -> dict:
@@ -168,7 +168,7 @@ def _same_row(pair: LocalPair) -> dict:
 
 
 def _other_row(cross: CrossPair) -> dict:
-    trial = cross.draft.trial
+    measured = cross.draft.measured
     return {
         "verifier": cross.verifier.ref,
         "draft": cross.draft.model.ref,
@@ -179,7 +179,12 @@ def _other_row(cross: CrossPair) -> dict:
         "ratio": round(cross.draft.size / cross.verifier_size, 4),
         "vocabulary": "other",
         "overlap": round(cross.draft.overlap, 4),
-        "measured": None if trial is None else trial.as_json() | {"adopted": trial.adopted},
+        # the mode it drafts in (the faster measured here), with each measured mode's trial
+        "measured": None
+        if measured is None
+        else measured.trial.as_json()
+        | {"adopted": measured.trial.adopted, "mode": measured.mode}
+        | {"modes": {mode: trial.as_json() for mode, trial in measured.trials.items()}},
         "command": _command(cross.verifier, cross.draft.model),
         "why": _cross_why(cross),
     }
@@ -189,7 +194,7 @@ def show_local_pairs(*, json_output: bool, console: Console, out: TextIO) -> Non
     """`pairs --local`: every pair among the local files, smallest ratio first per verifier; then the
     drafts of another vocabulary (cross_search.py), ranked after them, each with its overlap."""
     from ..autodraft import MAX_RATIO
-    from ..cross_search import all_local_pairs
+    from ..cross_search import MODE_NAMES, all_local_pairs
 
     found, crosses = all_local_pairs()
     if json_output:
@@ -214,8 +219,14 @@ def show_local_pairs(*, json_output: bool, console: Console, out: TextIO) -> Non
             "same",
         )
     for cross in crosses:
-        trial = cross.draft.trial
-        verdict = "" if trial is None else ", measured faster than n-grams" if trial.adopted else ", measured slower"
+        measured = cross.draft.measured
+        verdict = (
+            ""
+            if measured is None
+            else f", {MODE_NAMES[measured.mode]} measured faster than n-grams"
+            if measured.trial.adopted
+            else ", measured slower"
+        )
         table.add_row(
             Text(terminal_safe(cross.verifier.ref)),
             Text(terminal_safe(cross.draft.model.ref)),
@@ -234,8 +245,9 @@ def show_local_pairs(*, json_output: bool, console: Console, out: TextIO) -> Non
         Text(
             "ratio: the draft's size over the verifier's (green: at most ~1/4, what `-m VERIFIER` alone"
             " picks). Each same-vocabulary pair passed llama.cpp's vocabulary rules on the files' headers; run"
-            " checks again. A draft of another vocabulary drafts through text, its own re-encoded by the verifier"
-            " (`--cross-mode tokens`: only the shared tokens; exact all the same); `-m VERIFIER` alone tries"
+            " checks again. A draft of another vocabulary drafts through text: its own re-encoded by the verifier"
+            " (string-level) or only the shared tokens, whichever measured faster here (both exact; `--cross-mode`"
+            " names one); `-m VERIFIER` alone tries"
             " one only after those that share the vocabulary, and uses it only where measured here to beat"
             " n-gram drafts alone.",
             style="dim",

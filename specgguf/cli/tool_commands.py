@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ..core.cross_drafter import DEFAULT_CROSS_MODE
+from ..core.cross_drafter import AUTO_CROSS_MODE
 from ..errors import CheckCouldNotRun, SpecggufError, UsageError
 from .options import (
     CrossModeName,
@@ -95,7 +95,7 @@ def bench(
     rpc_timeout: RpcTimeout = 60.0,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON report.")] = False,
     draft_variant: DraftVariantName = "auto",
-    cross_mode: CrossModeName = DEFAULT_CROSS_MODE,
+    cross_mode: CrossModeName = AUTO_CROSS_MODE,
 ) -> None:
     """Measure plain vs speculative decoding side by side and print the ratios."""
     from ..bench.command import BenchTarget, bench as run_benchmark, f16_variant, make_plan
@@ -162,7 +162,7 @@ def bench(
         load=load,
         json_output=json_output,
         plot=plot,
-        store=store and cross_mode == DEFAULT_CROSS_MODE,  # `-k auto` reads one K per pair: the default mode's
+        store=store and cross_mode == AUTO_CROSS_MODE,  # `-k auto` reads one K per pair: the chosen mode's
         out=sys.stdout,
         err_console=err_console,
     )

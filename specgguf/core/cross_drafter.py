@@ -58,6 +58,18 @@ CROSS_MODES: tuple[CrossMode, ...] = ("tokens", "string")
 # in their own text were kept 68-83% of the time on code (1.48-1.99x plain decoding) against 22-28% for
 # the shared tokens, and never slower than them on code, prose or an edit.
 DEFAULT_CROSS_MODE: CrossMode = "string"
+# What --cross-mode takes: a mode, or "auto" (the default): the faster of the two as measured here for
+# the pair, once, on the calibration prompts (cross_search.choose_mode); DEFAULT_CROSS_MODE until measured.
+CrossModeChoice = Literal["auto", "tokens", "string"]
+AUTO_CROSS_MODE: CrossModeChoice = "auto"
+CROSS_MODE_CHOICES: tuple[CrossModeChoice, ...] = (AUTO_CROSS_MODE, *CROSS_MODES)
+
+
+def unmeasured_mode(choice: CrossModeChoice) -> CrossMode:
+    """The mode a choice drafts in before (or without) measuring: "auto" starts from the default."""
+    return next((mode for mode in CROSS_MODES if mode == choice), DEFAULT_CROSS_MODE)
+
+
 Tokenize = Callable[[bytes], list[int]]  # the draft's tokens for this text: no BOS, no added prefix space
 
 

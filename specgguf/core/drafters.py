@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from ..errors import UsageError
-from .cross_drafter import CROSS_MODES, CrossMode, CrossVocab, CrossVocabDrafter
+from .cross_drafter import CROSS_MODE_CHOICES, CrossModeChoice, CrossVocab, CrossVocabDrafter
 from .drafting import Drafter, Source
 from .hybrid_drafter import HybridDrafter
 from .model import Model
@@ -114,12 +114,12 @@ def drafter_kind(text: str, option: str = "--drafter") -> DrafterKind:
     raise UsageError(f"{option} must be one of {', '.join(DRAFTER_KINDS)}, not {text!r}")
 
 
-def cross_mode_named(text: str, option: str = "--cross-mode") -> CrossMode:
-    """A cross-vocabulary mode as the user typed it, or UsageError naming the choices."""
-    for mode in CROSS_MODES:
+def cross_mode_named(text: str, option: str = "--cross-mode") -> CrossModeChoice:
+    """A cross-vocabulary mode (or "auto") as the user typed it, or UsageError naming the choices."""
+    for mode in CROSS_MODE_CHOICES:
         if mode == text:
             return mode
-    raise UsageError(f"{option} must be one of {', '.join(CROSS_MODES)}, not {text!r}")
+    raise UsageError(f"{option} must be one of {', '.join(CROSS_MODE_CHOICES)}, not {text!r}")
 
 
 def build_drafter(
