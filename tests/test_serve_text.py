@@ -102,3 +102,16 @@ def test_the_stop_string_that_ended_the_answer_is_named():
     assert answer.stopped and answer.text == "Hello " and answer.matched == "world"  # the earliest one
     _, plain = stream([[0, 1, 2]], ["xyz"])
     assert plain.matched is None
+
+
+def test_fims_time_limit_ends_the_answer_at_the_first_new_line_after_it_even_inside_a_step():
+    """llama-server checks `t_max_predict_ms` token by token: a step of several tokens is cut right
+    after the first one whose text holds a new line once the limit has passed, not at the step's end."""
+    from specgguf.serve.text import time_cut
+
+    pieces = {0: b"a = 1", 1: b"\n", 2: b"b", 3: b" = 2\n", 4: b"c"}
+    step = [0, 1, 2, 3, 4]
+    assert time_cut(step, pieces.__getitem__, elapsed_ms=499.0, limit_ms=500) == (step, False)
+    assert time_cut(step, pieces.__getitem__, elapsed_ms=501.0, limit_ms=500) == ([0, 1], True)
+    assert time_cut([2, 3, 4], pieces.__getitem__, elapsed_ms=501.0, limit_ms=500) == ([2, 3], True)
+    assert time_cut([0, 2, 4], pieces.__getitem__, elapsed_ms=9e9, limit_ms=500) == ([0, 2, 4], False)  # no line ends

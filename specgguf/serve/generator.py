@@ -52,7 +52,7 @@ from .messages import (  # re-exported: the APIs read them from here
 )
 from .parallel.lanes import Lanes
 from .plan import GenerationRequest, Plan, Planner
-from .text import AnswerText, TokenLogprob, token_logprobs
+from .text import AnswerText, TokenLogprob, time_cut, token_logprobs
 from .tool_syntax import family_of
 from .tools import CallStream, call_stream
 
@@ -294,12 +294,13 @@ class Worker:
         assert isinstance(request, GenerationRequest)
         n_top, n_logprobs_sent = request.sampling.n_top_logprobs, 0
         for event in generation:
-            if n_top is not None and event.tokens and event.target_logits is not None:
+            tokens, timed_out = self._within_time(request, generation, event.tokens)
+            if n_top is not None and tokens and event.target_logits is not None:
                 logprobs += token_logprobs(
-                    event.target_logits, event.tokens, n_top=n_top, token_bytes=self.verifier.token_bytes
+                    event.target_logits, tokens, n_top=n_top, token_bytes=self.verifier.token_bytes
                 )
-            fragments = [] if calls is None else calls.feed(event.tokens)
-            text = answer.add(event.tokens)
+            fragments = [] if calls is None else calls.feed(tokens)
+            text = answer.add(tokens)
             delta = text if calls is None else calls.content(text)
             # Marks follow the answer's text; with tools its content is held back and cut, unmarked.
             spans = [] if marks is None or calls is not None else marks.step(event, delta)
@@ -310,7 +311,7 @@ class Worker:
                 job.send(Delta("", tool_calls=fragments))
             if (answer.stopped and not (calls is not None and calls.opened)) or job.cancelled.is_set():
                 break
-            if request.limits.t_max_predict_ms and self._new_line_after(request, generation, event.tokens):
+            if timed_out:
                 break  # FIM's time limit: the answer ends at this line's end ("length")
         return n_logprobs_sent
 
@@ -324,12 +325,14 @@ class Worker:
             AnswerText(self.verifier.token_bytes, request.limits.stops + opener, n_indent=request.limits.n_indent),
         )
 
-    def _new_line_after(self, request: GenerationRequest, generation, tokens: list[int]) -> bool:
-        """Whether the time limit (from the first token) has passed and these tokens end a line."""
+    def _within_time(self, request: GenerationRequest, generation, tokens: list[int]) -> tuple[list[int], bool]:
+        """A step's tokens up to FIM's time limit (text.time_cut), timed from the first token."""
         started = generation.first_token_at
-        elapsed_ms = (time.perf_counter() - started) * 1000 if started is not None else 0.0
-        return elapsed_ms > request.limits.t_max_predict_ms and any(
-            b"\n" in self.verifier.token_bytes(t) for t in tokens
+        if not request.limits.t_max_predict_ms or started is None:
+            return tokens, False
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        return time_cut(
+            tokens, self.verifier.token_bytes, elapsed_ms=elapsed_ms, limit_ms=request.limits.t_max_predict_ms
         )
 
 

@@ -48,6 +48,17 @@ def token_logprobs(
     return result
 
 
+def time_cut(
+    tokens: list[int], token_bytes: Callable[[int], bytes], *, elapsed_ms: float, limit_ms: int
+) -> tuple[list[int], bool]:
+    """llama-server's `t_max_predict_ms`, token by token: past the limit, the first token whose text
+    holds a new line is the answer's last ("length"). A step's tokens up to it, and whether it came."""
+    if elapsed_ms <= limit_ms:
+        return tokens, False
+    ends = [i for i, token in enumerate(tokens) if b"\n" in token_bytes(token)]
+    return (tokens[: ends[0] + 1], True) if ends else (tokens, False)
+
+
 class AnswerText:
     def __init__(self, token_bytes: Callable[[int], bytes], stops: list[str], *, n_indent: int = 0):
         self._token_bytes = token_bytes
