@@ -116,3 +116,13 @@ def test_only_the_window_is_re_encoded():
     drafter = _drafter({3: 3}, verifier=VerifierText(tokenize, VERIFIER.pieces), context_window=2)
     assert _propose(drafter, [1] * 50, k=2) == [1, 1]
     assert seen[-1] == b" x" * 4  # two of the context's tokens, then the two new ones
+
+
+def test_the_unread_part_of_the_context_is_counted_in_verifier_tokens():
+    """What the engine's reading rule (core/reading.py) defers: the context's tokens whose text the draft
+    has not read, all but the newest (its first draft row reads that)."""
+    drafter = _drafter({4: 3, 3: 3})
+    assert drafter.unread([0, 1, 1, 1]) == 3
+    _propose(drafter, [0, 1, 1, 1])
+    assert drafter.unread([0, 1, 1, 1]) == 0 and drafter.unread([0, 1, 1, 1, 1, 1]) == 1  # two new: one unread
+    assert drafter.unread([0, 4, 1, 1]) == 2  # changed after the first token: read again from there

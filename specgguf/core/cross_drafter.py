@@ -164,7 +164,9 @@ class CrossVocabDrafter:
         return self.source
 
     def unread(self, context: list[int]) -> int:
-        return 0  # its draft reads the text as it drafts (not deferred: its reading is not yet measured)
+        """The context's tokens whose text it has not read (the engine's reading rule defers a long read;
+        the catch-up that reads them is timed per verifier token, as a draft sharing the vocabulary's is)."""
+        return max(0, len(context) - 1 - common_prefix(self._seen, context))
 
     def sync(self, context: list[int]) -> None:
         pass  # the next `propose` compares the text read with the context, by token then by bytes
