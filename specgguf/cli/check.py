@@ -298,8 +298,9 @@ def render_report(report: Report, console: Console) -> None:
             Text("↔ these draft across vocabularies: ", style="yellow bold")
             + Text(
                 f"llama.cpp's rules fail ({', '.join(failed)}), so `specgguf run` drafts through the text"
-                " (the cross-vocabulary drafter): its own text, re-encoded by the verifier (`--cross-mode tokens`:"
-                f" only the {report.overlap:.0%} of the verifier's tokens that a draft token spells the same)"
+                " (the cross-vocabulary drafter), in the mode measured faster here: its own text, re-encoded by the"
+                f" verifier, or only the {report.overlap:.0%} of the verifier's tokens that a draft token spells the"
+                " same (see `cross mode`)"
             )
         )
     else:
