@@ -169,11 +169,12 @@ def sparse_distribution(logits: np.ndarray, settings: SamplingSettings) -> tuple
     if 0 < settings.top_k < n_values:
         candidates = top_k_indices(values, settings.top_k)
         candidate_logits = values[candidates].astype(np.float64)
-    else:
-        candidates = np.arange(n_values)
-        candidate_logits = values.astype(np.float64)  # values[candidates], all of them in order
-    order = (-candidate_logits).argsort(kind="stable")
-    candidates, candidate_logits = candidates[order], candidate_logits[order]
+        order = (-candidate_logits).argsort(kind="stable")
+        candidates, candidate_logits = candidates[order], candidate_logits[order]
+    else:  # every value a candidate: the order is the candidates (np.arange(n_values)[order])
+        candidate_logits = values.astype(np.float64)
+        candidates = (-candidate_logits).argsort(kind="stable")
+        candidate_logits = candidate_logits[candidates]
     if pool is not None:
         candidates = pool[candidates]
     # top-p: the shortest prefix (by descending probability, untempered) whose mass
@@ -186,8 +187,7 @@ def sparse_distribution(logits: np.ndarray, settings: SamplingSettings) -> tuple
     # i.e. logit >= max_logit + log(min_p) (untempered, as in llama.cpp).
     if settings.min_p > 0.0:
         keep = candidate_logits >= candidate_logits[0] + _log_min_p(settings.min_p)
-        if not keep.all():
-            candidates, candidate_logits = candidates[keep], candidate_logits[keep]
+        candidates, candidate_logits = candidates[keep], candidate_logits[keep]
     return candidates, _softmax_descending(candidate_logits / settings.temperature)  # T > 0 keeps the order
 
 
