@@ -62,7 +62,7 @@ test: install
 
 # The edit-test loops (CI runs `make test`, all of them). Each test has one kind, from what it uses
 # (tests/kinds.py): unit (in this process, no model file, no other process), gguf, live.
-# test-unit: the unit tests not marked slow (3-4 minutes on 2 cores); test-fast: everything but the tests marked slow.
+# test-unit: the unit tests not marked slow (about 3 minutes on 2 cores); test-fast: everything but the tests marked slow.
 test-unit: PYTEST_ARGS = -m "unit and not slow"
 test-unit: test
 test-fast: PYTEST_ARGS = -m "not slow"

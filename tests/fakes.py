@@ -158,13 +158,17 @@ class TextVocab:
     def __init__(self, pieces: Sequence[bytes]):
         self.pieces = list(pieces)
         self.longest = max(len(piece) for piece in pieces)
+        self._ids: dict[bytes, int] = {}  # piece -> its first id (as `pieces.index`), looked up without a scan
+        for token, piece in enumerate(self.pieces):
+            self._ids.setdefault(piece, token)
 
     def tokenize(self, text: bytes) -> list[int]:
         tokens, at = [], 0
         while at < len(text):
             for size in range(min(self.longest, len(text) - at), 0, -1):
-                if text[at : at + size] in self.pieces:
-                    tokens.append(self.pieces.index(text[at : at + size]))
+                token = self._ids.get(text[at : at + size])
+                if token is not None:
+                    tokens.append(token)
                     at += size
                     break
             else:

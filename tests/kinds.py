@@ -28,11 +28,16 @@ LIVE_CALLS = ("live_server(", ".process(", "subprocess.", "Popen(")
 GGUF_CALLS = ("write_tiny_llama(",)
 
 
+_SOURCES: dict = {}  # function -> its source: a fixture or helper is read once, not once per test that uses it
+
+
 def _source(function) -> str:
-    try:
-        return inspect.getsource(function)
-    except (OSError, TypeError):
-        return ""
+    if function not in _SOURCES:
+        try:
+            _SOURCES[function] = inspect.getsource(function)
+        except (OSError, TypeError):
+            _SOURCES[function] = ""
+    return _SOURCES[function]
 
 
 def _helpers(function, seen: set) -> list:

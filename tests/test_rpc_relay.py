@@ -82,10 +82,12 @@ class LoggedWorker:
 
 
 @pytest.fixture(autouse=True)
-def log_room():
+def log_room(request):
     """One module-wide worker logs refusals in a burst, then one line per `_LOG_EVERY` seconds
-    (ThrottledLog): the tests before may have spent the burst, so each test waits for room for one."""
-    time.sleep(_LOG_EVERY)
+    (ThrottledLog): the tests before may have spent the burst, so each test waits for room for one
+    (not a `unit` test: it starts no worker and reads no log)."""
+    if not request.node.get_closest_marker("unit"):
+        time.sleep(_LOG_EVERY)
 
 
 @pytest.fixture(scope="module")

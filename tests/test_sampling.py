@@ -58,11 +58,15 @@ def _emitted_counts(accept, target, draft, rng):
     # Draw every draft token up front by inverse CDF (drafting is not under test).
     cdf = np.cumsum(draft, axis=1)
     drafts = (rng.random((N_DRAWS, k, 1)) * cdf[:, -1:] >= cdf[None]).sum(axis=2)
+    outcomes = np.array(
+        [accept(target_probs=target, draft_probs=draft, draft_tokens=tokens, rng=rng) for tokens in drafts]
+    )
+    n_accepted, next_tokens = outcomes[:, 0], outcomes[:, 1]
+    # Tallied once, after the draws: each accepted draft at its position, then the next token at n_accepted.
     counts = np.zeros((k + 1, VOCAB), dtype=np.int64)
-    for draft_tokens in drafts:
-        n_accepted, next_token = accept(target_probs=target, draft_probs=draft, draft_tokens=draft_tokens, rng=rng)
-        counts[np.arange(n_accepted), draft_tokens[:n_accepted]] += 1
-        counts[n_accepted, next_token] += 1
+    accepted = np.arange(k)[None, :] < n_accepted[:, None]  # (draw, position): accepted there
+    np.add.at(counts, (np.nonzero(accepted)[1], drafts[accepted]), 1)
+    np.add.at(counts, (n_accepted, next_tokens), 1)
     return counts
 
 

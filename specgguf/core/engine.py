@@ -8,7 +8,6 @@ verifier's own next token, roll both KV caches back, repeat. It yields one
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -294,13 +293,18 @@ def _accept(
     penalties and logit bias (sampling.apply_penalties) with that row's own context (the step's
     context plus the node's path), then, under a grammar (`walk`), the mask of its state there."""
     parents = drafts.tree()
+    # Each node's row and distribution, made once, when first asked for (plain dicts: a functools.cache
+    # per step costs more than a small step's sampling).
+    rows: dict[int, np.ndarray] = {}
+    distributions: dict[int, np.ndarray] = {}
 
-    @functools.cache
     def row(node: int) -> np.ndarray:
-        logits = target_logits[tree.row(node)]
-        if settings.penalties.active:
-            logits = apply_penalties(logits, _path_context(context, drafts, parents, node), settings)
-        return logits if walk is None else mask_logits(logits, walk.mask(node))
+        if node not in rows:
+            logits = target_logits[tree.row(node)]
+            if settings.penalties.active:
+                logits = apply_penalties(logits, _path_context(context, drafts, parents, node), settings)
+            rows[node] = logits if walk is None else mask_logits(logits, walk.mask(node))
+        return rows[node]
 
     if settings.greedy:
         return accept_tree_greedy(
@@ -309,9 +313,10 @@ def _accept(
             parents=parents,
         )
 
-    @functools.cache
     def target_probs(node: int) -> np.ndarray:  # only the rows the walk reaches are processed
-        return process_logits(row(node), settings)[0]
+        if node not in distributions:
+            distributions[node] = process_logits(row(node), settings)[0]
+        return distributions[node]
 
     n_drafts = len(drafts.tokens)
     if not n_drafts:  # plain decoding: one draw from p, over its support (not the whole vocabulary)

@@ -12,6 +12,7 @@ greedy decoding: the argmax of the raw logits; so is one below MIN_TEMPERATURE
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -120,9 +121,16 @@ def apply_penalties(logits: np.ndarray, context: Sequence[int], settings: Sampli
     return logits
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max())
+def _softmax_descending(logits: np.ndarray) -> np.ndarray:
+    """The softmax of logits in descending order: their largest, the shift, is the first (no scan for it)."""
+    shifted = np.exp(logits - logits[0])
     return shifted / shifted.sum()
+
+
+@functools.lru_cache(maxsize=64)
+def _log_min_p(min_p: float) -> float:
+    """log(min_p), as numpy computes it, once per value (a row's cut; called for every row)."""
+    return np.log(min_p)
 
 
 TOP_K_WINDOWS = (12.0, 18.0, 24.0)  # logits within these of the largest are partitioned first (top_k_indices)
@@ -135,12 +143,12 @@ def top_k_indices(values: np.ndarray, k: int) -> np.ndarray:
     among them, and only those are partitioned (a scan each, ~0.04 ms); else the whole row is."""
     n_values, top = values.shape[0], values.max()
     for window in TOP_K_WINDOWS:
-        near = np.flatnonzero(values >= top - window)
+        near = (values >= top - window).nonzero()[0]  # np.flatnonzero of a row, without its dispatch
         if near.size >= n_values:
             break
         if near.size >= k:
-            return near[np.argpartition(values[near], near.size - k)[near.size - k :]]
-    return np.argpartition(values, n_values - k)[n_values - k :]
+            return near[values[near].argpartition(near.size - k)[near.size - k :]]
+    return values.argpartition(n_values - k)[n_values - k :]
 
 
 def sparse_distribution(logits: np.ndarray, settings: SamplingSettings) -> tuple[np.ndarray, np.ndarray]:
@@ -150,33 +158,37 @@ def sparse_distribution(logits: np.ndarray, settings: SamplingSettings) -> tuple
     # Masked entries (-inf: a grammar's forbidden tokens, tokens a draft cannot propose) never
     # survive; set aside first, as a partition over many equal values is slow (24 ms, not 1).
     finite = np.isfinite(logits)
-    pool = None if finite.all() else np.flatnonzero(finite)
+    pool = None if finite.all() else finite.nonzero()[0]
     if pool is not None and not pool.size:
         return pool, np.zeros(0)
     values = logits if pool is None else logits[pool]
     n_values = values.shape[0]
     # top-k: keep the k largest logits (0 disables).
+    # (Array methods rather than np.* functions below: the same operations, without the dispatch that costs
+    # more than the work itself on the short rows of a grammar's mask or a test's small vocabulary.)
     if 0 < settings.top_k < n_values:
         candidates = top_k_indices(values, settings.top_k)
-    else:
-        candidates = np.arange(n_values)
-    candidate_logits = values[candidates].astype(np.float64)
-    order = np.argsort(-candidate_logits, kind="stable")
-    candidates, candidate_logits = candidates[order], candidate_logits[order]
+        candidate_logits = values[candidates].astype(np.float64)
+        order = (-candidate_logits).argsort(kind="stable")
+        candidates, candidate_logits = candidates[order], candidate_logits[order]
+    else:  # every value a candidate: the order is the candidates (np.arange(n_values)[order])
+        candidate_logits = values.astype(np.float64)
+        candidates = (-candidate_logits).argsort(kind="stable")
+        candidate_logits = candidate_logits[candidates]
     if pool is not None:
         candidates = pool[candidates]
     # top-p: the shortest prefix (by descending probability, untempered) whose mass
     # reaches p; the token that crosses p is kept, as llama.cpp does.
     if settings.top_p < 1.0:
-        cumulative = np.cumsum(_softmax(candidate_logits))
-        n_keep = int(np.searchsorted(cumulative, settings.top_p, side="left")) + 1
+        cumulative = _softmax_descending(candidate_logits).cumsum()
+        n_keep = int(cumulative.searchsorted(settings.top_p, side="left")) + 1
         candidates, candidate_logits = candidates[:n_keep], candidate_logits[:n_keep]
     # min-p: keep tokens whose probability is at least min_p times the top one's,
     # i.e. logit >= max_logit + log(min_p) (untempered, as in llama.cpp).
     if settings.min_p > 0.0:
-        keep = candidate_logits >= candidate_logits[0] + np.log(settings.min_p)
+        keep = candidate_logits >= candidate_logits[0] + _log_min_p(settings.min_p)
         candidates, candidate_logits = candidates[keep], candidate_logits[keep]
-    return candidates, _softmax(candidate_logits / settings.temperature)
+    return candidates, _softmax_descending(candidate_logits / settings.temperature)  # T > 0 keeps the order
 
 
 def mask_logits(logits: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
@@ -206,8 +218,8 @@ def process_logits(logits: np.ndarray, settings: SamplingSettings) -> np.ndarray
 
 def sample_token(probs: np.ndarray, rng: np.random.Generator) -> int:
     """One draw from a (not necessarily normalised) non-negative weight vector."""
-    cumulative = np.cumsum(probs)
-    index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+    cumulative = probs.cumsum() if isinstance(probs, np.ndarray) else np.cumsum(probs)
+    index = int(cumulative.searchsorted(rng.random() * cumulative[-1], side="right"))
     # cumulative[index - 1] <= u < cumulative[index], so probs[index] > 0; only rounding
     # at the very top can push index past the end: then take the last possible token.
     return index if index < len(probs) else int(np.flatnonzero(probs)[-1])
@@ -261,7 +273,8 @@ def accept_tree(
                 break
             residual = np.maximum(p - q, 0.0)
             # A zero residual means p == q up to rounding: then rejection had no chance, keep p.
-            p = residual / residual.sum() if residual.sum() > 0.0 else p
+            mass = residual.sum()
+            p = residual / mass if mass > 0.0 else p
         else:
             return path, sample_token(p, rng)
 
