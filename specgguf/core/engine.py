@@ -293,10 +293,8 @@ def _accept(
     penalties and logit bias (sampling.apply_penalties) with that row's own context (the step's
     context plus the node's path), then, under a grammar (`walk`), the mask of its state there."""
     parents = drafts.tree()
-    # Each node's row and distribution, made once, when first asked for (plain dicts: a functools.cache
-    # per step costs more than a small step's sampling).
-    rows: dict[int, np.ndarray] = {}
-    distributions: dict[int, np.ndarray] = {}
+    rows: dict[int, np.ndarray] = {}  # each node's row and distribution, made when first asked for
+    distributions: dict[int, np.ndarray] = {}  # (dicts: a functools.cache per step costs more)
 
     def row(node: int) -> np.ndarray:
         if node not in rows:
@@ -391,15 +389,6 @@ def _event(
 
 
 def _stop_event(reason: str, prefill_seconds: float) -> StepEvent:
-    return StepEvent(
-        accepted=[],
-        rejected=[],
-        verifier_token=None,
-        n_drafted=0,
-        n_accepted=0,
-        draft_seconds=0.0,
-        verify_seconds=0.0,
-        sample_seconds=0.0,
-        prefill_seconds=prefill_seconds,
-        stop=reason,
-    )
+    """A step that emits nothing: the answer stops (no room left in the context)."""
+    return StepEvent(accepted=[], rejected=[], verifier_token=None, n_drafted=0, n_accepted=0, draft_seconds=0.0,
+                     verify_seconds=0.0, sample_seconds=0.0, prefill_seconds=prefill_seconds, stop=reason)  # fmt: skip
