@@ -14,6 +14,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -269,6 +270,9 @@ def in_mode(cross: CrossVocab, choice: DraftChoice, verifier: Path) -> DraftChoi
     return replace(choice, why=why, cross_mode=cross.mode)
 
 
+Verdict = Literal["draft", "decline", "asked"]  # what a measured draft of another vocabulary is for the run
+
+
 def measured_cross(
     verifier: LoadedModel,
     draft: LoadedModel,
@@ -278,7 +282,7 @@ def measured_cross(
     *,
     measure: Measure | None,
     announce: Callable[[str], None] | None,
-) -> tuple[CrossVocab, DraftChoice, ModeChoice, str]:
+) -> tuple[CrossVocab, DraftChoice, ModeChoice, Verdict]:
     """A draft of another vocabulary in the mode measured faster here for the pair (--cross-mode auto:
     both, once each, kept in tuning.json; else the one asked for), and the verdict: "draft" where that
     mode beats n-gram drafts alone and plain decoding, else "decline" for a found draft (`drafting.trial`)
@@ -287,11 +291,11 @@ def measured_cross(
     measured = choose_mode(verifier, draft, cross, modes, measure=measure, announce=announce)
     cross = replace(cross, mode=measured.mode)
     choice = in_mode(cross, choice, verifier.path)
-    verdict = "draft" if measured.trial.adopted else "decline" if drafting.trial else "asked"
+    verdict: Verdict = "draft" if measured.trial.adopted else "decline" if drafting.trial else "asked"
     return cross, replace(choice, why=f"{choice.why}; measured here: {measured.describe()}"), measured, verdict
 
 
-_VERDICTS = {
+_VERDICTS: dict[Verdict, str] = {
     "draft": "drafting with it",
     "decline": "not drafting with it: n-gram drafts alone",
     "asked": "drafting with it as asked (n-gram drafts alone measured faster: --drafter ngram)",
