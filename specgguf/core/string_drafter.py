@@ -1,9 +1,10 @@
 """`StringDrafter`: the string-level mode of the cross-vocabulary drafter (Timor et al., ICML 2025,
 arXiv 2502.05202, "String-Level Exact Match"; Hugging Face transformers' universal assisted generation).
 
-The draft writes up to K of its OWN tokens, from its own processed distribution, unmasked: greedy at
-temperature 0, else sampled. Their bytes are re-encoded by the verifier's tokenizer in context, and the
-verifier tokens that come back are proposed, each as a point mass. One step:
+The draft writes up to K of its OWN tokens, unmasked: its most likely token at every temperature (a
+point mass is kept with probability p(x), highest at the verifier's mode, which the draft's mode guesses;
+sampling from the draft instead kept fewer: docs/pairs.md). Their bytes are re-encoded by the verifier's
+tokenizer in context, and the verifier tokens that come back are proposed, each as a point mass. One step:
 
     text   = the bytes of the draft's tokens, less the part of a character the context already holds
              (a UTF-8 character split across tokens: core/cross_drafter.complete_utf8), cut at the
@@ -26,8 +27,9 @@ second. Only the window and the new text are re-encoded, never the whole context
 cost (`Drafts.text_seconds`, the engine's `StepEvent.draft_text_seconds`) stays small.
 
 Why the output is still exactly the verifier's: each proposed token x is deterministic given the
-context and the draft's draws, so it is verified as a point mass, q = one-hot(x), as n-gram drafts
-are (drafting.fixed_drafts). core/sampling.accept_tree with q one-hot accepts x with probability
+context (as it would be given the draft's own draws, were it to sample: the verifier's draw plays no
+part in choosing it), so it is verified as a point mass, q = one-hot(x), as n-gram drafts are
+(drafting.fixed_drafts). core/sampling.accept_tree with q one-hot accepts x with probability
 min(1, p(x)/q(x)) = p(x), and on rejection draws from normalize(max(0, p - q)) = p with x removed,
 renormalised: the emitted token y has P(y) = p(x)·[y = x] + (1 - p(x))·p(y)/(1 - p(x))·[y != x] = p(y) (the
 test: test_string_laws.test_the_engines_rule_with_a_one_hot_q_is_p_then_p_without_x). The
@@ -56,7 +58,7 @@ import numpy as np
 from .cross_drafter import CrossVocab, CrossVocabDrafter, VerifierText, complete_utf8
 from .drafting import Drafts, DraftStep, fixed_drafts
 from .model import Model
-from .sampling import sample_token, sparse_distribution
+from .sampling import sparse_distribution
 
 HoldBack = Literal["prefix", "always"]  # when the last re-encoded token waits for the next step
 
@@ -118,8 +120,10 @@ class StringDrafter(CrossVocabDrafter):
         return drafts
 
     def write(self, feed: list[int], k: int, step: DraftStep) -> tuple[list[int], list[float], bool]:
-        """Up to k of the draft's own tokens from its processed, unmasked distribution: (tokens, each
-        one's top probability, whether it wrote its end of generation)."""
+        """Up to k of the draft's own most likely tokens, unmasked, at any temperature: (tokens, each
+        one's probability in its processed distribution, whether it wrote its end of generation). A point
+        mass x is kept with probability p(x), so the draft's mode, its best guess of the verifier's, is
+        kept more often than a draw from it would be (E_q[p(x)] <= p(mode) where q and p agree)."""
         written: list[int] = []
         confidence: list[float] = []
         n_draft = len(self.draft_pieces)
@@ -128,11 +132,11 @@ class StringDrafter(CrossVocabDrafter):
             if step.settings.greedy:
                 token = int(np.argmax(logits))
                 top_prob = float(1.0 / np.exp(logits - logits[token]).sum())
-            else:
+            else:  # its most likely token, with its processed probability (the candidates come sorted)
                 support, weights = sparse_distribution(logits, step.settings)
                 if not support.size:
                     break
-                token, top_prob = int(support[sample_token(weights, step.rng)]), float(weights.max())
+                token, top_prob = int(support[0]), float(weights[0])
             if len(confidence) >= self.n_min and top_prob < self.p_min:
                 break
             if self.model.is_eog(token):
