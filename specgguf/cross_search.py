@@ -28,6 +28,7 @@ from . import tuning
 from .autodraft import MAX_RATIO, Found, FoundDraft, LocalPair, find_draft, local_pairs, scan, vocab_match
 from .core.cross_drafter import (
     AUTO_CROSS_MODE,
+    CROSS_MODE_NAMES,
     CROSS_MODES,
     DEFAULT_CROSS_MODE,
     CrossMode,
@@ -126,8 +127,8 @@ def adopt(
     if trial is None:
         if announce is not None:
             announce(
-                f"measuring the draft of another vocabulary ({MODE_NAMES[cross.mode]}) against n-gram drafts alone"
-                " (once; kept in tuning.json)"
+                f"measuring the draft of another vocabulary ({CROSS_MODE_NAMES[cross.mode]}) against n-gram drafts"
+                " alone (once; kept in tuning.json)"
             )
         trial = (measure or measure_trial)(verifier, draft, cross)
         tuning.keep_entry(key, trial.as_json())
@@ -165,14 +166,11 @@ class ModeChoice:
     def describe(self) -> str:
         """The chosen mode first, then the others' expected rates."""
         others = [
-            f"{MODE_NAMES[mode]} {trial.expected_tokens_per_second:.1f} tok/s"
+            f"{CROSS_MODE_NAMES[mode]} {trial.expected_tokens_per_second:.1f} tok/s"
             for mode, trial in self.trials.items()
             if mode != self.mode
         ]
-        return f"{MODE_NAMES[self.mode]}: {self.trial.describe()}" + "".join(f"; {other}" for other in others)
-
-
-MODE_NAMES: dict[CrossMode, str] = {"tokens": "shared tokens", "string": "string-level"}
+        return f"{CROSS_MODE_NAMES[self.mode]}: {self.trial.describe()}" + "".join(f"; {other}" for other in others)
 
 
 def choose_mode(

@@ -194,7 +194,8 @@ def show_local_pairs(*, json_output: bool, console: Console, out: TextIO) -> Non
     """`pairs --local`: every pair among the local files, smallest ratio first per verifier; then the
     drafts of another vocabulary (cross_search.py), ranked after them, each with its overlap."""
     from ..autodraft import MAX_RATIO
-    from ..cross_search import MODE_NAMES, all_local_pairs
+    from ..core.cross_drafter import CROSS_MODE_NAMES
+    from ..cross_search import all_local_pairs
 
     found, crosses = all_local_pairs()
     if json_output:
@@ -223,7 +224,7 @@ def show_local_pairs(*, json_output: bool, console: Console, out: TextIO) -> Non
         verdict = (
             ""
             if measured is None
-            else f", {MODE_NAMES[measured.mode]} measured faster than n-grams"
+            else f", {CROSS_MODE_NAMES[measured.mode]} measured faster than n-grams"
             if measured.trial.adopted
             else ", measured slower"
         )

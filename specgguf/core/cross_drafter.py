@@ -54,6 +54,7 @@ from .vocab_map import VocabMap
 
 CrossMode = Literal["tokens", "string"]  # as --cross-mode names them
 CROSS_MODES: tuple[CrossMode, ...] = ("tokens", "string")
+CROSS_MODE_NAMES: dict[CrossMode, str] = {"tokens": "shared tokens", "string": "string-level"}  # in messages
 # The default, by measurement (docs/pairs.md): on the F16 verifier, SmolLM2-135M and Gemma-3-270M drafting
 # in their own text were kept 68-83% of the time on code (1.48-1.99x plain decoding) against 22-28% for
 # the shared tokens, and never slower than them on code, prose or an edit.
