@@ -248,18 +248,28 @@ def _masked_greedy(target, n):
     return expected
 
 
+class Unforced(TableConstraint):
+    """The same grammar, saying nothing of what it forces (as llguidance, at a token boundary it cannot
+    settle yet): a draft must score the mask's one token itself."""
+
+    def forced(self) -> list[int]:
+        return []
+
+
+@pytest.mark.parametrize("forcing", [True, False])
 @pytest.mark.parametrize("kind", ["smaller", "hot"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_draft_that_cannot_score_what_the_grammar_allows_ends_its_draft_there(kind, temperature):
+def test_a_draft_that_cannot_score_what_the_grammar_allows_ends_its_draft_there(kind, temperature, forcing):
     """The draft likes 0 best; after a 0 the grammar allows only 3, which it has no logit for: its
-    chain stops there (it drafted token 0 at T = 0, failed on an empty pool at T > 0)."""
+    chain stops there (it drafted token 0 at T = 0, failed on an empty pool at T > 0), unless the
+    grammar says it forces the 3, which is then the grammar's draft, and the chain goes on after it."""
     verifier = FakeModel(lambda context: GREEDY_TARGET[context[-1]], n_vocab=VOCAB)
     settings = SamplingSettings(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0)
     rng = np.random.default_rng(5)
     support, chains = _masked_law() > 0, []
     for _ in range(1 if temperature == 0.0 else 200):
         draft = _short_draft(lambda context: np.log([0.7, 0.1, 0.1, 0.1]))[kind == "hot"]
-        grammar = _grammar()
+        grammar = _grammar() if forcing else Unforced(ALLOWED, _step, n_vocab=VOCAB)
         events = list(
             speculate(
                 verifier=verifier,
@@ -280,4 +290,7 @@ def test_a_draft_that_cannot_score_what_the_grammar_allows_ends_its_draft_there(
         else:
             assert support[tuple(output)]
     assert any(0 in chain for chain in chains)  # it drafted a 0 ...
-    assert all(0 not in chain[:-1] for chain in chains)  # ... and nothing after it
+    if forcing:  # ... then the grammar's 3, and drafted on
+        assert any(chain[i : i + 3] == [0, 3, 0] for chain in chains for i in range(len(chain)))
+    else:  # ... and nothing after it
+        assert all(0 not in chain[:-1] for chain in chains)

@@ -1,20 +1,28 @@
 """The loop's output law under a grammar with the draft model (not prompt lookup), at temperatures 0.5
 and 1.5 with top-k, top-p and min-p (test_laws.py's harness): a grammar whose forced tokens are not
 its mask's only choice (as llguidance's forced text can be tokenized more than one way), alone and
-as the call grammar of a lazy tool-call grammar (core/lazy_grammar.py). The law is masked plain
-decoding's: each token from the verifier's row masked by the grammar's state, then processed."""
+as the call grammar of a lazy tool-call grammar (core/lazy_grammar.py). Forced tokens are drafted
+where a step begins (forced_drafter.py) and inside the draft model's chain, after a model draft that
+leads to them (drafting.add_forced). The law is masked plain decoding's: each token from the
+verifier's row masked by the grammar's state, then processed."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 import specgguf.core.forced_drafter
+import specgguf.core.model_drafter
+import test_laws
 from fakes import TableConstraint
-from specgguf.core.drafting import fixed_drafts
+from specgguf.core.constraint import Constraint
+from specgguf.core.drafting import add_forced, fixed_drafts
 from specgguf.core.engine import FixedK
 from specgguf.core.lazy_grammar import LazyGrammar
 from specgguf.core.model_drafter import ModelDrafter
+from specgguf.core.ngram_drafter import NgramDrafter
 from test_laws import (
     PLANT_SEQUENCES,
     TEMPERATURES,
@@ -86,26 +94,57 @@ def _tool_call():
 GRAMMARS = {"forced": _forced, "tool-call": _tool_call}
 
 
-def _grammar_tally(grammar, settings, *, seed, n_sequences=20_000):
+def _after_zero():
+    """After a 0 the forced text "ef": canonically 4, or 3 then 5 (the verifier likes the 3 better)."""
+    return CanonicalForced(
+        {0: set(range(VOCAB)), 1: {4, 3}, 2: {5}},
+        lambda state, token: {(0, 0): 1, (1, 3): 2}.get((state, token), 0),
+        {1: 4, 2: 5},
+        n_vocab=VOCAB,
+    )
+
+
+# A prompt whose lookup drafts 0, 1, 2 after its last 2: cut after the 0 (the grammar forbids the 1), where
+# the grammar's forced 4 follows as the draft's tail.
+LOOKUP_PROMPT = [2, 0, 1, 2]
+
+
+def _grammar_tally(grammar: Callable[[], Constraint], settings, *, seed, n_sequences=20_000, drafter="model"):
     tally = _tally(
-        ModelDrafter(_draft_model()),
+        ModelDrafter(_draft_model()) if drafter == "model" else NgramDrafter(min_ngram=1),
         FixedK(3),
         settings,
         length=LENGTH,
         seed=seed,
         n_sequences=n_sequences,
-        grammar=GRAMMARS[grammar],
+        grammar=grammar,
     )
-    assert tally.sources == {"model", "grammar"}
-    return tally, _law(settings, LENGTH, GRAMMARS[grammar]())
+    assert drafter in tally.sources and tally.sources <= {drafter, "grammar"}
+    return tally, _law(settings, LENGTH, grammar())
+
+
+def _inner_forced(monkeypatch, add=add_forced, module=specgguf.core.model_drafter) -> list[int]:
+    """The forced tokens taken in after drafts (`add` in place of `module`'s add_forced: the draft
+    model's chains, or forced_drafter's tail after a prompt-lookup draft), as they come."""
+    seen: list[int] = []
+
+    def counted(drafts, step, *, room):
+        forced = add(drafts, step, room=room)
+        seen.extend(forced)
+        return forced
+
+    monkeypatch.setattr(module, "add_forced", counted)
+    return seen
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 @pytest.mark.parametrize("grammar", list(GRAMMARS))
-def test_sampled_answers_under_a_grammar_follow_the_masked_processed_law(grammar, temperature):
-    tally, law = _grammar_tally(grammar, _settings(temperature), seed=41)
+def test_sampled_answers_under_a_grammar_follow_the_masked_processed_law(monkeypatch, grammar, temperature):
+    inner = _inner_forced(monkeypatch)
+    tally, law = _grammar_tally(GRAMMARS[grammar], _settings(temperature), seed=41)
     assert tally.forced_refused  # the verifier took the other tokenization where a step began forced
+    assert inner  # and forced tokens were drafted inside the model's chains
     assert _p_value(tally.counts, law) > 1e-4
 
 
@@ -120,13 +159,47 @@ def _unchecked(tokens, step, source):
 @pytest.mark.parametrize("grammar", list(GRAMMARS))
 def test_forced_tokens_taken_unchecked_fail_the_check(monkeypatch, grammar):
     monkeypatch.setattr(specgguf.core.forced_drafter, "fixed_drafts", _unchecked)
-    tally, law = _grammar_tally(grammar, _settings(0.5), seed=42, n_sequences=4000)
+    tally, law = _grammar_tally(GRAMMARS[grammar], _settings(0.5), seed=42, n_sequences=4000)
     assert not tally.forced_refused
+    assert _p_value(tally.counts, law) < 1e-12
+
+
+def _unchecked_inside(drafts, step, *, room):
+    """Forced tokens inside a chain taken unchecked (q reported 0, as `_unchecked` above)."""
+    forced = add_forced(drafts, step, room=room)
+    for node in range(len(drafts.tokens) - len(forced), len(drafts.tokens)):
+        drafts.probs[node] = np.zeros_like(drafts.probs[node])
+    return forced
+
+
+def test_forced_tokens_inside_a_chain_taken_unchecked_fail_the_check(monkeypatch):
+    inner = _inner_forced(monkeypatch, _unchecked_inside)
+    # At T 1.5 the verifier takes the other tokenization (3 then 4) after a drafted 0 often enough to show.
+    tally, law = _grammar_tally(_forced, _settings(1.5), seed=44, n_sequences=4000)
+    assert inner
+    assert _p_value(tally.counts, law) < 1e-12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+def test_prompt_lookup_drafts_with_forced_tails_follow_the_masked_processed_law(monkeypatch, temperature):
+    monkeypatch.setattr(test_laws, "PROMPT", LOOKUP_PROMPT)
+    tail = _inner_forced(monkeypatch, module=specgguf.core.forced_drafter)
+    tally, law = _grammar_tally(_after_zero, _settings(temperature), seed=45, drafter="ngram")
+    assert tail  # a lookup draft cut after its 0 took the grammar's 4 after it
+    assert _p_value(tally.counts, law) > 1e-4
+
+
+def test_forced_tails_taken_unchecked_fail_the_check(monkeypatch):
+    monkeypatch.setattr(test_laws, "PROMPT", LOOKUP_PROMPT)
+    tail = _inner_forced(monkeypatch, _unchecked_inside, module=specgguf.core.forced_drafter)
+    tally, law = _grammar_tally(_after_zero, _settings(0.5), seed=46, n_sequences=4000, drafter="ngram")
+    assert tail
     assert _p_value(tally.counts, law) < 1e-12
 
 
 @pytest.mark.slow
 def test_a_draft_reporting_q_without_temperature_under_a_grammar_fails_the_check(monkeypatch):
     monkeypatch.setattr(ModelDrafter, "propose", _misreporting("temperature"))
-    tally, law = _grammar_tally("forced", _settings(0.5), seed=43, n_sequences=PLANT_SEQUENCES["temperature"])
+    tally, law = _grammar_tally(_forced, _settings(0.5), seed=43, n_sequences=PLANT_SEQUENCES["temperature"])
     assert _p_value(tally.counts, law) < 1e-12

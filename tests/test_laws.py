@@ -202,7 +202,10 @@ def _misreporting(knob) -> Callable:
         for node, parent in enumerate(parents[: len(drafts.probs)]):
             logits = self.model.next_logits(context + _ancestors(drafts.tokens, parents, parent))
             if drafts.masks:  # under a grammar (a chain): mask i came before draft i
-                logits = mask_logits(logits, drafts.masks[node])
+                mask = drafts.masks[node]
+                if mask is None:  # a forced token inside the chain: the grammar's, not the model's
+                    continue
+                logits = mask_logits(logits, mask)
             drafts.probs[node] = process_logits(logits, wrong)[0]
         return drafts
 

@@ -227,8 +227,9 @@ class CrossVocabDrafter:
             logits = self.model.eval(feed, n_logits=1)[0][:n_draft]
             shared = self.map.shared
             if step.constraint is not None:
-                drafts.masks.append(step.constraint.allowed())
-                shared = shared & drafts.masks[-1][to_verifier]  # -1 entries are not shared anyway
+                mask = step.constraint.allowed()
+                drafts.masks.append(mask)
+                shared = shared & mask[to_verifier]  # -1 entries are not shared anyway
             if step.settings.greedy:
                 masked = np.where(shared, logits, -np.inf)
                 token = int(np.argmax(masked))

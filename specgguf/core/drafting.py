@@ -44,8 +44,9 @@ class Drafts:
     parents: list[int] = field(default_factory=list)
     # Siblings added beside the chain (leaves): node -> the runner-up probability that chose them.
     sides: dict[int, float] = field(default_factory=dict)
-    # Under a grammar: the masks the drafter applied, mask i before draft i (grammar_walk.GrammarWalk reuses them).
-    masks: list[np.ndarray] = field(default_factory=list)
+    # Under a grammar: the masks the drafter applied, mask i before draft i (grammar_walk.GrammarWalk reuses
+    # them); None before a forced token (`add_forced`), left to the walk.
+    masks: list[np.ndarray | None] = field(default_factory=list)
 
     def cut(self, n: int) -> Drafts:
         """The chain's first n drafts (a grammar forbids the next one)."""
@@ -130,13 +131,29 @@ def common_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
 def fixed_drafts(tokens: list[int], step: DraftStep, source: Source) -> Drafts:
     """Deterministic proposals (n-gram lookups, a grammar's forced tokens): when sampling, each
     token's draft distribution is one-hot, q = 1 on it, as the acceptance rule needs."""
-    probs = []
-    if not step.settings.greedy:
-        for token in tokens:
-            one_hot = np.zeros(step.n_vocab)
-            one_hot[token] = 1.0
-            probs.append(one_hot)
+    probs = [] if step.settings.greedy else [_one_hot(token, step.n_vocab) for token in tokens]
     return Drafts(tokens=tokens, probs=probs, source=source)
+
+
+def add_forced(drafts: Drafts, step: DraftStep, *, room: int) -> list[int]:
+    """Inside a chain under a grammar (`step.constraint`, advanced along the chain): append what it
+    forces next, at most `room` tokens, advancing it. Each is a deterministic function of the chain
+    before it, so its q is one-hot and the rule checks it as any draft (kept with p(x)); confidence 1."""
+    assert step.constraint is not None and not drafts.sides, "a chain under a grammar"
+    forced = step.constraint.forced()[: max(0, room)]
+    drafts.masks += [None] * (len(drafts.tokens) - len(drafts.masks))  # mask i stays before draft i
+    for token in forced:
+        drafts.add(token, len(drafts.tokens) - 1, None if step.settings.greedy else _one_hot(token, step.n_vocab))
+        drafts.confidence.append(1.0)
+        drafts.masks.append(None)
+        step.constraint.advance(token)
+    return forced
+
+
+def _one_hot(token: int, n_vocab: int) -> np.ndarray:
+    row = np.zeros(n_vocab)
+    row[token] = 1.0
+    return row
 
 
 def ingest(model: Model, prompt_tokens: Sequence[int]) -> int:

@@ -32,8 +32,8 @@ class GrammarWalk:
                 for token in self.drafts.tokens[self.depth : node + 1]:
                     self.constraint.advance(token)
                 self.depth = node + 1
-            known = self.drafts.masks
-            self._masks[node] = known[node + 1] if node + 1 < len(known) else self.constraint.allowed()
+            known = self.drafts.masks[node + 1] if node + 1 < len(self.drafts.masks) else None
+            self._masks[node] = known if known is not None else self.constraint.allowed()
         return self._masks[node]
 
     def commit(self, emitted: Sequence[int]) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .drafting import Drafts, DraftStep, Source, common_prefix
+from .drafting import Drafts, DraftStep, Source, add_forced, common_prefix
 from .model import Model
 from .sampling import apply_penalties, mask_logits, sample_token, sparse_distribution
 
@@ -76,13 +76,14 @@ class ModelDrafter:
         parent = -1  # the chain's last node (-1: the verifier's pending token)
         chain: list[int] = []  # the chain's tokens so far: with the context, what penalties count
         penalised = step.settings.penalties.active
-        for _ in range(k):
+        while len(chain) < k:
             logits = _align(self.model.eval(feed, n_logits=1), step.n_vocab)[0]
             if penalised:  # the very processing the verifier's row for this position gets
                 logits = apply_penalties(logits, context + chain, step.settings)
             if step.constraint is not None:
-                drafts.masks.append(step.constraint.allowed())
-                logits = mask_logits(logits, drafts.masks[-1])
+                mask = step.constraint.allowed()
+                drafts.masks.append(mask)
+                logits = mask_logits(logits, mask)
             # A row with no finite entry (a grammar that allows only tokens this draft cannot score:
             # a hot vocabulary, a smaller vocabulary) ends the draft: q is undefined, nothing is proposed.
             if step.settings.greedy:
@@ -109,8 +110,11 @@ class ModelDrafter:
                 break
             node = drafts.add(token, parent, draft_probs)
             drafts.confidence.append(top_prob)
+            run = [token]  # what the model reads next: its token and what the grammar forces after it
             if step.constraint is not None:
                 step.constraint.advance(token)
+                if not self.model.is_eog(token):  # a key's name after its quote: free drafts, not the model's
+                    run += add_forced(drafts, step, room=k - len(chain) - 1)
             if step.branch is not None and runner_up > 0.0 and step.branch(drafts.confidence, runner_up):
                 # A sibling from the same distribution: greedy, the runner-up; sampling, a second
                 # independent draw (a repeat of the first stays in the tree: the rule needs it).
@@ -120,8 +124,8 @@ class ModelDrafter:
                 step.keep_drafting is not None and not step.keep_drafting(drafts.confidence)
             ):
                 break
-            feed, parent = [token], node
-            chain.append(token)
+            feed, parent = run, node + len(run) - 1  # under a grammar, a chain: the forced tokens follow node
+            chain += run
         if not drafts.sides:
             drafts.parents = []  # a chain
         return drafts
