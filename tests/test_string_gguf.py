@@ -41,7 +41,9 @@ def _greedy_per_step(verifier_path, draft_path, prompt):
     assert cross.verifier_text is not None
     drafter = StringDrafter(draft, cross, cross.verifier_text)
     events, output = greedy_events(verifier, drafter, prompt, max_tokens=N_TOKENS)
-    assert len(output) == N_TOKENS
+    # All of it, or the verifier ended its answer (where depends on the CPU's numerics: the prose
+    # prompt's answer ends after 136 tokens on an AVX-512 machine).
+    assert len(output) == N_TOKENS or (len(output) < N_TOKENS and events[-1].stop == "eos")
     n_drafted, n_accepted = sum(e.n_drafted for e in events), sum(e.n_accepted for e in events)
     assert 0 < n_accepted <= n_drafted  # its own text, re-encoded, was proposed and kept
     assert all(event.draft_text_seconds >= 0.0 for event in events)
