@@ -210,7 +210,11 @@ def test_the_reading_rule_waits_for_the_answer_then_learns_the_measured_cost():
     assert reading.defers(200) and not reading.defers(140)  # 1.5 s waited: 140 tokens (1.4 s) are read
     reading.observe(0.6, 1.0, 200)  # the draft read 200 tokens in 1 s: 5 ms a token from now on
     assert reading.per_token == pytest.approx(0.005) and not reading.defers(400) and reading.defers(500)
-    assert Reading.after_prefill(0.01, 10).per_token == 0.0  # a prompt too short to tell: no wait
+    # A short read (the verifier's cache held the rest of the prompt): its rate is still the prior, so a
+    # long prompt the draft never read waits (a short one is read at once, as above).
+    short = Reading.after_prefill(0.2, 16)
+    assert short.per_token == pytest.approx(DRAFT_READ_PRIOR * 0.0125) and short.defers(300)
+    assert not short.defers(LONG_READ) and Reading.after_prefill(0.0, 0).per_token == 0.0
 
 
 def test_max_tokens_is_exact():
