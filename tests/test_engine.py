@@ -83,8 +83,22 @@ def test_newest_token_rides_in_the_verify_batch():
     verifier, draft = _models(draft_choice=sometimes_wrong)
     events, _ = _run(verifier, draft, k=4, prompt=(1, 2, 3))
     prompt_call, *step_calls = verifier.eval_calls
-    assert prompt_call == [1, 2]  # the last prompt token waits for the first batch
-    assert [len(call) for call in step_calls] == [1 + event.n_drafted for event in events]
+    assert prompt_call == [1, 2, 3]  # its last row scores the answer's first token: the first step's drafts alone
+    first, *later = events
+    assert first.n_drafted and len(step_calls[0]) == first.n_drafted
+    assert [len(call) for call in step_calls[1:]] == [1 + event.n_drafted for event in later]
+
+
+def test_plain_decoding_takes_its_first_token_from_the_prompt_pass():
+    verifier, _ = _models()
+    events, tokens = _run(verifier, None, k=0, prompt=(1, 2, 3), max_tokens=6)
+    assert tokens == _plain_greedy(counting, [1, 2, 3], 6)
+    # The prompt's pass, then one pass per token after the first: n tokens cost n - 1 passes.
+    assert verifier.eval_calls == [[1, 2, 3], *([token] for token in tokens[:-1])]
+    # Each token is the argmax of the row its event reports (the first: the prompt pass's last row).
+    for event in events:
+        assert event.target_logits is not None
+        assert [int(np.argmax(row)) for row in event.target_logits] == event.tokens
 
 
 def test_all_accepted_gives_a_bonus_token_and_the_draft_catches_up():

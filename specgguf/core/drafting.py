@@ -156,12 +156,12 @@ def _one_hot(token: int, n_vocab: int) -> np.ndarray:
     return row
 
 
-def ingest(model: Model, prompt_tokens: Sequence[int]) -> int:
-    """Bring a model's cache to prompt[:-1], keeping whatever prefix it already holds; the tokens read."""
+def ingest(model: Model, prompt_tokens: Sequence[int]) -> tuple[int, np.ndarray]:
+    """Bring a model's cache to the whole prompt, keeping whatever prefix it already holds (but its newest
+    token, always read); (the tokens read, the logits row of the newest: what follows the prompt)."""
     n_reused = common_prefix(model.cached, prompt_tokens[:-1])
     model.rewind(n_reused)
-    model.eval(prompt_tokens[n_reused:-1], n_logits=0)
-    return len(prompt_tokens) - 1 - n_reused
+    return len(prompt_tokens) - n_reused, model.eval(prompt_tokens[n_reused:], n_logits=1)
 
 
 class NoDrafter:

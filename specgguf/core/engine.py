@@ -185,10 +185,12 @@ def speculate(
         drafter = ForcedDrafter(drafter, constraint)
     policy = FixedK(k) if isinstance(k, int) else k
     start = time.perf_counter()
-    # The verifier's cache holds all of the context but its newest token, which rides in the next batch: it
-    # never spends a forward pass on it alone. What a cache already holds of the prompt (an earlier chat turn)
-    # is kept. A draft model catches up when it drafts (model_drafter.py), a long read once it pays (reading.py).
-    n_read = ingest(verifier, prompt_tokens)
+    # The prompt's pass reads all of it (what a cache already holds, an earlier chat turn, is kept) and its
+    # last row scores the answer's first token: no pass of its own. From then on the verifier's cache holds
+    # all of the context but its newest token, which rides in the next batch. A draft model catches up when
+    # it drafts (model_drafter.py), a long read once it pays (reading.py).
+    n_read, first_row = ingest(verifier, prompt_tokens)
+    ready: np.ndarray | None = first_row
     drafter.prepare(prompt_tokens)
     prefill_seconds = time.perf_counter() - start
     reading = Reading.after_prefill(prefill_seconds, n_read)
@@ -205,7 +207,7 @@ def speculate(
         # One batched pass over the pending token and the draft tree: row 0 scores what
         # follows the context, row 1 + i what follows draft node i's path (a chain: drafts[:i+1]).
         tree = VerifyTree.build(context[verifier.n_past :], drafts)
-        target_logits = verifier.eval_tree(tree.tokens, tree.parents, n_logits=tree.n_rows)
+        target_logits = _score(verifier, tree, ready)
         t2 = time.perf_counter()
         path, next_token = _accept(tree, target_logits, drafts, settings, rng, context, walk)
         emitted = [drafts.tokens[node] for node in path] + [next_token]
@@ -214,13 +216,16 @@ def speculate(
         context += emitted
         # Both caches keep the accepted path: all of the context but its newest token (the verifier
         # may keep less, what it can keep exactly: the rest rides in its next batch).
-        verifier.keep_path(tree.kept(path))
+        if tree.tokens:  # (a step the prompt's pass scored alone has no tree)
+            verifier.keep_path(tree.kept(path))
         drafter.sync(context)
         seconds = StepSeconds(draft=t1 - t0, verify=t2 - t1, sample=time.perf_counter() - t2, prefill=prefill_seconds)
         event = _event(emitted, drafts, path, tree, target_logits, verifier, max_tokens - n_emitted, seconds)
         prefill_seconds, n_emitted = 0.0, n_emitted + len(event.tokens)
         reading.observe(time.perf_counter() - t0, event.draft_catchup_seconds, unread if k_step else 0)
-        policy.observe(event)
+        if ready is None:  # a step whose row came from the prompt's pass teaches nothing about passes
+            policy.observe(event)
+        ready = None
         yield event
         if event.stop:
             return
@@ -256,6 +261,17 @@ def _propose(
         return drafts, None
     drafts = drafts.cut(constraint.valid_prefix(drafts.tokens))
     return drafts, GrammarWalk(constraint, drafts)
+
+
+def _score(verifier: Model, tree: VerifyTree, ready: np.ndarray | None) -> np.ndarray:
+    """The tree's logits rows, in one batched pass. Where the row scoring what follows the context is
+    `ready` (the first step: the prompt's pass made it, and the cache holds the whole context), the
+    pass holds only the drafts, and none is made for a step that drafted nothing."""
+    if ready is None:
+        return verifier.eval_tree(tree.tokens, tree.parents, n_logits=tree.n_rows)
+    if not tree.tokens:
+        return ready
+    return np.concatenate([ready, verifier.eval_tree(tree.tokens, tree.parents, n_logits=len(tree.tokens))])
 
 
 def _through_end(emitted: list[int], verifier: Model) -> list[int]:
@@ -377,7 +393,7 @@ def _event(
         draft_text_seconds=drafts.text_seconds,
         stop=stop,
         # The rows that scored `emitted`: log-probabilities at no extra model cost.
-        target_logits=target_logits[[tree.row(node) for node in [-1, *path]]][: len(kept)],
+        target_logits=_rows(target_logits, [tree.row(node) for node in [-1, *path]][: len(kept)]),
         n_siblings=tree.n_checked - len(chain),
         siblings_accepted=n_accepted - sum(node in on_path for node in chain),
         sides=[
@@ -386,6 +402,13 @@ def _event(
             if parents[node] < 0 or parents[node] in on_path
         ],
     )
+
+
+def _rows(logits: np.ndarray, rows: list[int]) -> np.ndarray:
+    """logits[rows]; a view where the rows run in order (a chain's path: no copy of vocabulary-wide rows)."""
+    if rows == list(range(rows[0] if rows else 0, (rows[-1] + 1) if rows else 0)):
+        return logits[rows[0] : rows[-1] + 1] if rows else logits[:0]
+    return logits[rows]
 
 
 def _stop_event(reason: str, prefill_seconds: float) -> StepEvent:
