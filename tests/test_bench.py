@@ -50,10 +50,13 @@ def test_report_structure(report):
     for row in result["settings"]:
         assert set(row["time_split"]) == {"draft", "verify", "other"}
         assert 0.0 <= row["overhead"] <= 1.0 and len(row["runs"]) == 2
-        if row["k"] == 0:
-            assert row["acceptance_rate"] is None and row["tokens_per_step"] == 1.0
+        if row["k"] == 0 or row["acceptance_rate"] is None:
+            # (a draft model may wait out a long prompt for all of a 48-token answer: reading.py)
+            assert row["acceptance_by_position"] == [] and row["tokens_per_step"] == 1.0
         else:
             assert len(row["acceptance_by_position"]) >= 1
+    for drafter in ("model", "ngram", "hybrid"):  # each drafted somewhere
+        assert any(row["acceptance_rate"] is not None for row in result["settings"] if row["drafter"] == drafter)
 
 
 def test_ratios_are_consistent_with_the_reports_own_timings(report):
