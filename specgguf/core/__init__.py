@@ -2,7 +2,7 @@
 block rule for a chain), drafting, one drafter per module (model_drafter, ngram_drafter, hybrid_drafter,
 cross_drafter: a draft of another vocabulary through text, over vocab_map; string_drafter: its own
 text re-encoded by the verifier) and drafters (the table of
-kinds), ngram_cache, engine (the loop), reading (when a draft model reads a long context),
+kinds), ngram_cache, engine (the loop), events (what a step yields), reading (when a draft model reads a long context),
 verify_tree (a step's verifier batch), kpolicy (adaptive K) and
 acceptance_counts (what its steps teach it), repeatable (a K policy timed by fixed costs: serve
 --deterministic),
