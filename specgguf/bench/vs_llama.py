@@ -68,7 +68,7 @@ class Column:
 
 
 def run_order(ks: list[int]) -> list[Column]:
-    """The order the columns run within a cell: each llama.cpp setting next to ours."""
+    """The order the columns run within a cell: each llama.cpp setting next to ours (reversed on odd repeats)."""
     order = [Column("llama.cpp", 0), Column("specgguf", 0)]
     for k in ks:
         order += [Column("llama.cpp", k), Column("specgguf", k)]
@@ -320,7 +320,9 @@ def _measure(
                     sampling=SamplingSettings(temperature=temperature),
                     seed=seed,
                 )
-                for column in order:
+                # Odd repeats run the columns in reverse (ABBA): a column's place in the cell (right after a
+                # llama.cpp process exits, or after our other run) biases it by a few percent otherwise.
+                for column in order if repeat % 2 == 0 else order[::-1]:
                     if column.side == "llama.cpp":
                         run = _llama_run(prepared, tools, column, texts[kind], settings)
                         if run.n_prompt != len(tokens[kind]):
