@@ -153,8 +153,8 @@ def speculate(
         t0 = time.perf_counter()
         drafts, walk = _propose(drafter, policy, context, k_step, verifier, settings, rng, constraint)
         t1 = time.perf_counter()
-        # One batched pass over the pending token and the draft tree: row 0 scores what
-        # follows the context, row 1 + i what follows draft node i's path (a chain: drafts[:i+1]).
+        # One batched pass over the pending token and the draft tree: row 0 scores what follows the
+        # context (on the first step, the prompt pass's row), row 1 + i what follows draft node i's path.
         tree = VerifyTree.build(context[verifier.n_past :], drafts)
         target_logits = _score(verifier, tree, ready)
         t2 = time.perf_counter()
