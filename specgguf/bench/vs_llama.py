@@ -68,7 +68,8 @@ class Column:
 
 
 def run_order(ks: list[int]) -> list[Column]:
-    """The order the columns run within a cell: each llama.cpp setting next to ours (reversed on odd repeats)."""
+    """The order the columns run within a cell: each llama.cpp setting next to ours (`_measure` runs it
+    reversed on odd repeats)."""
     order = [Column("llama.cpp", 0), Column("specgguf", 0)]
     for k in ks:
         order += [Column("llama.cpp", k), Column("specgguf", k)]

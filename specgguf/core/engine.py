@@ -138,8 +138,8 @@ def speculate(
     # last row scores the answer's first token: no pass of its own. From then on the verifier's cache holds
     # all of the context but its newest token, which rides in the next batch. A draft model catches up when
     # it drafts (model_drafter.py), a long read once it pays (reading.py).
-    n_read, first_row = ingest(verifier, prompt_tokens)
-    ready: np.ndarray | None = first_row
+    ready: np.ndarray | None  # the row scoring what follows the context, while no pass has (the first step)
+    n_read, ready = ingest(verifier, prompt_tokens)
     drafter.prepare(prompt_tokens)
     prefill_seconds = time.perf_counter() - start
     reading = Reading.after_prefill(prefill_seconds, n_read)

@@ -23,7 +23,8 @@ class StepSeconds:
 
 @dataclass
 class StepEvent:
-    """What one verify pass produced, in output order: accepted drafts, then the verifier's token."""
+    """What one step produced, in output order: accepted drafts, then the verifier's token (scored by the
+    step's verify pass; on the first step, row 0 is the prompt pass's)."""
 
     accepted: list[int]  # draft tokens the verifier kept (end-of-generation tokens left out)
     rejected: list[int]  # draft tokens thrown away; the first is the one the verifier refused
@@ -110,8 +111,9 @@ def step_event(
 
 def _rows(logits: np.ndarray, rows: list[int]) -> np.ndarray:
     """logits[rows]; a view where the rows run in order (a chain's path: no copy of vocabulary-wide rows)."""
-    if rows == list(range(rows[0] if rows else 0, (rows[-1] + 1) if rows else 0)):
-        return logits[rows[0] : rows[-1] + 1] if rows else logits[:0]
+    start = rows[0] if rows else 0
+    if rows == list(range(start, start + len(rows))):
+        return logits[start : start + len(rows)]
     return logits[rows]
 
 
