@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..conversation import Prompts
-from ..core.drafting import Drafter, common_prefix
+from ..core.drafting import Drafter, reusable
 from ..core.engine import KPolicy, StepEvent, speculate
 from ..core.sampling import SamplingSettings
 from ..core.stats import Generation, GenerationStats
@@ -150,7 +150,7 @@ class Reply:
         drafter = session.drafter if session.drafting else None
         for name, model in (("verifier", session.verifier), ("draft", session.draft if drafter else None)):
             if model is not None:  # what the engine's ingest keeps; the rest, the last token too, is new
-                turn.n_evaluated[name] = len(prompt) - common_prefix(model.cached, prompt[:-1])
+                turn.n_evaluated[name] = len(prompt) - reusable(model.cached, prompt)
         self._generation = Generation(
             speculate(
                 verifier=session.verifier,

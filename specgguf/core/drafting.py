@@ -128,6 +128,12 @@ def common_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
     return n
 
 
+def reusable(cached: Sequence[int], prompt_tokens: Sequence[int]) -> int:
+    """How much of a model's cache a prompt can keep: their common prefix, but never the prompt's newest
+    token, which is always read again so that its pass scores what follows the prompt."""
+    return common_prefix(cached, prompt_tokens[:-1])
+
+
 def fixed_drafts(tokens: list[int], step: DraftStep, source: Source) -> Drafts:
     """Deterministic proposals (n-gram lookups, a grammar's forced tokens): when sampling, each
     token's draft distribution is one-hot, q = 1 on it, as the acceptance rule needs."""
@@ -159,7 +165,7 @@ def _one_hot(token: int, n_vocab: int) -> np.ndarray:
 def ingest(model: Model, prompt_tokens: Sequence[int]) -> tuple[int, np.ndarray]:
     """Bring a model's cache to the whole prompt, keeping whatever prefix it already holds (but its newest
     token, always read); (the tokens read, the logits row of the newest: what follows the prompt)."""
-    n_reused = common_prefix(model.cached, prompt_tokens[:-1])
+    n_reused = reusable(model.cached, prompt_tokens)
     model.rewind(n_reused)
     return len(prompt_tokens) - n_reused, model.eval(prompt_tokens[n_reused:], n_logits=1)
 

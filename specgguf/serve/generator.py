@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import replace
 
 from ..conversation import Prompts
-from ..core.drafting import common_prefix
+from ..core.drafting import reusable
 from ..core.model import Model
 from ..core.stats import Generation
 from ..errors import Cancelled, SpecggufError
@@ -246,7 +246,7 @@ class Worker:
         """Run a plan on `verifier` (the model's cache, or a lane's sequence) and send what it says;
         `forget` empties the caches it used after a failure inside a model call."""
         request, prompt = plan.request, plan.prompt
-        n_cached = common_prefix(verifier.cached, prompt[:-1])
+        n_cached = reusable(verifier.cached, prompt)
         job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
         wanted_seed = request.sampling.seed
         seed = wanted_seed if wanted_seed is not None and wanted_seed >= 0 else secrets.randbelow(2**31)
