@@ -28,7 +28,9 @@ from tiny_gguf import write_tiny_llama
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
+def cache(tmp_path, monkeypatch, config_home):
+    """An empty specgguf cache and tuning.json for one test (the session's tuning.json holds what the
+    real models measured once: a test that wrote there would make every later test measure again)."""
     monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
 
