@@ -22,7 +22,7 @@ import pytest
 
 from specgguf.llama import rpc_frames as frames
 from specgguf.llama.rpc import RpcWorker, RpcWorkerError, probe
-from specgguf.llama.rpc_relay import _LOG_EVERY
+from specgguf.llama.rpc_relay import _LOG_BURST, _LOG_EVERY
 from test_rpc import SPECGGUF, free_port
 
 HELLO = struct.pack("<BQ", 14, 24) + bytes(24)
@@ -81,13 +81,27 @@ class LoggedWorker:
         self.process.wait(timeout=10)
 
 
-@pytest.fixture(autouse=True)
-def log_room(request):
-    """One module-wide worker logs refusals in a burst, then one line per `_LOG_EVERY` seconds
-    (ThrottledLog): the tests before may have spent the burst, so each test waits for room for one
-    (not a `unit` test: it starts no worker and reads no log)."""
-    if not request.node.get_closest_marker("unit"):
-        time.sleep(_LOG_EVERY)
+class LogRoom:
+    """A lower bound on the module worker's room for refusal lines (ThrottledLog: a burst of `_LOG_BURST`,
+    then one more per `_LOG_EVERY` seconds), from the lines it logged: each is counted as logged at the
+    latest moment it can have been, the time it was read, so the room is never overestimated."""
+
+    def __init__(self, worker: LoggedWorker) -> None:
+        self.worker, self.room, self.read_at, self.n_lines = worker, float(_LOG_BURST), time.monotonic(), 0
+
+    def wait_for(self, lines: float) -> None:
+        """Until the worker has room for `lines` more refusal lines."""
+        self._update()
+        if self.room < lines:
+            time.sleep((lines - self.room) * _LOG_EVERY)
+            self._update()
+
+    def _update(self) -> None:
+        now = time.monotonic()
+        logged = [line for line in self.worker.log().splitlines() if re.search(r": (refused|dropped) ", line)]
+        self.room = min(float(_LOG_BURST), self.room + (now - self.read_at) / _LOG_EVERY)
+        self.room -= len(logged) - self.n_lines
+        self.read_at, self.n_lines = now, len(logged)
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +110,19 @@ def worker(tmp_path_factory):
     yield worker
     worker.stop()
     assert worker.process.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def room(worker) -> LogRoom:
+    return LogRoom(worker)
+
+
+@pytest.fixture(autouse=True)
+def log_room(request):
+    """The tests before may have spent the module worker's burst of refusal lines: a test of it waits
+    until it has room for the few lines it causes (every other test starts its own worker, or none)."""
+    if "worker" in request.fixturenames:
+        request.getfixturevalue("room").wait_for(3)
 
 
 def graph(nodes: list[int], tensors: list[dict]) -> bytes:

@@ -28,10 +28,13 @@ PROMPTS = {
 N_TOKENS = 150
 
 
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path, monkeypatch):
-    """Vocabulary maps go to a cache of the test's own (the models stay where the fixtures put them)."""
-    monkeypatch.setenv("SPECGGUF_CACHE", str(tmp_path / "cache"))
+@pytest.fixture(scope="module", autouse=True)
+def _own_cache(tmp_path_factory):
+    """Vocabulary maps go to a cache of this module's own, built once for its tests (the models stay
+    where the fixtures put them; tests/test_cross_vocab_gguf.py builds a map afresh)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECGGUF_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
 
 
 def _greedy_per_step(verifier_path, draft_path, prompt):
