@@ -55,17 +55,31 @@ wheel-check: install
 	rm -rf build/wheel && $(PY) -m pip wheel -q --no-deps -w build/wheel .
 	$(PY) scripts/check_wheel.py build/wheel/specgguf-*.whl --run
 
+# Two runs: the tests inside this process (unit and gguf) on every core with pytest-xdist, then the live
+# ones (a server, a worker, the command as a process) one at a time: a live test's time limits would count
+# the work of another beside it, and its server measures this machine's costs once, on quiet cores.
+# TEST_MARKS narrows both (a pytest -m expression); PYTEST_ARGS goes to both.
+TEST_MARKS ?=
+TEST_PARTS ?= inproc live
 test: install
-	@# pytest exits 5 when it collected nothing: count that as a failure.
-	$(PY) -m pytest -q $(PYTEST_ARGS); status=$$?; \
-	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$status
+	@# pytest exits 5 when it collected nothing: a part may find nothing, but both finding nothing is a failure.
+	@status=0; ran=0; marks="$(TEST_MARKS)"; for part in $(TEST_PARTS); do \
+		if [ $$part = inproc ]; then set -- -n auto -m "not live$${marks:+ and ($$marks)}"; \
+		else set -- -m "live$${marks:+ and ($$marks)}"; fi; \
+		echo "$(PY) -m pytest -q $$* $(PYTEST_ARGS)"; \
+		$(PY) -m pytest -q "$$@" $(PYTEST_ARGS); code=$$?; \
+		if [ $$code -eq 5 ]; then code=0; else ran=1; fi; \
+		[ $$code -eq 0 ] || status=$$code; \
+	done; \
+	if [ $$ran -eq 0 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$status
 
 # The edit-test loops (CI runs `make test`, all of them). Each test has one kind, from what it uses
 # (tests/kinds.py): unit (in this process, no model file, no other process), gguf, live.
-# test-unit: the unit tests not marked slow (about 3 minutes on 2 cores); test-fast: everything but the tests marked slow.
-test-unit: PYTEST_ARGS = -m "unit and not slow"
+# test-unit: the unit tests not marked slow (about a minute on 2 cores); test-fast: everything but the tests marked slow.
+test-unit: TEST_MARKS = unit and not slow
+test-unit: TEST_PARTS = inproc
 test-unit: test
-test-fast: PYTEST_ARGS = -m "not slow"
+test-fast: TEST_MARKS = not slow
 test-fast: test
 
 demo: install
