@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from specgguf.bench.trace_replay import Comparison, Reply, Transcript, compare, prepared_body, replay, send
+from specgguf.bench.trace_replay import Comparison, Reply, Row, Transcript, compare, prepared_body, replay, send
 from specgguf.bench.trace_report import report_json, row_lines, total_lines
 from specgguf.bench.trace_servers import ServerSpec, running
 from specgguf.bench.traces import CHAT, TraceError, load_trace, parse_trace
@@ -138,6 +138,30 @@ def test_answers_compare_as_equal_prefix_or_where_they_part():
     assert compare(reply("abc"), reply("abc")) == Comparison("equal")
     assert compare(reply("ab"), reply("abc")) == Comparison("prefix", 2)
     assert compare(reply("abX"), reply("abc")).label() == "differs at char 2"
+    # The same call, parsed by one server and left as the JSON the model wrote by the other (bare or fenced).
+    parsed = reply('read_file({"path":"a.py"})')
+    assert compare(parsed, reply('{"name": "read_file", "arguments": {"path": "a.py"}}')).kind == "call"
+    assert compare(parsed, reply('```json\n{"name": "read_file", "arguments": {"path": "a.py"}}\n```')).kind == "call"
+    assert compare(parsed, reply('\nread_file({"path": "a.py"})')).label() == "= as a call"
+    assert compare(parsed, reply('{"name": "read_file", "arguments": {"path": "b.py"}}')).kind == "differs"
+    assert compare(parsed, reply('{"name": "read_file", "arguments": {"path": "a.py"}, "x": 1}')).kind == "differs"
+    assert compare(reply("[1, 2]"), reply("[1,2]")).kind == "differs"
+    request = parse_trace("\n".join([HEADER, CHAT_LINE]), source="t").requests[0]
+    rows = [
+        Row(
+            1,
+            request,
+            {"ref": reply("{}"), "ours": reply("f({})")},
+            {"ref": Comparison("reference"), "ours": Comparison("call")},
+        ),
+        Row(
+            2,
+            request,
+            {"ref": reply("ab"), "ours": reply("ab")},
+            {"ref": Comparison("reference"), "ours": Comparison("equal")},
+        ),
+    ]
+    assert "1/2 equal, 1 the same call, 0 prefix" in total_lines("t", rows)[2]
     assert compare(reply("", "HTTP 500"), reply("abc")).kind == "error"
     assert Reply("abc", 0.5, 2.5, 5).tokens_per_second == pytest.approx(2.0)
     assert Reply("", None, 0.1, 0).tokens_per_second is None

@@ -13,6 +13,7 @@ and the answer this server gave: each server sees its own history.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -168,12 +169,17 @@ def _prompt_count(event: dict[str, Any]) -> int | None:
 class Comparison:
     """A greedy answer against the reference's: equal, one a prefix of the other, or where they part."""
 
-    kind: str  # "equal", "prefix", "differs", "error", "reference"
+    # "equal"; "call": the same tool call, one server returning it as a call and the other as the JSON text the
+    # model wrote (llama-server leaves a bare or ```json-fenced call in the content); "prefix", "differs",
+    # "error", "reference"
+    kind: str
     position: int | None = None  # the first character that differs
     history_differs: bool = False
 
     def label(self) -> str:
-        text = {"equal": "=", "prefix": "prefix", "reference": "(ref)", "error": "error"}.get(self.kind)
+        text = {"equal": "=", "call": "= as a call", "prefix": "prefix", "reference": "(ref)", "error": "error"}.get(
+            self.kind
+        )
         text = text or f"differs at char {self.position}"
         return text + (" (own history)" if self.history_differs else "")
 
@@ -184,8 +190,28 @@ def compare(answer: Reply, reference: Reply) -> Comparison:
     a, b = answer.text, reference.text
     if a == b:
         return Comparison("equal")
+    if _as_call(a) == _as_call(b) is not None:
+        return Comparison("call")
     position = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     return Comparison("prefix" if position == min(len(a), len(b)) else "differs", position)
+
+
+def _as_call(text: str) -> str | None:
+    """A whole answer that is one tool call, as `Reply.text` shows a call (name(arguments), canonical JSON):
+    the call a server parsed, or the JSON object {"name": ..., "arguments": {...}} the model wrote as text,
+    bare or in a ```json fence. None: the answer is not one call."""
+    shown = re.fullmatch(r"\s*([\w.-]+)\((\{.*\})\)\s*", text, re.DOTALL)
+    if shown:
+        return f"{shown.group(1)}({_canonical(shown.group(2))})"
+    fenced = re.fullmatch(r"\s*```(?:json)?\s*(.*?)\s*```\s*", text, re.DOTALL)
+    try:
+        call = json.loads(fenced.group(1) if fenced else text)
+    except ValueError:
+        return None
+    if not isinstance(call, dict) or set(call) != {"name", "arguments"} or not isinstance(call["name"], str):
+        return None
+    arguments = call["arguments"] if isinstance(call["arguments"], str) else json.dumps(call["arguments"])
+    return f"{call['name']}({_canonical(arguments)})"
 
 
 @dataclass

@@ -22,6 +22,7 @@ class Total:
     n_tokens: int
     tokens_per_second: float | None  # all tokens after each first one, over the time after each first token
     n_equal: int
+    n_calls: int  # the same tool call, returned as a call by one server and as its JSON text by the other
     n_prefix: int
     n_compared: int
     n_errors: int
@@ -61,6 +62,7 @@ def totals(rows: list[Row]) -> list[Total]:
                 n_tokens=sum(reply.n_tokens for reply in replies),
                 tokens_per_second=sum(r.n_tokens - 1 for r in timed) / after_first if after_first > 0 else None,
                 n_equal=kinds.count("equal"),
+                n_calls=kinds.count("call"),
                 n_prefix=kinds.count("prefix"),
                 n_compared=sum(kind not in ("reference", "error") for kind in kinds),
                 n_errors=sum(reply.error is not None for reply in replies),
@@ -82,9 +84,11 @@ def total_lines(trace_name: str, rows: list[Row]) -> list[str]:
         relative = f"{total.seconds / reference:.2f}× ref" if reference > 0 else "—"
         if best_llama:
             relative += f", {total.seconds / best_llama:.2f}× best llama-server"
-        same = (
-            "(ref)" if total.n_compared == 0 else f"{total.n_equal}/{total.n_compared} equal, {total.n_prefix} prefix"
-        )
+        same = "(ref)" if total.n_compared == 0 else f"{total.n_equal}/{total.n_compared} equal"
+        if total.n_compared and total.n_calls:
+            same += f", {total.n_calls} the same call"
+        if total.n_compared:
+            same += f", {total.n_prefix} prefix"
         speed = "—" if total.tokens_per_second is None else f"{total.tokens_per_second:.1f}"
         lines.append(
             f"  {total.name:<28} total {total.seconds:8.1f} s ({relative})  mean ttft {_seconds(total.mean_ttft_s)} s"
