@@ -11,9 +11,10 @@ earlier (an oracle over the answer itself, so no real drafter reaches it):
   of the newest 2..8 tokens) and greedy would keep.
 
 Given L_t, the best schedule is a shortest path: time(t) = min over K ≤ min(L_t, max rows - 1) of
-verify[K + 1 rows] + time(t + K + 1), time(n) = 0, and the bound is n·verify[1 row] / time(0), a ratio to
-plain decoding at the same cost table. It leaves out everything but verify passes (sampling, the engine's
-own time), so it reads as a ceiling on `default ÷ -k 0`. Quiet machine only (it measures the curve):
+verify[K + 1 rows] + time(t + K + 1), time(n) = 0, and the bound is (n − 1)·verify[1 row] / time(1), a ratio to
+plain decoding at the same cost table ((n − 1) passes: the prompt's pass scores the first token). It
+leaves out everything but verify passes (sampling, the engine's own time), so it reads as a ceiling on
+`default ÷ -k 0`. Quiet machine only (it measures the curve):
 
     .venv/bin/python scripts/copy_bound.py -m ~/.cache/specgguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf -n 128
 """
@@ -25,19 +26,43 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ngram_evidence import answer, replay  # noqa: E402
+from ngram_evidence import replay  # noqa: E402
 
 from specgguf.bench.machine import cpu  # noqa: E402
 from specgguf.bench.suite import load_suite  # noqa: E402
 from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.core.costs import measure  # noqa: E402
+from specgguf.core.drafting import NoDrafter  # noqa: E402
+from specgguf.core.engine import FixedK, speculate  # noqa: E402
+from specgguf.core.sampling import SamplingSettings  # noqa: E402
 from specgguf.llama.loaded import ModelSettings  # noqa: E402
+
+
+def answer_with_confidence(verifier, tokens: list[int], n: int) -> tuple[list[int], list[float]]:
+    """The verifier's greedy answer alone, and its probability for each token it wrote (T 1 softmax)."""
+    out: list[int] = []
+    chances: list[float] = []
+    for event in speculate(
+        verifier=verifier,
+        drafter=NoDrafter(),
+        prompt_tokens=tokens,
+        k=FixedK(0),
+        max_tokens=n,
+        settings=SamplingSettings(temperature=0.0),
+        rng=np.random.default_rng(0),
+    ):
+        for token, row in zip(event.tokens, event.target_logits if event.target_logits is not None else []):
+            row = row.astype(np.float64)
+            chances.append(float(1.0 / np.exp(row - row[token]).sum()))
+        out += event.tokens
+    return out, chances
 
 
 def copy_runs(prompt: list[int], reply: list[int]) -> list[int]:
@@ -58,13 +83,14 @@ def copy_runs(prompt: list[int], reply: list[int]) -> list[int]:
 
 def best_time(runs: list[int], verify: list[float]) -> float:
     """The shortest schedule of verify passes over the answer when drafts of up to runs[t] tokens at t are
-    all kept: time(t) = min_K verify[K] + time(t + K + 1), K + 1 rows a pass."""
+    all kept: time(t) = min_K verify[K] + time(t + K + 1), K + 1 rows a pass. The prompt's pass scores
+    token 0, so the schedule starts at token 1 (drafts from there on are the first step's)."""
     n = len(runs)
     time = [0.0] * (n + 1)
-    for t in range(n - 1, -1, -1):
+    for t in range(n - 1, 0, -1):
         most = min(runs[t], len(verify) - 1, n - t - 1)
         time[t] = min(verify[k] + time[t + k + 1] for k in range(most + 1))
-    return time[0]
+    return time[1] if n > 1 else 0.0
 
 
 def main() -> None:
@@ -86,26 +112,27 @@ def main() -> None:
     print(f"best pass for its tokens: {max((k + 1) * verify[0] / c for k, c in enumerate(verify)):.2f}× plain")
     chosen = set(args.prompts.split(",")) if args.prompts else None
     prompts = Prompts(verifier)
-    rows, everything = [], []
+    rows: list[dict[str, Any]] = []
+    everything: list[dict[str, Any]] = []
     for item in load_suite():
         if chosen is not None and item.name not in chosen:
             continue
         tokens = prompts.question(item.text, raw=False, system=None)
-        reply = answer(verifier, tokens, args.n)
+        reply, confidence = answer_with_confidence(verifier, tokens, args.n)
         copy = copy_runs(tokens, reply)
         kept = {r["t"]: r["kept"] for r in replay(tokens, reply, max_ngram=8, min_ngram=2, k=args.max_rows - 1)}
         lookup = [kept.get(t, 0) for t in range(len(reply))]
-        plain = len(reply) * verify[0]
+        plain = (len(reply) - 1) * verify[0]  # the prompt's pass scores the first token
         row = {
             "prompt": item.name,
             "kind": item.kind,
             "tokens": len(reply),
             "copyable": sum(1 for r in copy if r > 0) / max(1, len(reply)),
-            "copy_bound": plain / best_time(copy, verify),
-            "lookup_bound": plain / best_time(lookup, verify),
+            "copy_bound": plain / best_time(copy, verify) if plain else 1.0,
+            "lookup_bound": plain / best_time(lookup, verify) if plain else 1.0,
         }
         rows.append(row)
-        everything.append({**row, "reply": reply, "copy": copy, "lookup": lookup})
+        everything.append({**row, "reply": reply, "copy": copy, "lookup": lookup, "confidence": confidence})
         print(
             f"{item.name:20} {item.kind:12} {len(reply):4d} tokens, {row['copyable']:.0%} continue a copy;"
             f" bound ÷ plain: copy {row['copy_bound']:.2f}×, lookup {row['lookup_bound']:.2f}×",

@@ -1,0 +1,234 @@
+"""The default's drafting on the suite's greedy answers, replayed on a clock that reads the verify curve.
+
+`scripts/copy_bound.py --out FILE` stores each suite answer (the verifier's greedy tokens) and the
+verify curve it measured. This replays the default through the real engine, drafter and K policy
+(`prepare`, as `run` sets them up, a new n-gram cache per answer) against an oracle verifier that
+answers each row with the stored answer's next token, and a clock that advances by the curve's cost
+for each verify pass (and the draft model's per token, if it drafts). So a policy change is measured
+on all prompts without the machine's noise, as modelled seconds:
+
+    default ÷ plain = (n − 1) · verify[1 row] / (the passes' modelled seconds)
+
+(the prompt's pass scores an answer's first token, so plain decoding makes n − 1 passes for n tokens)
+
+beside copy_bound's ceilings. Python's own time per step is left out on both sides. It runs the
+policies as shipped; to try a change, edit the code and run again. Greedy only (the oracle is the
+greedy answer). Counts only: it may run on a busy machine.
+
+    .venv/bin/python scripts/policy_replay.py --answers /tmp/bound.json \\
+        -m ~/.cache/specgguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \\
+        -md ~/.cache/specgguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specgguf.bench.suite import load_suite  # noqa: E402
+from specgguf.conversation import Prompts  # noqa: E402
+from specgguf.core.acceptance_counts import PolicyConfig  # noqa: E402
+from specgguf.core.engine import speculate  # noqa: E402
+from specgguf.core.ngram_cache import SessionNgrams  # noqa: E402
+from specgguf.core.sampling import SamplingSettings  # noqa: E402
+from specgguf.files.resolve import ResolvedPair  # noqa: E402
+from specgguf.kchoice import KChoice  # noqa: E402
+from specgguf.prepare import DraftOptions, LoadOptions, prepare  # noqa: E402
+
+FLOAT_FIELDS = {
+    "decay",
+    "prior_acceptance",
+    "prior_drafts",
+    "doubt",
+    "probe_budget",
+    "explore_budget",
+    "calibration_decay",
+    "worth_trying",
+}
+
+
+class Clock:
+    """Modelled seconds: time.perf_counter() reads this while the replay runs."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class OracleVerifier:
+    """A Model whose every row scores the stored answer's next token (position p of the context scores
+    answer[p + 1 - len(prompt)]; past the answer, end of generation), each pass costing the curve."""
+
+    def __init__(self, prompt: list[int], answer: list[int], *, n_vocab: int, eog: int, verify: list[float], clock):
+        self.truth, self.n_prompt = prompt + answer, len(prompt)
+        self.n_vocab, self.n_ctx, self.max_leaves = n_vocab, 8192, 1
+        self.eog, self.verify, self.clock = eog, verify, clock
+        self.cached: list[int] = []
+        self.pending: list[int] = []
+        self.passes: list[int] = []  # rows of each pass after the prompt's
+
+    @property
+    def n_past(self) -> int:
+        return len(self.cached)
+
+    def _rows(self, positions: Sequence[int]) -> np.ndarray:
+        rows = np.zeros((len(positions), self.n_vocab), dtype=np.float32)
+        for i, position in enumerate(positions):
+            nxt = position + 1
+            rows[i, self.truth[nxt] if nxt < len(self.truth) else self.eog] = 20.0
+        return rows
+
+    def _pay(self, n: int) -> None:
+        if self.cached:  # the prompt's pass is not modelled (the engine leaves it out of the answer's time)
+            self.passes.append(n)
+            self.clock.now += self.verify[min(n, len(self.verify)) - 1] * max(1.0, n / len(self.verify))
+
+    def eval(self, tokens: Sequence[int], *, n_logits: int) -> np.ndarray:
+        self._pay(len(tokens))
+        start = len(self.cached)
+        self.cached += list(tokens)
+        return self._rows(range(start + len(tokens) - n_logits, start + len(tokens)))
+
+    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int], *, n_logits: int) -> np.ndarray:
+        if any(parent != i - 1 for i, parent in enumerate(parents)):
+            raise ValueError("the replay checks chains only (trees are off by default)")
+        self._pay(len(tokens))
+        self.pending = list(tokens)
+        start = len(self.cached)
+        return self._rows(range(start + len(tokens) - n_logits, start + len(tokens)))
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        self.cached += [self.pending[i] for i in path]
+        self.pending = []
+
+    def rewind(self, n_past: int) -> None:
+        del self.cached[n_past:]
+
+    def is_eog(self, token: int) -> bool:
+        return token == self.eog
+
+
+def replay_one(prepared, prompt: list[int], answer: list[int], verify: list[float], clock: Clock, config=None) -> dict:
+    eog = next(t for t in range(prepared.verifier.n_vocab) if prepared.verifier.is_eog(t))
+    oracle = OracleVerifier(prompt, answer, n_vocab=prepared.verifier.n_vocab, eog=eog, verify=verify, clock=clock)
+    policy, _ = prepared.policy(KChoice("adaptive"), temperature=0.0, drafter=prepared.options.drafter, config=config)
+    drafter = prepared.drafter(prepared.options.drafter, session=SessionNgrams())
+    written: list[int] = []
+    drafted = kept = 0
+    steps: list[str] = []
+    positions: list[int] = []  # the answer position each step's first token fills
+    start = clock.now
+    for event in speculate(
+        verifier=oracle,
+        drafter=drafter,
+        prompt_tokens=prompt,
+        k=policy,
+        max_tokens=len(answer),
+        settings=SamplingSettings(temperature=0.0),
+        rng=np.random.default_rng(0),
+    ):
+        written += event.tokens
+        drafted += event.n_drafted
+        kept += event.n_accepted
+        steps.append(f"{event.n_accepted}/{event.n_drafted}" if event.n_drafted else ".")
+        positions.append(len(written) - len(event.tokens))
+    if written != answer[: len(written)]:
+        raise SystemExit("the replay wrote another answer: the oracle is not followed")
+    seconds = clock.now - start
+    plain = (len(written) - 1) * verify[0]  # plain decoding's passes: the prompt's pass scores the first token
+    return {
+        "tokens": len(written),
+        "ratio": plain / seconds,
+        "drafted": drafted,
+        "kept": kept,
+        "passes": oracle.passes,
+        "steps": steps,
+        "positions": positions,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--answers", required=True, type=Path, help="copy_bound.py --out FILE")
+    parser.add_argument("-m", required=True, type=Path)
+    parser.add_argument("-md", type=Path)
+    parser.add_argument("--prompts", help="comma-separated suite names (default: all stored)")
+    parser.add_argument("--config", action="append", default=[], help="a PolicyConfig field=value to try (repeatable)")
+    parser.add_argument("--steps", action="store_true", help="print each step: kept/drafted, or . for a plain one")
+    args = parser.parse_args()
+    stored = json.loads(args.answers.read_text())
+    verify = stored["verify"]
+    pair = ResolvedPair(verifier=args.m, draft=args.md, name=None, recommended_k=None)
+    prepared = prepare(pair, LoadOptions(n_ctx=4096, n_threads=2), DraftOptions())
+    clock = Clock()
+    overrides: dict[str, Any] = {}
+    for key, _, value in (item.partition("=") for item in args.config):
+        overrides[key] = float(value) if key in FLOAT_FIELDS else int(value)
+    config = PolicyConfig(**overrides)
+    if prepared.draft is not None:  # the draft model's passes cost its measured time a token on the clock
+        eval_draft, per_token = prepared.draft.eval, prepared.costs.draft
+
+        def timed_draft(tokens, *, n_logits):
+            clock.now += per_token * len(tokens)
+            return eval_draft(tokens, n_logits=n_logits)
+
+        prepared.draft.eval = timed_draft  # type: ignore[method-assign]
+    texts = {item.name: item.text for item in load_suite()}
+    chosen = set(args.prompts.split(",")) if args.prompts else None
+    prompts = Prompts(prepared.verifier)
+    real_clock, time.perf_counter = time.perf_counter, clock
+    rows = []
+    try:
+        for entry in stored["prompts"]:
+            if chosen is not None and entry["prompt"] not in chosen:
+                continue
+            tokens = prompts.question(texts[entry["prompt"]], raw=False, system=None)
+            row = replay_one(prepared, tokens, entry["reply"], verify, clock, config)
+            rows.append((entry, row))
+            sizes = {n: row["passes"].count(n) for n in sorted(set(row["passes"]))}
+            print(
+                f"{entry['prompt']:20} default ÷ plain {row['ratio']:.3f}×  (ceilings: lookup"
+                f" {entry['lookup_bound']:.2f}×, copy {entry['copy_bound']:.2f}×)  drafted {row['drafted']},"
+                f" kept {row['kept']}; passes by rows {sizes}",
+                file=sys.__stdout__,
+                flush=True,
+            )
+            if args.steps:
+                print("  " + " ".join(row["steps"]), file=sys.__stdout__, flush=True)
+                missed = [
+                    t for t, step in zip(row["positions"], row["steps"]) if step == "." and entry["lookup"][t] > 0
+                ]
+                wasted = sum(
+                    int(b) - int(a) for a, _, b in (step.partition("/") for step in row["steps"] if step != ".")
+                )
+                print(
+                    f"  plain steps where lookup had a right draft: {len(missed)}; drafts rejected: {wasted}",
+                    file=sys.__stdout__,
+                    flush=True,
+                )
+    finally:
+        time.perf_counter = real_clock
+    for kind in sorted({entry["kind"] for entry, _ in rows}):
+        mine = [row["ratio"] for entry, row in rows if entry["kind"] == kind]
+        print(f"{kind:12} median {statistics.median(mine):.3f}× ({min(mine):.3f}–{max(mine):.3f}×)")
+    ratios = [row["ratio"] for _, row in rows]
+    print(
+        f"all: median {statistics.median(ratios):.3f}×, lowest {min(ratios):.3f}×, geometric mean"
+        f" {float(np.exp(np.mean(np.log(ratios)))):.4f}×"
+    )
+
+
+if __name__ == "__main__":
+    main()
