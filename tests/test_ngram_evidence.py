@@ -151,7 +151,7 @@ def test_a_lookup_no_step_drafted_is_scored_against_what_the_verifier_wrote():
 
 def test_guesses_teach_the_policy_what_a_class_of_evidence_is_worth_here_before_it_drafts():
     """Long copies of the prompt that this answer does not follow: the guesses of plain steps say so, and
-    the policy never pays for a draft of them; where they are right, it drafts from its first chance."""
+    the policy never pays for a draft of them; short copies that this answer does follow: it drafts them."""
 
     def policy_after(right: bool):
         policy = adaptive_policy("hybrid", ISSUE_Q4, PolicyConfig(k_max=8))
@@ -163,10 +163,17 @@ def test_guesses_teach_the_policy_what_a_class_of_evidence_is_worth_here_before_
         return policy
 
     sure = Match([1] * 8, 10, in_prompt=True).evidence()
+    assert adaptive_policy("hybrid", ISSUE_Q4, PolicyConfig(k_max=8)).worth(sure) >= 3  # the prior alone
     assert policy_after(right=False).worth(sure) == 0
-    followed = policy_after(right=True)
-    assert followed.choose("ngram") == 8 and followed.worth(sure) >= 3  # `worth` decides, from the first step
-    assert adaptive_policy("hybrid", ISSUE_Q4, PolicyConfig(k_max=8)).choose("ngram") < 8  # no guesses: K first
+    assert policy_after(right=True).worth(sure) >= 3
+    weak = Match([1] * 8, 2, in_prompt=True).evidence()  # a 2-token copy: not worth a row by its prior ...
+    assert adaptive_policy("hybrid", ISSUE_Q4, PolicyConfig(k_max=8)).worth(weak) == 0
+    taught = adaptive_policy("hybrid", ISSUE_Q4, PolicyConfig(k_max=8))
+    for _ in range(30):  # ... until guesses show that here such copies go on
+        event = _step(0, 0, verify=_verify(ISSUE_Q4, 0), draft=0.0)
+        event.guesses = [Guess(chance, True) for chance in weak[:4]]
+        taught.observe(event)
+    assert taught.worth(weak) >= 3
 
 
 def test_an_answer_through_the_engine_scores_the_lookups_of_its_plain_steps():

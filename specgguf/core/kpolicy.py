@@ -245,9 +245,9 @@ class AdaptiveK:
             self.costs.observe(event)
         if event.guesses and self.source in WHOLE_DRAFTS:
             # What prompt lookup would have drafted on a step that did not draft it, scored: its evidence
-            # calibrated on every step, not only on those it drafted (drafting.Guess).
+            # calibrated on every step, not only on those it drafted (drafting.Guess). Whether it drafts at
+            # all is still decided as before its first verified draft (`choose`).
             self.acceptance.calibrated.observe([g.chance for g in event.guesses], [g.right for g in event.guesses])
-            self.confidence_seen = True
         if event.n_drafted and event.draft_source != self.source:
             return  # another drafter's step (an n-gram proposal in a hybrid): not this one's acceptance
         if not event.tokens and event.n_drafted == 0:
