@@ -90,9 +90,9 @@ def test_hybrid_looks_up_once_per_step_and_anew_when_the_context_changes():
     class CountingNgrams(NgramDrafter):
         calls = 0
 
-        def _find(self, context: list[int], k: int) -> Match:
+        def lookup(self, context: list[int], k: int) -> Match:
             CountingNgrams.calls += 1
-            return super()._find(context, k)
+            return super().lookup(context, k)
 
     model = FakeModel(one_hot_logits(lambda c: 9, 20), n_vocab=20)
     hybrid = HybridDrafter(ModelDrafter(model), CountingNgrams(min_ngram=1), min_match=3)

@@ -11,14 +11,10 @@ from numpy.lib.stride_tricks import sliding_window_view
 from fakes import FakeModel
 from specgguf.core.costs import MachineCosts
 from specgguf.core.drafters import DraftSettings, build_drafter
-from specgguf.core.drafting import DraftStep, Guess
-from specgguf.core.engine import FixedK, speculate
+from specgguf.core.engine import FixedK
 from specgguf.core.kpolicy import PolicyConfig, adaptive_policy
 from specgguf.core.ngram_drafter import ANSWER_PRIORS, DISAGREED, PROMPT_PRIORS, Match, NgramDrafter
-from specgguf.core.sampling import SamplingSettings
 from test_kpolicy import ISSUE_Q4, _step, _verify
-
-GREEDY = SamplingSettings(temperature=0.0)
 
 
 def reference_lookup(context, k, *, max_ngram, min_ngram, window):
@@ -128,68 +124,3 @@ def test_the_default_hybrid_leaves_weak_repeats_to_the_draft_model():
     assert hybrid.next_source(prompt + [7, 8, 0, 7, 8]) == "model"  # a 2-token repeat of the answer
     assert hybrid.next_source(prompt + [7, 8, 0, 9, 7, 8, 0, 9, 7, 8, 0]) == "ngram"  # a long one
     assert hybrid.next_source(prompt + [2, 3, 7, 0, 2, 3]) == "model"  # earlier occurrences disagreed
-
-
-def test_a_lookup_no_step_drafted_is_scored_against_what_the_verifier_wrote():
-    drafter = NgramDrafter()
-    prompt = [1, 2, 3, 4, 5, 6]
-    drafter.prepare(prompt)
-    context = prompt + [9, 2, 3]
-    assert drafter.next_source(context) == "ngram"  # it looks every step: 4 5 6 would follow "2 3"
-    context.append(4)  # a plain step: the verifier wrote 4
-    assert drafter.guesses(context) == [Guess(PROMPT_PRIORS[2], True)]
-    assert drafter.guesses(context) == []  # scored once
-    drafter.next_source(context)  # "2 3 4": 5 6 would follow
-    context += [5, 0]  # the draft model's step: 5 was right, then 0 where 6 was guessed
-    assert drafter.guesses(context) == [Guess(PROMPT_PRIORS[3], True), Guess(PROMPT_PRIORS[4], False)]
-    # A lookup the step drafted is verified by the step itself: no guess.
-    context = prompt + [9, 2, 3]
-    drafter.next_source(context)
-    assert drafter.propose(context, 3, DraftStep(n_vocab=10, settings=GREEDY, rng=np.random.default_rng(0))).tokens
-    assert drafter.guesses(context + [4, 5, 6, 7]) == []
-
-
-def test_guesses_teach_the_policy_what_a_class_of_evidence_is_worth_here_before_it_drafts():
-    """Long copies of the prompt that this answer does not follow: the guesses of plain steps say so, and
-    the policy never pays for a draft of them; short copies that this answer does follow: it drafts them."""
-
-    def policy_after(right: bool):
-        policy = adaptive_policy("hybrid", ISSUE_Q4, PolicyConfig(k_max=8))
-        chance = Match([1] * 8, 10, in_prompt=True).evidence()[0]
-        for _ in range(20):
-            event = _step(0, 0, verify=_verify(ISSUE_Q4, 0), draft=0.0)
-            event.guesses = [Guess(chance, right)] + [Guess(chance, True)] * 3 * right
-            policy.observe(event)
-        return policy
-
-    sure = Match([1] * 8, 10, in_prompt=True).evidence()
-    assert adaptive_policy("hybrid", ISSUE_Q4, PolicyConfig(k_max=8)).worth(sure) >= 3  # the prior alone
-    assert policy_after(right=False).worth(sure) == 0
-    assert policy_after(right=True).worth(sure) >= 3
-    weak = Match([1] * 8, 2, in_prompt=True).evidence()  # a 2-token copy: not worth a row by its prior ...
-    assert adaptive_policy("hybrid", ISSUE_Q4, PolicyConfig(k_max=8)).worth(weak) == 0
-    taught = adaptive_policy("hybrid", ISSUE_Q4, PolicyConfig(k_max=8))
-    for _ in range(30):  # ... until guesses show that here such copies go on
-        event = _step(0, 0, verify=_verify(ISSUE_Q4, 0), draft=0.0)
-        event.guesses = [Guess(chance, True) for chance in weak[:4]]
-        taught.observe(event)
-    assert taught.worth(weak) >= 3
-
-
-def test_an_answer_through_the_engine_scores_the_lookups_of_its_plain_steps():
-    # The verifier repeats 1..6; K 0: every step plain, and once a cycle is written every guess is right.
-    verifier = FakeModel(lambda context: np.eye(10)[context[-1] % 6 + 1] * 9, n_vocab=10)
-    events = list(
-        speculate(
-            verifier=verifier,
-            drafter=NgramDrafter(),
-            prompt_tokens=[1, 2, 3],
-            k=FixedK(0),
-            max_tokens=20,
-            settings=GREEDY,
-            rng=np.random.default_rng(0),
-        )
-    )
-    guesses = [guess for event in events for guess in event.guesses]
-    assert all(event.n_drafted == 0 for event in events) and len(guesses) >= 10
-    assert all(guess.right for guess in guesses[-8:])

@@ -47,7 +47,7 @@ from typing import Literal
 
 import numpy as np
 
-from .drafting import Drafts, DraftStep, Guess, Source, common_prefix
+from .drafting import Drafts, DraftStep, Source, common_prefix
 from .model import Model
 from .sampling import SamplingSettings, sample_token, sparse_distribution
 from .vocab_map import VocabMap
@@ -171,9 +171,6 @@ class CrossVocabDrafter:
 
     def sync(self, context: list[int]) -> None:
         pass  # the next `propose` compares the text read with the context, by token then by bytes
-
-    def guesses(self, context: list[int]) -> list[Guess]:
-        return []  # it proposes only when asked to draft
 
     def read(self, context: Sequence[int]) -> None:
         """Bring `tokens` to the draft's tokenization of the context's text (see the module docstring)."""

@@ -72,18 +72,6 @@ class Drafts:
 
 
 @dataclass(frozen=True)
-class Guess:
-    """A proposal the drafter made but no step verified, scored once the verifier settled on the tokens it
-    guessed: the chance its evidence gave (what the policy would have priced it at) and whether it was
-    right. The policy learns from these as from verified drafts, at no cost: prompt lookup looks every
-    step, and what it would have drafted on a plain step tells how far its evidence can be trusted here.
-    Sampling, a one-hot guess of x is right with probability p(x), its chance of being accepted."""
-
-    chance: float
-    right: bool
-
-
-@dataclass(frozen=True)
 class DraftStep:
     """What a drafter is given for one step besides the context and K: the verifier's vocabulary
     size, the sampling settings and random generator, and the K policy's two questions."""
@@ -129,10 +117,6 @@ class Drafter(Protocol):
 
     def sync(self, context: list[int]) -> None:
         """The verifier settled on `context`: drop anything beyond it."""
-
-    def guesses(self, context: list[int]) -> list[Guess]:
-        """After `sync`: what it proposed but no step verified, scored against `context` (`Guess`; none
-        for a drafter that proposes only when asked to draft)."""
 
 
 def common_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
@@ -213,9 +197,6 @@ class NoDrafter:
 
     def sync(self, context: list[int]) -> None:
         pass
-
-    def guesses(self, context: list[int]) -> list[Guess]:
-        return []
 
 
 def capped(branch: Branch, max_siblings: int) -> Branch:

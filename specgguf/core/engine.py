@@ -169,10 +169,7 @@ def speculate(
             verifier.keep_path(tree.kept(path))
         drafter.sync(context)
         seconds = StepSeconds(draft=t1 - t0, verify=t2 - t1, sample=time.perf_counter() - t2, prefill=prefill_seconds)
-        guesses = drafter.guesses(context)  # what it would have drafted on this step, scored
-        event = step_event(
-            emitted, drafts, path, tree, target_logits, verifier, max_tokens - n_emitted, seconds, guesses
-        )
+        event = step_event(emitted, drafts, path, tree, target_logits, verifier, max_tokens - n_emitted, seconds)
         prefill_seconds, n_emitted = 0.0, n_emitted + len(event.tokens)
         reading.observe(time.perf_counter() - t0, event.draft_catchup_seconds, unread if k_step else 0)
         if ready is None:  # a step whose row came from the prompt's pass teaches nothing about passes

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .drafting import Drafts, Guess, Source
+from .drafting import Drafts, Source
 from .model import Model
 from .verify_tree import VerifyTree
 
@@ -48,9 +48,6 @@ class StepEvent:
     # The verifier's raw logits for each of `tokens` (row i scored token i), from the verify pass
     # itself: log-probabilities at no extra model cost. None on an event that emitted nothing.
     target_logits: np.ndarray | None = None
-    # Prompt lookup's proposal on a step that did not draft it, scored against what the step emitted
-    # (drafting.Guess): evidence for the policy at no cost.
-    guesses: list[Guess] = field(default_factory=list)
 
     @property
     def chain_drafted(self) -> int:
@@ -75,7 +72,6 @@ def step_event(
     verifier: Model,
     tokens_left: int,
     seconds: StepSeconds,
-    guesses: list[Guess],
 ) -> StepEvent:
     """The step's event, complete: output up to an end-of-generation token, and why it stopped
     (`tokens_left`: how many the answer could still take before this step)."""
@@ -110,7 +106,6 @@ def step_event(
             for node, runner_up in drafts.sides.items()
             if parents[node] < 0 or parents[node] in on_path
         ],
-        guesses=guesses,
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .constraint import Constraint
-from .drafting import WHOLE_DRAFTS, Drafter, Drafts, DraftStep, Guess, Source, add_forced, fixed_drafts
+from .drafting import WHOLE_DRAFTS, Drafter, Drafts, DraftStep, Source, add_forced, fixed_drafts
 
 
 class ForcedDrafter:
@@ -62,6 +62,3 @@ class ForcedDrafter:
 
     def sync(self, context: list[int]) -> None:
         self.inner.sync(context)
-
-    def guesses(self, context: list[int]) -> list[Guess]:
-        return self.inner.guesses(context)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
-from .drafting import Drafter, Drafts, DraftStep, Guess, Source
+from .drafting import Drafter, Drafts, DraftStep, Source
 from .ngram_drafter import Match, NgramDrafter
+from .rounds import K_MAX
 
 
 class HybridDrafter:
@@ -19,8 +21,12 @@ class HybridDrafter:
     def __init__(self, model_drafter: Drafter, ngram: NgramDrafter, *, min_match: int = 3, min_chance: float = 0.0):
         self.model_drafter, self.ngram = model_drafter, ngram
         self.min_match, self.min_chance = min_match, min_chance
+        # A step asks `next_source`, then `propose`, on the same context: one lookup (up to K_MAX
+        # tokens, cut to the step's K) serves both. The key: the context's length and last tokens.
+        self._last: tuple[tuple[int, ...], int, Match] | None = None  # (key, its k, the match)
 
     def prepare(self, prompt_tokens: Sequence[int]) -> None:
+        self._last = None
         self.model_drafter.prepare(prompt_tokens)
         self.ngram.prepare(prompt_tokens)
 
@@ -31,9 +37,14 @@ class HybridDrafter:
         return self.model_drafter.unread(context)
 
     def next_source(self, context: list[int]) -> Source:
-        # A step asks `next_source`, then `propose`, on the same context: one lookup serves both (the n-gram
-        # drafter keeps it), and `guesses` scores it if the step drafts with the model or not at all.
-        return self.ngram.source if self._takes(self.ngram.lookup(context, 1)) else self.model_drafter.source
+        return self.ngram.source if self._takes(self._lookup(context, 1)) else self.model_drafter.source
+
+    def _lookup(self, context: list[int], k: int) -> Match:
+        key = (len(context), *context[-self.ngram.max_ngram :])
+        if self._last is None or self._last[0] != key or self._last[1] < k:
+            self._last = (key, max(k, K_MAX), self.ngram.lookup(context, max(k, K_MAX)))
+        match = self._last[2]
+        return dataclasses.replace(match, tokens=match.tokens[:k])
 
     def _takes(self, match: Match) -> bool:
         return bool(match.tokens) and match.length >= self.min_match and match.evidence()[0] >= self.min_chance
@@ -45,7 +56,7 @@ class HybridDrafter:
         step: DraftStep,
     ) -> Drafts:
         # The same test as `next_source`, on the same lookup.
-        match = self.ngram.lookup(context, k)
+        match = self._lookup(context, k)
         if self._takes(match):
             return self.ngram.drafts(match, step)
         return self.model_drafter.propose(context, k, step)
@@ -53,6 +64,3 @@ class HybridDrafter:
     def sync(self, context: list[int]) -> None:
         self.model_drafter.sync(context)
         self.ngram.sync(context)
-
-    def guesses(self, context: list[int]) -> list[Guess]:
-        return self.ngram.guesses(context)

@@ -27,11 +27,9 @@ and holds the ablation that decided what stays):
   only says "speculate": `keep_drafting` stops the draft when one more token no
   longer raises the step's expected tokens per second, with the draft's
   confidence calibrated online against what the verifier accepted. Proposers
-  without a confidence draft K* tokens, and every `explore_every`
+  without a confidence (prompt lookup) draft K* tokens, and every `explore_every`
   steps up to K* + 2 where that loses under `explore_budget`, to keep estimates for
-  deeper positions. Prompt lookup proposes whole drafts with each one's prior chance
-  (`worth` verifies the prefix that pays), and the bins that calibrate those chances
-  learn from every step's lookup, drafted or not (`StepEvent.guesses`).
+  deeper positions.
 - Trees. After each draft token the draft model also reports its runner-up's
   probability; `branch` adds the runner-up as a sibling leaf (checked in the same
   verifier pass) where the chance it is taken, times what a token is worth in the
@@ -243,11 +241,6 @@ class AdaptiveK:
     def observe(self, event: StepEvent) -> None:
         if self.owns_costs:
             self.costs.observe(event)
-        if event.guesses and self.source in WHOLE_DRAFTS:
-            # What prompt lookup would have drafted on a step that did not draft it, scored: its evidence
-            # calibrated on every step, not only on those it drafted (drafting.Guess). Whether it drafts at
-            # all is still decided as before its first verified draft (`choose`).
-            self.acceptance.calibrated.observe([g.chance for g in event.guesses], [g.right for g in event.guesses])
         if event.n_drafted and event.draft_source != self.source:
             return  # another drafter's step (an n-gram proposal in a hybrid): not this one's acceptance
         if not event.tokens and event.n_drafted == 0:

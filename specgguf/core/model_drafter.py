@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .drafting import Drafts, DraftStep, Guess, Source, add_forced, common_prefix
+from .drafting import Drafts, DraftStep, Source, add_forced, common_prefix
 from .model import Model
 from .sampling import apply_penalties, mask_logits, sample_token, sparse_distribution
 
@@ -135,9 +135,6 @@ class ModelDrafter:
         # chain's token there), never the newest token: it rides in with the next proposal.
         self._agreed = min(self._agreed_with(context), len(context) - 1)
         self.model.rewind(self._agreed)
-
-    def guesses(self, context: list[int]) -> list[Guess]:
-        return []  # it proposes only when asked to draft
 
     def _agreed_with(self, context: list[int]) -> int:
         """How much of `context` the cache holds (it agreed up to the last sync: only what came since is compared)."""

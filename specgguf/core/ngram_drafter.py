@@ -3,16 +3,14 @@ the longest suffix n-gram of the context, or what the session n-gram cache saw; 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .drafting import Drafts, DraftStep, Guess, Source, common_prefix, fixed_drafts
+from .drafting import Drafts, DraftStep, Source, common_prefix, fixed_drafts
 from .ngram_cache import SessionNgrams
-from .rounds import K_MAX
 
 # The chance a prompt-lookup draft is right, given the drafts before it were, by the length of the
 # match it continues (index; the last stands for longer ones) and where that match's continuation is:
@@ -48,22 +46,6 @@ class Match:
         return chances
 
 
-@dataclass
-class _Lookup:
-    """A step's lookup, kept for the step's second look (`propose` after `next_source`) and for `guesses`:
-    the context it was made on (the engine's list, which only grows) and its length then, how many
-    tokens it asked for, its match, and whether the step drafted it."""
-
-    context: list[int]
-    n_context: int
-    asked: int
-    match: Match
-    drafted: bool = False
-
-    def made_on(self, context: list[int]) -> bool:
-        return context is self.context and len(context) == self.n_context
-
-
 class NgramDrafter:
     """Prompt lookup: continue the longest recent n-gram match in prompt + output; with a
     `session` cache (ngram_cache.py), what followed n-grams anywhere in the session where the
@@ -79,10 +61,9 @@ class NgramDrafter:
         self._history: Sequence[int] = []  # the last answer's context (the engine's list), ...
         self._n_learned = 0  # ... learned this far
         self._n_prompt = 0  # the answer's prompt: a match's continuation before this is a copy of it
-        self._guess: _Lookup | None = None  # the newest lookup; None once `guesses` scored it
 
     def prepare(self, prompt_tokens: Sequence[int]) -> None:
-        self._n_prompt, self._guess = len(prompt_tokens), None  # a new answer: never the last one's lookup
+        self._n_prompt = len(prompt_tokens)
         if self.session is not None:
             # A chat's next prompt repeats the conversation so far: only what is new is counted.
             self.session.learn(prompt_tokens, start=common_prefix(self._history[: self._n_learned], prompt_tokens))
@@ -98,7 +79,6 @@ class NgramDrafter:
         return 1 << 30
 
     def next_source(self, context: list[int]) -> Source:
-        self.lookup(context, K_MAX)  # every step looks: what it would draft is scored by `guesses`
         return self.source
 
     def unread(self, context: list[int]) -> int:
@@ -106,14 +86,7 @@ class NgramDrafter:
 
     def lookup(self, context: list[int], k: int) -> Match:
         """Up to k tokens that followed the longest suffix n-gram's latest earlier occurrence, with the
-        evidence for them (no tokens, length 0: no match). The step's first lookup is kept: a second on
-        the same context (`propose` after `next_source`) reuses it, and `guesses` scores it."""
-        guess = self._guess
-        if guess is None or not guess.made_on(context) or guess.asked < k:
-            guess = self._guess = _Lookup(context, len(context), max(k, K_MAX), self._find(context, max(k, K_MAX)))
-        return dataclasses.replace(guess.match, tokens=guess.match.tokens[:k])
-
-    def _find(self, context: list[int], k: int) -> Match:
+        evidence for them (no tokens, length 0: no match)."""
         history = np.asarray(context[-self.window :], dtype=np.int64)
         m, last = self.min_ngram, len(history) - 1
         if last >= m:
@@ -154,24 +127,7 @@ class NgramDrafter:
         n = step.worth(evidence) if step.worth is not None else len(evidence)
         drafts = fixed_drafts(match.tokens[:n], step, self.source)
         drafts.confidence = evidence[:n]
-        if drafts.tokens and self._guess is not None:
-            self._guess.drafted = True  # verified by the step: it teaches the policy itself
         return drafts
 
     def sync(self, context: list[int]) -> None:
         self.learn(context)
-
-    def guesses(self, context: list[int]) -> list[Guess]:
-        """The newest lookup, had it been drafted, scored against the tokens the verifier settled on since:
-        each guessed token's prior chance and whether it was right, up to the first wrong one or the
-        context's end (after a plain step, one token). Once: the lookup is then forgotten."""
-        guess, self._guess = self._guess, None
-        if guess is None or guess.drafted:
-            return []
-        scored: list[Guess] = []
-        match = guess.match
-        for token, chance, actual in zip(match.tokens, match.evidence(), context[guess.n_context :]):
-            scored.append(Guess(chance, token == actual))
-            if token != actual:
-                break
-        return scored
