@@ -17,6 +17,9 @@ leaves out everything but verify passes (sampling, the engine's own time), so it
 `default ÷ -k 0`. Quiet machine only (it measures the curve):
 
     .venv/bin/python scripts/copy_bound.py -m ~/.cache/specgguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf -n 128
+
+`--out FILE` keeps the curve and, per prompt, the answer, both runs, the bounds and the verifier's
+probability of each token it wrote: what scripts/policy_replay.py replays.
 """
 
 from __future__ import annotations
@@ -33,36 +36,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ngram_evidence import replay  # noqa: E402
+from ngram_evidence import answer_with_confidence, replay  # noqa: E402
 
 from specgguf.bench.machine import cpu  # noqa: E402
 from specgguf.bench.suite import load_suite  # noqa: E402
 from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.core.costs import measure  # noqa: E402
-from specgguf.core.drafting import NoDrafter  # noqa: E402
-from specgguf.core.engine import FixedK, speculate  # noqa: E402
-from specgguf.core.sampling import SamplingSettings  # noqa: E402
 from specgguf.llama.loaded import ModelSettings  # noqa: E402
-
-
-def answer_with_confidence(verifier, tokens: list[int], n: int) -> tuple[list[int], list[float]]:
-    """The verifier's greedy answer alone, and its probability for each token it wrote (T 1 softmax)."""
-    out: list[int] = []
-    chances: list[float] = []
-    for event in speculate(
-        verifier=verifier,
-        drafter=NoDrafter(),
-        prompt_tokens=tokens,
-        k=FixedK(0),
-        max_tokens=n,
-        settings=SamplingSettings(temperature=0.0),
-        rng=np.random.default_rng(0),
-    ):
-        for token, row in zip(event.tokens, event.target_logits if event.target_logits is not None else []):
-            row = row.astype(np.float64)
-            chances.append(float(1.0 / np.exp(row - row[token]).sum()))
-        out += event.tokens
-    return out, chances
 
 
 def copy_runs(prompt: list[int], reply: list[int]) -> list[int]:

@@ -29,8 +29,10 @@ from specgguf.core.sampling import SamplingSettings  # noqa: E402
 from specgguf.llama.loaded import ModelSettings  # noqa: E402
 
 
-def answer(verifier, tokens: list[int], n: int) -> list[int]:
+def answer_with_confidence(verifier, tokens: list[int], n: int) -> tuple[list[int], list[float]]:
+    """The verifier's greedy answer alone, and its probability for each token it wrote (T 1 softmax)."""
     out: list[int] = []
+    chances: list[float] = []
     for event in speculate(
         verifier=verifier,
         drafter=NoDrafter(),
@@ -40,8 +42,15 @@ def answer(verifier, tokens: list[int], n: int) -> list[int]:
         settings=SamplingSettings(temperature=0.0),
         rng=np.random.default_rng(0),
     ):
+        for token, row in zip(event.tokens, event.target_logits if event.target_logits is not None else []):
+            row = row.astype(np.float64)
+            chances.append(float(1.0 / np.exp(row - row[token]).sum()))
         out += event.tokens
-    return out
+    return out, chances
+
+
+def answer(verifier, tokens: list[int], n: int) -> list[int]:
+    return answer_with_confidence(verifier, tokens, n)[0]
 
 
 def replay(prompt: list[int], reply: list[int], *, max_ngram: int, min_ngram: int, k: int) -> list[dict]:
