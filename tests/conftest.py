@@ -4,6 +4,7 @@ and real models from PyPI)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -34,6 +35,27 @@ def _missing(reason: str) -> NoReturn:
 def _isolated_cache(tmp_path_factory):
     """Keep tests away from the user's config; reuse the model cache (assembled files are verified)."""
     os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))
+
+
+def _tuning_entries(path: Path) -> set[tuple[str, str]]:
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return set()
+    return {(machine, entry) for machine, entries in stored.items() if isinstance(entries, dict) for entry in entries}
+
+
+@pytest.fixture(autouse=True)
+def _session_tuning_kept(request):
+    """A test that writes the session's tuning.json whole (instead of its own, `config_home`) drops what
+    earlier tests measured, and every later test of that pair measures it again (~25 s for the default
+    pair): such a test fails here, naming what it dropped."""
+    path = Path(os.environ["XDG_CONFIG_HOME"]) / "specgguf" / "tuning.json"
+    before = _tuning_entries(path)
+    yield
+    dropped = before - _tuning_entries(path)
+    if dropped:
+        pytest.fail(f"{request.node.nodeid} dropped {sorted(dropped)} from the session's {path}: use `config_home`")
 
 
 @pytest.fixture(scope="session")
