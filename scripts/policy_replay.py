@@ -176,7 +176,7 @@ def main() -> None:
     overrides: dict[str, Any] = {}
     for key, _, value in (item.partition("=") for item in args.config):
         overrides[key] = float(value) if key in FLOAT_FIELDS else int(value)
-    config = PolicyConfig(**overrides)
+    config = PolicyConfig(**overrides) if overrides else None  # None: as `run` makes it
     if prepared.draft is not None:  # the draft model's passes cost its measured time a token on the clock
         eval_draft, per_token = prepared.draft.eval, prepared.costs.draft
 

@@ -42,6 +42,8 @@ def _tuning_entries(path: Path) -> set[tuple[str, str]]:
         stored = json.loads(path.read_text())
     except (OSError, ValueError):
         return set()
+    if not isinstance(stored, dict):
+        return set()
     return {(machine, entry) for machine, entries in stored.items() if isinstance(entries, dict) for entry in entries}
 
 
