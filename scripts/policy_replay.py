@@ -23,11 +23,12 @@ greedy answer). Counts only: it may run on a busy machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +46,28 @@ from specgguf.files.resolve import ResolvedPair  # noqa: E402
 from specgguf.kchoice import KChoice  # noqa: E402
 from specgguf.prepare import DraftOptions, LoadOptions, prepare  # noqa: E402
 
-FLOAT_FIELDS = {
-    "decay",
-    "prior_acceptance",
-    "prior_drafts",
-    "doubt",
-    "probe_budget",
-    "explore_budget",
-    "calibration_decay",
-    "worth_trying",
-}
+
+def policy_config(items: list[str]) -> PolicyConfig | None:
+    """PolicyConfig with `field=value` overrides, each read as its field's type; None for none (as `run`
+    makes it). Raises ValueError naming a field it has not, or a value its type does not read."""
+    if not items:
+        return None
+    types = {field.name: field.type for field in dataclasses.fields(PolicyConfig)}
+    readers: dict[str, Callable[[str], Any]] = {
+        "int": int,
+        "float": float,
+        "bool": lambda text: {"true": True, "false": False}[text.lower()],
+    }
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in types:
+            raise ValueError(f"PolicyConfig has no field {key!r} (it has {', '.join(types)})")
+        try:
+            overrides[key] = readers[str(types[key])](value)
+        except (KeyError, ValueError):
+            raise ValueError(f"{item!r}: {key} is a {types[key]}") from None
+    return PolicyConfig(**overrides)
 
 
 class Clock:
@@ -120,8 +133,9 @@ class OracleVerifier:
         return token == self.eog
 
 
-def replay_one(prepared, prompt: list[int], answer: list[int], verify: list[float], clock: Clock, config=None) -> dict:
-    eog = next(t for t in range(prepared.verifier.n_vocab) if prepared.verifier.is_eog(t))
+def replay_one(
+    prepared, prompt: list[int], answer: list[int], verify: list[float], clock: Clock, *, eog: int, config=None
+) -> dict:
     oracle = OracleVerifier(prompt, answer, n_vocab=prepared.verifier.n_vocab, eog=eog, verify=verify, clock=clock)
     policy, _ = prepared.policy(KChoice("adaptive"), temperature=0.0, drafter=prepared.options.drafter, config=config)
     drafter = prepared.drafter(prepared.options.drafter, session=SessionNgrams())
@@ -168,15 +182,16 @@ def main() -> None:
     parser.add_argument("--config", action="append", default=[], help="a PolicyConfig field=value to try (repeatable)")
     parser.add_argument("--steps", action="store_true", help="print each step: kept/drafted, or . for a plain one")
     args = parser.parse_args()
+    try:
+        config = policy_config(args.config)
+    except ValueError as error:
+        parser.error(str(error))
     stored = json.loads(args.answers.read_text())
     verify = stored["verify"]
     pair = ResolvedPair(verifier=args.m, draft=args.md, name=None, recommended_k=None)
     prepared = prepare(pair, LoadOptions(n_ctx=4096, n_threads=2), DraftOptions())
     clock = Clock()
-    overrides: dict[str, Any] = {}
-    for key, _, value in (item.partition("=") for item in args.config):
-        overrides[key] = float(value) if key in FLOAT_FIELDS else int(value)
-    config = PolicyConfig(**overrides) if overrides else None  # None: as `run` makes it
+    eog = next(t for t in range(prepared.verifier.n_vocab) if prepared.verifier.is_eog(t))  # past the answer
     if prepared.draft is not None:  # the draft model's passes cost its measured time a token on the clock
         eval_draft, per_token = prepared.draft.eval, prepared.costs.draft
 
@@ -195,7 +210,7 @@ def main() -> None:
             if chosen is not None and entry["prompt"] not in chosen:
                 continue
             tokens = prompts.question(texts[entry["prompt"]], raw=False, system=None)
-            row = replay_one(prepared, tokens, entry["reply"], verify, clock, config)
+            row = replay_one(prepared, tokens, entry["reply"], verify, clock, eog=eog, config=config)
             rows.append((entry, row))
             sizes = {n: row["passes"].count(n) for n in sorted(set(row["passes"]))}
             print(

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 # Each test's kind (unit, gguf, live) from what it uses, and the guard that fails a test doing more
 # than its kind says (tests/kinds.py; tests/test_kinds.py plants tests that break the rules).
 from kinds import _kind_guard, pytest_collection_modifyitems  # noqa: F401 - the fixture and hook pytest finds here
+from specgguf.files.tuning_file import tuning_path
 from tiny_gguf import write_tiny_llama
 
 IN_CI = os.environ.get("CI") == "true"
@@ -52,7 +53,7 @@ def _session_tuning_kept(request):
     """A test that writes the session's tuning.json whole (instead of its own, `config_home`) drops what
     earlier tests measured, and every later test of that pair measures it again (~25 s for the default
     pair): such a test fails here, naming what it dropped."""
-    path = Path(os.environ["XDG_CONFIG_HOME"]) / "specgguf" / "tuning.json"
+    path = tuning_path()  # the session's, read before a test's own `config_home` replaces it
     before = _tuning_entries(path)
     yield
     dropped = before - _tuning_entries(path)

@@ -190,7 +190,8 @@ def compare(answer: Reply, reference: Reply) -> Comparison:
     a, b = answer.text, reference.text
     if a == b:
         return Comparison("equal")
-    if _as_call(a) == _as_call(b) is not None:
+    call = _as_call(b)
+    if call is not None and _as_call(a) == call:
         return Comparison("call")
     position = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     return Comparison("prefix" if position == min(len(a), len(b)) else "differs", position)

@@ -84,11 +84,10 @@ def total_lines(trace_name: str, rows: list[Row]) -> list[str]:
         relative = f"{total.seconds / reference:.2f}× ref" if reference > 0 else "—"
         if best_llama:
             relative += f", {total.seconds / best_llama:.2f}× best llama-server"
-        same = "(ref)" if total.n_compared == 0 else f"{total.n_equal}/{total.n_compared} equal"
-        if total.n_compared and total.n_calls:
-            same += f", {total.n_calls} the same call"
-        if total.n_compared:
-            same += f", {total.n_prefix} prefix"
+        calls = f", {total.n_calls} the same call" if total.n_calls else ""
+        same = (
+            f"{total.n_equal}/{total.n_compared} equal{calls}, {total.n_prefix} prefix" if total.n_compared else "(ref)"
+        )
         speed = "—" if total.tokens_per_second is None else f"{total.tokens_per_second:.1f}"
         lines.append(
             f"  {total.name:<28} total {total.seconds:8.1f} s ({relative})  mean ttft {_seconds(total.mean_ttft_s)} s"
