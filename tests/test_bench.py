@@ -55,7 +55,8 @@ def test_report_structure(report):
             assert row["acceptance_by_position"] == [] and row["tokens_per_step"] == 1.0
         else:
             assert len(row["acceptance_by_position"]) >= 1
-    # Lookups draft from the first step; a draft model on these tiny models may wait out both prompts.
+    # Lookups draft from the second step (the first token is the prompt pass's); a draft model on these
+    # tiny models may wait out both prompts.
     for drafter in ("ngram", "hybrid"):
         assert any(row["acceptance_rate"] is not None for row in result["settings"] if row["drafter"] == drafter)
 

@@ -203,11 +203,16 @@ def _block_settings(temperature):
     return replace(_settings(temperature), acceptance="block")
 
 
-def _engine_p_value(kind, settings, *, seed, n_sequences):
+def _engine_p_value(kind, settings, *, seed, n_sequences, length=LENGTH):
     drafter, policy = _path(kind)
-    tally = _tally(drafter, policy, settings, length=LENGTH, seed=seed, n_sequences=n_sequences)
+    tally = _tally(drafter, policy, settings, length=length, seed=seed, n_sequences=n_sequences)
     assert tally.sources == SOURCES[kind]
-    return _p_value(tally.counts, _law(settings, LENGTH))
+    return _p_value(tally.counts, _law(settings, length))
+
+
+# A planted rule is checked on answers one token longer: more of their steps draft (the first token is
+# the prompt pass's), and a wrong tau shows in their law (4,000 answers of 4 tokens: p 0.01-0.08).
+PLANTED_LENGTH = LENGTH + 1
 
 
 @pytest.mark.slow
@@ -235,7 +240,7 @@ def _decided_from_the_start(*, target_probs, draft_probs, draft_tokens, rng):
 
 def test_deciding_tau_from_the_start_fails_the_check(monkeypatch):
     monkeypatch.setattr(specgguf.core.engine, "accept_block", _decided_from_the_start)
-    assert _engine_p_value("model", _block_settings(0.5), seed=42, n_sequences=4000) < 1e-12
+    assert _engine_p_value("model", _block_settings(0.5), seed=42, n_sequences=4000, length=PLANTED_LENGTH) < 1e-12
 
 
 def test_weights_capped_per_position_emit_what_the_verifier_never_does(monkeypatch):

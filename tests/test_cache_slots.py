@@ -121,6 +121,7 @@ def test_a_hot_vocabulary_draft_restored_from_a_slot_holds_the_very_tokens_it_ha
     for _ in range(8):
         expected.append(_counting(expected))
     assert _answer(verifier, draft, follow_up) == expected[len(follow_up) :]  # the verifier's argmax
-    # It read only what its restored cache lacked (a catch-up, then its first draft row's token).
-    first_reads = inner.eval_calls[n_calls] + inner.eval_calls[n_calls + 1]
-    assert first_reads == HOT_FEED[follow_up[len(held) :]].tolist()
+    # It read only what its restored cache lacked: a catch-up over the prompt's rest and the first token
+    # (the prompt pass's), then its first draft's row.
+    assert inner.eval_calls[n_calls] == HOT_FEED[follow_up[len(held) :]].tolist()
+    assert inner.eval_calls[n_calls + 1] == HOT_FEED[expected[len(follow_up) : len(follow_up) + 1]].tolist()

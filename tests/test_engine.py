@@ -83,10 +83,11 @@ def test_newest_token_rides_in_the_verify_batch():
     verifier, draft = _models(draft_choice=sometimes_wrong)
     events, _ = _run(verifier, draft, k=4, prompt=(1, 2, 3))
     prompt_call, *step_calls = verifier.eval_calls
-    assert prompt_call == [1, 2, 3]  # its last row scores the answer's first token: the first step's drafts alone
+    assert prompt_call == [1, 2, 3]  # its last row scores the answer's first token: the first step makes no pass
     first, *later = events
-    assert first.n_drafted and len(step_calls[0]) == first.n_drafted
-    assert [len(call) for call in step_calls[1:]] == [1 + event.n_drafted for event in later]
+    assert not first.n_drafted and len(first.tokens) == 1  # out as soon as the prompt is read
+    assert [len(call) for call in step_calls] == [1 + event.n_drafted for event in later]
+    assert any(event.n_drafted for event in later)
 
 
 def test_plain_decoding_takes_its_first_token_from_the_prompt_pass():
@@ -104,10 +105,11 @@ def test_plain_decoding_takes_its_first_token_from_the_prompt_pass():
 def test_all_accepted_gives_a_bonus_token_and_the_draft_catches_up():
     verifier, draft = _models()
     events, tokens = _run(verifier, draft, k=4, max_tokens=15)
-    assert [len(event.tokens) for event in events] == [5, 5, 5]
-    assert all(event.n_accepted == 4 and not event.rejected for event in events)
+    # The prompt pass's token, then 4 drafts and a bonus a step (the last cut to the answer's room).
+    assert [len(event.tokens) for event in events] == [1, 5, 5, 4]
+    assert all(event.n_accepted == len(event.tokens) - 1 and not event.rejected for event in events)
     # The draft never saw its 4th draft; it arrives with the bonus token in one call.
-    assert draft.eval_calls[4] == [tokens[3], tokens[4]]  # after [1], [2], [3], [4]
+    assert draft.eval_calls[4] == [tokens[4], tokens[5]]  # after [1, 2] (the prompt and the first token), [3], [4], [5]
 
 
 def test_eos_inside_an_accepted_draft_ends_generation():
@@ -115,7 +117,8 @@ def test_eos_inside_an_accepted_draft_ends_generation():
     verifier, draft = _models(ends_after_4, ends_after_4)
     events, tokens = _run(verifier, draft, k=8)
     assert tokens == [2, 3, 4]
-    assert events[-1].stop == "eos" and events[-1].n_drafted == 4  # drafting stopped at EOS
+    # After the first token (the prompt pass's): 3, 4, EOS drafted, and drafting stopped at EOS.
+    assert events[-1].stop == "eos" and events[-1].n_drafted == 3
 
 
 def test_eos_drafted_but_refused_goes_on():
@@ -203,16 +206,17 @@ def test_a_draft_model_reads_a_long_prompt_only_once_the_answer_has_run_as_long(
     assert events[0].draft_source is None and not events[0].draft_catchup_seconds  # nothing waited yet
     assert events[1].draft_source == "model" and events[1].draft_catchup_seconds > 0
     assert draft.eval_calls[0] == LONG  # the whole context but its newest token (8)
-    # A short prompt is read at once: the first step drafts.
+    # A short prompt is read at once: the first step that drafts (the second: the first is the prompt
+    # pass's token) drafts with the model.
     short, _ = _run(*_models(draft_choice=sometimes_wrong), k=3, max_tokens=12, prompt=LONG[1:], kind=kind)
-    assert short[0].draft_source == "model"
+    assert short[0].draft_source is None and short[1].draft_source == "model"
 
 
-def test_prompt_lookup_drafts_from_the_first_step_after_a_long_prompt(monkeypatch):
+def test_prompt_lookup_drafts_from_the_first_step_that_can_after_a_long_prompt(monkeypatch):
     monkeypatch.setattr(engine.Reading, "after_prefill", classmethod(lambda cls, seconds, n: cls(0.01)))
     prompt = [1 + i % 8 for i in range(LONG_READ + 1)]  # counting goes on as the prompt repeats
     events, tokens = _run(*_models(), k=3, max_tokens=8, prompt=prompt, kind="hybrid")
-    assert tokens == _plain_greedy(counting, prompt, 8) and events[0].draft_source == "ngram"
+    assert tokens == _plain_greedy(counting, prompt, 8) and events[1].draft_source == "ngram"
 
 
 def test_the_reading_rule_waits_for_the_answer_then_learns_the_measured_cost():
@@ -408,7 +412,7 @@ def test_greedy_tree_takes_the_sibling_the_verifier_wants_and_keeps_both_caches_
     assert output == chain_output == _plain_greedy(counting, [1], 30)
     assert verifier.tree_calls and sum(event.siblings_accepted for event in events) > 0
     # Where the chain breaks, the sibling is what the verifier wanted: one more token that pass.
-    assert events[0].accepted == chain_events[0].accepted + [chain_events[0].verifier_token]
+    assert events[1].accepted == chain_events[1].accepted + [chain_events[1].verifier_token]  # (0: the prompt pass's)
     context = [1, *output]
     assert verifier.cached == context[: verifier.n_past] and draft.cached == context[: draft.n_past]
 

@@ -276,7 +276,7 @@ def test_a_draft_that_cannot_score_what_the_grammar_allows_ends_its_draft_there(
                 drafter=ModelDrafter(draft),
                 prompt_tokens=PROMPT,
                 k=FixedK(3),
-                max_tokens=LENGTH if temperature else 12,
+                max_tokens=LENGTH + 1 if temperature else 12,  # (the first token is the prompt pass's)
                 settings=settings,
                 rng=rng,
                 constraint=grammar,
@@ -288,7 +288,7 @@ def test_a_draft_that_cannot_score_what_the_grammar_allows_ends_its_draft_there(
         if temperature == 0.0:
             assert output == _masked_greedy(GREEDY_TARGET, 12)  # the verifier's masked argmax per step
         else:
-            assert support[tuple(output)]
+            assert support[tuple(output[:LENGTH])]
     assert any(0 in chain for chain in chains)  # it drafted a 0 ...
     if forcing:  # ... then the grammar's 3, and drafted on
         assert any(chain[i : i + 3] == [0, 3, 0] for chain in chains for i in range(len(chain)))

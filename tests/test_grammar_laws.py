@@ -35,7 +35,7 @@ from test_laws import (
     _tally,
 )
 
-LENGTH = 4
+LENGTH = 5  # the first token is the prompt pass's (a plain step): four positions speculated
 
 
 class CanonicalForced(TableConstraint):
@@ -104,23 +104,28 @@ def _after_zero():
     )
 
 
-# A prompt whose lookup drafts 0, 1, 2 after its last 2: cut after the 0 (the grammar forbids the 1), where
-# the grammar's forced 4 follows as the draft's tail.
-LOOKUP_PROMPT = [2, 0, 1, 2]
+# A prompt whose lookup drafts 0, 1 after its last 2 and whatever first token follows it ("2, v" is
+# followed by 0, 1 for every v): cut after the 0 (the grammar forbids the 1), where the grammar's forced
+# 4 follows as the draft's tail. (The first token is the prompt pass's, drawn plain: lookups start after it.)
+LOOKUP_PROMPT = [token for v in range(VOCAB) for token in (2, v, 0, 1)] + [2]
+# A planted rule is checked on answers one token longer than the law tests': more of their steps draft.
+PLANTED_LENGTH = LENGTH + 1
 
 
-def _grammar_tally(grammar: Callable[[], Constraint], settings, *, seed, n_sequences=20_000, drafter="model"):
+def _grammar_tally(
+    grammar: Callable[[], Constraint], settings, *, seed, n_sequences=20_000, drafter="model", length=LENGTH
+):
     tally = _tally(
         ModelDrafter(_draft_model()) if drafter == "model" else NgramDrafter(min_ngram=1),
         FixedK(3),
         settings,
-        length=LENGTH,
+        length=length,
         seed=seed,
         n_sequences=n_sequences,
         grammar=grammar,
     )
     assert drafter in tally.sources and tally.sources <= {drafter, "grammar"}
-    return tally, _law(settings, LENGTH, grammar())
+    return tally, _law(settings, length, grammar())
 
 
 def _inner_forced(monkeypatch, add=add_forced, module=specgguf.core.model_drafter) -> list[int]:
@@ -159,7 +164,7 @@ def _unchecked(tokens, step, source):
 @pytest.mark.parametrize("grammar", list(GRAMMARS))
 def test_forced_tokens_taken_unchecked_fail_the_check(monkeypatch, grammar):
     monkeypatch.setattr(specgguf.core.forced_drafter, "fixed_drafts", _unchecked)
-    tally, law = _grammar_tally(GRAMMARS[grammar], _settings(0.5), seed=42, n_sequences=4000)
+    tally, law = _grammar_tally(GRAMMARS[grammar], _settings(0.5), seed=42, n_sequences=4000, length=PLANTED_LENGTH)
     assert not tally.forced_refused
     assert _p_value(tally.counts, law) < 1e-12
 
@@ -175,7 +180,7 @@ def _unchecked_inside(drafts, step, *, room):
 def test_forced_tokens_inside_a_chain_taken_unchecked_fail_the_check(monkeypatch):
     inner = _inner_forced(monkeypatch, _unchecked_inside)
     # At T 1.5 the verifier takes the other tokenization (3 then 4) after a drafted 0 often enough to show.
-    tally, law = _grammar_tally(_forced, _settings(1.5), seed=44, n_sequences=4000)
+    tally, law = _grammar_tally(_forced, _settings(1.5), seed=44, n_sequences=6000, length=PLANTED_LENGTH)
     assert inner
     assert _p_value(tally.counts, law) < 1e-12
 
@@ -193,7 +198,9 @@ def test_prompt_lookup_drafts_with_forced_tails_follow_the_masked_processed_law(
 def test_forced_tails_taken_unchecked_fail_the_check(monkeypatch):
     monkeypatch.setattr(test_laws, "PROMPT", LOOKUP_PROMPT)
     tail = _inner_forced(monkeypatch, _unchecked_inside, module=specgguf.core.forced_drafter)
-    tally, law = _grammar_tally(_after_zero, _settings(0.5), seed=46, n_sequences=4000, drafter="ngram")
+    tally, law = _grammar_tally(
+        _after_zero, _settings(0.5), seed=46, n_sequences=4000, drafter="ngram", length=PLANTED_LENGTH
+    )
     assert tail
     assert _p_value(tally.counts, law) < 1e-12
 
@@ -201,5 +208,7 @@ def test_forced_tails_taken_unchecked_fail_the_check(monkeypatch):
 @pytest.mark.slow
 def test_a_draft_reporting_q_without_temperature_under_a_grammar_fails_the_check(monkeypatch):
     monkeypatch.setattr(ModelDrafter, "propose", _misreporting("temperature"))
-    tally, law = _grammar_tally(_forced, _settings(0.5), seed=43, n_sequences=PLANT_SEQUENCES["temperature"])
+    tally, law = _grammar_tally(
+        _forced, _settings(0.5), seed=43, n_sequences=PLANT_SEQUENCES["temperature"], length=PLANTED_LENGTH
+    )
     assert _p_value(tally.counts, law) < 1e-12

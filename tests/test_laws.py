@@ -165,7 +165,7 @@ def _path(kind) -> tuple[Drafter, KPolicy]:
     return ModelDrafter(_draft_model()), Siblings() if kind == "tree" else FixedK(3)
 
 
-LENGTH = 3
+LENGTH = 4  # the first token is the prompt pass's (a plain step): three positions speculated
 PATHS = ["model", "hybrid", "tree"]
 SOURCES = {"model": {"model"}, "hybrid": {"model", "ngram"}, "tree": {"model"}}
 

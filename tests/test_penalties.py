@@ -64,7 +64,7 @@ def test_greedy_decoding_follows_the_penalised_argmax():
 # --- The loop's output law with penalties: penalised plain decoding -----------------------
 
 VOCAB = 3
-LENGTH = 3
+LENGTH = 4  # the first token is the prompt pass's (a plain step): three positions speculated
 PROMPT = [0, 1, 2, 0, 1]
 
 

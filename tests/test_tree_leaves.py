@@ -52,7 +52,7 @@ def test_siblings_stop_at_the_verifiers_leaf_limit(options):
     )
     leaves = [_leaves(parents) for _, parents in verifier.tree_calls]
     assert leaves and max(leaves) == max_leaves  # as many siblings as fit, and no more
-    assert events[0].n_siblings == max_leaves - 1 and events[0].chain_drafted == K_MAX
+    assert events[1].n_siblings == max_leaves - 1 and events[1].chain_drafted == K_MAX  # (0: the prompt pass's)
     output = [token for event in events for token in event.tokens]
     expected = [2]
     for _ in range(60):

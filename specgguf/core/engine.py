@@ -135,9 +135,12 @@ def speculate(
     policy = FixedK(k) if isinstance(k, int) else k
     start = time.perf_counter()
     # The prompt's pass reads all of it (what a cache already holds, an earlier chat turn, is kept) and its
-    # last row scores the answer's first token: no pass of its own. From then on the verifier's cache holds
-    # all of the context but its newest token, which rides in the next batch. A draft model catches up when
-    # it drafts (model_drafter.py), a long read once it pays (reading.py).
+    # last row scores the answer's first token: the first step is plain, with no pass of its own, so the
+    # first token goes out as soon as the prompt is read. (Drafting there would cost the same rows, the
+    # drafts after the first token then riding with it in the next batch, and hold the first token back by
+    # a pass.) From then on the verifier's cache holds all of the context but its newest token, which rides
+    # in the next batch. A draft model catches up when it drafts (model_drafter.py), a long read once it
+    # pays (reading.py).
     ready: np.ndarray | None  # the row scoring what follows the context, while no pass has (the first step)
     n_read, ready = ingest(verifier, prompt_tokens)
     drafter.prepare(prompt_tokens)
@@ -149,7 +152,7 @@ def speculate(
         room = min(verifier.n_ctx - len(context), drafter.room(len(context)), max_tokens - n_emitted - 1)
         source = drafter.next_source(context)
         unread = drafter.unread(context) if source == "model" else 0
-        k_step = 0 if reading.defers(unread) else max(0, min(policy.choose(source), room))
+        k_step = 0 if ready is not None or reading.defers(unread) else max(0, min(policy.choose(source), room))
         t0 = time.perf_counter()
         drafts, walk = _propose(drafter, policy, context, k_step, verifier, settings, rng, constraint)
         t1 = time.perf_counter()
@@ -213,14 +216,12 @@ def _propose(
 
 
 def _score(verifier: Model, tree: VerifyTree, ready: np.ndarray | None) -> np.ndarray:
-    """The tree's logits rows, in one batched pass. Where the row scoring what follows the context is
-    `ready` (the first step: the prompt's pass made it, and the cache holds the whole context), the
-    pass holds only the drafts, and none is made for a step that drafted nothing."""
-    if ready is None:
-        return verifier.eval_tree(tree.tokens, tree.parents, n_logits=tree.n_rows)
-    if not tree.tokens:
+    """The tree's logits rows, in one batched pass; on the first step, which drafts nothing, the row the
+    prompt's pass made (`ready`: the cache holds the whole context), and no pass."""
+    if ready is not None:
+        assert not tree.tokens, "the first step drafts nothing"
         return ready
-    return np.concatenate([ready, verifier.eval_tree(tree.tokens, tree.parents, n_logits=len(tree.tokens))])
+    return verifier.eval_tree(tree.tokens, tree.parents, n_logits=tree.n_rows)
 
 
 def _through_end(emitted: list[int], verifier: Model) -> list[int]:
