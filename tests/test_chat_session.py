@@ -7,6 +7,7 @@ import pytest
 
 from specgguf.cli.chat_session import ChatSession
 from specgguf.conversation import Message
+from specgguf.core import reading
 from specgguf.core.drafting import common_prefix
 from specgguf.core.engine import FixedK, speculate
 from specgguf.core.model_drafter import ModelDrafter
@@ -86,7 +87,25 @@ def answer(session: ChatSession, question: str, *, stop_after: int | None = None
     return reply.finish(interrupted=stop_after is not None), reply.prompt_tokens
 
 
-def test_each_turn_evaluates_only_what_the_caches_do_not_hold_in_both_models(tiny_verifier, tiny_draft):
+def test_a_draft_that_left_a_long_prompt_unread_reports_none_of_it_read(tiny_verifier, tiny_draft, monkeypatch):
+    """The reading rule (core/reading.py) may leave a long prompt unread by the draft for all of a short
+    answer: the turn reports what each model really read, not what it lacked."""
+    monkeypatch.setattr(reading.Reading, "after_prefill", classmethod(lambda cls, seconds, n: cls(1.0)))  # 1 s a token
+    session = make_session(tiny_verifier, tiny_draft, system="you are a tiny model", max_tokens=4)
+    turn, prompt = answer(session, QUESTIONS[0])
+    assert len(prompt) > reading.LONG_READ  # long enough to wait for
+    assert turn.n_evaluated == {"verifier": len(prompt), "draft": 0}
+    assert session.draft.positions_below(len(prompt)) == 0
+    monkeypatch.undo()
+    monkeypatch.setattr(reading, "LONG_READ", 10**6)  # the next turn's draft reads at once what it lacks: all of it
+    turn, prompt = answer(session, QUESTIONS[1])
+    assert turn.n_evaluated["draft"] == session.draft.positions_below(len(prompt)) == len(prompt)
+
+
+def test_each_turn_evaluates_only_what_the_caches_do_not_hold_in_both_models(tiny_verifier, tiny_draft, monkeypatch):
+    # The draft reads every prompt at once: when it starts reading a long one depends on the machine's
+    # timings (core/reading.py; the test below covers a prompt it never reads).
+    monkeypatch.setattr(reading, "LONG_READ", 10**6)
     session = make_session(tiny_verifier, tiny_draft, system="you are a tiny model")
     models = {"verifier": session.verifier, "draft": session.draft}
     previous: list[int] = []  # the previous turn's prompt
@@ -212,7 +231,7 @@ class InterruptedOnce(CountingModel):
         raise KeyboardInterrupt
 
 
-def test_a_second_ctrl_c_inside_a_model_call_keeps_the_chat_going(tiny_verifier, tiny_draft):
+def test_a_second_ctrl_c_inside_a_model_call_keeps_the_chat_going(tiny_verifier, tiny_draft, monkeypatch):
     from io import StringIO
 
     from rich.console import Console
@@ -220,6 +239,7 @@ def test_a_second_ctrl_c_inside_a_model_call_keeps_the_chat_going(tiny_verifier,
     from specgguf.cli.chat import ChatRepl
     from specgguf.kchoice import KChoice
 
+    monkeypatch.setattr(reading, "LONG_READ", 10**6)  # the draft reads at once (not when the machine's timings say)
     session = make_session(tiny_verifier, tiny_draft)
     session.verifier = InterruptedOnce(session.verifier.model)
     lines = iter(["hello the cat", "and the dog"])

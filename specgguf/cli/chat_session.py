@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..conversation import Prompts
-from ..core.drafting import Drafter, reusable
+from ..core.drafting import Drafter, common_prefix, reusable
 from ..core.engine import KPolicy, StepEvent, speculate
 from ..core.sampling import SamplingSettings
 from ..core.stats import Generation, GenerationStats
@@ -140,6 +140,7 @@ class Reply:
         self.n_dropped = n_dropped
         self._start = start
         self._generation: Generation | None = None
+        self._kept: list[tuple[str, LoadedModel, int]] = []  # of the prompt, what each model held before it
         self._events = self._generate()
 
     def __iter__(self) -> Iterator[StepEvent]:
@@ -148,9 +149,10 @@ class Reply:
     def _generate(self) -> Generator[StepEvent, None, None]:
         session, turn, prompt = self.session, self.turn, self.prompt_tokens
         drafter = session.drafter if session.drafting else None
-        for name, model in (("verifier", session.verifier), ("draft", session.draft if drafter else None)):
+        for name, model in [("verifier", session.verifier), ("draft", session.draft if drafter else None)]:
             if model is not None:  # what the engine's ingest keeps; the rest, the last token too, is new
-                turn.n_evaluated[name] = len(prompt) - reusable(model.cached, prompt)
+                self._kept.append((name, model, reusable(model.cached, prompt)))
+                turn.n_evaluated[name] = len(prompt) - self._kept[-1][2]
         self._generation = Generation(
             speculate(
                 verifier=session.verifier,
@@ -177,6 +179,11 @@ class Reply:
         if self._generation is not None:
             self._generation.close()  # stamps the turn's generation time
         turn = self.turn
+        for name, model, kept in self._kept:
+            # What it really read of the prompt: a draft model may leave a long prompt unread for all of a
+            # short answer (core/reading.py), and an interrupted prompt's pass may read part of it.
+            held = min(len(self.prompt_tokens), common_prefix(model.cached, self.prompt_tokens))
+            turn.n_evaluated[name] = max(0, held - kept)
         if interrupted:
             turn.stop = "interrupted"
         self.session._record(turn)
