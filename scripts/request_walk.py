@@ -54,7 +54,8 @@ MARK = os.sep + "specgguf" + os.sep
 
 def package_file(code):
     name = code.co_filename
-    return name + ":" + code.co_qualname if MARK in name and "site-packages" not in name else None
+    qualname = getattr(code, "co_qualname", code.co_name)  # (Python 3.11 on)
+    return name + ":" + qualname if MARK in name and "site-packages" not in name else None
 
 def hook(frame, event, arg):
     if event != "call" or not record["on"]:

@@ -4,7 +4,8 @@ Replays a shipped trace's requests (bench/traces/) against llama-server (plain) 
 interleaved request by request, greedy, streamed. For each request: the client's time to the first
 piece of text, the server's own `timings.prompt_ms` (both servers report it), and their difference,
 the *overhead*: parsing, tokenizing, planning, whatever runs between the prompt's pass and the first
-token, and the trip back. A request whose first step drafted before its first token showed here as an
+token, and the trip back. Each request is sent as the trace holds it (a chat line's history is not
+replayed: bench_traces.py replays it). A request whose first step drafted before its first token showed here as an
 overhead of a verify pass or more (docs/benchmarks.md, "Time to first token").
 
     python scripts/ttft_overhead.py --vs-llama-server build/llama.cpp/bin/llama-server --trace editor
@@ -13,37 +14,21 @@ overhead of a verify pass or more (docs/benchmarks.md, "Time to first token").
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import time
 from pathlib import Path
 
 import httpx
 
 from specgguf.bench import trace_servers
-from specgguf.bench.trace_replay import Transcript, prepared_body
+from specgguf.bench.trace_replay import Transcript, prepared_body, send
 from specgguf.bench.traces import load_trace
 from specgguf.files.resolve import resolve_pair
-
-
-def timed(client: httpx.Client, url: str, body: dict) -> tuple[float | None, dict | None]:
-    """(seconds to the first text, the last event's `timings`)."""
-    start, first, timings = time.perf_counter(), None, None
-    with client.stream("POST", url, json=body, timeout=600) as response:
-        for line in response.iter_lines():
-            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                continue
-            event = json.loads(line[5:])
-            if event.get("content") and first is None:
-                first = time.perf_counter() - start
-            timings = event.get("timings") or timings
-    return first, timings
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vs-llama-server", type=Path, required=True, help="the llama-server program")
-    parser.add_argument("--trace", default="editor", help="a shipped trace (its /infill or completion requests)")
+    parser.add_argument("--trace", default="editor", help="a shipped trace (editor, agent, chat) or a trace file")
     parser.add_argument("-m", help="the verifier GGUF (default: the default pair's)")
     parser.add_argument("-md", help="the draft GGUF (default: the default pair's)")
     parser.add_argument("-t", type=int, default=2, help="threads, for both servers")
@@ -60,19 +45,23 @@ def main() -> None:
     ratios = []
     with trace_servers.running(specs) as servers, httpx.Client() as client:
         for index, request in enumerate(load_trace(args.trace).cut(args.requests).requests, start=1):
-            results = [
-                timed(client, server.base_url + request.path, prepared_body(request, Transcript(), greedy=True))
+            replies = [
+                send(client, server.base_url, request.path, prepared_body(request, Transcript(), greedy=True))
                 for server in servers
             ]
-            known = [(first * 1000, timings["prompt_ms"]) for first, timings in results if first and timings]
-            if len(known) < len(results):
-                continue  # no text (a warm-up), or no timings
+            known = [
+                (r.ttft_s * 1000, r.prompt_ms) for r in replies if r.ttft_s is not None and r.prompt_ms is not None
+            ]
+            if len(known) < len(replies):
+                continue  # no text (a warm-up), no timings, or an error
             row = [ttft - prompt for ttft, prompt in known]
             for column, overhead in zip(overheads, row):
                 column.append(overhead)
             ratios.append(known[-1][0] / known[0][0])
             cells = "  ".join(f"ttft {ttft:7.1f} ms, prompt {prompt:7.1f}" for ttft, prompt in known)
             print(f"{index:3}  {cells}  overhead " + " / ".join(f"{o:5.1f}" for o in row), flush=True)
+    if not ratios:
+        parser.exit(1, "specgguf: error: no request had text and timings from every server\n")
     for server, column in zip(servers, overheads):
         print(
             f"{server.name}: overhead median {statistics.median(column):.1f} ms, max {max(column):.1f} ms,"

@@ -38,6 +38,7 @@ class Reply:
     error: str | None = None
     message: dict[str, Any] | None = None  # chat: the assistant message, for a history that replays it
     n_prompt: int | None = None  # the prompt's tokens, cached or evaluated (timings: cache_n + prompt_n)
+    prompt_ms: float | None = None  # the server's own time for the prompt's pass (timings.prompt_ms)
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -80,6 +81,7 @@ def send(client: httpx.Client, base_url: str, path: str, body: dict[str, Any]) -
     calls: dict[int, dict[str, str]] = {}
     counted: int | None = None
     n_prompt: int | None = None
+    prompt_ms: float | None = None
     n_pieces = 0
     with client.stream("POST", base_url + path, json=body, timeout=REQUEST_SECONDS) as response:
         if response.status_code != 200:
@@ -103,6 +105,7 @@ def send(client: httpx.Client, base_url: str, path: str, body: dict[str, Any]) -
                 n_pieces += 1
             counted = _count(event) or counted
             n_prompt = _prompt_count(event) or n_prompt
+            prompt_ms = _prompt_ms(event) or prompt_ms
     total = time.perf_counter() - start
     text = "".join(pieces)
     tool_calls = [calls[index] for index in sorted(calls)]
@@ -118,7 +121,7 @@ def send(client: httpx.Client, base_url: str, path: str, body: dict[str, Any]) -
             for i, call in enumerate(tool_calls)
         ]
     ttft = None if first is None else first - start
-    return Reply(shown, ttft, total, counted or n_pieces, message=message, n_prompt=n_prompt)
+    return Reply(shown, ttft, total, counted or n_pieces, message=message, n_prompt=n_prompt, prompt_ms=prompt_ms)
 
 
 def _canonical(arguments: str) -> str:
@@ -155,6 +158,11 @@ def _count(event: dict[str, Any]) -> int | None:
         return timings["predicted_n"]
     usage = event.get("usage") or {}
     return usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else None
+
+
+def _prompt_ms(event: dict[str, Any]) -> float | None:
+    value = (event.get("timings") or {}).get("prompt_ms")
+    return float(value) if isinstance(value, (int, float)) and value >= 0 else None
 
 
 def _prompt_count(event: dict[str, Any]) -> int | None:
