@@ -150,9 +150,11 @@ def speculate(
     while len(context) <= verifier.n_ctx:
         # The verifier's batch (the pending token plus the drafts) must fit, and the answer's length.
         room = min(verifier.n_ctx - len(context), drafter.room(len(context)), max_tokens - n_emitted - 1)
-        source = drafter.next_source(context)
-        unread = drafter.unread(context) if source == "model" else 0
-        k_step = 0 if ready is not None or reading.defers(unread) else max(0, min(policy.choose(source), room))
+        unread, k_step = 0, 0  # the first step is plain: the prompt's pass scored its token
+        if ready is None:
+            source = drafter.next_source(context)
+            unread = drafter.unread(context) if source == "model" else 0
+            k_step = 0 if reading.defers(unread) else max(0, min(policy.choose(source), room))
         t0 = time.perf_counter()
         drafts, walk = _propose(drafter, policy, context, k_step, verifier, settings, rng, constraint)
         t1 = time.perf_counter()
