@@ -140,7 +140,8 @@ class Reply:
         self.n_dropped = n_dropped
         self._start = start
         self._generation: Generation | None = None
-        self._kept: list[tuple[str, LoadedModel, int]] = []  # of the prompt, what each model held before it
+        # Of the prompt, what each model's cache held before the answer (`finish` reports what it read).
+        self._kept: list[tuple[str, LoadedModel, int]] = []
         self._events = self._generate()
 
     def __iter__(self) -> Iterator[StepEvent]:
@@ -149,10 +150,9 @@ class Reply:
     def _generate(self) -> Generator[StepEvent, None, None]:
         session, turn, prompt = self.session, self.turn, self.prompt_tokens
         drafter = session.drafter if session.drafting else None
-        for name, model in [("verifier", session.verifier), ("draft", session.draft if drafter else None)]:
+        for name, model in (("verifier", session.verifier), ("draft", session.draft if drafter else None)):
             if model is not None:  # what the engine's ingest keeps; the rest, the last token too, is new
                 self._kept.append((name, model, reusable(model.cached, prompt)))
-                turn.n_evaluated[name] = len(prompt) - self._kept[-1][2]
         self._generation = Generation(
             speculate(
                 verifier=session.verifier,
