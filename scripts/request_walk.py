@@ -176,7 +176,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=24, help="max_tokens of each request")
     parser.add_argument("--json", type=Path, help="also write the record here")
     args = parser.parse_args()
-    found = report(measure(args))
+    try:
+        found = report(measure(args))
+    except (RuntimeError, OSError, ValueError, subprocess.SubprocessError, httpx.HTTPError) as error:
+        parser.exit(1, f"specgguf: error: {error}\n")  # the server did not come up, or answered no record
     print(f"{len(found['files'])} files in {len(found['by_wing'])} wings ran for the request(s):")
     for name, count in sorted(found["by_wing"].items(), key=lambda item: -item[1]):
         print(f"  {name:14} {count:3}  " + " ".join(f for f in found["files"] if wing(f) == name))

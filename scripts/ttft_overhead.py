@@ -5,8 +5,8 @@ interleaved request by request, greedy, streamed. For each request: the client's
 piece of text, the server's own `timings.prompt_ms` (both servers report it), and their difference,
 the *overhead*: parsing, tokenizing, planning, whatever runs between the prompt's pass and the first
 token, and the trip back. Each request is sent as the trace holds it (a chat line's history is not
-replayed: bench_traces.py replays it). A request whose first step drafted before its first token showed here as an
-overhead of a verify pass or more (docs/benchmarks.md, "Time to first token").
+replayed: bench_traces.py replays it). A request whose first step drafted before its first token
+showed here as an overhead of a verify pass or more (docs/benchmarks.md, "Time to first token").
 
     python scripts/ttft_overhead.py --vs-llama-server build/llama.cpp/bin/llama-server --trace editor
 """
@@ -14,7 +14,9 @@ overhead of a verify pass or more (docs/benchmarks.md, "Time to first token").
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
+import sys
 from pathlib import Path
 
 import httpx
@@ -22,6 +24,7 @@ import httpx
 from specgguf.bench import trace_servers
 from specgguf.bench.trace_replay import Transcript, prepared_body, send
 from specgguf.bench.traces import load_trace
+from specgguf.errors import SpecggufError
 from specgguf.files.resolve import resolve_pair
 
 
@@ -38,13 +41,14 @@ def main() -> None:
     resolved = resolve_pair(model=args.m, model_draft=args.md, pair=None)
     if resolved.draft is None:
         parser.error("give -md DRAFT with -m")
+    trace = load_trace(args.trace).cut(args.requests)  # (a bad name fails before any server starts)
     pair = trace_servers.PairSettings(resolved.verifier, resolved.draft, args.t, args.c)
     specs = trace_servers.llama_server_specs(args.vs_llama_server, pair, draft_ks=[], ngram_types=[])
     specs.append(trace_servers.specgguf_spec(pair))
     overheads: list[list[float]] = [[] for _ in specs]
     ratios = []
     with trace_servers.running(specs) as servers, httpx.Client() as client:
-        for index, request in enumerate(load_trace(args.trace).cut(args.requests).requests, start=1):
+        for index, request in enumerate(trace.requests, start=1):
             replies = [
                 send(client, server.base_url, request.path, prepared_body(request, Transcript(), greedy=True))
                 for server in servers
@@ -73,4 +77,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # as bench_traces.py: `timeout` or `kill` unwinds as Ctrl-C does, so that no server outlives the run
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(143))
+    try:
+        main()
+    except SpecggufError as error:
+        sys.exit(f"specgguf: error: {error}")
+    except KeyboardInterrupt:
+        sys.exit(130)

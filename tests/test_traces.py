@@ -14,6 +14,7 @@ from specgguf.bench.trace_replay import Comparison, Reply, Row, Transcript, comp
 from specgguf.bench.trace_report import report_json, row_lines, total_lines
 from specgguf.bench.trace_servers import ServerSpec, running
 from specgguf.bench.traces import CHAT, TraceError, load_trace, parse_trace
+from specgguf.errors import SpecggufError
 
 HEADER = '{"trace": "t", "description": "a test"}'
 INFILL = '{"path": "/infill", "gap_s": 0.5, "body": {"input_prefix": "def f(", "prompt": ""}}'
@@ -219,6 +220,7 @@ def test_the_runner_replays_a_trace_against_two_real_servers(tmp_path, tiny_veri
             assert reply.error is None and reply.n_tokens > 0 and reply.ttft_s is not None
             assert reply.ttft_s <= reply.total_s
         assert row.replies["specgguf"].n_prompt == row.replies["reference"].n_prompt > 0
+        assert all(reply.prompt_ms is not None and reply.prompt_ms >= 0 for reply in row.replies.values())
     assert rows[1].replies["reference"].message is not None
     infill = rows[3].replies["reference"]  # the tiny model has no FIM tokens: llama-server's 4xx, recorded
     assert infill.error is None or infill.error.startswith("HTTP 4")
@@ -226,3 +228,10 @@ def test_the_runner_replays_a_trace_against_two_real_servers(tmp_path, tiny_veri
     assert "reference" in text and "specgguf" in text and "equal" in text
     report = report_json("t", rows)
     assert [r["index"] for r in report["requests"]] == [1, 2, 3, 4] and len(report["totals"]) == 2
+
+
+@pytest.mark.live  # (it tries to start one)
+def test_a_server_program_that_does_not_exist_is_one_error(tmp_path):
+    servers = running([ServerSpec("llama-server plain", (str(tmp_path / "llama-server"), "-m", "x.gguf"))])
+    with pytest.raises(SpecggufError, match="cannot start llama-server plain .*No such file"), servers:
+        pass

@@ -115,14 +115,17 @@ def running(specs: list[ServerSpec], *, startup_seconds: float = STARTUP_SECONDS
                 port = _free_port()
                 log = Path(folder) / f"server-{index}.log"
                 with log.open("wb") as out:
-                    process = subprocess.Popen(
-                        [*spec.command, "--port", str(port), "--host", "127.0.0.1"],
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        env=_environment(Path(spec.command[0])) | dict(spec.environment),
-                        start_new_session=True,
-                    )
+                    try:
+                        process = subprocess.Popen(
+                            [*spec.command, "--port", str(port), "--host", "127.0.0.1"],
+                            stdin=subprocess.DEVNULL,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            env=_environment(Path(spec.command[0])) | dict(spec.environment),
+                            start_new_session=True,
+                        )
+                    except OSError as error:  # no such program, or not one that runs
+                        raise SpecggufError(f"cannot start {spec.name} ({spec.command[0]}): {error.strerror}") from None
                 server = Running(spec.name, f"http://127.0.0.1:{port}", process, log)
                 started.append(server)
                 _wait_healthy(server, startup_seconds)
