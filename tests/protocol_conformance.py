@@ -9,13 +9,13 @@ from specgguf.core.drafting import Drafter, NoDrafter
 from specgguf.core.engine import FixedK, KPolicy, Model
 from specgguf.core.hybrid_drafter import HybridDrafter
 from specgguf.core.kpolicy import AdaptiveK, PerSource
+from specgguf.core.lane_policy import LaneSequence, SharedCosts
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.ngram_drafter import NgramDrafter
 from specgguf.llama.batcher import Decoder, SequenceView
 from specgguf.llama.loaded import LoadedModel
 from specgguf.llama.model import LlamaModel
 from specgguf.llama.sequences import DecodeContext, LlamaDecoder
-from specgguf.serve.parallel.round_policy import SharedCosts
 from test_parallel_laws import FakeContext
 
 
@@ -29,6 +29,10 @@ def llama_model_is_a_model(model: LlamaModel) -> Model:
 
 def sequence_view_is_a_model(model: SequenceView) -> Model:
     return model
+
+
+def sequence_view_is_a_lane_sequence(view: SequenceView) -> LaneSequence:
+    return view  # what a lane's policy reads of it (core/lane_policy.py)
 
 
 def llama_decoder_is_a_decoder(decoder: LlamaDecoder) -> Decoder:

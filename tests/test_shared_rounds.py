@@ -15,13 +15,13 @@ import pytest
 from specgguf.core.costs import MachineCosts, StepCosts
 from specgguf.core.engine import FixedK, StepEvent
 from specgguf.core.kpolicy import AdaptiveK, adaptive_policy
+from specgguf.core.lane_policy import SharedCosts
 from specgguf.core.rounds import ALONE, FREE, Line, Round, lone_k, reprice, round_k
 from specgguf.llama import fillers
 from specgguf.llama.batcher import Batcher, Rows, SequenceView
 from specgguf.llama.sequences import PassCosts
 from specgguf.serve.parallel import lanes as lanes_module
 from specgguf.serve.parallel.lanes import Lanes
-from specgguf.serve.parallel.round_policy import SharedCosts
 from test_kpolicy import _step
 
 TABLE = MachineCosts(verify=(0.100, 0.110, 0.120, 0.130, 0.140, 0.150), draft=0.010)
@@ -142,17 +142,22 @@ def test_a_round_drafts_where_a_pass_is_memory_bound_and_not_where_rows_cost_com
     assert ks == sorted(ks, reverse=True) and ks[0] > ks[-1]
 
 
+def _sequence(line: Line | None, n_lanes: int) -> Any:
+    """A lane's sequence as its policy reads it (batcher.SequenceView): passes on `line`, n lanes live."""
+    return SimpleNamespace(
+        charged_seconds=0.0,
+        pass_line=lambda: None if line is None else (line.per_pass, line.per_row),
+        batcher=SimpleNamespace(n_participants=n_lanes),
+    )
+
+
 def _fresh_lanes(line: Line, draft: Line, n: int = 4) -> tuple[list[AdaptiveK], set[SharedCosts]]:
     """n fresh requests' policies, live together on lanes whose passes cost `line` and `draft`."""
-    lanes: Any = SimpleNamespace(
-        charged=lambda: (0.0, 0.0),
-        pass_lines=lambda: (line, draft),
-        verifier=SimpleNamespace(batcher=SimpleNamespace(n_participants=n)),
-    )
+    verifier, drafts = _sequence(line, n), _sequence(draft, n)
     live: set[SharedCosts] = set()
     policies = [AdaptiveK(TABLE) for _ in range(n)]
     for policy in policies:
-        live.add(SharedCosts(policy, lanes, live))
+        live.add(SharedCosts(policy, verifier, drafts, live))
     return policies, live
 
 
@@ -195,40 +200,24 @@ def test_a_lone_draft_is_priced_by_the_pass_or_the_fillers_it_adds_to_the_round(
 def test_a_hybrid_lane_among_four_steps_plain_on_its_ngram_match_and_alone_drafts_it():
     line = Line(0.096, 0.0146)
 
-    def lane(n_lanes: int) -> SimpleNamespace:
-        return SimpleNamespace(
-            charged=lambda: (0.0, 0.0),
-            pass_lines=lambda: (line, Line(0.0225, 0.0031)),
-            verifier=SimpleNamespace(batcher=SimpleNamespace(n_participants=n_lanes)),
-        )
-
     chosen = {}
     for n_lanes in (1, 4):
         policy = adaptive_policy("hybrid", TABLE)
         for _ in range(40):  # its n-gram drafts are right 8 times in 10
             policy.policies["ngram"].acceptance.observe(4, 3, [])
         live: set[SharedCosts] = set()
-        shared = SharedCosts(policy, lane(n_lanes), live)
+        shared = SharedCosts(policy, _sequence(line, n_lanes), _sequence(Line(0.0225, 0.0031), n_lanes), live)
         live.add(shared)
         chosen[n_lanes] = shared.choose("ngram")
     assert chosen[1] >= 2 and chosen[4] == 0
 
 
-class _View(SimpleNamespace):
-    charged_seconds = 0.0
-
-
 def test_a_lanes_policy_learns_its_share_not_the_wall_time():
-    verifier, draft = _View(), _View()
-    lane = SimpleNamespace(
-        charged=lambda: (verifier.charged_seconds, draft.charged_seconds),
-        pass_lines=lambda: (None, None),
-        verifier=SimpleNamespace(batcher=SimpleNamespace(n_participants=1)),
-    )
+    verifier, draft = _sequence(None, 1), _sequence(None, 1)
     policy = AdaptiveK(TABLE)
     seen: list[StepEvent] = []
     policy.observe = seen.append
-    shared = SharedCosts(policy, lane, set())
+    shared = SharedCosts(policy, verifier, draft, set())
     shared.choose("model")
     verifier.charged_seconds, draft.charged_seconds = 0.030, 0.004  # this lane's share of the passes
     wall = _step(2, 0, verify=0.400, draft=0.010)
@@ -280,12 +269,14 @@ class _RecordingModel:
 
 
 def _request(lanes: Lanes, prompt: list[int], steps: int, *, fim: bool = False, started=None) -> None:
-    """A request's thread as the server runs it: each step chooses K (where it may give way), then decodes a row."""
+    """A request's thread as the server runs it (serve/generator.py): between its steps it may give way;
+    each step chooses K, then decodes a row."""
     lane = lanes.acquire(prompt, fim=fim)
     try:
         with lane.live(), lanes.shared(FixedK(0), lane) as policy:
             lane.verifier.eval(prompt, n_logits=1)
             for step in range(steps):
+                lanes.between_steps(lane)
                 policy.choose("model")
                 lane.verifier.eval([step], n_logits=1)
                 if started is not None and step == 2:

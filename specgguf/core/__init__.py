@@ -6,7 +6,8 @@ kinds), ngram_cache, engine (the loop), events (what a step yields), reading (wh
 verify_tree (a step's verifier batch), kpolicy (adaptive K) and
 acceptance_counts (what its steps teach it), repeatable (a K policy timed by fixed costs: serve
 --deterministic),
-rounds (a round's price under serve --parallel: its line, shared costs and K), stats, costs,
+rounds (a round's price under serve --parallel: its line, shared costs and K), lane_policy (a lane's K
+policy among the live requests', reading its lane's sequences), stats, costs,
 calibration (greedy runs that measure a draft); constraint (grammars under speculation) and
 grammar_walk (its masks along a step), json_digits (a JSON schema's numbers bounded in
 digits), forced_drafter (a grammar's forced tokens as free drafts),

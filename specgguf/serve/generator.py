@@ -234,7 +234,11 @@ class Worker:
                 lane.clear()  # its prompt read whole, in the same passes whatever the lane held
             with lane.live(alone=alone), self.lanes.shared(plan.policy, lane, alone=alone) as policy:
                 self._run(
-                    job, replace(self.planner.on_draft(plan, lane.draft), policy=policy), lane.verifier, lane.clear
+                    job,
+                    replace(self.planner.on_draft(plan, lane.draft), policy=policy),
+                    lane.verifier,
+                    lane.clear,
+                    between_steps=lambda: self.lanes.between_steps(lane),  # an editor's completion may go first
                 )
         except Exception:
             lane.clear()
@@ -242,9 +246,10 @@ class Worker:
         finally:
             self.lanes.release(lane)
 
-    def _run(self, job: Job, plan: Plan, verifier: Model, forget) -> None:
+    def _run(self, job: Job, plan: Plan, verifier: Model, forget, *, between_steps=None) -> None:
         """Run a plan on `verifier` (the model's cache, or a lane's sequence) and send what it says;
-        `forget` empties the caches it used after a failure inside a model call."""
+        `forget` empties the caches it used after a failure inside a model call; `between_steps` (a
+        lane's) runs after each step that another follows."""
         request, prompt = plan.request, plan.prompt
         n_cached = reusable(verifier.cached, prompt)
         job.send(Started(n_prompt=len(prompt), n_cached=n_cached))
@@ -266,7 +271,7 @@ class Worker:
         )
         try:
             with stops_when(job.cancelled):  # a client that hangs up stops even a prompt's pass
-                n_logprobs_sent = self._send_steps(job, generation, calls, answer, marks, logprobs)
+                n_logprobs_sent = self._send_steps(job, generation, calls, answer, marks, logprobs, between_steps)
         except Cancelled:
             pass  # between two chunks of a model call: the caches keep what was evaluated, whole
         except SpecggufError as error:
@@ -287,7 +292,9 @@ class Worker:
         gone = Failed(SpecggufError("the request was cancelled"), status=499)  # its client hung up
         job.send((shutdown if self._stopping else gone) if cancelled else finished)
 
-    def _send_steps(self, job: Job, generation, calls, answer: AnswerText, marks, logprobs: list[TokenLogprob]) -> int:
+    def _send_steps(
+        self, job: Job, generation, calls, answer: AnswerText, marks, logprobs: list[TokenLogprob], between_steps
+    ) -> int:
         """Send each step's text (and calls) as it comes, until the answer ends or its client has gone;
         `logprobs` gathers the tokens' log-probabilities. How many of them were sent."""
         request = job.request
@@ -313,6 +320,8 @@ class Worker:
                 break
             if timed_out:
                 break  # FIM's time limit: the answer ends at this line's end ("length")
+            if between_steps is not None and not event.stop:
+                between_steps()
         return n_logprobs_sent
 
     def _answer_text(self, request: GenerationRequest) -> tuple[CallStream | None, list[str], AnswerText]:

@@ -1,7 +1,8 @@
 """The live sequences of `serve --parallel N`: N `Lane`s, each a KV sequence of the verifier and one
 of the draft (llama/batcher.py's views over one context per model): which lane a request takes, an
-editor's completion first (the others give way), and the round policy each request steps under
-(round_policy.py).
+editor's completion first (the others give way, between their steps: `between_steps`, which the
+server's loop over a request's steps calls), and the round policy each request steps under
+(core/lane_policy.py, over the lane's two sequences).
 
 The lanes are the server's cached conversations, kept live. A request takes, in this order: the free
 lane whose last prompt it continues (all of it but the last token: a chat's follow-up), for a
@@ -26,8 +27,7 @@ from typing import Any
 from ...core.drafting import common_prefix
 from ...core.engine import KPolicy
 from ...core.hot_vocab import HotVocab
-from ...core.rounds import Line
-from .round_policy import SharedCosts
+from ...core.lane_policy import SharedCosts
 
 # How long a verify waits for the other live requests (those still drafting, or sampling) to bring
 # their rows: the lanes then verify together, a round at a time, and draft together after it.
@@ -95,19 +95,6 @@ class Lane:
         """The draft model's sequence view (under a hot-vocabulary draft, the view it maps), or None."""
         return self.draft.model if isinstance(self.draft, HotVocab) else self.draft
 
-    def charged(self) -> tuple[float, float]:
-        """The seconds charged so far to this lane's verifier and draft sequences (batcher.py: each
-        caller's share of its batches' time, by rows)."""
-        draft = self.draft_sequence
-        return self.verifier.charged_seconds, 0.0 if draft is None else draft.charged_seconds
-
-    def pass_lines(self) -> tuple[Line | None, Line | None]:
-        """What a pass of the verifier and of the draft costs, as their decoders learned it (None
-        until they have: sequences.PassCosts; a test's fake decoder has none)."""
-        views = (self.verifier, self.draft_sequence)
-        lines = [view.pass_line() if view is not None else None for view in views]
-        return tuple(None if line is None else Line(*line) for line in lines)  # type: ignore[return-value]
-
 
 def draft_views(draft: Any, n_seq: int) -> list[Any]:
     """The draft's sequences (its pass costs measured first); a hot-vocabulary draft (core/hot_vocab.py)
@@ -164,9 +151,7 @@ class Lanes:
     def shared(self, policy: KPolicy, lane: Lane, *, alone: bool = False) -> Iterator[SharedCosts]:
         """`policy`, for a request running on `lane`, among the live requests' (SharedCosts); `alone`
         (serve --deterministic): priced and capped as a request alone, and no other's round counts it."""
-        shared = SharedCosts(
-            policy, lane, set() if alone else self._live, lambda: self.between_steps(lane), alone=alone
-        )
+        shared = SharedCosts(policy, lane.verifier, lane.draft_sequence, set() if alone else self._live, alone=alone)
         if not alone:
             self._live.add(shared)
         if lane.fim:
@@ -179,7 +164,7 @@ class Lanes:
             self._priority_ends(lane)
 
     def between_steps(self, lane: Lane) -> None:
-        """(A request's thread, as a step starts.) A fill-in-the-middle request goes first for its
+        """(A request's thread, between its steps.) A fill-in-the-middle request goes first for its
         first PRIORITY_TOKENS tokens and PRIORITY_SECONDS; any other request gives way to it."""
         generated = lane.verifier.n_past - len(lane.prompt)  # (its tokens so far, the prompt read)
         if lane.first_until > time.monotonic() and generated < PRIORITY_TOKENS:

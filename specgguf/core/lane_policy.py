@@ -1,30 +1,43 @@
-"""The round's policy: a lane's K policy among the live requests', over the `KPolicy` protocol alone
-(core/engine.py). Its steps are priced for the lanes live now (the policy's `share`), its K capped by
-the round's (core/rounds.py: `round_k` where the lanes draft together, `lone_k` for a draft only this
-request has), and it learns its rows' share of each batch's time, not the batch's wall time."""
+"""A request's K policy among the live requests' (serve --parallel), over the `KPolicy` protocol alone
+(engine.py). Its steps are priced for the lanes live now (the policy's `share`), its K capped by the
+round's (rounds.py: `round_k` where the lanes draft together, `lone_k` for a draft only this request
+has), and it learns its rows' share of each batch's time, not the batch's wall time.
+
+It reads its lane through the live sequences themselves (`LaneSequence`: llama/batcher.SequenceView),
+so a step calls nothing above core: the server's part between steps (an editor's completion going
+first) runs in the server's own loop over the steps (serve/generator.py).
+
+Tested in tests/test_shared_rounds.py.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from ...core.drafting import Source
-from ...core.engine import KPolicy, StepEvent
-from ...core.rounds import FREE, Line, Round, lone_k, round_k
+from .drafting import Source
+from .engine import KPolicy
+from .events import StepEvent
+from .rounds import FREE, Line, Round, lone_k, round_k
 
 
-class LaneCosts(Protocol):
-    """What a request's policy reads of its lane (lanes.Lane)."""
+class Participants(Protocol):
+    @property
+    def n_participants(self) -> int: ...  # the lanes live now (their threads take part in its batches)
+
+
+class LaneSequence(Protocol):
+    """What a request's policy reads of one model's live sequence (llama/batcher.SequenceView)."""
 
     @property
-    def verifier(self) -> Any: ...  # its batcher counts the lanes live now
+    def charged_seconds(self) -> float: ...  # its share, by rows, of its batches' time so far
 
-    def charged(self) -> tuple[float, float]: ...
+    @property
+    def batcher(self) -> Participants: ...
 
-    def pass_lines(self) -> tuple[Line | None, Line | None]: ...
+    def pass_line(self) -> tuple[float, float] | None: ...  # a pass's a + b·R as its decoder learned it
 
 
 class SharedCosts:
@@ -41,27 +54,25 @@ class SharedCosts:
     def __init__(
         self,
         policy: KPolicy,
-        lane: LaneCosts,
+        verifier: LaneSequence,
+        draft: LaneSequence | None,
         live: set[SharedCosts],
-        between_steps: Callable[[], None] | None = None,
         *,
         alone: bool = False,
     ):
-        self.policy, self.lane, self.live = policy, lane, live  # live: the requests' policies running now
-        self.between_steps = between_steps  # lanes.Lanes.between_steps
+        self.policy, self.live = policy, live  # live: the requests' policies running now
+        self.verifier, self.draft = verifier, draft  # the lane's sequences (the draft's None without one)
         # A request whose passes are its own (serve --deterministic): its policy steps as alone, never
         # priced for the others (core/repeatable.py times its steps); it still gives way between steps.
         self.alone = alone
-        self._marks = lane.charged()
+        self._marks = self.charged()
 
     def choose(self, source: Source = "model") -> int:
-        if self.between_steps is not None:
-            self.between_steps()  # a step starts: first, an editor's completion may go ahead
-        self._marks = self.lane.charged()  # a step starts: drafting and verifying are charged from here
+        self._marks = self.charged()  # a step starts: drafting and verifying are charged from here
         if self.alone:
             return self.policy.choose(source)
-        n_lanes = self.lane.verifier.batcher.n_participants
-        verify, draft = self.lane.pass_lines()
+        n_lanes = self.verifier.batcher.n_participants
+        verify, draft = self.pass_lines()
         self.policy.share(Round(n_lanes, verify, draft))  # priced for the lanes live now
         k = self.policy.choose(source)
         drafting = draft if source == "model" else FREE if source == "ngram" else None  # (a grammar's: free, sure)
@@ -112,7 +123,19 @@ class SharedCosts:
         if self.alone:
             self.policy.observe(event)
             return
-        verify, draft = (now - mark for now, mark in zip(self.lane.charged(), self._marks))
+        verify, draft = (now - mark for now, mark in zip(self.charged(), self._marks))
         catchup = event.draft_catchup_seconds * draft / event.draft_seconds if event.draft_seconds > 0 else 0.0
         charged = replace(event, verify_seconds=verify, draft_seconds=draft, draft_catchup_seconds=catchup)
         self.policy.observe(charged)
+
+    def charged(self) -> tuple[float, float]:
+        """The seconds charged so far to the lane's verifier and draft sequences (llama/batcher.py: each
+        caller's share of its batches' time, by rows)."""
+        return self.verifier.charged_seconds, 0.0 if self.draft is None else self.draft.charged_seconds
+
+    def pass_lines(self) -> tuple[Line | None, Line | None]:
+        """What a pass of the verifier and of the draft costs, as their decoders learned it (None until
+        they have: llama/sequences.PassCosts; a test's fake decoder has none)."""
+        lines = [None if view is None else view.pass_line() for view in (self.verifier, self.draft)]
+        verify, draft = (None if line is None else Line(*line) for line in lines)
+        return verify, draft
