@@ -4,7 +4,8 @@ farm-studio's `walk` follows one parameter through the code as written; this fol
 runs. The server is started under a profile hook (every thread's Python calls); the hook records nothing
 until the server is up and the request is about to be sent, then records each call into a file of the
 package, and the caller's file (the nearest frame of the package up the same thread's stack). Then the
-requests are sent, `--clients` at once, and the record is written. Printed: the files by wing, the calls
+requests are sent, `--clients` at once (after as many unrecorded ones: every lane's lazy set-up done),
+and the record is written. Printed: the files by wing, the calls
 between wings, and the calls that go *up* the layers (a lower wing calling a higher one at run time: a
 callback, which the import contracts cannot see).
 
@@ -116,6 +117,14 @@ def ask(base_url: str, index: int, tokens: int) -> None:
     response.raise_for_status()
 
 
+def send_at_once(base_url: str, clients: int, tokens: int, *, first: int = 0) -> None:
+    threads = [threading.Thread(target=ask, args=(base_url, first + i, tokens)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def measure(args: argparse.Namespace) -> dict[str, int]:
     from live_server import LiveServer, free_port, wait_until_healthy
     from tiny_gguf import write_tiny_llama
@@ -131,14 +140,12 @@ def measure(args: argparse.Namespace) -> dict[str, int]:
     live = LiveServer(process, port, None)
     try:
         wait_until_healthy(live, 120)
-        ask(live.base_url, -1, args.tokens)  # a first request: lazy set-up is not the request's walk
+        # First requests, as many at once as will be measured: a lane's lazy set-up (its K policy, built
+        # on its first request) is not the request's walk.
+        send_at_once(live.base_url, args.clients, args.tokens, first=-args.clients)
         process.send_signal(signal.SIGUSR1)
         time.sleep(0.5)
-        threads = [threading.Thread(target=ask, args=(live.base_url, i, args.tokens)) for i in range(args.clients)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        send_at_once(live.base_url, args.clients, args.tokens)
         process.send_signal(signal.SIGUSR2)
         for _ in range(100):
             if out.exists() and out.stat().st_size:

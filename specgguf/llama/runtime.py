@@ -26,6 +26,7 @@ from .threads import ThreadGovernor
 # --- logging: llama.cpp's messages go to a ring buffer, shown on failure or on request ---
 _LOG_ERROR = 3
 recent_log: deque[str] = deque(maxlen=40)
+_ECHO = debug_enabled()  # read once: the callback runs for each of llama.cpp's lines, from its threads
 
 
 @llama_cpp.llama_log_callback
@@ -33,7 +34,7 @@ def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     message = text.decode("utf-8", errors="replace")
     if level == _LOG_ERROR:
         recent_log.append(message.strip())
-    if debug_enabled():
+    if _ECHO:
         os.write(2, text)
 
 
