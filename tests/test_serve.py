@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
 
-from live_server import live_server
+from live_server import LiveServer, free_port, live_server
 
 MODEL = "verifier"  # the tiny verifier's file name
 GREEDY = {"temperature": 0, "extra_body": {"speculative": {"k": 3}}}
@@ -343,6 +346,41 @@ def test_metrics_name_every_apis_endpoints(server):
             status = http.request(method, path, json=body).status_code
             label = f'specgguf_requests_total{{endpoint="{endpoint}",status="{status}"}}'
             assert server.metric(label) >= 1, (path, status)
+
+
+LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}  # llama-server's
+
+
+def test_health_says_loading_until_the_grammar_tables_are_built(gemma270m):
+    """Gemma 3's 262k tokens take seconds to index for grammars (tool calls, JSON schemas): until they
+    are, /health answers llama-server's 503 "Loading model", so a client that waits for it (an agent,
+    a load balancer, a benchmark) does not send its first tool call into that wait. Then it stays 200."""
+    port = free_port()
+    command = [sys.executable, "-m", "specgguf", "serve", "-m", gemma270m, "-c", "512", "-t", "1", "--port", str(port)]
+    server = LiveServer(
+        subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), port, None
+    )
+    seen: list[tuple[int, dict]] = []
+    try:
+        deadline = time.monotonic() + 120
+        with server.http() as http:
+            while time.monotonic() < deadline and [status for status, _ in seen].count(200) < 5:
+                assert server.process.poll() is None, server.process.stderr
+                try:
+                    answer = http.get("/health", timeout=5)
+                    seen.append((answer.status_code, answer.json()))
+                except httpx.TransportError:
+                    pass  # (the port listens from the start; the server answers once the models are loaded)
+                time.sleep(0.02)
+        assert server.stop() == 0
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()
+    statuses = [status for status, _ in seen]
+    first_ok = statuses.index(200)
+    assert first_ok > 0 and all(body == LOADING for _, body in seen[:first_ok]), seen[:3]
+    assert set(statuses[first_ok:]) == {200} and seen[-1][1] == {"status": "ok", "queue_length": 0}
 
 
 def test_api_key_is_required_when_set(tiny_verifier):

@@ -35,10 +35,19 @@ from .page import routes as page
 from .parallel.sizing import default_parallel, memory_available
 from .transport import BodyLimit, CountRequests, Server, check_address, listen
 
+# /health while the server loads (its grammar tables): llama-server's answer while it loads its model.
+LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+
 
 def create_app(
-    *, worker: Worker, options: ServeOptions, metrics: Metrics, bound: tuple[str, int] = ("127.0.0.1", 8080)
+    *,
+    worker: Worker,
+    options: ServeOptions,
+    metrics: Metrics,
+    bound: tuple[str, int] = ("127.0.0.1", 8080),
+    ready: threading.Event | None = None,
 ) -> FastAPI:
+    """The app; `ready`, once set, says the server is loaded (/health answers 503 until then)."""
     app = FastAPI(title="specgguf", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=options.max_body_bytes)
     policy = HostPolicy(bound[0], bound[1], options.allowed_hosts, options.cors_origins)
@@ -86,6 +95,8 @@ def create_app(
 
     @app.get("/health")
     async def health():
+        if ready is not None and not ready.is_set():
+            return JSONResponse(LOADING, 503)  # a request sent now is answered, once the tables are built
         return {"status": "ok", "queue_length": worker.n_waiting}
 
     for api in APIS:  # each in its module over the same worker
@@ -104,11 +115,18 @@ def error_body(request: Request, error: ApiError) -> dict:
     return next((api.error_body(error) for api in APIS if path.startswith(api.ERROR_PREFIXES)), error.body())
 
 
-def serve(*, worker: Worker, options: ServeOptions, sock: socket.socket, err_console: Console) -> None:
+def serve(
+    *,
+    worker: Worker,
+    options: ServeOptions,
+    sock: socket.socket,
+    err_console: Console,
+    ready: threading.Event | None = None,
+) -> None:
     """Answer requests until Ctrl-C or SIGTERM; then stop the worker and return."""
     metrics = worker.metrics
     host, port = sock.getsockname()[:2]
-    app = create_app(worker=worker, options=options, metrics=metrics, bound=(host, port))
+    app = create_app(worker=worker, options=options, metrics=metrics, bound=(host, port), ready=ready)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5, lifespan="off")
     quiet_logs()  # after uvicorn set its logging up: one line per error, rate-limited
     shown_host = f"[{host}]" if ":" in host else host
@@ -180,8 +198,12 @@ def run_server(
             parallel=n_seq,
             deterministic=deterministic,
         )
-        # The grammar tables, built while the server waits for its first request (not on a tool call's path).
-        threading.Thread(target=_grammar_tables, args=(prepared.verifier,), name="specgguf-tables", daemon=True).start()
+        # The grammar tables, built as the server starts (not on a tool call's path): /health says 503, as
+        # llama-server's does while it loads, until they are (about a second for 150k tokens).
+        ready = threading.Event()
+        threading.Thread(
+            target=_grammar_tables, args=(prepared.verifier, ready), name="specgguf-tables", daemon=True
+        ).start()
         name = resolved.label or resolved.name or resolved.verifier.stem
         serve(
             worker=worker,
@@ -199,6 +221,7 @@ def run_server(
             ),
             sock=sock,
             err_console=err_console,
+            ready=ready,
         )
         prepared.save_ngrams()  # the worker has stopped: nothing else touches the cache now
     finally:
@@ -218,7 +241,7 @@ def concurrency(prepared: Prepared, parallel: int | None) -> tuple[int, str]:
     return n_seq, f"{n_seq} requests at once ({size} of KV cache each){trees}"
 
 
-def _grammar_tables(verifier: object) -> None:
+def _grammar_tables(verifier: object, ready: threading.Event) -> None:
     from ..llama.guidance import grammar_tables  # llguidance loads only in a server
     from ..llama.model import LlamaModel
 
@@ -227,3 +250,5 @@ def _grammar_tables(verifier: object) -> None:
             grammar_tables(verifier)
     except Exception:  # noqa: BLE001 - the request that needs a table builds it again and reports why
         return
+    finally:
+        ready.set()
