@@ -26,6 +26,7 @@ import re
 import resource
 import sys
 import threading
+from functools import lru_cache
 from typing import Any
 
 from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper, grammar_from
@@ -53,10 +54,29 @@ class _Bytes:
         return list(text)
 
 
+def _compact(kind: str, text: str) -> str:
+    """A GBNF or Lark grammar with the tokens it names one at a time renumbered from 256, in order
+    (`<[151657]>` → `<[256]>`): to the check a token is a token, and a byte vocabulary reaching 151657 (a
+    tool call's opener) took a fifth of a second to build, per grammar. Where it names a list or a
+    range of tokens, or a byte's id, or is another kind, the text as it is."""
+    refs = re.findall(r"<\[([0-9,\-\s]+)\]>", text) if kind in ("gbnf", "lark") else []
+    if not refs or not all(ref.strip().isdigit() and int(ref) >= 256 for ref in refs):
+        return text
+    renumbered = {int(ref): 256 + index for index, ref in enumerate(dict.fromkeys(int(ref) for ref in refs))}
+    return re.sub(r"<\[\s*(\d+)\s*\]>", lambda match: f"<[{renumbered[int(match.group(1))]}]>", text)
+
+
 def _named_tokens(text: str) -> int:
     """One past the largest token id the grammar names in a `<[...]>` token reference (0: none)."""
     ids = [int(number) for ref in re.findall(r"<\[([0-9,\-\s]+)\]>", text) for number in re.findall(r"\d+", ref)]
     return max(ids) + 1 if ids else 0
+
+
+@lru_cache(maxsize=4)
+def _tokenizer(n_named: int) -> LLTokenizer:
+    """The byte vocabulary with `n_named` token ids (a tool call's `<[151657]>` makes 151k of them: a
+    third of a second to build, once per child however many grammars it checks)."""
+    return LLTokenizer(TokenizerWrapper(_Bytes(n_named)))
 
 
 def dead_end(error: str) -> bool:
@@ -75,12 +95,14 @@ def to_llguidance(kind: str, text: str, json_options: Any) -> str:
 def check(kind: str, text: str, json_options: Any) -> Verdict:
     try:
         grammar = to_llguidance(kind, text, json_options)
+        compact = _compact(kind, text)
+        checked = grammar if compact == text else to_llguidance(kind, compact, json_options)
     except Exception as error:  # noqa: BLE001 - a schema's JSON, a GBNF that does not convert: its message
         return "invalid", str(error) or type(error).__name__
-    problem = LLMatcher.validate_grammar(grammar)
+    problem = LLMatcher.validate_grammar(checked)
     if problem:
         return "invalid", problem
-    matcher = LLMatcher(LLTokenizer(TokenizerWrapper(_Bytes(_named_tokens(text)))), grammar, log_level=0)
+    matcher = LLMatcher(_tokenizer(_named_tokens(compact)), checked, log_level=0)
     if matcher.is_error():
         return "invalid", matcher.get_error()
     for _ in range(2):  # at the start, and after the text it forces from there
@@ -102,21 +124,26 @@ def _limit(which: int, value: int) -> None:
 
 def main() -> None:
     """The child: a request ({"kind", "text", "json_options", "seconds"}) on stdin, `check`'s verdict,
-    on a small stack, as JSON on stdout. Its own limits: no core file (a crash writes nothing into the
-    server's folder), `MEMORY_BYTES` of memory, and the parent's deadline in CPU time (the kernel ends
-    it even if the parent is gone)."""
+    on a small stack, as JSON on stdout; or several (`"checks": [[kind, text], ...]` for "kind" and
+    "text": a request's tools, checked in one child), their verdicts as a list. Its own limits: no
+    core file (a crash writes nothing into the server's folder), `MEMORY_BYTES` of memory, and the
+    parent's deadline in CPU time (the kernel ends it even if the parent is gone)."""
     _limit(resource.RLIMIT_CORE, 0)
     _limit(resource.RLIMIT_AS, MEMORY_BYTES)
     request = json.loads(sys.stdin.buffer.read())
     _limit(resource.RLIMIT_CPU, math.ceil(request["seconds"]) + 1)
+    checks = request.get("checks", [[request.get("kind"), request.get("text")]])
     verdicts: list[Verdict] = []
     threading.stack_size(CHECK_STACK_BYTES)
     thread = threading.Thread(
-        target=lambda: verdicts.append(check(request["kind"], request["text"], request["json_options"]))
+        target=lambda: verdicts.extend(check(kind, text, request["json_options"]) for kind, text in checks)
     )
     thread.start()
     thread.join()
-    answer = verdicts[0] if verdicts else ("too large", "the compiler failed")
+    if "checks" in request:
+        answer: Any = verdicts if len(verdicts) == len(checks) else None  # (the parent checks them alone)
+    else:
+        answer = verdicts[0] if verdicts else ("too large", "the compiler failed")
     sys.stdout.buffer.write(json.dumps(answer).encode("utf-8", "surrogatepass"))
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from live_server import live_server
-from specgguf import grammar
+from specgguf import grammar, grammar_check
 from specgguf.errors import SpecggufError
 from specgguf.grammar import (
     COMPILE_SECONDS,
@@ -64,6 +64,70 @@ def test_a_checker_that_cannot_run_is_no_verdict_on_the_grammar(monkeypatch):
     assert not isinstance(raised.value, GrammarError)  # the server's fault (a 500), not a 400
     monkeypatch.undo()
     assert spec.compile()  # and nothing was cached
+
+
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
+def test_a_requests_grammars_are_checked_in_one_child_with_the_verdicts_each_gets_alone(monkeypatch):
+    """A request's tools (a schema each) are first compiled together, in one child: its start and the
+    call grammar's vocabulary were a tenth to a third of a second per grammar on an agent's first turn.
+    Each grammar's verdict is the one it gets alone, a refusal included, and compile reads it."""
+    marker = f"together {time.monotonic_ns()}"  # grammars no other test has cached
+    specs = [
+        GrammarSpec.json_schema({"type": "object", "properties": {"a": {"const": marker}}}),
+        GrammarSpec("gbnf", f'root ::= "{marker}"'),
+        GrammarSpec.json_schema({**CYCLE, "description": marker}),  # nothing satisfies it
+        GrammarSpec("gbnf", "x" * (MAX_GRAMMAR_CHARS + 1)),  # refused before any child: left out
+    ]
+    requests: list[dict] = []
+    ask = grammar._ask_child
+    monkeypatch.setattr(grammar, "_ask_child", lambda request: requests.append(request) or ask(request))
+    grammar.check_together(specs)
+    assert [len(request["checks"]) for request in requests] == [3]
+    together = [_outcome(spec) for spec in specs]
+    assert len(requests) == 1  # compile found every verdict in the cache
+    assert together[2].startswith("GrammarError: nothing can satisfy") and together[3].startswith("GrammarError")
+    monkeypatch.setattr(grammar, "_cache", OrderedDict())
+    assert [_outcome(spec) for spec in specs] == together  # alone, one child each: the same verdicts
+    assert len(requests) == 1 + 3
+
+
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
+def test_a_batch_that_fails_leaves_each_grammar_to_be_checked_alone(monkeypatch):
+    """A batch whose child gives no list (its deadline passed, the compiler crashed on one grammar)
+    caches nothing: each grammar is then checked alone, and only the bad one is refused."""
+    marker = f"failing batch {time.monotonic_ns()}"
+    good, bad = GrammarSpec("gbnf", f'root ::= "{marker}"'), GrammarSpec("gbnf", chained_rules(3000) + f"# {marker}\n")
+    grammar.check_together([good, bad])  # the chain overflows the child's stack: no verdicts at all
+    with grammar._cache_lock:
+        assert grammar._key(good.kind, good.text) not in grammar._cache
+    assert good.compile()
+    with pytest.raises(GrammarError, match="too deeply nested"):
+        bad.compile()
+
+
+def test_the_check_renumbers_the_tokens_a_call_grammar_names_and_keeps_the_grammar():
+    """A tool call's grammar names its opener's token (`<[151657]>`): the check renumbers it (a byte
+    vocabulary reaching 151657 took a fifth of a second to build) and returns the grammar as written."""
+    call = 'start: <[151657]> "{" NAME "}" <[151658]>\nNAME: /[a-z]+/\n'
+    assert grammar_check._compact("lark", call) == 'start: <[256]> "{" NAME "}" <[257]>\nNAME: /[a-z]+/\n'
+    verdict, checked = grammar_check.check("lark", call, grammar.JSON_OPTIONS)
+    assert verdict == "ok" and checked == grammar_check.to_llguidance("lark", call, grammar.JSON_OPTIONS)
+    assert "151657" in checked
+    for kept in ("start: <[151657-151660]>\n", "start: <[5]> <[151657]>\n"):  # a range, a byte's id
+        assert grammar_check._compact("lark", kept) == kept
+    assert grammar_check._compact("json_schema", '{"const": "<[151657]>"}') == '{"const": "<[151657]>"}'
+    stuck = 'start: <[151657]> a\na: a "x"\n'  # nothing satisfies it, renumbered or not
+    assert grammar_check.check("lark", stuck, grammar.JSON_OPTIONS)[0] == "unsatisfiable"
+    assert (
+        grammar_check.check("lark", grammar_check._compact("lark", stuck), grammar.JSON_OPTIONS)[0] == "unsatisfiable"
+    )
+
+
+def _outcome(spec: GrammarSpec) -> str:
+    try:
+        return spec.compile()
+    except GrammarError as error:
+        return f"GrammarError: {error}"
 
 
 def test_ordinary_grammars_still_compile_and_a_moderate_chain_runs_on_the_verifier(tiny_verifier):

@@ -10,6 +10,7 @@ of each model family: tool_syntax.py."""
 from __future__ import annotations
 
 import codecs
+import contextlib
 import copy
 import json
 import re
@@ -24,7 +25,7 @@ from ..conversation import ToolCall
 from ..core.json_digits import DigitBound
 from ..core.lazy_grammar import LazyGrammar
 from ..errors import UsageError
-from ..grammar import GrammarError, GrammarSpec, GuidanceConstraint, check_schema, number_bounds
+from ..grammar import GrammarError, GrammarSpec, GuidanceConstraint, check_schema, check_together, number_bounds
 from .text import AnswerText
 from .tool_syntax import CALL_START, SYNTAXES, Family, ParsedCall, Tool, ToolSyntax
 
@@ -86,6 +87,7 @@ def plan_tools(
     if conflicting is not None:
         raise ToolsError(f"'tools' cannot be combined with {conflicting}", param="tools")
     tools = []
+    check_together(_schemas(functions))  # their first compilations in one child (each compile below reads its own)
     for function in functions:
         if not _NAME.match(function.name):
             raise ToolsError(
@@ -94,7 +96,7 @@ def plan_tools(
             )
         parameters = function.parameters if function.parameters is not None else {"type": "object"}
         try:
-            GrammarSpec.json_schema(parameters, f"'{function.param}'").compile()
+            _schema(function).compile()
         except GrammarError as error:
             raise ToolsError(
                 f"{error} (tool {function.name!r})", param=function.param, code="invalid_tool_schema"
@@ -113,6 +115,21 @@ def plan_tools(
         {"type": "function", "function": _defined(function)} for function in functions
     ]
     return ToolPlan(tools, definitions, named or choice or "auto", parallel)
+
+
+def _schema(function: Function) -> GrammarSpec:
+    """A function's parameters as a grammar (no parameters: any object); GrammarError if they are no schema."""
+    parameters = function.parameters if function.parameters is not None else {"type": "object"}
+    return GrammarSpec.json_schema(parameters, f"'{function.param}'")
+
+
+def _schemas(functions: Sequence[Function]) -> list[GrammarSpec]:
+    """The functions' grammars that are schemas at all (the others are refused in plan_tools' order)."""
+    specs = []
+    for function in functions:
+        with contextlib.suppress(GrammarError):
+            specs.append(_schema(function))
+    return specs
 
 
 def _defined(function: Function) -> dict[str, Any]:
@@ -159,9 +176,9 @@ def call_constraint(verifier: Any, tools_plan: ToolPlan, syntax: ToolSyntax) -> 
     def factory(grammar: str):  # the arguments' numbers bounded in digits, as an answer's (core/json_digits.py)
         return lambda: DigitBound(GuidanceConstraint(tokenizer, grammar, verifier.n_vocab), texts, bounds)
 
-    grammars = [
-        GrammarSpec("lark", syntax.call_lark(strict, special, form)).compile() for form in forms or syntax.forms
-    ]
+    specs = [GrammarSpec("lark", syntax.call_lark(strict, special, form)) for form in forms or syntax.forms]
+    check_together(specs)  # one child for every form's grammar
+    grammars = [spec.compile() for spec in specs]
     required = tools_plan.choice != "auto"
     calls = [factory(grammar) for grammar in grammars]
     return _lazy(verifier, tokenizer, openers, calls, required=required, parallel=tools_plan.parallel)
