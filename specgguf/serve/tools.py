@@ -53,6 +53,11 @@ class Function:
     parameters: dict[str, Any] | None  # a JSON schema; None: any object
     param: str  # e.g. "tools[0].function.parameters", "tools[0].input_schema"
 
+    @property
+    def schema(self) -> dict[str, Any]:
+        """Its parameters' schema (no parameters: any object)."""
+        return self.parameters if self.parameters is not None else {"type": "object"}
+
 
 class ToolsError(UsageError):
     """A request's tools that cannot be planned; `param` names the request's field (each API says it
@@ -94,14 +99,13 @@ def plan_tools(
                 f"{function.name[:70]!r} is not a function name (1 to 64 of A-Z a-z 0-9 _ . -)",
                 param=function.param.rpartition(".")[0] + ".name",  # beside its parameters
             )
-        parameters = function.parameters if function.parameters is not None else {"type": "object"}
         try:
             _schema(function).compile()
         except GrammarError as error:
             raise ToolsError(
                 f"{error} (tool {function.name!r})", param=function.param, code="invalid_tool_schema"
             ) from None
-        tools.append(Tool(function.name, function.description, parameters))
+        tools.append(Tool(function.name, function.description, function.schema))
     names = [tool.name for tool in tools]
     if len(set(names)) < len(names):
         duplicate = next(name for name in names if names.count(name) > 1)
@@ -119,8 +123,7 @@ def plan_tools(
 
 def _schema(function: Function) -> GrammarSpec:
     """A function's parameters as a grammar (no parameters: any object); GrammarError if they are no schema."""
-    parameters = function.parameters if function.parameters is not None else {"type": "object"}
-    return GrammarSpec.json_schema(parameters, f"'{function.param}'")
+    return GrammarSpec.json_schema(function.schema, f"'{function.param}'")
 
 
 def _schemas(functions: Sequence[Function]) -> list[GrammarSpec]:
