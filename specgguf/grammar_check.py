@@ -54,28 +54,31 @@ class _Bytes:
         return list(text)
 
 
+_TOKEN_REF = re.compile(r"<\[([0-9,\-\s]+)\]>")  # a token reference: `<[151657]>`, `<[1,2]>`, `<[5-9]>`
+
+
 def _compact(kind: str, text: str) -> str:
     """A GBNF or Lark grammar with the tokens it names one at a time renumbered from 256, in order
     (`<[151657]>` → `<[256]>`): to the check a token is a token, and a byte vocabulary reaching 151657 (a
     tool call's opener) took a fifth of a second to build, per grammar. Where it names a list or a
     range of tokens, or a byte's id, or is another kind, the text as it is."""
-    refs = re.findall(r"<\[([0-9,\-\s]+)\]>", text) if kind in ("gbnf", "lark") else []
+    refs = _TOKEN_REF.findall(text) if kind in ("gbnf", "lark") else []
     if not refs or not all(ref.strip().isdigit() and int(ref) >= 256 for ref in refs):
         return text
     renumbered = {int(ref): 256 + index for index, ref in enumerate(dict.fromkeys(int(ref) for ref in refs))}
-    return re.sub(r"<\[\s*(\d+)\s*\]>", lambda match: f"<[{renumbered[int(match.group(1))]}]>", text)
+    return _TOKEN_REF.sub(lambda match: f"<[{renumbered[int(match.group(1))]}]>", text)
 
 
 def _named_tokens(text: str) -> int:
     """One past the largest token id the grammar names in a `<[...]>` token reference (0: none)."""
-    ids = [int(number) for ref in re.findall(r"<\[([0-9,\-\s]+)\]>", text) for number in re.findall(r"\d+", ref)]
+    ids = [int(number) for ref in _TOKEN_REF.findall(text) for number in re.findall(r"\d+", ref)]
     return max(ids) + 1 if ids else 0
 
 
 @lru_cache(maxsize=4)
 def _tokenizer(n_named: int) -> LLTokenizer:
-    """The byte vocabulary with `n_named` token ids (a tool call's `<[151657]>` makes 151k of them: a
-    third of a second to build, once per child however many grammars it checks)."""
+    """The byte vocabulary with `n_named` token ids (built once per child however many grammars it
+    checks: `_compact` keeps a tool call's `<[151657]>` from making 151k of them)."""
     return LLTokenizer(TokenizerWrapper(_Bytes(n_named)))
 
 
