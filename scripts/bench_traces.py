@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -24,7 +23,14 @@ from specgguf.bench import machine
 from specgguf.bench.llama_tools import COMPLETION, SPECULATIVE, LlamaTools
 from specgguf.bench.trace_replay import replay
 from specgguf.bench.trace_report import report_json, row_lines, total_lines
-from specgguf.bench.trace_servers import PairSettings, llama_server_specs, running, spec_types, specgguf_spec
+from specgguf.bench.trace_servers import (
+    PairSettings,
+    llama_server_specs,
+    run_script,
+    running,
+    spec_types,
+    specgguf_spec,
+)
 from specgguf.bench.traces import SHIPPED, load_trace
 from specgguf.errors import SpecggufError
 from specgguf.files.resolve import resolve_pair
@@ -113,11 +119,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # `timeout` or `kill`: unwind as Ctrl-C does, so that no server outlives the run (trace_servers.running)
-    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(143))
-    try:
-        main()
-    except SpecggufError as error:
-        sys.exit(f"specgguf: error: {error}")
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_script(main)

@@ -14,9 +14,7 @@ showed here as an overhead of a verify pass or more (docs/benchmarks.md, "Time t
 from __future__ import annotations
 
 import argparse
-import signal
 import statistics
-import sys
 from pathlib import Path
 
 import httpx
@@ -24,7 +22,6 @@ import httpx
 from specgguf.bench import trace_servers
 from specgguf.bench.trace_replay import Transcript, prepared_body, send
 from specgguf.bench.traces import load_trace
-from specgguf.errors import SpecggufError
 from specgguf.files.resolve import resolve_pair
 
 
@@ -77,11 +74,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # as bench_traces.py: `timeout` or `kill` unwinds as Ctrl-C does, so that no server outlives the run
-    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(143))
-    try:
-        main()
-    except SpecggufError as error:
-        sys.exit(f"specgguf: error: {error}")
-    except KeyboardInterrupt:
-        sys.exit(130)
+    trace_servers.run_script(main)

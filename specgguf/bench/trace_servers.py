@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,3 +167,15 @@ def _stop(process: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def run_script(main: Callable[[], None]) -> None:
+    """A benchmark script's entry (scripts/bench_traces.py, ttft_overhead.py): `timeout` or `kill` unwinds
+    as Ctrl-C does, so that no server outlives the run (`running` stops them all); an error is one line."""
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(143))
+    try:
+        main()
+    except SpecggufError as error:
+        sys.exit(f"specgguf: error: {error}")
+    except KeyboardInterrupt:
+        sys.exit(130)
