@@ -235,6 +235,38 @@ def test_the_reading_rule_waits_for_the_answer_then_learns_the_measured_cost():
     assert not short.defers(LONG_READ) and Reading.after_prefill(0.0, 0).per_token == 0.0
 
 
+def test_the_reading_waits_until_the_rent_paid_reaches_its_price():
+    # Ski rental: not having read loses 1 − 1/s of each second; the draft reads once that adds up to
+    # the reading's price (here 2 s). At s = 2 the rent is half of each second: 4 s of answer.
+    reading = Reading(per_token=0.01)
+    reading.observe(3.9, 0.0, 0)
+    assert reading.defers(200, 2.0) and not reading.defers(200)  # unknown s: the whole second is rent
+    reading.observe(0.2, 0.0, 0)
+    assert not reading.defers(200, 2.0) and reading.defers(200, 1.25)  # at 1.25×: 10 s
+    reading.observe(6.0, 0.0, 0)
+    assert not reading.defers(200, 1.25)
+    # Drafting that cannot beat plain decoding never buys a long read; a short one is still read at once.
+    assert reading.defers(200, 1.0) and reading.defers(200, 0.8) and not reading.defers(LONG_READ, 0.8)
+
+
+def test_a_long_read_waits_for_the_policys_speedup(monkeypatch):
+    # The same answer as above, reading priced at 1 ns a token (read at once with s unknown): a policy
+    # that expects no gain from the draft model never reads the long prompt.
+    monkeypatch.setattr(engine.Reading, "after_prefill", classmethod(lambda cls, seconds, n: cls(1e-9)))
+
+    class NoGain(FixedK):
+        def speedup(self, source):
+            return 1.0 if source == "model" else None
+
+    verifier, draft = _models(draft_choice=sometimes_wrong, n_ctx=512)
+    events, tokens = _run(verifier, draft, k=NoGain(3), max_tokens=12, prompt=LONG, kind="model")
+    assert tokens == _plain_greedy(counting, LONG, 12)
+    assert draft.eval_calls == [] and all(event.draft_source != "model" for event in events)
+    verifier, draft = _models(draft_choice=sometimes_wrong, n_ctx=512)
+    events, _ = _run(verifier, draft, k=3, max_tokens=12, prompt=LONG, kind="model")
+    assert events[1].draft_source == "model" and draft.eval_calls[0] == LONG
+
+
 def test_max_tokens_is_exact():
     verifier, draft = _models()
     for max_tokens in (1, 2, 5, 9):
@@ -474,6 +506,9 @@ class ScriptedSeconds:
 
     def branch(self, confidences, runner_up):
         return False
+
+    def speedup(self, source):
+        return self.policy.speedup(source)
 
     def observe(self, event):
         k, table = event.n_drafted, self.costs.verify

@@ -309,3 +309,17 @@ def test_an_ngram_source_above_break_even_keeps_drafting():
     for seed in range(5):
         choices, speed, _ = _ngram_run([0.9, 0.85, 0.85], seed=seed)
         assert choices[100:].count(0) == 0 and speed > 1.3
+
+
+def test_the_speedup_a_draft_would_buy_follows_what_its_drafts_and_the_costs_say():
+    # What a draft model's long reading would buy (core/reading.py): none on the compute-bound table,
+    # much where the verifier is memory-bound and the drafts are right, little once they prove wrong.
+    assert AdaptiveK(Q4, PolicyConfig(k_max=16)).speedup("model") < 1.0
+    sure = AdaptiveK(F16, PolicyConfig(k_max=12))
+    _run(sure, F16, [8] * 24)
+    assert sure.speedup("model") > 2.0 and sure.speedup("ngram") is None
+    poor = AdaptiveK(F16, PolicyConfig(k_max=12))
+    _run(poor, F16, [0, 1, 0, 0] * 10)
+    assert poor.speedup("model") < 1.15 < sure.speedup("model")
+    hybrid = adaptive_policy("hybrid", F16, PolicyConfig(k_max=12))
+    assert hybrid.speedup("model") == pytest.approx(hybrid.policies["model"].speedup("model"))

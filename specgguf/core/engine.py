@@ -69,6 +69,10 @@ class KPolicy(Protocol):
     def expected(self, source: Source) -> np.ndarray | None:
         """E(k), k = 0..k_max, of `source`'s drafts as priced (None: a fixed K, or no such source)."""
 
+    def speedup(self, source: Source) -> float | None:
+        """The rate drafting from `source` is expected to make at its best K, as priced, in times plain
+        decoding's (None: not known, as at a fixed K): what a draft model's reading would buy."""
+
     def share(self, round: Round) -> None:
         """Price the steps as one of the round's requests stepping in the same passes (rounds.Round)."""
 
@@ -89,6 +93,9 @@ class FixedK:
         return self.k > 0
 
     def expected(self, source: Source) -> np.ndarray | None:
+        return None
+
+    def speedup(self, source: Source) -> float | None:
         return None
 
     def share(self, round: Round) -> None:
@@ -154,7 +161,7 @@ def speculate(
         if ready is None:
             source = drafter.next_source(context)
             unread = drafter.unread(context) if source == "model" else 0
-            k_step = 0 if reading.defers(unread) else max(0, min(policy.choose(source), room))
+            k_step = 0 if reading.defers(unread, policy.speedup(source)) else max(0, min(policy.choose(source), room))
         t0 = time.perf_counter()
         drafts, walk = _propose(drafter, policy, context, k_step, verifier, settings, rng, constraint)
         t1 = time.perf_counter()

@@ -101,6 +101,14 @@ class AdaptiveK:
             return learned
         return optimistic(learned, self.acceptance.expected(self.config.doubt), self.config.worth_trying)
 
+    def speedup(self, source: Source) -> float | None:
+        """max_k E(k) / T(k) ÷ E(0) / T(0), E as `expected` prices it (optimistic over the first drafts)."""
+        expected = self.expected(source)
+        if expected is None:
+            return None
+        rates = expected / self.costs.step(np.arange(len(expected)), self.source)
+        return float(rates[1:].max() / rates[0])
+
     def rates(self, optimism: float = 0.0) -> np.ndarray:
         """Expected tokens per second E(k) / T(k) for k = 0..k_max."""
         return self.acceptance.expected(optimism) / self.costs.step(np.arange(self.config.k_max + 1), self.source)
@@ -302,6 +310,9 @@ class PerSource:
 
     def expected(self, source: Source) -> np.ndarray | None:
         return self.policies[source].expected(source) if source in self.policies else None
+
+    def speedup(self, source: Source) -> float | None:
+        return self.policies[source].speedup(source) if source in self.policies else None
 
     def learned_costs(self) -> MachineCosts | None:
         if self.costs is not None:

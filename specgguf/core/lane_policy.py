@@ -92,6 +92,9 @@ class SharedCosts:
         """E(k) of this request's drafts from `source`, as its policy prices them (KPolicy.expected)."""
         return self.policy.expected(source)
 
+    def speedup(self, source: Source) -> float | None:
+        return self.policy.speedup(source)
+
     def keep_drafting(self, confidences: list[float]) -> bool:
         return self.policy.keep_drafting(confidences)
 

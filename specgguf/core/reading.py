@@ -4,11 +4,17 @@ drafts win back on a short answer. Measured on the default pair (scripts/first_t
 649-token agent prompt the 0.5B draft reads for 8 s, and the 48-token answer that plain decoding
 writes in 3 s took 12 s.
 
-The rule is ski rental's: while the draft model's unread tokens would take longer to read than the
-answer has taken so far, its steps are plain (prompt lookup and a grammar's forced tokens, which
-read nothing first, still draft); once the answer has run that long, it reads and drafts. An answer
-shorter than the reading never pays for it, and a long one loses at most the reading's time to
-waiting. Less than `LONG_READ` unread tokens (a chat's new turn) is read at once, as before.
+The rule is ski rental's. Reading is the purchase, R seconds; not having read is the rent: while the
+draft's steps are plain (prompt lookup and a grammar's forced tokens, which read nothing first, still
+draft), each second of the answer loses what drafting would have saved of it, 1 − 1/s for drafting
+at s times plain decoding's rate (the K policy's estimate, `KPolicy.speedup`). The draft reads once
+the rent paid reaches the price: waited · (1 − 1/s) ≥ R. An answer too short to pay the reading back
+never reads, and a long one loses at most the reading's time to waiting, whatever s turns out to be;
+where s ≤ 1 (drafting from the model cannot win here) it never reads. With s unknown (a fixed K)
+the rent is the whole of each second, as if drafting were free and sure. Measured on the F16
+verifier: a chat's fifth turn (1,154 tokens the draft never read) read for 4.6 s after 120 of its 147
+tokens, drafting at about 1.3× where it paid nothing back: 0.68× plain; with the rent the draft never
+reads there. Less than `LONG_READ` unread tokens (a chat's new turn) is read at once, as before.
 
 The reading's cost per token starts as `DRAFT_READ_PRIOR` of the verifier's own reading of this
 prompt (the draft is the smaller model; of what the verifier read, when its cache held the rest) and
@@ -36,9 +42,13 @@ class Reading:
         prior there, the draft read a 300-token tools prompt before a 37-token answer: 0.42x plain."""
         return cls(DRAFT_READ_PRIOR * seconds / n_read if n_read else 0.0)
 
-    def defers(self, unread: int) -> bool:
-        """A draft model's step waits: its reading would take longer than the answer has so far."""
-        return unread > LONG_READ and unread * self.per_token > self.waited
+    def defers(self, unread: int, speedup: float | None = None) -> bool:
+        """A draft model's step waits: reading `unread` tokens costs more than not having read them has
+        cost so far, the answer's seconds times the share 1 − 1/`speedup` of them drafting would save."""
+        if unread <= LONG_READ:
+            return False
+        rent = 1.0 if speedup is None else max(0.0, 1.0 - 1.0 / speedup)
+        return unread * self.per_token >= self.waited * rent
 
     def observe(self, step_seconds: float, catchup_seconds: float, n_read: int) -> None:
         """A step took `step_seconds`; the draft read `n_read` tokens in `catchup_seconds` of it."""

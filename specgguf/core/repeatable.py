@@ -78,5 +78,8 @@ class Repeatable:
     def expected(self, source: Source) -> np.ndarray | None:
         return self.policy.expected(source)
 
+    def speedup(self, source: Source) -> float | None:
+        return self.policy.speedup(source)
+
     def share(self, round: Round) -> None:
         """Never priced for shared passes: a deterministic request's passes are its own."""
