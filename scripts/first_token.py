@@ -81,7 +81,7 @@ def main() -> None:
     verifier = LlamaModel(pair.verifier, n_ctx=4096, n_threads=args.t)
     draft = LlamaModel(pair.draft, n_ctx=4096, n_threads=args.t)
     rule, sides = engine.Reading.__dict__["after_prefill"], ("the reading rule", "reading at once")
-    at_once = classmethod(lambda cls, seconds, n_read: cls(0.0))
+    at_once = classmethod(lambda cls, seconds, n_read, measured=None: cls(0.0))
     for prompt in prompts(verifier, args):
         times: dict[str, list[tuple[float, float, int]]] = {side: [] for side in sides}
         for repeat in range(args.repeats):

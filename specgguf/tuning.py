@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard, TypeVar
 
-from .core.costs import PROBE_BATCH, PROBE_CONTEXT, MachineCosts, measure
+from .core.costs import PROBE_BATCH, PROBE_CONTEXT, MachineCosts, measure, measure_read
 from .errors import UsageError
 from .files.tuning_file import load_tuning, machine_entries, machine_id, tuning_path, update_tuning, warn
 from .llama.loaded import LoadedModel
@@ -109,7 +109,7 @@ def model_key(kind: str, model: Path, *, n_threads: int, n_gpu_layers: int) -> s
 
 # How many costs a stored list holds, by its key's kind (`model_key`): a verify table has a row per
 # batch size from 1 (core/costs.py's MachineCosts needs two or more), a draft one token's cost.
-_COST_ENTRIES = {"verify_costs": (2, 1024), "draft_costs": (1, 1)}
+_COST_ENTRIES = {"verify_costs": (2, 1024), "draft_costs": (1, 1), "draft_read": (1, 1)}
 MIN_SECONDS, MAX_SECONDS = 1e-6, 3600.0  # what a plausible cost is: from a microsecond to an hour
 
 
@@ -303,7 +303,8 @@ def probe(
     first, to say so) and stored. A config folder that cannot be written costs a warning."""
     verify = stored(verifier)
     draft_cost = stored_seconds(key_for(draft, "draft_costs")) if draft is not None else [0.0]
-    if (verify is None or draft_cost is None) and on_measure is not None:
+    draft_read = stored_seconds(key_for(draft, "draft_read")) if draft is not None else [0.0]
+    if (verify is None or draft_cost is None or draft_read is None) and on_measure is not None:
         on_measure()
     if verify is None:
         # The fastest of a few rounds: a short probe is easily disturbed, never sped up.
@@ -314,7 +315,11 @@ def probe(
     if draft_cost is None:
         assert draft is not None  # no draft costs [0.0]
         draft_cost = [measure_draft(draft, store=True)]
-    return MachineCosts(tuple(verify), draft_cost[0])
+    if draft_read is None:
+        assert draft is not None  # no draft reads [0.0]
+        # A long context read in one batch (core/reading.py prices a draft's catch-up with it).
+        draft_read = _keep(key_for(draft, "draft_read"), [measure_read(draft)])
+    return MachineCosts(tuple(verify), draft_cost[0], draft_read[0])
 
 
 def keep_learned(verifier: LoadedModel, draft: LoadedModel | None, learned: MachineCosts) -> None:

@@ -90,7 +90,8 @@ def answer(session: ChatSession, question: str, *, stop_after: int | None = None
 def test_a_draft_that_left_a_long_prompt_unread_reports_none_of_it_read(tiny_verifier, tiny_draft, monkeypatch):
     """The reading rule (core/reading.py) may leave a long prompt unread by the draft for all of a short
     answer: the turn reports what each model really read, not what it lacked."""
-    monkeypatch.setattr(reading.Reading, "after_prefill", classmethod(lambda cls, seconds, n: cls(1.0)))  # 1 s a token
+    one_second = classmethod(lambda cls, seconds, n, measured=None: cls(1.0))  # a token
+    monkeypatch.setattr(reading.Reading, "after_prefill", one_second)
     session = make_session(tiny_verifier, tiny_draft, system="you are a tiny model", max_tokens=4)
     turn, prompt = answer(session, QUESTIONS[0])
     assert len(prompt) > reading.LONG_READ  # long enough to wait for

@@ -46,6 +46,13 @@ def test_measure_times_each_batch_size_after_the_context_and_leaves_the_cache_em
     assert costs.describe([0.0041, 0.0608]) == "verify ms by batch size: 1: 4 · 2: 61"
 
 
+def test_measure_read_times_one_long_batch_a_token_and_leaves_the_cache_empty():
+    model = TimedModel({24: 0.048})  # half of n_ctx read at once, after as much context as is left
+    model.n_ctx = 48
+    assert costs.measure_read(model, n=128, repeats=2) == pytest.approx(0.002)
+    assert [len(call) for call in model.eval_calls] == [24, 24, 24] and model.cached == []
+
+
 def test_stored_tables_are_kept_per_key_beside_other_measurements(tmp_path):
     store_measurement(tmp_path / "big.gguf", tmp_path / "small.gguf", 0.0, BenchResult(4, 1.3))
     store_seconds("verify_costs|big.gguf|1|threads=2|gpu_layers=0", [0.03, 0.05, 0.06])
@@ -70,11 +77,11 @@ def test_probe_measures_once_per_machine_and_file_then_reads_the_store(tmp_path)
     (tmp_path / "v.gguf").write_bytes(b"v" * 10)
     (tmp_path / "d.gguf").write_bytes(b"d" * 5)
     verifier = FileModel(tmp_path / "v.gguf", {n: 0.002 + 0.002 * n for n in range(1, 9)})
-    draft = FileModel(tmp_path / "d.gguf", {1: 0.002})
+    draft = FileModel(tmp_path / "d.gguf", {1: 0.002, 32: 0.016})  # (n_ctx 64: it reads 32 at once)
     announced = []
     first = tuning.probe(verifier, draft, on_measure=lambda: announced.append(True))
     assert announced == [True] and len(first.verify) == costs.PROBE_BATCH
-    assert first.verify[:2] == (0.004, 0.006) and first.draft == 0.002
+    assert first.verify[:2] == (0.004, 0.006) and first.draft == 0.002 and first.draft_read == 0.0005
     calls = len(verifier.eval_calls) + len(draft.eval_calls)
     again = tuning.probe(verifier, draft, on_measure=lambda: announced.append(True))
     assert again == first and announced == [True]  # from tuning.json, nothing measured

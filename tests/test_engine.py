@@ -193,13 +193,13 @@ LONG = [*(1 + i % 7 for i in range(LONG_READ + 1)), 7]  # ends in (2, 7): nothin
 def test_a_draft_model_reads_a_long_prompt_only_once_the_answer_has_run_as_long(kind, monkeypatch):
     # The reading is priced at 10 ms a token, a plain step at what it takes (a fake's: well under
     # 10 ms), so the 65-token catch-up waits for steps worth 650 ms: none in a 12-token answer.
-    monkeypatch.setattr(engine.Reading, "after_prefill", classmethod(lambda cls, seconds, n: cls(0.01)))
+    monkeypatch.setattr(engine.Reading, "after_prefill", classmethod(lambda cls, seconds, n, measured=None: cls(0.01)))
     verifier, draft = _models(draft_choice=sometimes_wrong, n_ctx=512)
     events, tokens = _run(verifier, draft, k=3, max_tokens=12, prompt=LONG, kind=kind)
     assert tokens == _plain_greedy(counting, LONG, 12)
     assert draft.eval_calls == [] and all(event.draft_source != "model" for event in events)
     # Once the answer has taken as long as the reading would, the draft reads and drafts.
-    monkeypatch.setattr(engine.Reading, "after_prefill", classmethod(lambda cls, seconds, n: cls(1e-9)))
+    monkeypatch.setattr(engine.Reading, "after_prefill", classmethod(lambda cls, seconds, n, measured=None: cls(1e-9)))
     verifier, draft = _models(draft_choice=sometimes_wrong, n_ctx=512)
     events, tokens = _run(verifier, draft, k=3, max_tokens=12, prompt=LONG, kind=kind)
     assert tokens == _plain_greedy(counting, LONG, 12)
@@ -213,7 +213,7 @@ def test_a_draft_model_reads_a_long_prompt_only_once_the_answer_has_run_as_long(
 
 
 def test_prompt_lookup_drafts_from_the_first_step_that_can_after_a_long_prompt(monkeypatch):
-    monkeypatch.setattr(engine.Reading, "after_prefill", classmethod(lambda cls, seconds, n: cls(0.01)))
+    monkeypatch.setattr(engine.Reading, "after_prefill", classmethod(lambda cls, seconds, n, measured=None: cls(0.01)))
     prompt = [1 + i % 8 for i in range(LONG_READ + 1)]  # counting goes on as the prompt repeats
     events, tokens = _run(*_models(), k=3, max_tokens=8, prompt=prompt, kind="hybrid")
     assert tokens == _plain_greedy(counting, prompt, 8) and events[1].draft_source == "ngram"
@@ -233,6 +233,8 @@ def test_the_reading_rule_waits_for_the_answer_then_learns_the_measured_cost():
     short = Reading.after_prefill(0.2, 16)
     assert short.per_token == pytest.approx(DRAFT_READ_PRIOR * 0.0125) and short.defers(300)
     assert not short.defers(LONG_READ) and Reading.after_prefill(0.0, 0).per_token == 0.0
+    # The draft's own reading, timed on this machine, replaces the prior.
+    assert Reading.after_prefill(2.0, 100, measured=0.004).per_token == 0.004
 
 
 def test_the_reading_waits_until_the_rent_paid_reaches_its_price():
@@ -252,7 +254,7 @@ def test_the_reading_waits_until_the_rent_paid_reaches_its_price():
 def test_a_long_read_waits_for_the_policys_speedup(monkeypatch):
     # The same answer as above, reading priced at 1 ns a token (read at once with s unknown): a policy
     # that expects no gain from the draft model never reads the long prompt.
-    monkeypatch.setattr(engine.Reading, "after_prefill", classmethod(lambda cls, seconds, n: cls(1e-9)))
+    monkeypatch.setattr(engine.Reading, "after_prefill", classmethod(lambda cls, seconds, n, measured=None: cls(1e-9)))
 
     class NoGain(FixedK):
         def speedup(self, source):
@@ -509,6 +511,9 @@ class ScriptedSeconds:
 
     def speedup(self, source):
         return self.policy.speedup(source)
+
+    def read_seconds(self, source):
+        return self.policy.read_seconds(source)
 
     def observe(self, event):
         k, table = event.n_drafted, self.costs.verify

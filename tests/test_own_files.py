@@ -52,7 +52,7 @@ def measured(cli, tiny_verifier, tiny_draft, tmp_path_factory) -> dict[str, list
     config = tmp_path_factory.mktemp("measured")
     _run(cli, *_tiny(tiny_verifier, tiny_draft), env={"XDG_CONFIG_HOME": str(config)})
     (entries,) = json.loads((config / "specgguf" / "tuning.json").read_text()).values()
-    assert {key.split("|")[0] for key in entries} == {"verify_costs", "draft_costs"}
+    assert {key.split("|")[0] for key in entries} == {"verify_costs", "draft_costs", "draft_read"}
     return entries
 
 

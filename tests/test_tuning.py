@@ -152,9 +152,10 @@ def test_what_a_run_learned_of_the_costs_is_kept_only_after_enough_steps(tmp_pat
     )
     # The first run's probe met a busy machine: every cost stored 4x too high.
     true = MachineCosts((0.0335, 0.052, 0.066, 0.079, 0.095, 0.117), draft=0.0205)
-    busy = MachineCosts(tuple(4 * c for c in true.verify), draft=4 * true.draft)
+    busy = MachineCosts(tuple(4 * c for c in true.verify), draft=4 * true.draft, draft_read=0.004)
     tuning.store_seconds(tuning.key_for(verifier), list(busy.verify))
     tuning.store_seconds(tuning.key_for(draft, "draft_costs"), [busy.draft])
+    tuning.store_seconds(tuning.key_for(draft, "draft_read"), [busy.draft_read])
     resolved = SimpleNamespace(verifier=verifier.path, draft=draft.path, recommended_k=None)
     prepared = Prepared(resolved=resolved, verifier=verifier, draft=draft, options=DraftOptions())
     assert prepared.costs == busy  # read back, nothing measured
@@ -179,8 +180,8 @@ def test_what_a_run_learned_of_the_costs_is_kept_only_after_enough_steps(tmp_pat
     assert learned.draft == pytest.approx(true.draft)
     # The next run starts from what this one learned.
     assert tuning.probe(verifier, draft, on_measure=pytest.fail) == MachineCosts(
-        tuple(round(c, 6) for c in learned.verify), round(learned.draft, 6)
-    )
+        tuple(round(c, 6) for c in learned.verify), round(learned.draft, 6), busy.draft_read
+    )  # (the draft's reading is its own measurement: the steps do not relearn it)
 
 
 @pytest.mark.parametrize(
@@ -191,6 +192,7 @@ def test_what_a_run_learned_of_the_costs_is_kept_only_after_enough_steps(tmp_pat
         ("verify_costs", [0.01, 7200.0]),  # past an hour
         ("draft_costs", [0.01, 0.02]),  # a draft's cost is one number
         ("draft_costs", [1e-7]),  # under a microsecond
+        ("draft_read", [0.002, 0.003]),  # a draft's reading is one number a token
     ],
 )
 def test_stored_costs_of_the_wrong_length_or_an_implausible_size_are_one_warning_and_ignored(kind, costs, capsys):

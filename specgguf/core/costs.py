@@ -38,6 +38,7 @@ LEARNED_MIN_STEPS = 32  # steps a run must have taken before what it learned rep
 class MachineCosts:
     verify: tuple[float, ...]  # seconds to verify a batch of 1, 2, … tokens
     draft: float = 0.0  # seconds per token the draft model proposes (0.0: no draft model)
+    draft_read: float = 0.0  # seconds per token the draft model reads a context in one batch (0.0: not measured)
 
     def __post_init__(self) -> None:
         if len(self.verify) < 2:
@@ -48,7 +49,7 @@ class MachineCosts:
         one does. For rates compared against plain decoding (calibration.py's expected_rate and
         ngram_rate): noise that makes 2 rows cheaper than 1 would let any draft, even one never
         right, look faster than plain."""
-        return MachineCosts(tuple(float(x) for x in np.maximum.accumulate(self.verify)), self.draft)
+        return MachineCosts(tuple(float(x) for x in np.maximum.accumulate(self.verify)), self.draft, self.draft_read)
 
 
 def measure(
@@ -82,6 +83,25 @@ def measure(
             model.rewind(context)
     model.rewind(0)
     return [statistic(t) for t in timings]
+
+
+def measure_read(model: Model, *, n: int = 128, repeats: int = 2, context: int = PROBE_CONTEXT) -> float:
+    """Seconds a token to read `n` tokens in one batch after `context` (its last row's logits only,
+    as a draft model catching up on a long prompt reads): the fastest of `repeats`. The KV cache is
+    left empty."""
+    n = max(1, min(n, model.n_ctx // 2))
+    context = max(1, min(context, model.n_ctx - n))
+    filler = [(17 + 31 * i) % model.n_vocab for i in range(context + n)]
+    model.rewind(0)
+    model.eval(filler[:context], n_logits=1)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        model.eval(filler[context:], n_logits=1)
+        best = min(best, time.perf_counter() - started)
+        model.rewind(context)
+    model.rewind(0)
+    return best / n
 
 
 def describe(costs: list[float]) -> str:
@@ -193,6 +213,11 @@ class StepCosts:
         recent = self.draft_by_source.get(source)
         return prior if recent is None else self._cached(f"draft {source}", lambda: recent.estimate(prior))
 
+    def read_seconds(self, source: str) -> float | None:
+        """Seconds a token the draft model takes to read a long unread context: measured before
+        generation, at the learned scale (None: not measured, or a source that reads nothing)."""
+        return self.scale * self.base.draft_read if source == "model" and self.base.draft_read > 0 else None
+
     def measured(self, k: int) -> bool:
         """Whether steps measured verifying k drafts often enough to outvote the prior."""
         return len(self.verify_by_k.get(k, ())) > self.trust
@@ -249,7 +274,7 @@ class StepCosts:
         verify, draft = self.verify(np.arange(len(self.table))), self.draft_seconds("model")
         if self.n_steps < min_steps or not (np.all(verify > 0) and np.isfinite(verify).all() and draft >= 0):
             return None  # (a model that takes no time, as a fake's, teaches nothing to keep)
-        return MachineCosts(tuple(float(c) for c in verify), draft)
+        return MachineCosts(tuple(float(c) for c in verify), draft, self.base.draft_read)
 
 
 def extend(sizes: np.ndarray, costs: np.ndarray, ks: np.ndarray) -> np.ndarray:

@@ -73,6 +73,10 @@ class KPolicy(Protocol):
         """The rate drafting from `source` is expected to make at its best K, as priced, in times plain
         decoding's (None: not known, as at a fixed K): what a draft model's reading would buy."""
 
+    def read_seconds(self, source: Source) -> float | None:
+        """Seconds a token `source` takes to read a long unread context, as measured on this machine
+        (None: not known): what a draft model's reading costs (core/reading.py)."""
+
     def share(self, round: Round) -> None:
         """Price the steps as one of the round's requests stepping in the same passes (rounds.Round)."""
 
@@ -96,6 +100,9 @@ class FixedK:
         return None
 
     def speedup(self, source: Source) -> float | None:
+        return None
+
+    def read_seconds(self, source: Source) -> float | None:
         return None
 
     def share(self, round: Round) -> None:
@@ -152,7 +159,7 @@ def speculate(
     n_read, ready = ingest(verifier, prompt_tokens)
     drafter.prepare(prompt_tokens)
     prefill_seconds = time.perf_counter() - start
-    reading = Reading.after_prefill(prefill_seconds, n_read)
+    reading = Reading.after_prefill(prefill_seconds, n_read, measured=policy.read_seconds("model"))
     context, n_emitted = list(prompt_tokens), 0
     while len(context) <= verifier.n_ctx:
         # The verifier's batch (the pending token plus the drafts) must fit, and the answer's length.

@@ -109,6 +109,9 @@ class AdaptiveK:
         rates = expected / self.costs.step(np.arange(len(expected)), self.source)
         return float(rates[1:].max() / rates[0])
 
+    def read_seconds(self, source: Source) -> float | None:
+        return self.costs.read_seconds(source) if source == self.source else None
+
     def rates(self, optimism: float = 0.0) -> np.ndarray:
         """Expected tokens per second E(k) / T(k) for k = 0..k_max."""
         return self.acceptance.expected(optimism) / self.costs.step(np.arange(self.config.k_max + 1), self.source)
@@ -313,6 +316,9 @@ class PerSource:
 
     def speedup(self, source: Source) -> float | None:
         return self.policies[source].speedup(source) if source in self.policies else None
+
+    def read_seconds(self, source: Source) -> float | None:
+        return self.policies[source].read_seconds(source) if source in self.policies else None
 
     def learned_costs(self) -> MachineCosts | None:
         if self.costs is not None:

@@ -95,6 +95,9 @@ class SharedCosts:
     def speedup(self, source: Source) -> float | None:
         return self.policy.speedup(source)
 
+    def read_seconds(self, source: Source) -> float | None:
+        return self.policy.read_seconds(source)
+
     def keep_drafting(self, confidences: list[float]) -> bool:
         return self.policy.keep_drafting(confidences)
 

@@ -81,5 +81,8 @@ class Repeatable:
     def speedup(self, source: Source) -> float | None:
         return self.policy.speedup(source)
 
+    def read_seconds(self, source: Source) -> float | None:
+        return self.policy.read_seconds(source)
+
     def share(self, round: Round) -> None:
         """Never priced for shared passes: a deterministic request's passes are its own."""

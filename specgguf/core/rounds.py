@@ -70,7 +70,7 @@ class Round:
             table = np.asarray(costs.rising().verify)
             verify = extend(np.arange(1.0, len(table) + 1), table, rows) / n_lanes
         draft = costs.draft if self.draft is None else (self.draft.per_pass + self.draft.per_row * n_lanes) / n_lanes
-        return MachineCosts(tuple(float(x) for x in verify), float(draft))
+        return MachineCosts(tuple(float(x) for x in verify), float(draft), costs.draft_read)
 
 
 ALONE = Round()
