@@ -227,6 +227,24 @@ def test_a_lanes_policy_learns_its_share_not_the_wall_time():
     assert np.isclose(event.draft_catchup_seconds, 0.002)  # the catch-up's part of the draft time, in the same share
 
 
+def test_a_step_that_asked_for_no_k_is_charged_its_own_pass_not_the_ones_before():
+    """The engine steps without asking for K while a draft model's reading waits (core/reading.py), and
+    the prompt's pass is charged before an answer's first step. Measured in the agent trace's first
+    turns: plain steps charged 33, 66, 100, … ms (every pass since the last K asked) and the first one
+    the prompt's 6.4 s, so the learned costs made a plain step look 7× its price and the draft model,
+    which cannot win on that verifier, drafted for a whole 512-token answer at 0.65× plain."""
+    verifier, draft = _sequence(None, 1), _sequence(None, 1)
+    policy = AdaptiveK(TABLE)
+    seen: list[StepEvent] = []
+    policy.observe = seen.append
+    shared = SharedCosts(policy, verifier, draft, set())
+    verifier.charged_seconds = 6.4  # the prompt's pass
+    for n in range(1, 4):  # three plain steps, no K asked
+        verifier.charged_seconds += 0.033
+        shared.observe(_step(0, 0, verify=0.034, draft=0.0))
+    assert [round(event.verify_seconds, 3) for event in seen] == [0.034, 0.033, 0.033]
+
+
 def test_a_round_of_fresh_lanes_drafts_until_their_drafts_are_known_to_lose():
     """A fresh request's acceptance is unknown (the prior's 0.5): priced at it, four lanes on this
     memory-bound line would never draft, so they would never learn otherwise. Over each lane's first

@@ -129,7 +129,16 @@ class SharedCosts:
         if self.alone:
             self.policy.observe(event)
             return
-        verify, draft = (now - mark for now, mark in zip(self.charged(), self._marks))
+        # Charged since the step began: marked by `choose`, or by the last step's end where the engine
+        # stepped without asking for K (a draft model's reading deferred, core/reading.py) — and never
+        # more than the step's own wall time (a share of a pass is no more than the pass: the prompt's
+        # pass, charged before an answer's first step, is not the step's).
+        now = self.charged()
+        verify, draft = (
+            min(spent - mark, wall)
+            for spent, mark, wall in zip(now, self._marks, (event.verify_seconds, event.draft_seconds))
+        )
+        self._marks = now
         catchup = event.draft_catchup_seconds * draft / event.draft_seconds if event.draft_seconds > 0 else 0.0
         charged = replace(event, verify_seconds=verify, draft_seconds=draft, draft_catchup_seconds=catchup)
         self.policy.observe(charged)
