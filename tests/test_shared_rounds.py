@@ -239,7 +239,7 @@ def test_a_step_that_asked_for_no_k_is_charged_its_own_pass_not_the_ones_before(
     policy.observe = seen.append
     shared = SharedCosts(policy, verifier, draft, set())
     verifier.charged_seconds = 6.4  # the prompt's pass
-    for n in range(1, 4):  # three plain steps, no K asked
+    for _ in range(3):  # three plain steps, no K asked
         verifier.charged_seconds += 0.033
         shared.observe(_step(0, 0, verify=0.034, draft=0.0))
     assert [round(event.verify_seconds, 3) for event in seen] == [0.034, 0.033, 0.033]
