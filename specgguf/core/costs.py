@@ -67,11 +67,7 @@ def measure(
     change of machine load hits all sizes alike. Token ids are arbitrary (the cost does not depend
     on them). The KV cache is left empty.
     """
-    context = max(1, min(context, model.n_ctx - max_batch))
-    filler = [(17 + 31 * i) % model.n_vocab for i in range(context + max_batch)]
-    model.rewind(0)
-    model.eval(filler[:context], n_logits=1)
-    batch = filler[context:]
+    context, batch = _after_context(model, context, max_batch)
     model.eval(batch, n_logits=max_batch)  # warm-up: first-use allocations, caches
     model.rewind(context)
     timings: list[list[float]] = [[] for _ in range(max_batch)]
@@ -89,19 +85,25 @@ def measure_read(model: Model, *, n: int = 128, repeats: int = 2, context: int =
     """Seconds a token to read `n` tokens in one batch after `context` (its last row's logits only,
     as a draft model catching up on a long prompt reads): the fastest of `repeats`. The KV cache is
     left empty."""
-    n = max(1, min(n, model.n_ctx // 2))
+    context, batch = _after_context(model, context, max(1, min(n, model.n_ctx // 2)))
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        model.eval(batch, n_logits=1)
+        best = min(best, time.perf_counter() - started)
+        model.rewind(context)
+    model.rewind(0)
+    return best / len(batch)
+
+
+def _after_context(model: Model, context: int, n: int) -> tuple[int, list[int]]:
+    """An empty cache filled with `context` arbitrary tokens (fewer where the context must leave room
+    for n more), and n more to time after them: (the context's length, those n)."""
     context = max(1, min(context, model.n_ctx - n))
     filler = [(17 + 31 * i) % model.n_vocab for i in range(context + n)]
     model.rewind(0)
     model.eval(filler[:context], n_logits=1)
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        model.eval(filler[context:], n_logits=1)
-        best = min(best, time.perf_counter() - started)
-        model.rewind(context)
-    model.rewind(0)
-    return best / n
+    return context, filler[context:]
 
 
 def describe(costs: list[float]) -> str:
