@@ -242,13 +242,15 @@ def test_the_reading_waits_until_the_rent_paid_reaches_its_price():
     # the reading's price (here 2 s). At s = 2 the rent is half of each second: 4 s of answer.
     reading = Reading(per_token=0.01)
     reading.observe(3.9, 0.0, 0)
-    assert reading.defers(200, 2.0) and not reading.defers(200)  # unknown s: the whole second is rent
+    assert reading.defers(200, lambda: 2.0) and not reading.defers(200)  # unknown s: the whole second is rent
     reading.observe(0.2, 0.0, 0)
-    assert not reading.defers(200, 2.0) and reading.defers(200, 1.25)  # at 1.25×: 10 s
+    assert not reading.defers(200, lambda: 2.0) and reading.defers(200, lambda: 1.25)  # at 1.25×: 10 s
     reading.observe(6.0, 0.0, 0)
-    assert not reading.defers(200, 1.25)
-    # Drafting that cannot beat plain decoding never buys a long read; a short one is still read at once.
-    assert reading.defers(200, 1.0) and reading.defers(200, 0.8) and not reading.defers(LONG_READ, 0.8)
+    assert not reading.defers(200, lambda: 1.25)
+    # Drafting that cannot beat plain decoding never buys a long read; a short one is still read at once,
+    # without asking the policy.
+    assert reading.defers(200, lambda: 1.0) and reading.defers(200, lambda: 0.8)
+    assert not reading.defers(LONG_READ, lambda: pytest.fail("asked for a short read"))
 
 
 def test_a_long_read_waits_for_the_policys_speedup(monkeypatch):

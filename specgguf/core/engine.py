@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Sequence
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -168,7 +169,11 @@ def speculate(
         if ready is None:
             source = drafter.next_source(context)
             unread = drafter.unread(context) if source == "model" else 0
-            k_step = 0 if reading.defers(unread, policy.speedup(source)) else max(0, min(policy.choose(source), room))
+            k_step = (
+                0
+                if reading.defers(unread, partial(policy.speedup, source))
+                else max(0, min(policy.choose(source), room))
+            )
         t0 = time.perf_counter()
         drafts, walk = _propose(drafter, policy, context, k_step, verifier, settings, rng, constraint)
         t1 = time.perf_counter()

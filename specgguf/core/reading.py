@@ -23,6 +23,7 @@ and is then what the draft's catch-ups measured."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 LONG_READ = 64  # unread tokens; fewer are read at once
@@ -47,12 +48,15 @@ class Reading:
             return cls(measured)
         return cls(DRAFT_READ_PRIOR * seconds / n_read if n_read else 0.0)
 
-    def defers(self, unread: int, speedup: float | None = None) -> bool:
+    def defers(self, unread: int, speedup: Callable[[], float | None] = lambda: None) -> bool:
         """A draft model's step waits: reading `unread` tokens costs more than not having read them has
-        cost so far, the answer's seconds times the share 1 − 1/`speedup` of them drafting would save."""
+        cost so far, the answer's seconds times the share 1 − 1/s of them drafting would save, s =
+        `speedup()` (asked only for a long read: most steps have none, and the policy's estimate is not
+        free)."""
         if unread <= LONG_READ:
             return False
-        rent = 1.0 if speedup is None else max(0.0, 1.0 - 1.0 / speedup)
+        s = speedup()
+        rent = 1.0 if s is None else max(0.0, 1.0 - 1.0 / s)
         return unread * self.per_token >= self.waited * rent
 
     def observe(self, step_seconds: float, catchup_seconds: float, n_read: int) -> None:
