@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard, TypeVar
 
-from .core.costs import PROBE_BATCH, PROBE_CONTEXT, MachineCosts, measure, measure_read
+from .core.costs import PROBE_BATCH, PROBE_CONTEXT, MachineCosts, disturbed, measure, measure_read
 from .errors import UsageError
 from .files.tuning_file import load_tuning, machine_entries, machine_id, tuning_path, update_tuning, warn
 from .llama.loaded import LoadedModel
@@ -123,7 +123,13 @@ def seconds_reader(key: str) -> Callable[[object], list[float]]:
             and fewest <= len(costs) <= most
             and all(_number(cost) and MIN_SECONDS <= cost <= MAX_SECONDS for cost in costs)
         ):
-            return [float(cost) for cost in costs]
+            costs = [float(cost) for cost in costs]
+            if key.startswith("verify_costs|") and (n := disturbed(costs)):
+                raise InvalidEntry(
+                    f"a batch of {n} tokens is stored at {costs[n - 1] / costs[0]:.1f}× one token's cost, more"
+                    f" than {n} passes of one would take (measured while the machine was busy)"
+                )
+            return costs
         count = f"{fewest}" if fewest == most else f"{fewest} to {most}"
         raise InvalidEntry(f"expected a list of {count} costs, each from 1 µs to 1 h (in seconds)")
 
@@ -307,11 +313,7 @@ def probe(
     if (verify is None or draft_cost is None or draft_read is None) and on_measure is not None:
         on_measure()
     if verify is None:
-        # The fastest of a few rounds: a short probe is easily disturbed, never sped up.
-        verify = _keep(
-            key_for(verifier),
-            measure(verifier, max_batch=PROBE_BATCH, repeats=2, context=PROBE_CONTEXT, statistic=min),
-        )
+        verify = _probe_verify(verifier)
     if draft_cost is None:
         assert draft is not None  # no draft costs [0.0]
         draft_cost = [measure_draft(draft, store=True)]
@@ -322,10 +324,40 @@ def probe(
     return MachineCosts(tuple(verify), draft_cost[0], draft_read[0])
 
 
+def store_verify(key: str, verify: list[float]) -> None:
+    """`bench`'s verify table kept under `key`, unless its shape says the machine was busy (a warning;
+    a run then probes its own)."""
+    if n := disturbed(verify):
+        sys.stderr.write(
+            f"specgguf: warning: not keeping the verify costs: a batch of {n} tokens took"
+            f" {verify[n - 1] / verify[0]:.1f}× one token's time (the machine was busy)\n"
+        )
+    else:
+        store_seconds(key, verify)
+
+
+PROBE_TRIES = 3  # probes of the verify table, while each finds the machine busy
+
+
+def _probe_verify(verifier: LoadedModel) -> list[float]:
+    """The verify table, kept: the fastest of a few rounds (a short probe is easily disturbed, never sped
+    up), probed again while its shape says the machine was busy (`costs.disturbed`), each size's fastest
+    of every try; a table still disturbed serves this run and is not kept."""
+    verify: list[float] = []
+    for _ in range(PROBE_TRIES):
+        tried = measure(verifier, max_batch=PROBE_BATCH, repeats=2, context=PROBE_CONTEXT, statistic=min)
+        verify = [min(pair) for pair in zip(verify, tried, strict=True)] if verify else tried
+        if not disturbed(verify):
+            return _keep(key_for(verifier), verify)
+    return verify
+
+
 def keep_learned(verifier: LoadedModel, draft: LoadedModel | None, learned: MachineCosts) -> None:
     """What a run's steps taught (core/costs.py's StepCosts.learned) replaces the stored costs: the
-    next run's prior. A probe on a busy machine is not kept for good."""
-    _keep(key_for(verifier), list(learned.verify))
+    next run's prior. A probe on a busy machine is not kept for good (nor a learned table with the shape
+    of one)."""
+    if not disturbed(learned.verify):
+        _keep(key_for(verifier), list(learned.verify))
     if draft is not None:
         _keep(key_for(draft, "draft_costs"), [learned.draft])
 

@@ -99,3 +99,67 @@ def test_probe_in_a_config_folder_that_cannot_be_written_warns_and_goes_on(tmp_p
     measured = tuning.probe(FileModel(tmp_path / "v.gguf", {n: 0.01 * n for n in range(1, 9)}))
     assert len(measured.verify) == costs.PROBE_BATCH
     assert "not keeping the measured costs" in capsys.readouterr().err
+
+
+def test_a_table_costlier_than_its_single_passes_is_one_measured_on_a_busy_machine():
+    # 1.84x one for 2 rows is this machine's Q4_K_M verifier with every row's logits: plausible.
+    assert costs.disturbed([0.0249, 0.0458, 0.0616, 0.0760]) is None
+    assert costs.disturbed([0.02, 0.0509]) is None  # within the slack of two passes and a millisecond
+    assert costs.disturbed([0.02, 0.0511]) == 2
+    # Probed beside a compiler on both cores: 2 rows 3.8x one, and no forced token was ever drafted.
+    assert costs.disturbed([0.0679, 0.2589, 0.2458, 0.3550, 0.4160, 0.5177]) == 2
+    # A tiny model's passes of 0.07 ms jitter by as much: a spike under a millisecond is no busy machine.
+    assert costs.disturbed([0.000068, 0.000250, 0.000099]) is None
+
+
+def test_bench_keeps_a_verify_table_only_with_a_plausible_shape(capsys):
+    tuning.store_verify("verify_costs|busy.gguf|1|threads=2|gpu_layers=0", [0.0679, 0.2589, 0.2458])
+    assert stored_seconds("verify_costs|busy.gguf|1|threads=2|gpu_layers=0") is None
+    assert "not keeping the verify costs: a batch of 2 tokens took 3.8× one" in capsys.readouterr().err
+    tuning.store_verify("verify_costs|quiet.gguf|1|threads=2|gpu_layers=0", [0.0249, 0.0458, 0.0616])
+    assert stored_seconds("verify_costs|quiet.gguf|1|threads=2|gpu_layers=0") == [0.0249, 0.0458, 0.0616]
+
+
+class BusyModel(FileModel):
+    """A verifier whose batches of 2 take 4x one while the first `busy` such batches run (a build
+    beside the probe), then their quiet cost."""
+
+    def __init__(self, path, busy: int):
+        super().__init__(path, {n: 0.002 + 0.002 * n for n in range(1, 9)})
+        self.busy = busy
+
+    def eval(self, tokens, *, n_logits):
+        if len(tokens) == 2 and self.busy > 0:
+            self.busy -= 1
+            CLOCK.now += 0.016 - self.seconds[2]  # the quiet cost is added below
+        return super().eval(tokens, n_logits=n_logits)
+
+
+def test_a_probe_on_a_busy_machine_probes_again_and_keeps_only_a_plausible_table(tmp_path):
+    (tmp_path / "v.gguf").write_bytes(b"v" * 10)
+    verifier = BusyModel(tmp_path / "v.gguf", busy=3)  # the first try (2 rounds) and the second's first round
+    measured = tuning.probe(verifier)
+    assert measured.verify[:3] == (0.004, 0.006, 0.008)  # each size's fastest of the tries
+    assert sum(len(call) == 2 for call in verifier.eval_calls) == 4  # two tries of two rounds
+    assert tuning.stored(verifier) == list(measured.verify)
+    # Busy through every try: this run gets the table, tuning.json does not keep it.
+    (tmp_path / "w.gguf").write_bytes(b"w" * 10)
+    always = BusyModel(tmp_path / "w.gguf", busy=1000)
+    assert tuning.probe(always).verify[1] == pytest.approx(0.016)
+    assert sum(len(call) == 2 for call in always.eval_calls) == 2 * tuning.PROBE_TRIES
+    assert tuning.stored(always) is None
+    # Nor is a run's learned table with that shape.
+    tuning.keep_learned(always, None, costs.MachineCosts((0.004, 0.016, 0.018)))
+    assert tuning.stored(always) is None
+
+
+def test_a_stored_table_of_a_busy_machine_is_one_warning_and_measured_again(tmp_path, capsys):
+    (tmp_path / "v.gguf").write_bytes(b"v" * 10)
+    verifier = FileModel(tmp_path / "v.gguf", {n: 0.002 + 0.002 * n for n in range(1, 9)})
+    store_seconds(tuning.key_for(verifier), [0.0679, 0.2589, 0.2458, 0.3550, 0.4160, 0.5177])
+    announced = []
+    measured = tuning.probe(verifier, on_measure=lambda: announced.append(True))
+    assert announced == [True] and measured.verify[:2] == (0.004, 0.006)
+    (warning,) = capsys.readouterr().err.splitlines()
+    assert "a batch of 2 tokens is stored at 3.8× one token's cost" in warning and "machine was busy" in warning
+    assert tuning.stored(verifier) == list(measured.verify)

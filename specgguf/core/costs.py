@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,6 +32,11 @@ PROBE_BATCH = 6  # the probe times batches of 1..6 tokens (K up to 5); the polic
 PROBE_CONTEXT = 32
 LEARN_WINDOW = 32  # recent measurements per cost whose median the policy uses
 LEARNED_MIN_STEPS = 32  # steps a run must have taken before what it learned replaces tuning.json's costs
+# A batch of n rows never costs more than n passes of one (it could be run so): a table measured past
+# that, by more than this slack, was measured while something else took the cores (a build beside the
+# probe: 2 rows 3.8x one), and kept as the prior it would stop every draft for good (`disturbed`).
+# Past it by a millisecond at least: a tiny model's passes of 0.1 ms jitter by as much as they cost.
+SUBADDITIVE_SLACK, DISTURBANCE = 1.25, 0.001
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,16 @@ def _after_context(model: Model, context: int, n: int) -> tuple[int, list[int]]:
     model.rewind(0)
     model.eval(filler[:context], n_logits=1)
     return context, filler[context:]
+
+
+def disturbed(costs: Sequence[float]) -> int | None:
+    """The first batch size whose measured cost is past what that many single passes cost (with
+    `SUBADDITIVE_SLACK`, by `DISTURBANCE` or more): a table measured on a busy machine. None for a
+    plausible table."""
+    for n, cost in enumerate(costs, 1):
+        if cost > SUBADDITIVE_SLACK * n * costs[0] + DISTURBANCE:
+            return n
+    return None
 
 
 def describe(costs: list[float]) -> str:
