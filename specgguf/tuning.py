@@ -11,9 +11,10 @@
   vocabulary measured against n-gram drafts alone (cross_search.py's `Trial`, read through `stored_entry`).
 
 Entries come back as those typed values, checked on read by one reader (`read_entry`, given the kind's
-`from_json`): a cost table has the entries its kind
-needs (`_COST_ENTRIES`), each between 1 µs and an hour. The file itself (read only when a small
-regular file, changed under its lock) is files/tuning_file.py's.
+`from_json`): a cost table has the entries its kind needs (`_COST_ENTRIES`), each between 1 µs and an
+hour, and a verify table is no costlier than its single passes (`costs.disturbed`: one measured on a
+busy machine is measured again). The file itself (read only when a small regular file, changed under
+its lock) is files/tuning_file.py's.
 
 A damaged file is never fatal: each problem is one warning and the entry is ignored; a file
 that cannot be parsed is kept as tuning.json.damaged when it is next written.
