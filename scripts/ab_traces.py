@@ -1,0 +1,103 @@
+"""Two `specgguf serve` settings replaying one trace, request by request (ABBA: odd requests A first, even B
+first), each server with its own history, greedy: what a change to a default does on the work a client
+sends, without llama-server and without this machine's drift between runs (bench_traces.py compares
+with llama-server). Per request, and in total: the server's generation time (`timings.predicted_ms`),
+its tokens and drafts kept. Quiet machine only, one benchmark at a time:
+
+    .venv/bin/python scripts/ab_traces.py --trace chat -m ~/.cache/specgguf/qwen2.5-coder-1.5b-instruct-f16.gguf \
+        -md ~/.cache/specgguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --b "--draft-variant q4_0-q8head+hot32k"
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from specgguf.bench.machine import cpu
+from specgguf.bench.trace_replay import REQUEST_SECONDS, Transcript, prepared_body
+from specgguf.bench.trace_servers import PairSettings, ServerSpec, run_script, running, specgguf_spec
+from specgguf.bench.traces import CHAT, TraceRequest, load_trace
+from specgguf.files.resolve import resolve_pair
+
+
+@dataclass
+class Totals:
+    wall: float = 0.0
+    generation: float = 0.0
+    tokens: int = 0
+
+
+def answer(client: httpx.Client, base_url: str, path: str, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """The wall time and the server's answer to one request, not streamed (its `timings` whole)."""
+    started = time.perf_counter()
+    response = client.post(base_url + path, json=body | {"stream": False}, timeout=REQUEST_SECONDS)
+    response.raise_for_status()
+    return time.perf_counter() - started, response.json()
+
+
+def replay_one(
+    client: httpx.Client, base_url: str, request: TraceRequest, transcript: Transcript, total: Totals
+) -> str:
+    """One request to one server (its history in `transcript`), counted into `total`: a line of its figures."""
+    body = prepared_body(request, transcript, greedy=True)
+    wall, reply = answer(client, base_url, request.path, body)
+    if request.path == CHAT:
+        transcript.messages.append(reply["choices"][0]["message"])
+    timings = reply.get("timings") or {}
+    seconds, tokens = timings.get("predicted_ms", 0.0) / 1000, timings.get("predicted_n", 0)
+    total.wall, total.generation, total.tokens = total.wall + wall, total.generation + seconds, total.tokens + tokens
+    return (
+        f"{seconds:6.2f} s {tokens:4d} tokens, drafts {timings.get('draft_n_accepted', 0)}/{timings.get('draft_n', 0)}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", default="chat", help="a shipped trace (editor, agent, chat) or a file")
+    parser.add_argument("-m", help="the verifier GGUF (default: the default pair's)")
+    parser.add_argument("-md", help="the draft GGUF (default: the default pair's)")
+    parser.add_argument("-t", type=int, default=2)
+    parser.add_argument("-c", type=int, default=8192)
+    parser.add_argument("--a", default="", help="serve's options for A (default: none, its defaults)")
+    parser.add_argument("--b", required=True, help="serve's options for B")
+    parser.add_argument("--requests", type=int, help="only the first N requests")
+    args = parser.parse_args()
+    resolved = resolve_pair(model=args.m, model_draft=args.md, pair=None)
+    if resolved.draft is None:
+        parser.error("give -md DRAFT with -m")
+    settings = PairSettings(resolved.verifier, resolved.draft, args.t, args.c)
+    specs = []
+    for name, options in (("A", args.a), ("B", args.b)):
+        base = specgguf_spec(settings, name=name)
+        specs.append(ServerSpec(name, base.command + tuple(shlex.split(options)), base.environment))
+    requests = load_trace(args.trace).cut(args.requests).requests  # (a bad name fails before any server starts)
+    machine = cpu()
+    print(f"CPU: {machine['cpu']} ({machine['cores']} cores, -t {args.t}), avx512_vnni: {machine['avx512_vnni']}")
+    print(f"A: {args.a or '(defaults)'}\nB: {args.b}\n{args.trace}: {len(requests)} requests, ABBA")
+    totals = {"A": Totals(), "B": Totals()}
+    with running(specs) as servers, httpx.Client() as client:
+        transcripts = {server.name: Transcript() for server in servers}
+        for index, request in enumerate(requests, start=1):
+            parts = {
+                server.name: replay_one(client, server.base_url, request, transcripts[server.name], totals[server.name])
+                for server in (servers if index % 2 else servers[::-1])
+            }
+            print(f"#{index:<3} A {parts['A']} | B {parts['B']}", flush=True)
+    for name, total in totals.items():
+        rate = total.tokens / total.generation if total.generation else 0.0
+        print(
+            f"{name}: wall {total.wall:.1f} s, generation {total.generation:.1f} s"
+            f" for {total.tokens} tokens: {rate:.2f} tok/s"
+        )
+    a, b = (totals[name] for name in "AB")
+    if a.generation and b.generation and a.tokens:
+        print(f"B ÷ A, tokens a second of generation: {(b.tokens / b.generation) / (a.tokens / a.generation):.3f}×")
+
+
+if __name__ == "__main__":
+    run_script(main)
