@@ -1,8 +1,8 @@
 """Two `specgguf serve` settings replaying one trace, request by request (ABBA: odd requests A first, even B
-first), each server with its own history, greedy: what a change to a default does on the work a client
-sends, without llama-server and without this machine's drift between runs (bench_traces.py compares
-with llama-server). Per request, and in total: the server's generation time (`timings.predicted_ms`),
-its tokens and drafts kept. Quiet machine only, one benchmark at a time:
+first), each server with its own history (or both with A's: `--same-history`), greedy: what a change to a
+default does on the work a client sends, without llama-server and without this machine's drift between
+runs (bench_traces.py compares with llama-server). Per request, and in total: the server's generation
+time (`timings.predicted_ms`), its tokens and drafts kept. Quiet machine only, one benchmark at a time:
 
     .venv/bin/python scripts/ab_traces.py --trace chat -m ~/.cache/specgguf/qwen2.5-coder-1.5b-instruct-f16.gguf \
         -md ~/.cache/specgguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --b "--draft-variant q4_0-q8head+hot32k"
@@ -43,7 +43,8 @@ def answer(client: httpx.Client, base_url: str, path: str, body: dict[str, Any])
 def replay_one(
     client: httpx.Client, base_url: str, request: TraceRequest, transcript: Transcript, total: Totals
 ) -> str:
-    """One request to one server (its history in `transcript`), counted into `total`: a line of its figures."""
+    """One request to one server, after the history in `transcript` (its answer appended to it), counted
+    into `total`: a line of its figures."""
     body = prepared_body(request, transcript, greedy=True)
     wall, reply = answer(client, base_url, request.path, body)
     if request.path == CHAT:
@@ -66,6 +67,12 @@ def main() -> None:
     parser.add_argument("--a", default="", help="serve's options for A (default: none, its defaults)")
     parser.add_argument("--b", required=True, help="serve's options for B")
     parser.add_argument("--requests", type=int, help="only the first N requests")
+    parser.add_argument(
+        "--same-history",
+        action="store_true",
+        help="a chat's history is A's answers for both (each server's own otherwise: greedy answers can part at"
+        " a near-tie that the batch sizes decide, and then the turns after are other prompts)",
+    )
     args = parser.parse_args()
     resolved = resolve_pair(model=args.m, model_draft=args.md, pair=None)
     if resolved.draft is None:
@@ -78,11 +85,14 @@ def main() -> None:
     requests = load_trace(args.trace).cut(args.requests).requests  # (a bad name fails before any server starts)
     machine = cpu()
     print(f"CPU: {machine['cpu']} ({machine['cores']} cores, -t {args.t}), avx512_vnni: {machine['avx512_vnni']}")
-    print(f"A: {args.a or '(defaults)'}\nB: {args.b}\n{args.trace}: {len(requests)} requests, ABBA")
+    history = "A's history for both" if args.same_history else "each its own history"
+    print(f"A: {args.a or '(defaults)'}\nB: {args.b}\n{args.trace}: {len(requests)} requests, ABBA, {history}")
     totals = {"A": Totals(), "B": Totals()}
     with running(specs) as servers, httpx.Client() as client:
         transcripts = {server.name: Transcript() for server in servers}
         for index, request in enumerate(requests, start=1):
+            if args.same_history:  # both after A's answers so far: the same prompts, the same cache
+                transcripts["B"] = Transcript(list(transcripts["A"].messages))
             parts = {
                 server.name: replay_one(client, server.base_url, request, transcripts[server.name], totals[server.name])
                 for server in (servers if index % 2 else servers[::-1])
