@@ -127,8 +127,8 @@ def seconds_reader(key: str) -> Callable[[object], list[float]]:
             costs = [float(cost) for cost in costs]
             if key.startswith("verify_costs|") and (n := disturbed(costs)):
                 raise InvalidEntry(
-                    f"a batch of {n} tokens is stored at {costs[n - 1] / costs[0]:.1f}× one token's cost, more"
-                    f" than {n} passes of one would take (measured while the machine was busy)"
+                    f"a batch of {n} tokens at {costs[n - 1] / costs[0]:.1f}× one token's cost, more than"
+                    f" {n} passes of one would take (measured while the machine was busy)"
                 )
             return costs
         count = f"{fewest}" if fewest == most else f"{fewest} to {most}"
@@ -143,6 +143,10 @@ def stored_seconds(key: str) -> list[float] | None:
 
 
 def store_seconds(key: str, costs: list[float]) -> None:
+    """Keep `costs` under `key`; never what `stored_seconds` would refuse to read back (InvalidEntry): a
+    cost out of range, a verify table with a busy machine's shape."""
+    seconds_reader(key)(costs)
+
     def update(data: dict) -> None:
         data.setdefault(machine_id(), {})[key] = [round(c, 6) for c in costs]
 
@@ -299,7 +303,7 @@ def stored(model: LoadedModel) -> list[float] | None:
 def measure_and_store(model: LoadedModel, *, max_batch: int, store: bool, **options: Any) -> list[float]:
     costs = measure(model, max_batch=max_batch, **options)
     if store:
-        store_seconds(key_for(model), costs)
+        store_measured(key_for(model), costs)
     return costs
 
 
@@ -325,16 +329,14 @@ def probe(
     return MachineCosts(tuple(verify), draft_cost[0], draft_read[0])
 
 
-def store_verify(key: str, verify: list[float]) -> None:
-    """`bench`'s verify table kept under `key`, unless its shape says the machine was busy (a warning;
-    a run then probes its own)."""
-    if n := disturbed(verify):
-        sys.stderr.write(
-            f"specgguf: warning: not keeping the verify costs: a batch of {n} tokens took"
-            f" {verify[n - 1] / verify[0]:.1f}× one token's time (the machine was busy)\n"
-        )
-    else:
-        store_seconds(key, verify)
+def store_measured(key: str, costs: list[float]) -> None:
+    """`bench`'s costs kept under `key`, unless they are ones `store_seconds` refuses (a warning; a run
+    then probes its own)."""
+    try:
+        store_seconds(key, costs)
+    except InvalidEntry as problem:
+        what = key.split("|", 1)[0].replace("_", " ")  # "verify costs", "draft costs"
+        sys.stderr.write(f"specgguf: warning: not keeping the {what}: {problem}\n")
 
 
 PROBE_TRIES = 3  # probes of the verify table, while each finds the machine busy
@@ -343,22 +345,21 @@ PROBE_TRIES = 3  # probes of the verify table, while each finds the machine busy
 def _probe_verify(verifier: LoadedModel) -> list[float]:
     """The verify table, kept: the fastest of a few rounds (a short probe is easily disturbed, never sped
     up), probed again while its shape says the machine was busy (`costs.disturbed`), each size's fastest
-    of every try; a table still disturbed serves this run and is not kept."""
+    of every try; a table still disturbed serves this run and is not kept (`store_seconds` refuses it)."""
     verify: list[float] = []
     for _ in range(PROBE_TRIES):
         tried = measure(verifier, max_batch=PROBE_BATCH, repeats=2, context=PROBE_CONTEXT, statistic=min)
         verify = [min(pair) for pair in zip(verify, tried, strict=True)] if verify else tried
         if not disturbed(verify):
-            return _keep(key_for(verifier), verify)
-    return verify
+            break
+    return _keep(key_for(verifier), verify)
 
 
 def keep_learned(verifier: LoadedModel, draft: LoadedModel | None, learned: MachineCosts) -> None:
     """What a run's steps taught (core/costs.py's StepCosts.learned) replaces the stored costs: the
     next run's prior. A probe on a busy machine is not kept for good (nor a learned table with the shape
-    of one)."""
-    if not disturbed(learned.verify):
-        _keep(key_for(verifier), list(learned.verify))
+    of one: `store_seconds` refuses it)."""
+    _keep(key_for(verifier), list(learned.verify))
     if draft is not None:
         _keep(key_for(draft, "draft_costs"), [learned.draft])
 
@@ -370,6 +371,8 @@ def measure_draft(draft: LoadedModel, *, store: bool) -> float:
 
 
 def _keep(key: str, seconds: list[float]) -> list[float]:
+    """`seconds`, kept under `key` where they can be (not in a damaged or unwritable tuning.json, nor where
+    `store_seconds` refuses them: they serve this run only)."""
     seconds = [round(c, 6) for c in seconds]  # as tuning.json keeps them: the same costs next time
     if load_tuning() is None:  # damaged or unreadable: only `bench` replaces it (keeping a .damaged copy)
         sys.stderr.write(
@@ -378,6 +381,8 @@ def _keep(key: str, seconds: list[float]) -> list[float]:
         return seconds
     try:
         store_seconds(key, seconds)
+    except InvalidEntry:
+        pass
     except OSError as error:
         sys.stderr.write(f"specgguf: warning: could not keep the measured costs ({error}); measuring again next time\n")
     return seconds

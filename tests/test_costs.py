@@ -9,6 +9,7 @@ import pytest
 from fakes import FakeModel, one_hot_logits
 from specgguf import tuning
 from specgguf.core import costs
+from specgguf.files.tuning_file import update_tuning
 from specgguf.tuning import BenchResult, load_tuning, store_measurement, store_seconds, stored_seconds
 
 pytestmark = pytest.mark.usefixtures("config_home")
@@ -60,9 +61,16 @@ def test_stored_tables_are_kept_per_key_beside_other_measurements(tmp_path):
     assert stored_seconds("verify_costs|big.gguf|1|threads=4|gpu_layers=0") is None
     (per_machine,) = load_tuning().values()
     assert len(per_machine) == 2  # the pair's best K is still there
-    # A hand-edited table that makes no sense is ignored, not used.
-    store_seconds("bad", [0.03, -1.0])
+    # A hand-edited table that makes no sense is ignored, not used; nor is one ever stored.
+    _hand_edit("bad", [0.03, -1.0])
     assert stored_seconds("bad") is None
+    with pytest.raises(tuning.InvalidEntry):
+        store_seconds("bad", [0.03, -1.0])
+
+
+def _hand_edit(key: str, costs: list[float]) -> None:
+    """An entry written into tuning.json as a hand (or an older version) may have left it."""
+    update_tuning(lambda data: data.setdefault(tuning.machine_id(), {}).__setitem__(key, costs))
 
 
 class FileModel(TimedModel):
@@ -113,10 +121,10 @@ def test_a_table_costlier_than_its_single_passes_is_one_measured_on_a_busy_machi
 
 
 def test_bench_keeps_a_verify_table_only_with_a_plausible_shape(capsys):
-    tuning.store_verify("verify_costs|busy.gguf|1|threads=2|gpu_layers=0", [0.0679, 0.2589, 0.2458])
+    tuning.store_measured("verify_costs|busy.gguf|1|threads=2|gpu_layers=0", [0.0679, 0.2589, 0.2458])
     assert stored_seconds("verify_costs|busy.gguf|1|threads=2|gpu_layers=0") is None
-    assert "not keeping the verify costs: a batch of 2 tokens took 3.8× one" in capsys.readouterr().err
-    tuning.store_verify("verify_costs|quiet.gguf|1|threads=2|gpu_layers=0", [0.0249, 0.0458, 0.0616])
+    assert "not keeping the verify costs: a batch of 2 tokens at 3.8× one token's cost" in capsys.readouterr().err
+    tuning.store_measured("verify_costs|quiet.gguf|1|threads=2|gpu_layers=0", [0.0249, 0.0458, 0.0616])
     assert stored_seconds("verify_costs|quiet.gguf|1|threads=2|gpu_layers=0") == [0.0249, 0.0458, 0.0616]
 
 
@@ -156,10 +164,12 @@ def test_a_probe_on_a_busy_machine_probes_again_and_keeps_only_a_plausible_table
 def test_a_stored_table_of_a_busy_machine_is_one_warning_and_measured_again(tmp_path, capsys):
     (tmp_path / "v.gguf").write_bytes(b"v" * 10)
     verifier = FileModel(tmp_path / "v.gguf", {n: 0.002 + 0.002 * n for n in range(1, 9)})
-    store_seconds(tuning.key_for(verifier), [0.0679, 0.2589, 0.2458, 0.3550, 0.4160, 0.5177])
+    _hand_edit(
+        tuning.key_for(verifier), [0.0679, 0.2589, 0.2458, 0.3550, 0.4160, 0.5177]
+    )  # (as an older version kept it)
     announced = []
     measured = tuning.probe(verifier, on_measure=lambda: announced.append(True))
     assert announced == [True] and measured.verify[:2] == (0.004, 0.006)
     (warning,) = capsys.readouterr().err.splitlines()
-    assert "a batch of 2 tokens is stored at 3.8× one token's cost" in warning and "machine was busy" in warning
+    assert "a batch of 2 tokens at 3.8× one token's cost" in warning and "machine was busy" in warning
     assert tuning.stored(verifier) == list(measured.verify)

@@ -266,8 +266,8 @@ def _measure_target(
     pair_draft = target.pair.draft or draft.path  # load_models(need_draft=True) loaded it
 
     def store_target() -> None:
-        tuning.store_verify(verify_key, list(profile))
-        tuning.store_seconds(draft_key, [machine.draft])
+        tuning.store_measured(verify_key, list(profile))
+        tuning.store_measured(draft_key, [machine.draft])
         for temperature, measurement in best.items():
             store_measurement(target.pair.verifier, pair_draft, temperature, measurement)
 
