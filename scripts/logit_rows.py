@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specgguf.bench.llama_tools import LlamaTools  # noqa: E402
 from specgguf.bench.machine import machine_lines, machine_report  # noqa: E402
+from specgguf.bench.trace_servers import run_script  # noqa: E402
 from specgguf.llama.model import LlamaModel  # noqa: E402
 
 CHANCES = (0.7, 0.85, 0.95, 1.0)  # a draft's chance of being right, given the ones before it were
@@ -69,7 +70,12 @@ def main() -> None:
         "--llama-tools", type=Path, help="llama.cpp's programs (make llama-tools): llama-bench's figures"
     )
     args = parser.parse_args()
-    rows = sorted({1, *map(int, args.rows.split(","))})
+    try:
+        rows = sorted({1, *map(int, args.rows.split(","))})
+    except ValueError:
+        parser.error(f"--rows {args.rows!r}: row counts separated by commas, e.g. 1,2,4,8")
+    if rows[0] < 1:
+        parser.error(f"--rows {args.rows!r}: a pass has 1 row or more")
     if args.llama_tools:
         report = machine_report(LlamaTools.find(args.llama_tools), [(p.name, p) for p in args.model], args.threads)
         print(machine_lines(report))
@@ -105,4 +111,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)
