@@ -300,11 +300,20 @@ def stored(model: LoadedModel) -> list[float] | None:
     return stored_seconds(key_for(model))
 
 
-def measure_and_store(model: LoadedModel, *, max_batch: int, store: bool, **options: Any) -> list[float]:
-    costs = measure(model, max_batch=max_batch, **options)
-    if store:
-        store_measured(key_for(model), costs)
-    return costs
+PROBE_TRIES = 3  # probes of the verify table, while each finds the machine busy
+
+
+def measure_verify(model: LoadedModel, *, max_batch: int, **options: Any) -> list[float]:
+    """The verify table (`costs.measure`'s `options`), measured again while its shape says the machine
+    was busy (`costs.disturbed`), up to `PROBE_TRIES` times: each size's fastest of every try (a busy
+    machine slows a pass, never speeds one up). A table still disturbed is returned; no store keeps it."""
+    verify: list[float] = []
+    for _ in range(PROBE_TRIES):
+        tried = measure(model, max_batch=max_batch, **options)
+        verify = [min(pair) for pair in zip(verify, tried, strict=True)] if verify else tried
+        if not disturbed(verify):
+            break
+    return verify
 
 
 def probe(
@@ -339,20 +348,12 @@ def store_measured(key: str, costs: list[float]) -> None:
         sys.stderr.write(f"specgguf: warning: not keeping the {what}: {problem}\n")
 
 
-PROBE_TRIES = 3  # probes of the verify table, while each finds the machine busy
-
-
 def _probe_verify(verifier: LoadedModel) -> list[float]:
     """The verify table, kept: the fastest of a few rounds (a short probe is easily disturbed, never sped
-    up), probed again while its shape says the machine was busy (`costs.disturbed`), each size's fastest
-    of every try; a table still disturbed serves this run and is not kept (`store_seconds` refuses it)."""
-    verify: list[float] = []
-    for _ in range(PROBE_TRIES):
-        tried = measure(verifier, max_batch=PROBE_BATCH, repeats=2, context=PROBE_CONTEXT, statistic=min)
-        verify = [min(pair) for pair in zip(verify, tried, strict=True)] if verify else tried
-        if not disturbed(verify):
-            break
-    return _keep(key_for(verifier), verify)
+    up), probed again while the machine was busy (`measure_verify`); a table still disturbed serves this
+    run and is not kept (`store_seconds` refuses it)."""
+    table = measure_verify(verifier, max_batch=PROBE_BATCH, repeats=2, context=PROBE_CONTEXT, statistic=min)
+    return _keep(key_for(verifier), table)
 
 
 def keep_learned(verifier: LoadedModel, draft: LoadedModel | None, learned: MachineCosts) -> None:

@@ -137,7 +137,10 @@ def test_reading_back_what_bench_stored(cli, tiny_verifier, tiny_draft, config_h
     from specgguf import tuning
 
     entries = json.loads(tuning.tuning_path().read_text())[tuning.machine_id()]
-    assert any(key.startswith("verify_costs|") for key in entries)
+    # A busy machine (this suite's other workers) can leave every try of a tiny model's verify table
+    # with a busy machine's shape: then it is not kept, and bench says so (tests/test_costs.py plants both).
+    refused = "specgguf: warning: not keeping the verify costs" in result.stderr
+    assert any(key.startswith("verify_costs|") for key in entries) != refused, result.stderr
     assert any(key.startswith("draft_costs|") for key in entries)
     assert entries[tuning.pair_key(Path(tiny_verifier), Path(tiny_draft))]["greedy"]["k"] in (
         0,

@@ -247,7 +247,7 @@ def _measure_target(
     tokens = {kind: prompts.question(PROMPTS[kind], raw=False, system=None) for kind in plan.prompts}
     progress(f"{target.label}: verify cost by batch size")
     # Adaptive K reads this table; measured before the runs, as `run` would find it stored.
-    profile = tuning.measure_and_store(verifier, max_batch=K_MAX + 1, store=False, repeats=1 if plan.quick else 3)
+    profile = tuning.measure_verify(verifier, max_batch=K_MAX + 1, repeats=1 if plan.quick else 3)
     machine = costs.MachineCosts(tuple(profile), tuning.measure_draft(draft, store=False), costs.measure_read(draft))
     verify_key, draft_key = tuning.key_for(verifier), tuning.key_for(draft, "draft_costs")
     progress(target.label)
