@@ -1,4 +1,4 @@
-"""Which draft file wins here: the original vs each variant (draft_variant.py), interleaved, in one process.
+"""Which draft file wins here: the original vs each variant (drafts/made.py), interleaved, in one process.
 
 For each repeat, prompt kind and temperature: plain decoding, then every draft at specgguf's
 default settings (hybrid drafter, adaptive K from this machine's costs, a new n-gram cache per
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specgguf import draft_variant, tuning
+from specgguf import tuning
 from specgguf.bench.measure import PROMPTS, generate
 from specgguf.conversation import Prompts
 from specgguf.core.costs import PROBE_CONTEXT, MachineCosts, measure
@@ -30,6 +30,7 @@ from specgguf.core.engine import FixedK
 from specgguf.core.hot_vocab import HotVocab
 from specgguf.core.kpolicy import adaptive_policy
 from specgguf.core.ngram_cache import SessionNgrams
+from specgguf.drafts import made
 from specgguf.llama.loaded import LoadedModel, ModelSettings
 from specgguf.llama.variants import parse_variant
 
@@ -49,8 +50,8 @@ def open_named(name: str, draft: Path, verifier: LoadedModel, settings: ModelSet
     variant = parse_variant(text)
     if variant.is_original:
         return settings.load(draft)
-    path = draft_variant.derive(draft, variant, None if how == "ids" else verifier)
-    model = draft_variant.open_draft(path, settings)
+    path = made.derive(draft, variant, None if how == "ids" else verifier)
+    model = made.open_draft(path, settings)
     if how == "near-miss" and isinstance(model, HotVocab):
         model.rows = None
     return model

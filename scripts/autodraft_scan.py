@@ -34,7 +34,7 @@ def main() -> None:
         args.gguf = local_model_path(load_registry().get("qwen2.5-coder-1.5b").draft)
     from gguf import GGUFReader
 
-    from specgguf.autodraft import local_pairs
+    from specgguf.drafts.found import local_pairs
     from specgguf.files.gguf_header import summarize
 
     def library() -> None:

@@ -29,8 +29,8 @@ from specgguf.core.drafters import DraftSettings, build_drafter  # noqa: E402
 from specgguf.core.engine import FixedK  # noqa: E402
 from specgguf.core.ngram_cache import SessionNgrams  # noqa: E402
 from specgguf.core.stats import GenerationStats  # noqa: E402
-from specgguf.cross_search import choose_mode  # noqa: E402
-from specgguf.cross_vocab import cross_vocab  # noqa: E402
+from specgguf.drafts.cross_search import choose_mode  # noqa: E402
+from specgguf.drafts.cross_vocab import cross_vocab  # noqa: E402
 from specgguf.llama.model import LlamaModel  # noqa: E402
 
 MODES = ("plain", "ngram", "tokens", "string")

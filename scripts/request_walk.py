@@ -39,9 +39,8 @@ LAYERS = [
     ("cli",),
     ("serve", "bench"),
     ("prepare",),
-    ("cross_search",),
-    ("draft_variant", "kchoice"),
-    ("tuning", "conversation", "autodraft", "grammar", "cross_vocab"),
+    ("drafts", "kchoice"),
+    ("tuning", "conversation", "grammar"),
     ("core", "llama", "files", "grammar_check"),
     ("errors",),
 ]

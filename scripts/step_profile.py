@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=4)
     parser.add_argument("-n", type=int, default=128)
     parser.add_argument("--temp", type=float, default=0.0)
-    parser.add_argument("--draft-variant", default="original", help="auto, original or a variant (draft_variant.py)")
+    parser.add_argument("--draft-variant", default="original", help="auto, original or a variant (drafts/made.py)")
     parser.add_argument("prompt")
     args = parser.parse_args()
     pair = ResolvedPair(verifier=args.m, draft=args.md, name=None, recommended_k=None)

@@ -37,9 +37,9 @@ from .core.model import Model
 from .core.ngram_cache import SessionNgrams
 from .core.sampling import SamplingSettings
 from .core.stats import Generation
-from .cross_search import Measure, ModeChoice, choose_mode
-from .cross_vocab import cross_vocab, shared_text
-from .draft_variant import DraftChoice, load_chosen
+from .drafts.cross_search import Measure, ModeChoice, choose_mode
+from .drafts.cross_vocab import cross_vocab, shared_text
+from .drafts.made import DraftChoice, load_chosen
 from .errors import UsageError
 from .files.assets import cache_dir
 from .files.resolve import ResolvedPair
@@ -62,7 +62,7 @@ class LoadOptions:
     rpc: tuple[RpcWorker, ...] = ()  # the verifier's layers go to these workers
     rpc_draft: bool = False  # ... and the draft's too
     rpc_timeout: float = DEFAULT_TIMEOUT
-    draft_variant: Variant | Auto = AUTO  # the draft made for this machine (draft_variant.py), or a variant
+    draft_variant: Variant | Auto = AUTO  # the draft made for this machine (drafts/made.py), or a variant
 
     @property
     def verifier_settings(self) -> ModelSettings:
@@ -85,7 +85,7 @@ class DraftOptions:
     force_spec: bool = False  # never fall back to plain decoding
     keep_ngrams: bool = False  # the session n-gram cache persists per verifier (read at start, saved at the end)
     trees: bool = False  # draft trees: the runner-up beside the chain where the costs say it pays
-    # The draft was found here, of another vocabulary (cross_search.py): adopted only where measured
+    # The draft was found here, of another vocabulary (drafts/cross_search.py): adopted only where measured
     # (once, kept in tuning.json) to beat n-gram drafts alone; else the run drafts with n-grams alone.
     trial: bool = False
     # A draft of another vocabulary proposes shared tokens ("tokens") or its own text re-encoded by the
@@ -109,7 +109,7 @@ class Prepared:
     draft_choice: DraftChoice | None = None  # which draft file loaded, and why
     on_measure: Callable[[], None] | None = None  # called before costs are measured (to say so)
     _costs: MachineCosts | None = None
-    cross: CrossVocab | None = None  # a draft of another vocabulary: how it drafts through text (cross_vocab.py)
+    cross: CrossVocab | None = None  # a draft of another vocabulary: how it drafts through text (drafts/cross_vocab.py)
     # What followed each n-gram in everything this session read and generated (the n-gram and
     # hybrid drafters draft from it); with --keep-ngrams, also what earlier sessions saw.
     ngrams: SessionNgrams = field(default_factory=SessionNgrams)
@@ -222,7 +222,7 @@ def load_models(
 ) -> tuple[LoadedModel, LoadedModel | None, DraftChoice | None]:
     """Load the verifier and (if drafting) the draft, refusing pairs llama.cpp would refuse unless
     `cross_ok`: then a draft of another vocabulary is used as given (it drafts through text). The draft
-    is the one made for this machine unless --draft-variant says otherwise (draft_variant.py)."""
+    is the one made for this machine unless --draft-variant says otherwise (drafts/made.py)."""
     verifier = options.verifier_settings.load(resolved.verifier)
     if not need_draft or resolved.draft is None:
         return verifier, None, None

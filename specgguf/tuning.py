@@ -7,8 +7,8 @@
   stored ones, or measures them once now (core/costs.py's `measure`) and keeps them; a run long
   enough to learn them from its steps keeps what it learned instead (`keep_learned`).
 - The draft variants `--draft-variant auto` measured for a draft and verifier, and its choice
-  (`stored_draft_variant`, a `MeasuredVariants`: draft_variant.py); a found draft of another
-  vocabulary measured against n-gram drafts alone (cross_search.py's `Trial`, read through `stored_entry`).
+  (`stored_draft_variant`, a `MeasuredVariants`: drafts/made.py); a found draft of another
+  vocabulary measured against n-gram drafts alone (drafts/cross_search.py's `Trial`, read through `stored_entry`).
 
 Entries come back as those typed values, checked on read by one reader (`read_entry`, given the kind's
 `from_json`): a cost table has the entries its kind needs (`_COST_ENTRIES`), each between 1 µs and an

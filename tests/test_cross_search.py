@@ -1,4 +1,4 @@
-"""Drafts of another vocabulary found on disk (cross_search.py): found for `-m` alone and by
+"""Drafts of another vocabulary found on disk (drafts/cross_search.py): found for `-m` alone and by
 `pairs --local` with their overlap, ranked after the drafts that share the vocabulary unless measured
 faster, measured against n-gram drafts alone before adoption (the measurement injected here, to force
 both outcomes without timing), and the kept decision reused. Over fake stores of tiny generated GGUFs
@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from fake_stores import add_lmstudio_model, add_ollama_model
-from specgguf import cross_search, tuning
+from specgguf import tuning
 from specgguf.core.cross_drafter import DEFAULT_CROSS_MODE
-from specgguf.cross_search import Trial, find_any_draft
+from specgguf.drafts import cross_search
+from specgguf.drafts.cross_search import Trial, find_any_draft
 from specgguf.llama.model import LlamaModel
 from tiny_gguf import write_tiny_llama
 
@@ -219,7 +220,7 @@ def test_the_real_measurement_declines_a_draft_that_never_agrees(ggufs, stores):
     """The tiny random models never agree (acceptance 0): whatever the timings, n-grams win."""
     verifier, draft = LlamaModel(ggufs["big"], n_ctx=256), LlamaModel(ggufs["other"], n_ctx=256)
     try:
-        from specgguf.cross_vocab import cross_vocab
+        from specgguf.drafts.cross_vocab import cross_vocab
 
         cross = cross_vocab(draft, verifier)
         trial = cross_search.adopt(verifier, draft, cross)
@@ -237,7 +238,7 @@ def test_a_trial_is_kept_per_cross_mode(ggufs, stores):
     """`--cross-mode string` is measured on its own (its own tuning.json entry), then kept."""
     from dataclasses import replace
 
-    from specgguf.cross_vocab import cross_vocab
+    from specgguf.drafts.cross_vocab import cross_vocab
 
     verifier, draft = LlamaModel(ggufs["big"], n_ctx=256), LlamaModel(ggufs["other"], n_ctx=256)
     try:
@@ -304,7 +305,7 @@ def test_the_ngram_bar_is_plain_decoding_where_nothing_repeats_and_higher_where_
 
 
 def test_a_draft_is_of_another_vocabulary_by_its_choice_not_its_reason():
-    from specgguf.draft_variant import DraftChoice
+    from specgguf.drafts.made import DraftChoice
     from specgguf.llama.variants import ORIGINAL_VARIANT
     from specgguf.prepare import CROSS_WHY, pair_cross
 

@@ -12,7 +12,7 @@ from specgguf.core.cross_drafter import CrossVocabDrafter
 from specgguf.core.engine import speculate
 from specgguf.core.sampling import SamplingSettings
 from specgguf.core.vocab_map import CONTROL, UNUSED
-from specgguf.cross_vocab import cross_vocab, pair_map, vocab_pieces
+from specgguf.drafts.cross_vocab import cross_vocab, pair_map, vocab_pieces
 from specgguf.files.derived import counts_path
 from specgguf.files.vocab_maps import vocab_map_path
 from specgguf.llama.model import LlamaModel

@@ -1,4 +1,4 @@
-"""A draft made for this machine (draft_variant.py): derived into the cache by SHA-256, never touching the
+"""A draft made for this machine (drafts/made.py): derived into the cache by SHA-256, never touching the
 user's file, lossless like any draft, chosen by measurement and kept in tuning.json."""
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ import os
 import numpy as np
 import pytest
 
-from specgguf import draft_variant, tuning
+from specgguf import tuning
 from specgguf.core.calibration import expected_rate
 from specgguf.core.costs import MachineCosts
 from specgguf.core.engine import speculate
 from specgguf.core.hot_vocab import HotVocab
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.sampling import SamplingSettings
+from specgguf.drafts import made
 from specgguf.errors import ModelLoadError, UsageError
 from specgguf.files import hot_vocab
 from specgguf.files.derived import derived_path, verifier_id
@@ -45,12 +46,12 @@ def _load(path):
 
 def test_a_variant_is_derived_once_into_the_cache_by_sha256_and_the_users_file_is_untouched(cache, tiny_draft):
     before = (tiny_draft.read_bytes(), tiny_draft.stat().st_mtime_ns)
-    path = draft_variant.derive(tiny_draft, Q4_0)
+    path = made.derive(tiny_draft, Q4_0)
     assert path.parent == cache / "drafts" and path.name.endswith("-q4_0.gguf") and path.is_file()
     assert path.read_bytes()[:4] == b"GGUF" and path.stat().st_size < tiny_draft.stat().st_size
     assert (tiny_draft.read_bytes(), tiny_draft.stat().st_mtime_ns) == before
-    made = path.stat().st_mtime_ns
-    assert draft_variant.derive(tiny_draft, Q4_0) == path and path.stat().st_mtime_ns == made  # reused
+    derived_at = path.stat().st_mtime_ns
+    assert made.derive(tiny_draft, Q4_0) == path and path.stat().st_mtime_ns == derived_at  # reused
     assert not list((cache / "drafts").glob("*.incomplete"))
 
 
@@ -69,7 +70,7 @@ def test_the_cache_follows_the_files_contents_not_its_name(cache, tiny_dir, tiny
 def test_every_variant_drafts_losslessly(cache, tiny_verifier, tiny_draft, name):
     """Greedy: every emitted token is the verifier's argmax for its context, whatever the draft."""
     events, output = _check_greedy_per_step(
-        tiny_verifier, draft_variant.derive(tiny_draft, parse_variant(name)), "the cat was there", k=4, max_tokens=40
+        tiny_verifier, made.derive(tiny_draft, parse_variant(name)), "the cat was there", k=4, max_tokens=40
     )
     assert len(output) == 40 and sum(event.n_drafted for event in events) > 0
 
@@ -84,14 +85,14 @@ def test_expected_rate_is_the_best_k_of_e_over_t():
 
 
 def test_auto_measures_once_keeps_the_choice_and_then_reuses_it(cache, tiny_verifier, tiny_draft, monkeypatch):
-    monkeypatch.setattr(draft_variant, "MIN_DERIVED_BYTES", 0)  # the tiny draft counts as big enough
+    monkeypatch.setattr(made, "MIN_DERIVED_BYTES", 0)  # the tiny draft counts as big enough
     verifier = _load(tiny_verifier)
     said = []
-    first = draft_variant.choose(verifier, tiny_draft, AUTO, settings=SETTINGS, announce=said.append)
-    assert said and first.variant in (ORIGINAL_VARIANT, *draft_variant.AUTO_CANDIDATES)
-    assert {c.variant for c in first.candidates} == {ORIGINAL_VARIANT, *draft_variant.AUTO_CANDIDATES}
-    # The fastest, where one beats plain decoding here; else the original (draft_variant.pick).
-    assert first.variant == draft_variant.pick(list(first.candidates), tuning.probe(verifier).verify)
+    first = made.choose(verifier, tiny_draft, AUTO, settings=SETTINGS, announce=said.append)
+    assert said and first.variant in (ORIGINAL_VARIANT, *made.AUTO_CANDIDATES)
+    assert {c.variant for c in first.candidates} == {ORIGINAL_VARIANT, *made.AUTO_CANDIDATES}
+    # The fastest, where one beats plain decoding here; else the original (made.pick).
+    assert first.variant == made.pick(list(first.candidates), tuning.probe(verifier).verify)
     assert "measured here" in first.why
     assert all(0 <= c.acceptance <= 1 and c.ms_per_token > 0 for c in first.candidates)
     stored = json.loads(tuning.tuning_path().read_text())
@@ -101,21 +102,21 @@ def test_auto_measures_once_keeps_the_choice_and_then_reuses_it(cache, tiny_veri
     def no_measuring(*args, **kwargs):
         raise AssertionError("measured again")
 
-    monkeypatch.setattr(draft_variant, "calibrate", no_measuring)
-    again = draft_variant.choose(verifier, tiny_draft, AUTO, settings=SETTINGS, announce=said.append)
+    monkeypatch.setattr(made, "calibrate", no_measuring)
+    again = made.choose(verifier, tiny_draft, AUTO, settings=SETTINGS, announce=said.append)
     assert again == first and len(said) == 1
     verifier.close()
 
 
 def test_a_damaged_stored_choice_is_a_warning_and_measured_again(cache, tiny_verifier, tiny_draft, monkeypatch, capsys):
-    monkeypatch.setattr(draft_variant, "MIN_DERIVED_BYTES", 0)
+    monkeypatch.setattr(made, "MIN_DERIVED_BYTES", 0)
     verifier = _load(tiny_verifier)
     key = tuning.draft_variant_key(tiny_draft, verifier)
     tuning.tuning_path().parent.mkdir(parents=True, exist_ok=True)
     tuning.tuning_path().write_text(
         json.dumps({tuning.machine_id(): {key: {"choice": "q9_9", "candidates": [{"name": "q9_9"}]}}})
     )
-    choice = draft_variant.choose(verifier, tiny_draft, AUTO, settings=SETTINGS)
+    choice = made.choose(verifier, tiny_draft, AUTO, settings=SETTINGS)
     assert choice.candidates and "warning" in capsys.readouterr().err
     verifier.close()
 
@@ -123,15 +124,15 @@ def test_a_damaged_stored_choice_is_a_warning_and_measured_again(cache, tiny_ver
 def test_a_variant_by_name_is_announced_while_it_is_made_and_not_after(cache, tiny_verifier, tiny_draft):
     verifier = _load(tiny_verifier)
     said: list[str] = []
-    first = draft_variant.choose(verifier, tiny_draft, Q4_0, settings=SETTINGS, announce=said.append)
-    again = draft_variant.choose(verifier, tiny_draft, Q4_0, settings=SETTINGS, announce=said.append)
+    first = made.choose(verifier, tiny_draft, Q4_0, settings=SETTINGS, announce=said.append)
+    again = made.choose(verifier, tiny_draft, Q4_0, settings=SETTINGS, announce=said.append)
     assert said == ["making the q4_0 draft (once)"] and first == again and first.path.is_file()
     verifier.close()
 
 
 def test_a_small_draft_is_used_as_given(tiny_verifier, tiny_draft):
     verifier = _load(tiny_verifier)
-    choice = draft_variant.choose(verifier, tiny_draft, AUTO, settings=SETTINGS)
+    choice = made.choose(verifier, tiny_draft, AUTO, settings=SETTINGS)
     assert (choice.variant, choice.path) == (ORIGINAL_VARIANT, tiny_draft)
     verifier.close()
 
@@ -227,11 +228,11 @@ def test_a_hot_vocabulary_keeps_the_tokens_its_verifier_writes(cache, wide_pair,
     """The verifier's greedy answers on the calibration set are counted once (kept in the cache
     folder), and every token they hold is in the hot set, whatever its id."""
     verifier = LlamaModel(wide_pair[0], n_ctx=1024, n_threads=1)
-    counts = draft_variant.written_counts(verifier)
-    assert counts.shape == (2048,) and 0 < counts.sum() <= len(draft_variant.HOT_CALIBRATION) * 96
+    counts = made.written_counts(verifier)
+    assert counts.shape == (2048,) and 0 < counts.sum() <= len(made.HOT_CALIBRATION) * 96
     assert verifier.n_past == 0  # left as found
-    monkeypatch.setattr(draft_variant, "_count_answers", lambda _verifier: pytest.fail("counted twice"))
-    assert (draft_variant.written_counts(verifier) == counts).all()
+    monkeypatch.setattr(made, "_count_answers", lambda _verifier: pytest.fail("counted twice"))
+    assert (made.written_counts(verifier) == counts).all()
     written = set(np.flatnonzero(counts).tolist())
     assert any(token >= 1024 for token in written)  # by id alone, some of them would be cut
     path = hot_vocab.build(wide_pair[1], cache / "hot.gguf", n_hot=1024, counts=counts)
@@ -257,7 +258,7 @@ def test_a_hot_vocabulary_draft_is_lossless(cache, wide_pair):
     verifier_path, draft_path = wide_pair
     path = hot_vocab.build(draft_path, cache / "hot.gguf", n_hot=1024)
     verifier = RecordingModel(LlamaModel(verifier_path, n_ctx=256, n_threads=1))
-    draft = draft_variant.open_draft(path, SETTINGS)
+    draft = made.open_draft(path, SETTINGS)
     tokens = verifier.tokenize("the cat was there", special=False)
     events = list(
         speculate(
@@ -286,7 +287,7 @@ def test_a_hot_vocabulary_draft_parked_and_restored_reads_on_as_if_it_never_move
     """The cache slots' save_state/load_state through the hot view: the file's cache and the view's
     token list come back together, and the next row is the one an unmoved cache gives."""
     path = hot_vocab.build(wide_pair[1], cache / "hot.gguf", n_hot=1024)
-    draft = draft_variant.open_draft(path, SETTINGS)
+    draft = made.open_draft(path, SETTINGS)
     assert isinstance(draft, HotVocab)
     cold = [token for token in range(3, 2048) if draft.ids[draft.feed[token]] != token][:4]
     context = [1, 40, *cold, 41, 42, 43]  # cold tokens in the cache: fed as their own embedding rows
@@ -317,7 +318,7 @@ def test_a_damaged_id_map_is_one_clear_error(cache, wide_pair):
         hot_vocab.load_maps(path)
     np.save(hot_vocab.rows_file(path), np.zeros((2048, 12), dtype=np.uint8))  # rows 3 wide, the model's are not
     with pytest.raises(ModelLoadError, match="rows of 3, not the model's"):
-        draft_variant.open_draft(path, SETTINGS)
+        made.open_draft(path, SETTINGS)
 
 
 def test_hot_variants_are_named_by_size():
@@ -343,9 +344,9 @@ def test_where_no_draft_can_beat_plain_decoding_the_original_is_kept():
     hot = parse_variant("q4_0+hot32k")
     fast = tuning.Candidate(hot, 10.0, 0.81, 27.0)
     slow = tuning.Candidate(ORIGINAL_VARIANT, 21.8, 0.83, 22.0)
-    assert draft_variant.pick([slow, fast], verify) == ORIGINAL_VARIANT  # 27 tok/s < 1 / 0.035 s = 28.6
+    assert made.pick([slow, fast], verify) == ORIGINAL_VARIANT  # 27 tok/s < 1 / 0.035 s = 28.6
     winning = tuning.Candidate(hot, 10.0, 0.81, 31.0)
-    assert draft_variant.pick([slow, winning], verify) == hot
+    assert made.pick([slow, winning], verify) == hot
 
 
 def test_a_draft_never_right_never_looks_faster_than_plain_on_a_noisy_verify_table():

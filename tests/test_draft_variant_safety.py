@@ -52,12 +52,12 @@ def left_in(folder: Path) -> list[str]:
 DERIVE_AT_THE_SIGNAL = """
 import sys, time
 from pathlib import Path
-from specgguf import draft_variant
+from specgguf.drafts import made
 from specgguf.llama.variants import parse_variant
 go = Path(sys.argv[2])
 while not go.exists():
     time.sleep(0.005)
-print(draft_variant.derive(Path(sys.argv[1]), parse_variant(sys.argv[3])))
+print(made.derive(Path(sys.argv[1]), parse_variant(sys.argv[3])))
 """
 
 
@@ -87,9 +87,9 @@ def test_two_runs_making_the_same_variant_at_once_both_succeed(cache, slow_to_qu
 def test_auto_with_a_cache_it_cannot_write_uses_the_draft_as_given(
     cli, tiny_verifier, tiny_draft, tmp_path, monkeypatch
 ):
-    from specgguf import draft_variant
+    from specgguf.drafts import made
 
-    monkeypatch.setattr(draft_variant, "MIN_DERIVED_BYTES", 0)  # the tiny draft counts as big enough
+    monkeypatch.setattr(made, "MIN_DERIVED_BYTES", 0)  # the tiny draft counts as big enough
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the cache folder should be")
     monkeypatch.setenv("SPECGGUF_CACHE", str(blocked / "cache"))

@@ -11,7 +11,7 @@ import pytest
 
 from fake_stores import MODEL_LAYER, add_lmstudio_model, add_ollama_model, place_blob, write_manifest
 from live_server import live_server
-from specgguf.autodraft import vocab_match
+from specgguf.drafts.found import vocab_match
 from specgguf.files.gguf_header import SummaryIndex, summarize
 from tiny_gguf import write_tiny_llama
 

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from specgguf.core.string_drafter import StringDrafter
-from specgguf.cross_vocab import cross_vocab
+from specgguf.drafts.cross_vocab import cross_vocab
 from specgguf.llama.model import LlamaModel
 from test_backend import RecordingModel
 from test_cross_vocab_gguf import greedy_events

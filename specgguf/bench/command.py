@@ -19,7 +19,7 @@ from ..core import costs
 from ..core.cross_drafter import AUTO_CROSS_MODE, CrossModeChoice
 from ..core.drafters import DrafterKind, cross_mode_named, drafter_kind
 from ..core.kpolicy import K_MAX
-from ..cross_search import kept_mode
+from ..drafts.cross_search import kept_mode
 from ..errors import SpecggufError, UsageError, terminal_safe
 from ..files.resolve import ResolvedPair
 from ..prepare import LoadOptions, load_models, pair_cross, placement, where_line

@@ -30,7 +30,7 @@ from ..conversation import Message, Prompts
 from ..core.engine import FixedK
 from ..core.ngram_cache import SessionNgrams
 from ..core.sampling import SamplingSettings
-from ..draft_variant import load_chosen
+from ..drafts.made import load_chosen
 from ..errors import SpecggufError, UsageError
 from ..kchoice import KChoice
 from ..llama.loaded import LoadedModel

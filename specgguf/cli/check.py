@@ -16,7 +16,7 @@ from rich.text import Text
 
 from .. import tuning
 from ..core.vocab_map import build_vocab_map
-from ..cross_vocab import vocab_pieces
+from ..drafts.cross_vocab import vocab_pieces
 from ..errors import terminal_safe
 from ..files.registry import ModelFile, Pair, Registry, load_registry
 from ..files.resolve import Role, find_local, resolve_model
@@ -67,7 +67,7 @@ class Report:
 
     @property
     def across_vocabularies(self) -> bool:
-        """A rule fails, yet `run -md` drafts through the text (cross_vocab.py): some verifier tokens
+        """A rule fails, yet `run -md` drafts through the text (drafts/cross_vocab.py): some verifier tokens
         have a draft token with the same text."""
         return not self.compatible and bool(self.overlap)
 
@@ -133,7 +133,7 @@ def _notes(draft: Side, verifier: Side, *, one_vocabulary: bool) -> list[Finding
 
 def _cross_mode_note(draft: Path, verifier: Path) -> Finding:
     """How `run` drafts across these vocabularies on this machine (--cross-mode auto), and why."""
-    from ..cross_search import stored_choice
+    from ..drafts.cross_search import stored_choice
 
     measured = stored_choice(draft, verifier)
     if measured is None or measured.partial:
@@ -156,7 +156,7 @@ class _Cross:
 
 def _cross_note(draft: Side, verifier: Side) -> _Cross:
     """What `run -md` does with a draft of another vocabulary: drafts through the text, proposing only
-    the tokens both vocabularies spell the same (cross_vocab.py)."""
+    the tokens both vocabularies spell the same (drafts/cross_vocab.py)."""
     vocab_map = build_vocab_map(vocab_pieces(draft.vocab), vocab_pieces(verifier.vocab))
     covered = int(vocab_map.verifier_covered.sum())
     note = Finding(

@@ -356,9 +356,9 @@ def pair_setup(
 def found_draft(
     resolved: ResolvedPair, drafting: DraftOptions, err_console: Console
 ) -> tuple[ResolvedPair, DraftOptions]:
-    """-m without -md: a draft found among the local models (autodraft.py; one of another vocabulary,
-    cross_search.py, is measured before it is adopted), else n-grams alone; says which."""
-    from ..cross_search import find_any_draft
+    """-m without -md: a draft found among the local models (drafts/found.py; one of another vocabulary,
+    drafts/cross_search.py, is measured before it is adopted), else n-grams alone; says which."""
+    from ..drafts.cross_search import find_any_draft
 
     if not resolved.verifier.is_file():
         return resolved, drafting  # loading it says what is wrong

@@ -23,8 +23,8 @@ from ..files.stamps import size_text
 from ..tuning import BenchResult, stored_measurement
 
 if TYPE_CHECKING:  # imported where `pairs --local` runs: the scan's modules load only for it
-    from ..autodraft import LocalPair
-    from ..cross_search import CrossPair
+    from ..drafts.cross_search import CrossPair
+    from ..drafts.found import LocalPair
 
 
 def measurement(pair: Pair) -> tuple[BenchResult, str] | None:
@@ -192,10 +192,10 @@ def _other_row(cross: CrossPair) -> dict:
 
 def show_local_pairs(*, json_output: bool, console: Console, out: TextIO) -> None:
     """`pairs --local`: every pair among the local files, smallest ratio first per verifier; then the
-    drafts of another vocabulary (cross_search.py), ranked after them, each with its overlap."""
-    from ..autodraft import MAX_RATIO
+    drafts of another vocabulary (drafts/cross_search.py), ranked after them, each with its overlap."""
     from ..core.cross_drafter import CROSS_MODE_NAMES
-    from ..cross_search import all_local_pairs
+    from ..drafts.cross_search import all_local_pairs
+    from ..drafts.found import MAX_RATIO
 
     found, crosses = all_local_pairs()
     if json_output:

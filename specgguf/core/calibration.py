@@ -1,5 +1,5 @@
 """Calibration runs: the engine, greedy at a fixed K, over a few prompts (token ids), the verifier
-left empty after. What draft_variant.py measures a draft by (`acceptance`; a draft of another
+left empty after. What drafts/made.py measures a draft by (`acceptance`; a draft of another
 vocabulary through its `CrossVocab`), what n-gram drafts alone give here (`ngram_rate`, the bar a
 found draft of another vocabulary must clear), what a draft right at some rate should give
 (`expected_rate`) and ranks a hot vocabulary with (`written_counts`: the

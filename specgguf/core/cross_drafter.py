@@ -126,7 +126,7 @@ class VerifierText:
 
 @dataclass(frozen=True)
 class CrossVocab:
-    """What a draft model of another vocabulary drafts with besides itself (cross_vocab.py makes it
+    """What a draft model of another vocabulary drafts with besides itself (drafts/cross_vocab.py makes it
     for a loaded pair; the drafter table's `cross` row takes it from DraftSettings)."""
 
     vocab_map: VocabMap

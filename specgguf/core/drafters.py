@@ -31,7 +31,7 @@ class DraftSettings:
     p_min: float = 0.0  # the draft model's early stop: below this top probability ...
     n_min: int = 0  # ... after at least this many drafts
     session: SessionNgrams | None = None  # the n-gram cache the n-gram side drafts from and teaches
-    cross: CrossVocab | None = None  # a draft of another vocabulary: how it reads and proposes (cross_vocab.py)
+    cross: CrossVocab | None = None  # a draft of another vocabulary: how it reads and proposes (drafts/cross_vocab.py)
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def _model(draft: Model, settings: DraftSettings) -> Drafter:
     cross = settings.cross
     if cross is not None and cross.mode == "string":
         if cross.verifier_text is None:
-            raise UsageError("--cross-mode string needs the verifier's tokenizer (cross_vocab.py gives it)")
+            raise UsageError("--cross-mode string needs the verifier's tokenizer (drafts/cross_vocab.py gives it)")
         return StringDrafter(draft, cross, cross.verifier_text, p_min=settings.p_min, n_min=settings.n_min)
     if settings.cross is not None:
         return CrossVocabDrafter(draft, settings.cross, p_min=settings.p_min, n_min=settings.n_min)

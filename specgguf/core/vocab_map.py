@@ -88,7 +88,7 @@ class VocabPieces:
 
 
 class VocabMapError(ValueError):
-    """A stored map that does not fit its pair (cross_vocab.py rebuilds it)."""
+    """A stored map that does not fit its pair (drafts/cross_vocab.py rebuilds it)."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Where the drafts derived from a user's draft file live: the cache folder (files/assets.py's
-`DERIVED_DRAFTS`), named by the source's SHA-256 and the variant's name (draft_variant.py makes
+`DERIVED_DRAFTS`), named by the source's SHA-256 and the variant's name (drafts/made.py makes
 them), and beside them the verifier's counted answers a hot vocabulary ranks by.
 """
 

@@ -6,7 +6,7 @@ those stays lossless: a token it cannot propose has q = 0, and the verifier stil
 (FR-Spec, VocabTrim; SGLang ships it as a token map).
 
 - Which tokens: the special tokens, then the tokens the verifier itself wrote on a calibration set
-  (code and prose, draft_variant.py), most frequent first, then the lowest ids: a BPE vocabulary's
+  (code and prose, drafts/made.py), most frequent first, then the lowest ids: a BPE vocabulary's
   ids follow its merge order, the tokenizer's own frequency ranking on its training corpus. (By id
   alone, Qwen2.5's 32k cut lacks "```", which opens every code answer.)
 - The file: the same GGUF (gguf-py reads and writes it, tensors copied byte for byte) with

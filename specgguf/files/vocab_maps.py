@@ -1,4 +1,4 @@
-"""Where a cross-vocabulary pair's vocabulary map is kept (cross_vocab.py builds and checks it): the
+"""Where a cross-vocabulary pair's vocabulary map is kept (drafts/cross_vocab.py builds and checks it): the
 cache folder's derived drafts (files/assets.py's `DERIVED_DRAFTS`), named by both files (name, size
 and modification time: a changed file gets a new map; a rebuild takes about a second).
 """

@@ -91,7 +91,7 @@ def compare_vocabularies(verifier: VocabInfo, draft: VocabInfo, *, max_examples:
 
 
 def vocabularies_match(verifier: VocabInfo, draft: VocabInfo) -> bool:
-    """The pair shares one vocabulary (else it drafts only through text: cross_vocab.py)."""
+    """The pair shares one vocabulary (else it drafts only through text: drafts/cross_vocab.py)."""
     return all(finding.ok for finding in compare_vocabularies(verifier, draft, max_examples=0))
 
 

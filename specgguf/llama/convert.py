@@ -3,7 +3,7 @@ only into a copy the user asked for, such as the F16 benchmark variant).
 
 `requantize_draft` makes a row of llama/variants.py's `REQUANTIZATIONS` (the drafts specgguf can
 make for this machine), its types named as llama.cpp names them. Which one a machine gets is
-measured, not chosen by name (draft_variant.py).
+measured, not chosen by name (drafts/made.py).
 """
 
 from __future__ import annotations

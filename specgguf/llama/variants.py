@@ -4,7 +4,7 @@ A variant is a re-quantization of the draft (`REQUANTIZATIONS`: a tensor type fo
 for the token embedding, which Qwen-style models also use as their output head, the largest single
 tensor a small draft reads per token) or the file as given (`original`), optionally cut to a hot
 vocabulary of its most written tokens (`+hot32k`: files/hot_vocab.py). `--draft-variant` takes
-`auto` (measured here: draft_variant.py) or a variant's name. Its help, its parser and tuning.json's
+`auto` (measured here: drafts/made.py) or a variant's name. Its help, its parser and tuning.json's
 check of a stored choice all read this table; llama/convert.py gives its types to llama.cpp's
 quantizer. No llama_cpp here: the command line reads the table before any model loads.
 """
@@ -18,7 +18,7 @@ from ..errors import UsageError
 
 ORIGINAL = "original"  # the user's file, as given
 Auto = Literal["auto"]
-AUTO: Auto = "auto"  # measured here (draft_variant.choose)
+AUTO: Auto = "auto"  # measured here (made.choose)
 # A hot vocabulary (files/hot_vocab.py) of this many thousand tokens may follow any base: "q4_0+hot32k".
 HOT_SIZES = (16, 32, 64)
 

@@ -1,14 +1,14 @@
 """Drafts of another vocabulary found among the local models: for a verifier given alone (`-m`
 without `-md`) and in `pairs --local`.
 
-- Found: each local model at most about a quarter of the verifier's size (autodraft.MAX_RATIO) that
+- Found: each local model at most about a quarter of the verifier's size (found.MAX_RATIO) that
   does not share its vocabulary, with the share of the verifier's tokens it can propose (its overlap,
   from the pair's map: cross_vocab.pair_map, built once and kept); below MIN_OVERLAP it is left out.
-- Ranked after the drafts that share the vocabulary (autodraft.find_draft) unless measured faster
+- Ranked after the drafts that share the vocabulary (found.find_draft) unless measured faster
   here: a kept trial's expected rate above the best the same-vocabulary draft's variants measured.
 - Measured before it is adopted (`adopt`, asked by prepare.py): its tokens per second through text at
-  its best K (draft_variant.measure_model, what variants are measured with) against n-gram drafts
-  alone on the same calibration set and verify costs (draft_variant.ngram_rate); adopted only where it
+  its best K (made.measure_model, what variants are measured with) against n-gram drafts
+  alone on the same calibration set and verify costs (made.ngram_rate); adopted only where it
   beats them and plain decoding. The `Trial` is kept in tuning.json: the next run neither measures
   again nor, where it lost, loads the draft at all.
 - In each mode (`choose_mode`, for --cross-mode auto, the default, also for a draft given with -md): its
@@ -24,9 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from . import tuning
-from .autodraft import MAX_RATIO, Found, FoundDraft, LocalPair, find_draft, local_pairs, scan, vocab_match
-from .core.cross_drafter import (
+from .. import tuning
+from ..core.cross_drafter import (
     AUTO_CROSS_MODE,
     CROSS_MODE_NAMES,
     CROSS_MODES,
@@ -36,13 +35,14 @@ from .core.cross_drafter import (
     CrossVocab,
     unmeasured_mode,
 )
+from ..errors import SpecggufError
+from ..files.gguf_header import SummaryIndex
+from ..files.local_models import LocalModel, local_models
+from ..llama.compat import VocabInfo, vocabularies_match
+from ..llama.loaded import LoadedModel
 from .cross_vocab import pair_map
-from .draft_variant import measure_model, ngram_rate
-from .errors import SpecggufError
-from .files.gguf_header import SummaryIndex
-from .files.local_models import LocalModel, local_models
-from .llama.compat import VocabInfo, vocabularies_match
-from .llama.loaded import LoadedModel
+from .found import MAX_RATIO, Found, FoundDraft, LocalPair, find_draft, local_pairs, scan, vocab_match
+from .made import measure_model, ngram_rate
 
 # Below this share of the verifier's tokens the two hardly share a script: not worth a trial. Only a floor:
 # string-level drafting proposes any text the draft writes (SmolLM2-135M shares 26% of Qwen2.5's tokens and
@@ -237,7 +237,7 @@ def _overlap(draft: Path, draft_info: VocabInfo, verifier: Path, verifier_info: 
 
 def _vocab(path: Path, seen: dict[Path, VocabInfo]) -> VocabInfo:
     """llama.cpp's reading of a file's vocabulary (no weights), once per call of the caller's."""
-    from .llama.vocab import read_vocab
+    from ..llama.vocab import read_vocab
 
     if path not in seen:
         seen[path] = read_vocab(path)[0]
@@ -294,7 +294,7 @@ def _same_rate(draft: Path, verifier: Path) -> float | None:
 
 
 def find_any_draft(verifier: Path) -> FoundDraft | None:
-    """The draft for a verifier given alone: autodraft's (a registry pair, the smallest draft sharing the
+    """The draft for a verifier given alone: found.py's (a registry pair, the smallest draft sharing the
     vocabulary), else or where measured faster a draft of another vocabulary (`cross` set: prepare.py
     measures it against n-gram drafts alone before adopting it). None: the verifier cannot be read."""
     same = find_draft(verifier)
@@ -349,7 +349,7 @@ class CrossPair:
 
 
 def all_local_pairs() -> tuple[list[LocalPair], list[CrossPair]]:
-    """`pairs --local`: the pairs that share a vocabulary (autodraft.local_pairs), and each local
+    """`pairs --local`: the pairs that share a vocabulary (found.local_pairs), and each local
     model's drafts of another vocabulary (at most ~1/4 its size), best first per verifier."""
     index = SummaryIndex()
     found = scan(local_models(), index)

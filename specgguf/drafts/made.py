@@ -14,7 +14,7 @@ verifier's file never is). prepare.py asks once (`load_chosen`), and the choice 
   short calibration set, code and prose: core/calibration.py), scored by the tokens per second it should give at its
   best fixed K, E(k) / T(k) with E(k) = (1 − a^(k+1)) / (1 − a) and T(k) = k·t_draft + t_verify(k + 1)
   (core/calibration.expected_rate); kept in tuning.json (`tuning.MeasuredVariants`), so measured once
-  (`measure_model` measures one loaded draft; cross_search.py measures a found draft of another
+  (`measure_model` measures one loaded draft; drafts/cross_search.py measures a found draft of another
   vocabulary with it, against `ngram_rate`, n-gram drafts alone on the same set and costs);
 - the choice (`pick`), then the chosen file loaded (`open_draft`).
 """
@@ -27,21 +27,21 @@ from pathlib import Path
 
 import numpy as np
 
-from . import tuning
-from .conversation import Prompts
-from .core import calibration
-from .core.costs import PROBE_CONTEXT, MachineCosts, measure
-from .core.cross_drafter import DEFAULT_CROSS_MODE, CrossMode, CrossVocab
-from .core.hot_vocab import HotVocab
-from .errors import ModelLoadError
-from .files import hot_vocab
-from .files.assets import DERIVED_DRAFTS, cache_dir
-from .files.derived import counts_path, derived_path
-from .files.partial import cannot_write_in, partial_file
-from .files.small_files import read_npy
-from .llama.loaded import LoadedModel, ModelSettings
-from .llama.variants import ORIGINAL_VARIANT, Auto, Variant
-from .tuning import Candidate, MeasuredVariants
+from .. import tuning
+from ..conversation import Prompts
+from ..core import calibration
+from ..core.costs import PROBE_CONTEXT, MachineCosts, measure
+from ..core.cross_drafter import DEFAULT_CROSS_MODE, CrossMode, CrossVocab
+from ..core.hot_vocab import HotVocab
+from ..errors import ModelLoadError
+from ..files import hot_vocab
+from ..files.assets import DERIVED_DRAFTS, cache_dir
+from ..files.derived import counts_path, derived_path
+from ..files.partial import cannot_write_in, partial_file
+from ..files.small_files import read_npy
+from ..llama.loaded import LoadedModel, ModelSettings
+from ..llama.variants import ORIGINAL_VARIANT, Auto, Variant
+from ..tuning import Candidate, MeasuredVariants
 
 # Below this size a draft is used as given: its cost is llama.cpp's per-call overhead, not its weights.
 MIN_DERIVED_BYTES = 64 << 20
@@ -75,7 +75,7 @@ class DraftChoice:
     path: Path
     why: str
     candidates: tuple[Candidate, ...] = ()
-    cross: bool = False  # of another vocabulary: used as given, it drafts through the text (cross_vocab.py)
+    cross: bool = False  # of another vocabulary: used as given, it drafts through the text (drafts/cross_vocab.py)
     cross_mode: CrossMode = (
         DEFAULT_CROSS_MODE  # and how: shared tokens, or its own text re-encoded (core/string_drafter.py)
     )
@@ -119,7 +119,7 @@ def derive(
     """The variant of `source` in the cache, made now if it is not there yet (a hot vocabulary is cut
     from its base, which is made first, with the tokens `verifier` writes ranked first where given);
     `announce(text)` is told before anything is made."""
-    from .llama.convert import requantize_draft
+    from ..llama.convert import requantize_draft
 
     if variant.n_hot is not None:
         path = derived_path(source, variant.name, None if verifier is None else verifier.path)

@@ -6,7 +6,7 @@ with it (llama/compat.py's rules: the tokenizer's scalars and the vocabulary fin
 files/gguf_header.py, then the chosen one confirmed by llama.cpp's own vocabulary loader) at most
 about a quarter of the verifier's size. None: the caller drafts with n-grams alone.
 `local_pairs` lists every compatible pair among the local files (`specgguf pairs --local`).
-Drafts of another vocabulary are cross_search.py's, which asks this module first.
+Drafts of another vocabulary are drafts/cross_search.py's, which asks this module first.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SpecggufError, terminal_safe
-from .files.gguf_header import START, STEP, SummaryIndex, VocabSummary, tail_texts
-from .files.local_models import LocalModel, local_models
-from .files.registry import ModelFile, Pair, load_registry
-from .files.resolve import find_local
-from .files.stamps import size_text
-from .llama.compat import CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE, VocabInfo, compare_vocabularies
+from ..errors import SpecggufError, terminal_safe
+from ..files.gguf_header import START, STEP, SummaryIndex, VocabSummary, tail_texts
+from ..files.local_models import LocalModel, local_models
+from ..files.registry import ModelFile, Pair, load_registry
+from ..files.resolve import find_local
+from ..files.stamps import size_text
+from ..llama.compat import CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE, VocabInfo, compare_vocabularies
 
 MAX_RATIO = 0.3  # "about a quarter": a larger draft costs too much of what it saves
 assert CHECK_START_TOKEN_ID == START, "the fingerprint starts where llama.cpp's text check does"
@@ -35,12 +35,12 @@ class Found:
 
 @dataclass(frozen=True)
 class FoundDraft:
-    """The draft found for a verifier given alone (not draft_variant.DraftChoice: which file of a draft loads)."""
+    """The draft found for a verifier given alone (not made.DraftChoice: which file of a draft loads)."""
 
     draft: Path | None  # None: no draft model; draft with n-grams alone
     message: str  # which one and why, for stderr
     pair: Pair | None = None  # the registry pair, when it decided
-    cross: bool = False  # of another vocabulary (cross_search.py): adopted only where measured to pay
+    cross: bool = False  # of another vocabulary (drafts/cross_search.py): adopted only where measured to pay
 
 
 def _agree(ours: object, theirs: object) -> bool:
@@ -70,7 +70,7 @@ def vocab_match(verifier: VocabSummary, draft: VocabSummary) -> bool:
 
 def _confirmed(verifier: VocabInfo, draft: Path) -> bool:
     """llama.cpp's own check over the two vocabularies (a vocab-only load: no weights), as `check` runs it."""
-    from .llama.vocab import read_vocab
+    from ..llama.vocab import read_vocab
 
     try:
         return all(finding.ok for finding in compare_vocabularies(verifier, read_vocab(draft)[0]))
@@ -136,7 +136,7 @@ def _skipped(model: LocalModel, error: Exception) -> None:
 def find_draft(verifier: Path) -> FoundDraft | None:
     """The draft for `verifier` (see the module's note); never raises for want of one.
     None: llama.cpp cannot read the verifier's vocabulary (loading it will say why)."""
-    from .llama.vocab import read_vocab
+    from ..llama.vocab import read_vocab
 
     try:
         vocab = read_vocab(verifier)[0]

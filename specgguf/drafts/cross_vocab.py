@@ -10,14 +10,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .core.cross_drafter import DEFAULT_CROSS_MODE, CrossMode, CrossVocab, VerifierText
-from .core.vocab_map import VocabMap, VocabMapError, VocabPieces, build_vocab_map, check_map
-from .errors import AssetError
-from .files.derived import counts_path
-from .files.small_files import read_npy
-from .files.vocab_maps import read_array, vocab_map_path, write_array
-from .llama.compat import VocabInfo
-from .llama.loaded import LoadedModel
+from ..core.cross_drafter import DEFAULT_CROSS_MODE, CrossMode, CrossVocab, VerifierText
+from ..core.vocab_map import VocabMap, VocabMapError, VocabPieces, build_vocab_map, check_map
+from ..errors import AssetError
+from ..files.derived import counts_path
+from ..files.small_files import read_npy
+from ..files.vocab_maps import read_array, vocab_map_path, write_array
+from ..llama.compat import VocabInfo
+from ..llama.loaded import LoadedModel
 
 
 def vocab_pieces(info: VocabInfo) -> VocabPieces:
@@ -50,7 +50,7 @@ def shared_text(vocab_map: VocabMap, verifier_path: Path) -> str:
     try:
         written = read_npy(counts_path(verifier_path), dtype=np.int64, length=vocab_map.n_verifier)
     except (OSError, ValueError):
-        return text  # not counted here (or damaged: draft_variant.py counts again when it needs them)
+        return text  # not counted here (or damaged: drafts/made.py counts again when it needs them)
     if written.min() >= 0:
         text += f", {vocab_map.answer_share(written):.0%} of its answers"
     return text

@@ -1,0 +1,7 @@
+"""Drafts for a verifier, from what is on this machine to the one a run loads: found (a draft of the
+verifier's vocabulary among the local models, for `-m` alone and `pairs --local`), made (the draft
+re-quantized for this CPU, measured, chosen: `load_chosen`, a `DraftChoice`), cross_vocab (a pair of
+two vocabularies: its map, kept and checked, and what its drafter reads) and cross_search (drafts of
+another vocabulary found, ranked and measured against n-gram drafts before adoption, each mode a
+trial). prepare.py is the only set-up path that asks it; cross_search is its top floor, the other
+three import none of each other (`make lint`)."""
