@@ -28,6 +28,7 @@ from specgguf.files.resolve import resolve_pair
 @dataclass
 class Totals:
     wall: float = 0.0
+    prompt: float = 0.0
     generation: float = 0.0
     tokens: int = 0
 
@@ -52,9 +53,10 @@ def replay_one(
     timings = reply.get("timings") or {}
     seconds, tokens = timings.get("predicted_ms", 0.0) / 1000, timings.get("predicted_n", 0)
     total.wall, total.generation, total.tokens = total.wall + wall, total.generation + seconds, total.tokens + tokens
-    return (
-        f"{seconds:6.2f} s {tokens:4d} tokens, drafts {timings.get('draft_n_accepted', 0)}/{timings.get('draft_n', 0)}"
-    )
+    total.prompt += timings.get("prompt_ms", 0.0) / 1000
+    prompt = f"prompt {timings.get('prompt_n', 0):4d} read in {timings.get('prompt_ms', 0.0) / 1000:5.2f} s"
+    drafts = f"drafts {timings.get('draft_n_accepted', 0)}/{timings.get('draft_n', 0)}"
+    return f"{prompt}, {seconds:6.2f} s {tokens:4d} tokens, {drafts}"
 
 
 def main() -> None:
@@ -101,7 +103,7 @@ def main() -> None:
     for name, total in totals.items():
         rate = total.tokens / total.generation if total.generation else 0.0
         print(
-            f"{name}: wall {total.wall:.1f} s, generation {total.generation:.1f} s"
+            f"{name}: wall {total.wall:.1f} s, prompts read in {total.prompt:.1f} s, generation {total.generation:.1f} s"
             f" for {total.tokens} tokens: {rate:.2f} tok/s"
         )
     a, b = (totals[name] for name in "AB")
