@@ -5,8 +5,12 @@ every position of the answer: the longest suffix n-gram (up to --max-ngram) of p
 found earlier, where it was found (the prompt or the answer), how many of its earlier occurrences agree
 on the next token, and how many of its proposed tokens the verifier's greedy answer continues with
 (what a greedy verify would accept). Counts only, no timing, so it may run on a busy machine.
+`--trace chat` does the same over a shipped trace's chat turns, each after its own greedy answers to
+the turns before, with where each match's continuation lies: the latest message (`new`), the
+conversation's earlier turns (`history`) or the answer so far (`answer`).
 
     .venv/bin/python scripts/ngram_evidence.py -m VERIFIER.gguf -n 128 --out /tmp/evidence.json
+    .venv/bin/python scripts/ngram_evidence.py -m VERIFIER.gguf --trace chat
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specgguf.bench.suite import load_suite  # noqa: E402
-from specgguf.conversation import Prompts  # noqa: E402
+from specgguf.bench.traces import CHAT, load_trace  # noqa: E402
+from specgguf.conversation import Message, Prompts  # noqa: E402
 from specgguf.core.drafting import NoDrafter  # noqa: E402
 from specgguf.core.engine import FixedK, speculate  # noqa: E402
 from specgguf.core.sampling import SamplingSettings  # noqa: E402
@@ -79,6 +84,7 @@ def replay(prompt: list[int], reply: list[int], *, max_ngram: int, min_ngram: in
                     "t": t,
                     "n": n,
                     "in_answer": start >= len(prompt),
+                    "start": start,
                     "hits": int(hits.size),
                     "agree": agree,
                     "draft": len(draft),
@@ -110,6 +116,32 @@ def by_effective_length(records: list[dict], cap: int = 8, key=lambda record: ""
     return {str(name): [tested[name], round(right[name] / tested[name], 3)] for name in sorted(tested)}
 
 
+def trace_records(verifier, trace: str, *, max_ngram: int) -> list[dict]:
+    """`replay`'s records over a trace's chat turns, each turn after the verifier's own greedy answers to
+    the ones before (as a server replaying it with its own history), each with where its match's
+    continuation lies: "new" (the latest message, with what the template adds), "history" or "answer"."""
+    prompts, records = Prompts(verifier), []
+    history: list[dict] = []
+    for index, request in enumerate(load_trace(trace).requests):
+        if request.path != CHAT:
+            continue
+        body = request.body
+        listed = [*history, *body["messages"]] if request.replay_history else list(body["messages"])
+        messages = [Message(message["role"], message["content"]) for message in listed]
+        tokens = prompts.chat_tokens(messages)
+        before = prompts.chat_tokens(messages[:-1]) if len(messages) > 1 else []
+        new = next((j for j, (a, b) in enumerate(zip(before, tokens)) if a != b), min(len(before), len(tokens)))
+        verifier.rewind(0)
+        reply = answer(verifier, tokens, body.get("max_tokens", 256))
+        for record in replay(tokens, reply, max_ngram=max_ngram, min_ngram=2, k=8):
+            place = "answer" if record["in_answer"] else "new" if record["start"] >= new else "history"
+            records.append(record | {"turn": index, "where": place})
+        text = b"".join(verifier.token_bytes(token) for token in reply if not verifier.is_eog(token))
+        history = [*listed, {"role": "assistant", "content": text.decode("utf-8", errors="replace")}]
+        print(f"turn {index}: prompt {len(tokens)} (new from {new}), answer {len(reply)}", file=sys.stderr, flush=True)
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-m", "--model")
@@ -118,11 +150,23 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--replay", type=Path, help="only summarise an --out file written before")
+    parser.add_argument("--trace", help="a shipped trace's chat turns (chat, agent) instead of the suite")
     args = parser.parse_args()
     if args.replay:
         records = [r for entry in json.loads(args.replay.read_text()) for r in entry["records"]]
         print("each draft by the match it continues [tested, right]:", by_effective_length(records))
         print("... in the prompt or the answer:", by_effective_length(records, key=lambda r: r["in_answer"]))
+        return
+    if args.trace:
+        verifier = ModelSettings(n_ctx=8192, n_threads=args.threads).load(Path(args.model))
+        records = trace_records(verifier, args.trace, max_ngram=args.max_ngram)
+        if args.out:
+            args.out.write_text(json.dumps(records))
+        print("by where, first draft [count, first kept, mean kept]:", summary(records, lambda r: r["where"]))
+        where = lambda r: r["where"] + ("" if r["agree"] == r["hits"] else ", disagreed")  # noqa: E731
+        print(
+            "each draft by where and the match it continues [tested, right]:", by_effective_length(records, key=where)
+        )
         return
     verifier = ModelSettings(n_ctx=4096, n_threads=args.threads).load(Path(args.model))
     prompts = Prompts(verifier)
