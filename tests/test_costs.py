@@ -161,6 +161,16 @@ def test_a_probe_on_a_busy_machine_probes_again_and_keeps_only_a_plausible_table
     assert tuning.stored(always) is None
 
 
+def test_benchs_table_is_measured_again_while_the_machine_is_busy(tmp_path):
+    """`bench --quick` measures one round: a busy one is measured again, as the probe's is (CI's bench
+    on a tiny model met the suite's other workers and kept no table)."""
+    (tmp_path / "v.gguf").write_bytes(b"v" * 10)
+    verifier = BusyModel(tmp_path / "v.gguf", busy=1)
+    table = tuning.measure_verify(verifier, max_batch=4, repeats=1)
+    assert table[:3] == pytest.approx([0.004, 0.006, 0.008]) and costs.disturbed(table) is None
+    assert sum(len(call) == 2 for call in verifier.eval_calls) == 2  # one more round, not three
+
+
 def test_a_stored_table_of_a_busy_machine_is_one_warning_and_measured_again(tmp_path, capsys):
     (tmp_path / "v.gguf").write_bytes(b"v" * 10)
     verifier = FileModel(tmp_path / "v.gguf", {n: 0.002 + 0.002 * n for n in range(1, 9)})
