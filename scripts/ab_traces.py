@@ -103,8 +103,8 @@ def main() -> None:
     for name, total in totals.items():
         rate = total.tokens / total.generation if total.generation else 0.0
         print(
-            f"{name}: wall {total.wall:.1f} s, prompts read in {total.prompt:.1f} s, generation {total.generation:.1f} s"
-            f" for {total.tokens} tokens: {rate:.2f} tok/s"
+            f"{name}: wall {total.wall:.1f} s, prompts read in {total.prompt:.1f} s,"
+            f" generation {total.generation:.1f} s for {total.tokens} tokens: {rate:.2f} tok/s"
         )
     a, b = (totals[name] for name in "AB")
     if a.generation and b.generation and a.tokens:

@@ -77,7 +77,9 @@ def main() -> None:
     if rows[0] < 1:
         parser.error(f"--rows {args.rows!r}: a pass has 1 row or more")
     if args.llama_tools:
-        report = machine_report(LlamaTools.find(args.llama_tools), [(p.name, p) for p in args.model], args.threads)
+        report = machine_report(
+            LlamaTools.find(args.llama_tools, option="--llama-tools"), [(p.name, p) for p in args.model], args.threads
+        )
         print(machine_lines(report))
     draft = None
     if args.model_draft:

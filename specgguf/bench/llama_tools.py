@@ -52,19 +52,20 @@ class LlamaTools:
     speculative: Path
 
     @classmethod
-    def find(cls, directory: Path) -> LlamaTools:
+    def find(cls, directory: Path, *, option: str = "--vs-llama-cpp") -> LlamaTools:
+        """llama.cpp's programs in `directory`, which the command line gave as `option` (its errors name it)."""
         if not directory.is_dir():
             raise UsageError(
-                f"--vs-llama-cpp {directory}: not a directory (build llama.cpp's tools as"
+                f"{option} {directory}: not a directory (build llama.cpp's tools as"
                 " docs/llama-cpp.md says, e.g. `make llama-tools`)"
             )
         programs = []
         for name in (COMPLETION, SPECULATIVE):
             path = directory / name
             if not path.is_file():
-                raise UsageError(f"--vs-llama-cpp {directory}: no {name} there (build it as docs/llama-cpp.md says)")
+                raise UsageError(f"{option} {directory}: no {name} there (build it as docs/llama-cpp.md says)")
             if not os.access(path, os.X_OK):
-                raise UsageError(f"--vs-llama-cpp {directory}: {name} is not executable")
+                raise UsageError(f"{option} {directory}: {name} is not executable")
             programs.append(path)
         return cls(directory, *programs)
 
