@@ -3,5 +3,5 @@ verifier's vocabulary among the local models, for `-m` alone and `pairs --local`
 re-quantized for this CPU, measured, chosen: `load_chosen`, a `DraftChoice`), cross_vocab (a pair of
 two vocabularies: its map, kept and checked, and what its drafter reads) and cross_search (drafts of
 another vocabulary found, ranked and measured against n-gram drafts before adoption, each mode a
-trial). prepare.py is the only set-up path that asks it; cross_search is its top floor, the other
-three import none of each other (`make lint`)."""
+trial). The command line (`-m` alone: cli/options.py) and prepare.py ask it for a run's draft;
+`pairs --local`, `check` and `bench` show what it found, made and kept. cross_search is its top floor; the other three import none of each other (`make lint`)."""
