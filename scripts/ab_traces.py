@@ -2,7 +2,9 @@
 first), each server with its own history (or both with A's: `--same-history`), greedy: what a change to a
 default does on the work a client sends, without llama-server and without this machine's drift between
 runs (bench_traces.py compares with llama-server). Per request, and in total: the server's generation
-time (`timings.predicted_ms`), its tokens and drafts kept. Quiet machine only, one benchmark at a time:
+time (`timings.predicted_ms`), its tokens and drafts kept; with `--passes N`, the trace N times on fresh
+servers (the pair's order turned each pass) and each request's median B÷A rate, where one pass's ±8% a
+request would hide a few percent. Quiet machine only, one benchmark at a time:
 
     .venv/bin/python scripts/ab_traces.py --trace chat -m ~/.cache/specgguf/qwen2.5-coder-1.5b-instruct-f16.gguf \
         -md ~/.cache/specgguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --b "--draft-variant q4_0-q8head+hot32k"
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,9 +47,9 @@ def answer(client: httpx.Client, base_url: str, path: str, body: dict[str, Any])
 
 def replay_one(
     client: httpx.Client, base_url: str, request: TraceRequest, transcript: Transcript, total: Totals
-) -> str:
+) -> tuple[str, float]:
     """One request to one server, after the history in `transcript` (its answer appended to it), counted
-    into `total`: a line of its figures."""
+    into `total`: a line of its figures, and its generation's tokens a second (0 where none)."""
     body = prepared_body(request, transcript, greedy=True)
     wall, reply = answer(client, base_url, request.path, body)
     if request.path == CHAT:
@@ -56,7 +60,7 @@ def replay_one(
     total.prompt += timings.get("prompt_ms", 0.0) / 1000
     prompt = f"prompt {timings.get('prompt_n', 0):4d} read in {timings.get('prompt_ms', 0.0) / 1000:5.2f} s"
     drafts = f"drafts {timings.get('draft_n_accepted', 0)}/{timings.get('draft_n', 0)}"
-    return f"{prompt}, {seconds:6.2f} s {tokens:4d} tokens, {drafts}"
+    return f"{prompt}, {seconds:6.2f} s {tokens:4d} tokens, {drafts}", tokens / seconds if seconds > 0 else 0.0
 
 
 def main() -> None:
@@ -70,12 +74,20 @@ def main() -> None:
     parser.add_argument("--b", required=True, help="serve's options for B")
     parser.add_argument("--requests", type=int, help="only the first N requests")
     parser.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        help="the whole trace this many times, on fresh servers each (per request: the median ratio)",
+    )
+    parser.add_argument(
         "--same-history",
         action="store_true",
         help="a chat's history is A's answers for both (each server's own otherwise: greedy answers can part at"
         " a near-tie that the batch sizes decide, and then the turns after are other prompts)",
     )
     args = parser.parse_args()
+    if args.passes < 1:
+        parser.error("--passes must be 1 or more")
     resolved = resolve_pair(model=args.m, model_draft=args.md, pair=None)
     if resolved.draft is None:
         parser.error("give -md DRAFT with -m")
@@ -89,26 +101,51 @@ def main() -> None:
     print(f"CPU: {machine['cpu']} ({machine['cores']} cores, -t {args.t}), avx512_vnni: {machine['avx512_vnni']}")
     history = "A's history for both" if args.same_history else "each its own history"
     print(f"A: {args.a or '(defaults)'}\nB: {args.b}\n{args.trace}: {len(requests)} requests, ABBA, {history}")
+    ratios: list[list[float]] = [[] for _ in requests]  # per request, B's rate ÷ A's in each pass
+    for replay in range(args.passes):
+        if args.passes > 1:
+            print(f"pass {replay + 1} of {args.passes} (fresh servers)", flush=True)
+        a, b = replay_pass(specs, requests, same_history=args.same_history, first=replay % 2, ratios=ratios)
+        if a.generation and b.generation and a.tokens:
+            print(f"B ÷ A, tokens a second of generation: {(b.tokens / b.generation) / (a.tokens / a.generation):.3f}×")
+    if args.passes > 1:
+        print(f"per request, B ÷ A over the {args.passes} passes (median, least, most):")
+        for index, found in enumerate(ratios, start=1):
+            if found:
+                print(f"#{index:<3} {statistics.median(found):.3f}×  {min(found):.3f}–{max(found):.3f}")
+
+
+def replay_pass(
+    specs: list[ServerSpec],
+    requests: Sequence[TraceRequest],
+    *,
+    same_history: bool,
+    first: int,
+    ratios: list[list[float]],
+) -> tuple[Totals, Totals]:
+    """The trace once on fresh servers, request by request, A first on odd requests (B first where
+    `first` is 1), each request's B÷A rate appended to `ratios`; A's and B's totals."""
     totals = {"A": Totals(), "B": Totals()}
     with running(specs) as servers, httpx.Client() as client:
         transcripts = {server.name: Transcript() for server in servers}
         for index, request in enumerate(requests, start=1):
-            if args.same_history:  # both after A's answers so far: the same prompts, the same cache
+            if same_history:  # both after A's answers so far: the same prompts, the same cache
                 transcripts["B"] = Transcript(list(transcripts["A"].messages))
+            order = servers if (index + first) % 2 else servers[::-1]
             parts = {
                 server.name: replay_one(client, server.base_url, request, transcripts[server.name], totals[server.name])
-                for server in (servers if index % 2 else servers[::-1])
+                for server in order
             }
-            print(f"#{index:<3} A {parts['A']} | B {parts['B']}", flush=True)
+            if parts["A"][1] and parts["B"][1]:
+                ratios[index - 1].append(parts["B"][1] / parts["A"][1])
+            print(f"#{index:<3} A {parts['A'][0]} | B {parts['B'][0]}", flush=True)
     for name, total in totals.items():
         rate = total.tokens / total.generation if total.generation else 0.0
         print(
             f"{name}: wall {total.wall:.1f} s, prompts read in {total.prompt:.1f} s,"
             f" generation {total.generation:.1f} s for {total.tokens} tokens: {rate:.2f} tok/s"
         )
-    a, b = (totals[name] for name in "AB")
-    if a.generation and b.generation and a.tokens:
-        print(f"B ÷ A, tokens a second of generation: {(b.tokens / b.generation) / (a.tokens / a.generation):.3f}×")
+    return totals["A"], totals["B"]
 
 
 if __name__ == "__main__":
