@@ -36,6 +36,11 @@ class Totals:
     generation: float = 0.0
     tokens: int = 0
 
+    @property
+    def rate(self) -> float:
+        """Tokens a second of generation (0 where none ran)."""
+        return self.tokens / self.generation if self.generation else 0.0
+
 
 def answer(client: httpx.Client, base_url: str, path: str, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     """The wall time and the server's answer to one request, not streamed (its `timings` whole)."""
@@ -56,9 +61,10 @@ def replay_one(
         transcript.messages.append(reply["choices"][0]["message"])
     timings = reply.get("timings") or {}
     seconds, tokens = timings.get("predicted_ms", 0.0) / 1000, timings.get("predicted_n", 0)
-    total.wall, total.generation, total.tokens = total.wall + wall, total.generation + seconds, total.tokens + tokens
-    total.prompt += timings.get("prompt_ms", 0.0) / 1000
-    prompt = f"prompt {timings.get('prompt_n', 0):4d} read in {timings.get('prompt_ms', 0.0) / 1000:5.2f} s"
+    prompt_seconds = timings.get("prompt_ms", 0.0) / 1000
+    total.wall, total.prompt = total.wall + wall, total.prompt + prompt_seconds
+    total.generation, total.tokens = total.generation + seconds, total.tokens + tokens
+    prompt = f"prompt {timings.get('prompt_n', 0):4d} read in {prompt_seconds:5.2f} s"
     drafts = f"drafts {timings.get('draft_n_accepted', 0)}/{timings.get('draft_n', 0)}"
     return f"{prompt}, {seconds:6.2f} s {tokens:4d} tokens, {drafts}", tokens / seconds if seconds > 0 else 0.0
 
@@ -106,8 +112,8 @@ def main() -> None:
         if args.passes > 1:
             print(f"pass {replay + 1} of {args.passes} (fresh servers)", flush=True)
         a, b = replay_pass(specs, requests, same_history=args.same_history, first=replay % 2, ratios=ratios)
-        if a.generation and b.generation and a.tokens:
-            print(f"B ÷ A, tokens a second of generation: {(b.tokens / b.generation) / (a.tokens / a.generation):.3f}×")
+        if a.rate and b.rate:
+            print(f"B ÷ A, tokens a second of generation: {b.rate / a.rate:.3f}×")
     if args.passes > 1:
         print(f"per request, B ÷ A over the {args.passes} passes (median, least, most):")
         for index, found in enumerate(ratios, start=1):
@@ -140,10 +146,9 @@ def replay_pass(
                 ratios[index - 1].append(parts["B"][1] / parts["A"][1])
             print(f"#{index:<3} A {parts['A'][0]} | B {parts['B'][0]}", flush=True)
     for name, total in totals.items():
-        rate = total.tokens / total.generation if total.generation else 0.0
         print(
             f"{name}: wall {total.wall:.1f} s, prompts read in {total.prompt:.1f} s,"
-            f" generation {total.generation:.1f} s for {total.tokens} tokens: {rate:.2f} tok/s"
+            f" generation {total.generation:.1f} s for {total.tokens} tokens: {total.rate:.2f} tok/s"
         )
     return totals["A"], totals["B"]
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specgguf.bench.suite import load_suite  # noqa: E402
 from specgguf.bench.traces import CHAT, load_trace  # noqa: E402
 from specgguf.conversation import Message, Prompts  # noqa: E402
-from specgguf.core.drafting import NoDrafter  # noqa: E402
+from specgguf.core.drafting import NoDrafter, common_prefix  # noqa: E402
 from specgguf.core.engine import FixedK, speculate  # noqa: E402
 from specgguf.core.sampling import SamplingSettings  # noqa: E402
 from specgguf.llama.loaded import ModelSettings  # noqa: E402
@@ -130,7 +130,7 @@ def trace_records(verifier, trace: str, *, max_ngram: int) -> list[dict]:
         messages = [Message(message["role"], message["content"]) for message in listed]
         tokens = prompts.chat_tokens(messages)
         before = prompts.chat_tokens(messages[:-1]) if len(messages) > 1 else []
-        new = next((j for j, (a, b) in enumerate(zip(before, tokens)) if a != b), min(len(before), len(tokens)))
+        new = common_prefix(before, tokens)  # where the latest message starts
         verifier.rewind(0)
         reply = answer(verifier, tokens, body.get("max_tokens", 256))
         for record in replay(tokens, reply, max_ngram=max_ngram, min_ngram=2, k=8):
