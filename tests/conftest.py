@@ -209,6 +209,21 @@ def cli() -> Cli:
     return Cli()
 
 
+@pytest.fixture(scope="module")
+def one_usable_core():
+    """The process's thread governor pinned to one usable core, for a module (`pytest.mark.usefixtures`).
+    What is measured and kept (costs, bench's K, a found draft's trial) is kept per thread count, and the
+    count follows the machine's load (llama/threads.py): a second run, after this suite's other worker
+    came or went, could take another count and measure again. Pinned, it moves only where a test gives
+    `-t`."""
+    from specgguf.llama import runtime
+    from specgguf.llama.threads import ThreadGovernor
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runtime, "_governor", ThreadGovernor(usable=1, threads=1))
+        yield
+
+
 @pytest.fixture
 def config_home(tmp_path, monkeypatch) -> Path:
     """An empty $XDG_CONFIG_HOME for one test; specgguf's files go in `config_home / "specgguf"`."""

@@ -8,19 +8,8 @@ import statistics
 
 import pytest
 
-from specgguf.llama import runtime
-from specgguf.llama.threads import ThreadGovernor
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """What bench measures and stores is kept per thread count, and the thread count follows the
-    machine's load (llama/threads.py): a run after bench, with this suite's other worker come or gone,
-    could take another count and measure again. One usable core: the count moves only where a test
-    gives `-t`."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(runtime, "_governor", ThreadGovernor(usable=1, threads=1))
-        yield
+# bench stores per thread count, and a run after it must find what it stored.
+pytestmark = pytest.mark.usefixtures("one_usable_core")
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,7 @@ from specgguf import tuning
 from specgguf.core.cross_drafter import DEFAULT_CROSS_MODE
 from specgguf.drafts import cross_search
 from specgguf.drafts.cross_search import Trial, find_any_draft
-from specgguf.llama import runtime
 from specgguf.llama.model import LlamaModel
-from specgguf.llama.threads import ThreadGovernor
 from tiny_gguf import write_tiny_llama
 
 FASTER = Trial(0.1, 0.8, 900.0, 500.0, 400.0)  # beats n-gram drafts alone and plain decoding
@@ -28,12 +26,8 @@ SLOWER = Trial(0.1, 0.1, 300.0, 500.0, 400.0)  # n-gram drafts alone do better
 FOUND_TRIAL = cross_search.trial_name(DEFAULT_CROSS_MODE)  # a found draft is tried in the default mode
 
 
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    """A trial is kept per thread count, and the thread count follows the machine's load
-    (llama/threads.py): this suite's other worker coming and going moved a second run to another count,
-    which measured again. One usable core: the count cannot move."""
-    monkeypatch.setattr(runtime, "_governor", ThreadGovernor(usable=1, threads=1))
+# A trial is kept per thread count, and a second run must find it.
+pytestmark = pytest.mark.usefixtures("one_usable_core")
 
 
 @pytest.fixture(scope="module")
