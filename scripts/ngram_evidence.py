@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specgguf.bench.suite import load_suite  # noqa: E402
-from specgguf.bench.traces import CHAT, load_trace  # noqa: E402
+from specgguf.bench.trace_servers import run_script  # noqa: E402
+from specgguf.bench.traces import CHAT, TraceRequest, load_trace  # noqa: E402
 from specgguf.conversation import Message, Prompts  # noqa: E402
 from specgguf.core.drafting import NoDrafter, common_prefix  # noqa: E402
 from specgguf.core.engine import FixedK, speculate  # noqa: E402
@@ -116,13 +118,13 @@ def by_effective_length(records: list[dict], cap: int = 8, key=lambda record: ""
     return {str(name): [tested[name], round(right[name] / tested[name], 3)] for name in sorted(tested)}
 
 
-def trace_records(verifier, trace: str, *, max_ngram: int) -> list[dict]:
+def trace_records(verifier, requests: Sequence[TraceRequest], *, max_ngram: int) -> list[dict]:
     """`replay`'s records over a trace's chat turns, each turn after the verifier's own greedy answers to
     the ones before (as a server replaying it with its own history), each with where its match's
     continuation lies: "new" (the latest message, with what the template adds), "history" or "answer"."""
     prompts, records = Prompts(verifier), []
     history: list[dict] = []
-    for index, request in enumerate(load_trace(trace).requests):
+    for index, request in enumerate(requests):
         if request.path != CHAT:
             continue
         body = request.body
@@ -158,8 +160,9 @@ def main() -> None:
         print("... in the prompt or the answer:", by_effective_length(records, key=lambda r: r["in_answer"]))
         return
     if args.trace:
+        requests = load_trace(args.trace).requests  # a bad name fails before the model loads
         verifier = ModelSettings(n_ctx=8192, n_threads=args.threads).load(Path(args.model))
-        records = trace_records(verifier, args.trace, max_ngram=args.max_ngram)
+        records = trace_records(verifier, requests, max_ngram=args.max_ngram)
         if args.out:
             args.out.write_text(json.dumps(records))
         print("by where, first draft [count, first kept, mean kept]:", summary(records, lambda r: r["where"]))
@@ -190,4 +193,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)
