@@ -13,11 +13,13 @@ request would hide a few percent. Quiet machine only, one benchmark at a time:
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,6 +37,7 @@ class Totals:
     prompt: float = 0.0
     generation: float = 0.0
     tokens: int = 0
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the chat history at the end
 
     @property
     def rate(self) -> float:
@@ -91,6 +94,7 @@ def main() -> None:
         help="a chat's history is A's answers for both (each server's own otherwise: greedy answers can part at"
         " a near-tie that the batch sizes decide, and then the turns after are other prompts)",
     )
+    parser.add_argument("--save", type=Path, help="write A's chat history of the last pass here (JSON)")
     args = parser.parse_args()
     if args.passes < 1:
         parser.error("--passes must be 1 or more")
@@ -112,6 +116,8 @@ def main() -> None:
         if args.passes > 1:
             print(f"pass {replay + 1} of {args.passes} (fresh servers)", flush=True)
         a, b = replay_pass(specs, requests, same_history=args.same_history, first=replay % 2, ratios=ratios)
+        if args.save:  # the last pass's: what A answered, for policy_replay.py --trace NAME --history FILE
+            args.save.write_text(json.dumps({"trace": args.trace, "messages": a.messages}))
         if a.rate and b.rate:
             print(f"B ÷ A, tokens a second of generation: {b.rate / a.rate:.3f}×")
     if args.passes > 1:
@@ -145,6 +151,7 @@ def replay_pass(
             if parts["A"][1] and parts["B"][1]:
                 ratios[index - 1].append(parts["B"][1] / parts["A"][1])
             print(f"#{index:<3} A {parts['A'][0]} | B {parts['B'][0]}", flush=True)
+    totals["A"].messages = transcripts["A"].messages
     for name, total in totals.items():
         print(
             f"{name}: wall {total.wall:.1f} s, prompts read in {total.prompt:.1f} s,"

@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -118,12 +118,16 @@ def by_effective_length(records: list[dict], cap: int = 8, key=lambda record: ""
     return {str(name): [tested[name], round(right[name] / tested[name], 3)] for name in sorted(tested)}
 
 
-def trace_records(verifier, requests: Sequence[TraceRequest], *, max_ngram: int) -> list[dict]:
-    """`replay`'s records over a trace's chat turns, each turn after the verifier's own greedy answers to
-    the ones before (as a server replaying it with its own history), each with where its match's
-    continuation lies: "new" (the latest message, with what the template adds), "history" or "answer"."""
-    prompts, records = Prompts(verifier), []
+def greedy_turns(
+    verifier, requests: Sequence[TraceRequest], answers: Sequence[str] | None = None
+) -> Iterator[tuple[int, list[int], int, list[int]]]:
+    """A trace's chat turns, each after the verifier's own greedy answers to the ones before (as a server
+    replaying it with its own history), or after `answers` (a server's, one per chat turn, each the
+    answer's tokens as the verifier tokenizes its text): (the request's index, the turn's prompt tokens,
+    where its latest message starts in them, the answer)."""
+    prompts = Prompts(verifier)
     history: list[dict] = []
+    given = iter(answers) if answers is not None else None
     for index, request in enumerate(requests):
         if request.path != CHAT:
             continue
@@ -134,13 +138,24 @@ def trace_records(verifier, requests: Sequence[TraceRequest], *, max_ngram: int)
         before = prompts.chat_tokens(messages[:-1]) if len(messages) > 1 else []
         new = common_prefix(before, tokens)  # where the latest message starts
         verifier.rewind(0)
-        reply = answer(verifier, tokens, body.get("max_tokens", 256))
-        for record in replay(tokens, reply, max_ngram=max_ngram, min_ngram=2, k=8):
-            place = "answer" if record["in_answer"] else "new" if record["start"] >= new else "history"
-            records.append(record | {"turn": index, "where": place})
+        if given is not None:
+            reply = verifier.tokenize(next(given), special=False)
+        else:
+            reply = answer(verifier, tokens, body.get("max_tokens", 256))
         text = b"".join(verifier.token_bytes(token) for token in reply if not verifier.is_eog(token))
         history = [*listed, {"role": "assistant", "content": text.decode("utf-8", errors="replace")}]
         print(f"turn {index}: prompt {len(tokens)} (new from {new}), answer {len(reply)}", file=sys.stderr, flush=True)
+        yield index, tokens, new, reply
+
+
+def trace_records(verifier, requests: Sequence[TraceRequest], *, max_ngram: int) -> list[dict]:
+    """`replay`'s records over a trace's chat turns (`greedy_turns`), each with where its match's
+    continuation lies: "new" (the latest message, with what the template adds), "history" or "answer"."""
+    records = []
+    for index, tokens, new, reply in greedy_turns(verifier, requests):
+        for record in replay(tokens, reply, max_ngram=max_ngram, min_ngram=2, k=8):
+            place = "answer" if record["in_answer"] else "new" if record["start"] >= new else "history"
+            records.append(record | {"turn": index, "where": place})
     return records
 
 

@@ -35,8 +35,12 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ngram_evidence import greedy_turns  # noqa: E402
 
 from specgguf.bench.suite import load_suite  # noqa: E402
+from specgguf.bench.traces import load_trace  # noqa: E402
 from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.core.acceptance_counts import PolicyConfig  # noqa: E402
 from specgguf.core.engine import speculate  # noqa: E402
@@ -134,11 +138,10 @@ class OracleVerifier:
 
 
 def replay_one(
-    prepared, prompt: list[int], answer: list[int], verify: list[float], clock: Clock, *, eog: int, config=None
+    prepared, prompt: list[int], answer: list[int], verify: list[float], clock: Clock, *, eog: int, policy, drafter
 ) -> dict:
+    """One answer's steps under `policy` and `drafter` against the oracle: its modelled ratio to plain and counts."""
     oracle = OracleVerifier(prompt, answer, n_vocab=prepared.verifier.n_vocab, eog=eog, verify=verify, clock=clock)
-    policy, _ = prepared.policy(KChoice("adaptive"), temperature=0.0, drafter=prepared.options.drafter, config=config)
-    drafter = prepared.drafter(prepared.options.drafter, session=SessionNgrams())
     written: list[int] = []
     drafted = kept = 0
     steps: list[str] = []
@@ -164,6 +167,7 @@ def replay_one(
     plain = (len(written) - 1) * verify[0]  # plain decoding's passes: the prompt's pass scores the first token
     return {
         "tokens": len(written),
+        "seconds": seconds,
         "ratio": plain / seconds,
         "drafted": drafted,
         "kept": kept,
@@ -173,23 +177,78 @@ def replay_one(
     }
 
 
+def report(name: str, row: dict, *, ceilings: str = "", lookup: list[int] | None = None, steps: bool) -> None:
+    """One answer's line; with `steps`, its steps (with `lookup`, its plain steps where lookup had a right draft)."""
+    sizes = {n: row["passes"].count(n) for n in sorted(set(row["passes"]))}
+    print(
+        f"{name:20} default ÷ plain {row['ratio']:.3f}×  {ceilings}drafted {row['drafted']}, kept {row['kept']};"
+        f" passes by rows {sizes}",
+        file=sys.__stdout__,
+        flush=True,
+    )
+    if not steps:
+        return
+    print("  " + " ".join(row["steps"]), file=sys.__stdout__, flush=True)
+    wasted = sum(int(b) - int(a) for a, _, b in (step.partition("/") for step in row["steps"] if step != "."))
+    missed = ""
+    if lookup is not None:
+        n = sum(1 for t, step in zip(row["positions"], row["steps"]) if step == "." and lookup[t] > 0)
+        missed = f"plain steps where lookup had a right draft: {n}; "
+    print(f"  {missed}drafts rejected: {wasted}", file=sys.__stdout__, flush=True)
+
+
+def trace_answers(path: Path, trace: str, prepared, history: Path | None = None) -> dict:
+    """A trace's chat turns with the verifier's greedy answers (ngram_evidence.greedy_turns), or with the
+    answers in `history` (ab_traces.py --save: a server's), and this machine's verify table: read from
+    `path`, or made and written there when it does not exist or `history` is given."""
+    if path.exists() and history is None:
+        stored = json.loads(path.read_text())
+        if stored.get("trace") != trace:
+            raise SystemExit(f"{path} holds the {stored.get('trace')!r} trace's answers, not {trace!r}'s")
+        return stored
+    answers = None
+    if history is not None:
+        saved = json.loads(history.read_text())
+        answers = [message["content"] for message in saved["messages"] if message["role"] == "assistant"]
+    turns = [
+        {"prompt": index, "tokens": tokens, "reply": reply}
+        for index, tokens, _, reply in greedy_turns(prepared.verifier, load_trace(trace).requests, answers)
+    ]
+    stored = {"trace": trace, "verify": list(prepared.costs.verify), "turns": turns}
+    path.write_text(json.dumps(stored))
+    return stored
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--answers", required=True, type=Path, help="copy_bound.py --out FILE")
+    parser.add_argument(
+        "--answers", required=True, type=Path, help="copy_bound.py --out FILE (with --trace: read or written)"
+    )
     parser.add_argument("-m", required=True, type=Path)
     parser.add_argument("-md", type=Path)
     parser.add_argument("--prompts", help="comma-separated suite names (default: all stored)")
+    parser.add_argument("--trace", help="a shipped trace's chat turns (chat, agent) with one policy and n-gram session")
+    parser.add_argument("--history", type=Path, help="with --trace: a server's answers (ab_traces.py --save FILE)")
     parser.add_argument("--config", action="append", default=[], help="a PolicyConfig field=value to try (repeatable)")
     parser.add_argument("--steps", action="store_true", help="print each step: kept/drafted, or . for a plain one")
+    parser.add_argument(
+        "--verify-ms", help="the verify curve to price passes with, ms for 1, 2, … rows (default: the stored one)"
+    )
     args = parser.parse_args()
     try:
         config = policy_config(args.config)
     except ValueError as error:
         parser.error(str(error))
-    stored = json.loads(args.answers.read_text())
-    verify = stored["verify"]
     pair = ResolvedPair(verifier=args.m, draft=args.md, name=None, recommended_k=None)
-    prepared = prepare(pair, LoadOptions(n_ctx=4096, n_threads=2), DraftOptions())
+    prepared = prepare(pair, LoadOptions(n_ctx=8192 if args.trace else 4096, n_threads=2), DraftOptions())
+    stored = (
+        trace_answers(args.answers, args.trace, prepared, args.history)
+        if args.trace
+        else json.loads(args.answers.read_text())
+    )
+    if args.verify_ms:  # e.g. trace_ab.py's verify seconds by rows, where the context is long
+        stored["verify"] = [float(ms) / 1e3 for ms in args.verify_ms.split(",")]
+    verify = stored["verify"]
     clock = Clock()
     eog = next(t for t in range(prepared.verifier.n_vocab) if prepared.verifier.is_eog(t))  # past the answer
     if prepared.draft is not None:  # the draft model's passes cost its measured time a token on the clock
@@ -200,49 +259,62 @@ def main() -> None:
             return eval_draft(tokens, n_logits=n_logits)
 
         prepared.draft.eval = timed_draft  # type: ignore[method-assign]
-    texts = {item.name: item.text for item in load_suite()}
-    chosen = set(args.prompts.split(",")) if args.prompts else None
-    prompts = Prompts(prepared.verifier)
     real_clock, time.perf_counter = time.perf_counter, clock
-    rows = []
     try:
-        for entry in stored["prompts"]:
-            if chosen is not None and entry["prompt"] not in chosen:
-                continue
-            tokens = prompts.question(texts[entry["prompt"]], raw=False, system=None)
-            row = replay_one(prepared, tokens, entry["reply"], verify, clock, eog=eog, config=config)
-            rows.append((entry, row))
-            sizes = {n: row["passes"].count(n) for n in sorted(set(row["passes"]))}
-            print(
-                f"{entry['prompt']:20} default ÷ plain {row['ratio']:.3f}×  (ceilings: lookup"
-                f" {entry['lookup_bound']:.2f}×, copy {entry['copy_bound']:.2f}×)  drafted {row['drafted']},"
-                f" kept {row['kept']}; passes by rows {sizes}",
-                file=sys.__stdout__,
-                flush=True,
-            )
-            if args.steps:
-                print("  " + " ".join(row["steps"]), file=sys.__stdout__, flush=True)
-                missed = [
-                    t for t, step in zip(row["positions"], row["steps"]) if step == "." and entry["lookup"][t] > 0
-                ]
-                wasted = sum(
-                    int(b) - int(a) for a, _, b in (step.partition("/") for step in row["steps"] if step != ".")
-                )
-                print(
-                    f"  plain steps where lookup had a right draft: {len(missed)}; drafts rejected: {wasted}",
-                    file=sys.__stdout__,
-                    flush=True,
-                )
+        rows = (
+            replay_trace(prepared, stored, clock, eog=eog, config=config, steps=args.steps)
+            if args.trace
+            else (replay_suite(prepared, stored, clock, eog=eog, config=config, chosen=args.prompts, steps=args.steps))
+        )
     finally:
         time.perf_counter = real_clock
     for kind in sorted({entry["kind"] for entry, _ in rows}):
         mine = [row["ratio"] for entry, row in rows if entry["kind"] == kind]
         print(f"{kind:12} median {statistics.median(mine):.3f}× ({min(mine):.3f}–{max(mine):.3f}×)")
     ratios = [row["ratio"] for _, row in rows]
+    plain = sum((row["tokens"] - 1) * verify[0] for _, row in rows)
+    total = plain / sum(row["seconds"] for _, row in rows)
     print(
         f"all: median {statistics.median(ratios):.3f}×, lowest {min(ratios):.3f}×, geometric mean"
-        f" {float(np.exp(np.mean(np.log(ratios)))):.4f}×"
+        f" {float(np.exp(np.mean(np.log(ratios)))):.4f}×, in total {total:.3f}×"
     )
+
+
+def replay_suite(prepared, stored: dict, clock: Clock, *, eog: int, config, chosen: str | None, steps: bool) -> list:
+    """Each stored suite answer under a new policy and n-gram session, as `run` answers one prompt."""
+    texts = {item.name: item.text for item in load_suite()}
+    names = set(chosen.split(",")) if chosen else None
+    prompts, rows = Prompts(prepared.verifier), []
+    for entry in stored["prompts"]:
+        if names is not None and entry["prompt"] not in names:
+            continue
+        tokens = prompts.question(texts[entry["prompt"]], raw=False, system=None)
+        policy, _ = prepared.policy(
+            KChoice("adaptive"), temperature=0.0, drafter=prepared.options.drafter, config=config
+        )
+        drafter = prepared.drafter(prepared.options.drafter, session=SessionNgrams())
+        row = replay_one(
+            prepared, tokens, entry["reply"], stored["verify"], clock, eog=eog, policy=policy, drafter=drafter
+        )
+        rows.append((entry, row))
+        ceilings = f"(ceilings: lookup {entry['lookup_bound']:.2f}×, copy {entry['copy_bound']:.2f}×)  "
+        report(entry["prompt"], row, ceilings=ceilings, lookup=entry["lookup"], steps=steps)
+    return rows
+
+
+def replay_trace(prepared, stored: dict, clock: Clock, *, eog: int, config, steps: bool) -> list:
+    """A trace's turns in order under one policy and one n-gram session, as `serve` answers a client's
+    requests (serve/plan.py keeps a policy per setting and the session's n-grams across requests)."""
+    policy, _ = prepared.policy(KChoice("adaptive"), temperature=0.0, drafter=prepared.options.drafter, config=config)
+    session, rows = SessionNgrams(), []
+    for turn in stored["turns"]:
+        drafter = prepared.drafter(prepared.options.drafter, session=session)
+        row = replay_one(
+            prepared, turn["tokens"], turn["reply"], stored["verify"], clock, eog=eog, policy=policy, drafter=drafter
+        )
+        rows.append(({"kind": stored["trace"]}, row))
+        report(f"turn {turn['prompt']}", row, steps=steps)
+    return rows
 
 
 if __name__ == "__main__":
