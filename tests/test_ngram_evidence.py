@@ -69,12 +69,15 @@ def test_worth_takes_only_drafts_that_pay_for_their_rows_on_a_compute_bound_veri
     assert policy.worth([]) == 0
 
 
-def _evidence_run(classes, *, costs: MachineCosts = ISSUE_Q4, steps=600, seed=0):
+def _evidence_run(classes, *, costs: MachineCosts = ISSUE_Q4, steps=600, seed=0, pooled=False):
     """The n-gram side of a hybrid fed steps whose proposals come with evidence: each step one of
-    `classes` (a Match, and the true chance each of its drafts is right given the ones before).
-    Returns its tokens per second over plain decoding's, and how many drafts each class had verified."""
+    `classes` (a Match, and the true chance each of its drafts is right given the ones before, or
+    (the first's, each later one's)). Returns its tokens per second over plain decoding's, and how
+    many drafts each class had verified. `pooled`: later drafts priced by the bins all drafts share
+    alone (what the policy did before it learned how far each kind of proposal goes)."""
     rng = np.random.default_rng(seed)
-    policy = adaptive_policy("hybrid", costs, PolicyConfig(k_max=8))
+    # Pooled: each draft's own chance outweighs any count of its proposal's class.
+    policy = adaptive_policy("hybrid", costs, PolicyConfig(k_max=8, proposal_weight=1e12 if pooled else 4.0))
     tokens, seconds, verified = 0, 0.0, [0] * len(classes)
     for _ in range(steps):
         which = int(rng.integers(len(classes)))
@@ -82,7 +85,8 @@ def _evidence_run(classes, *, costs: MachineCosts = ISSUE_Q4, steps=600, seed=0)
         k = policy.choose("ngram")
         evidence = match.evidence()[:k]
         n = policy.worth(evidence)
-        n_accepted = next((i for i in range(n) if rng.random() >= truth), n)
+        first, rest = truth if isinstance(truth, tuple) else (truth, truth)
+        n_accepted = next((i for i in range(n) if rng.random() >= (rest if i else first)), n)
         event = _step(n, n_accepted, verify=_verify(costs, n), draft=0.0, confidences=evidence[:n], source="ngram")
         policy.observe(event)
         tokens, seconds, verified[which] = (
@@ -114,6 +118,21 @@ def test_evidence_that_lies_here_is_learned_and_stops_costing(seed):
     # follow): the prior says draft deep, what the steps teach says not.
     speed, verified = _evidence_run([(Match([1] * 8, 10, in_prompt=True), 0.2)], seed=seed)
     assert speed > 0.95 and verified[0] < 150
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_proposal_that_starts_on_a_short_match_is_priced_by_how_far_such_proposals_go(seed):
+    # A chat's history: long copies that run on (right 19 times in 20 at every draft), and copies
+    # that start on a 3-token match, right 4 times in 5 at first and then parting from the history
+    # (half the time at each later draft). Their later drafts' evidence (matches of 4 and more
+    # tokens) is what the long copies' bins learn: priced by those, they are drafted deep and lose.
+    long, short = (Match([1] * 8, 10, in_prompt=True), 0.95), (Match([1] * 8, 3, in_prompt=True), (0.8, 0.5))
+    speed, verified = _evidence_run([long, short], seed=seed)
+    pooled_speed, pooled_verified = _evidence_run([long, short], seed=seed, pooled=True)
+    # Knowing the truth, one draft of a short-match copy pays (1.16x plain on these costs), two 1.12x,
+    # three 1.02x; priced by the long copies' bins it is drafted deeper.
+    assert verified[1] < 0.7 * pooled_verified[1]
+    assert speed > pooled_speed + 0.01
 
 
 def test_the_default_hybrid_leaves_weak_repeats_to_the_draft_model():

@@ -29,6 +29,7 @@ class PolicyConfig:
     explore_every: int = 8
     explore_budget: float = 0.1  # explore deeper only where the estimate says it loses at most this share
     calibration_decay: float = 0.995  # slower: each confidence bin sees only some of the drafts
+    proposal_weight: float = 4.0  # a whole proposal's drafts' own chances count as this many of its class's
     cost_trust: int = 3  # the prior (tuning.json's costs) counts as this many measured steps
     recheck_every: int = 16  # steps between asking again whether drafting could win at the learned costs
     worth_trying: float = 0.9  # draft at all only if some K wins at this acceptance per position
@@ -72,6 +73,33 @@ class Calibration:
         np.add.at(self.right, bins[np.asarray(right, dtype=bool)], 1.0)
 
 
+class Proposals:
+    """How far a whole proposal (prompt lookup's: drafts proposed together, each with its evidence) is
+    right, by its first draft's evidence: decayed counts per draft position for each bin of the first
+    draft's prior chance. A proposal that starts on weak evidence goes on right less often than its
+    later drafts' own evidence says (its match was short; a long match's drafts come right in runs), so
+    its later drafts are not priced by the bins all drafts share alone (docs/adaptive-k.md measured both)."""
+
+    def __init__(self, decay: float, k_max: int, weight: float):
+        self.decay, self.weight = decay, weight
+        self.drafted = np.zeros((len(CONFIDENCE_EDGES) + 1, k_max))
+        self.accepted = np.zeros((len(CONFIDENCE_EDGES) + 1, k_max))
+
+    def chances(self, first: float, prior: np.ndarray) -> np.ndarray:
+        """Each draft's chance given the ones before it were, for a proposal whose first draft has prior
+        chance `first`: its class's counts at that position, with `prior` (the drafts' own calibrated
+        chances) worth `weight` proposals of the class."""
+        b, n = int(np.searchsorted(CONFIDENCE_EDGES, first, side="right")), len(prior)
+        return (self.accepted[b, :n] + self.weight * prior) / (self.drafted[b, :n] + self.weight)
+
+    def observe(self, first: float, n_drafted: int, n_accepted: int) -> None:
+        b = int(np.searchsorted(CONFIDENCE_EDGES, first, side="right"))
+        self.drafted *= self.decay
+        self.accepted *= self.decay
+        self.drafted[b, : min(n_accepted + 1, n_drafted)] += 1  # position i is tested if 1..i-1 were accepted
+        self.accepted[b, : min(n_accepted, n_drafted)] += 1
+
+
 class Acceptance:
     """Per-position acceptance c_i, and the draft's confidence calibrated against the verifier."""
 
@@ -82,6 +110,8 @@ class Acceptance:
         self.first_tested = 0  # steps that tested a first draft, not decayed: how much evidence there is
         # Chance the verifier accepts a draft of this top probability (earlier drafts accepted).
         self.calibrated = Calibration(config.calibration_decay)
+        # ... and how far a whole proposal goes, by its first draft's evidence.
+        self.proposals = Proposals(config.calibration_decay, config.k_max, config.proposal_weight)
 
     def overall(self) -> float:
         weight = self.config.prior_drafts
@@ -111,3 +141,4 @@ class Acceptance:
         if confidences:
             tested = confidences[: n_accepted + 1]
             self.calibrated.observe(tested, [i < n_accepted for i in range(len(tested))])
+            self.proposals.observe(confidences[0], n, n_accepted)

@@ -210,15 +210,18 @@ class AdaptiveK:
         return bool(rates[1:].max() > rates[0])
 
     def worth(self, confidences: list[float]) -> int:
-        """How many of a whole proposal's drafts to verify: with a_j the calibrated chance of draft j
-        (its evidence's prior, learned per evidence bin, raised by `doubt` standard errors while a bin
-        has seen few drafts), verifying the first n yields E_n = 1 + a_1 + a_1·a_2 + … + a_1·…·a_n
+        """How many of a whole proposal's drafts to verify: with a_j the chance of draft j given drafts
+        1..j-1 were right, learned per position for proposals whose first draft had evidence like this
+        one's (acceptance_counts.Proposals), from its own calibrated chance before (its evidence's prior,
+        learned per evidence bin, raised by `doubt` standard errors while a bin has seen few drafts),
+        verifying the first n yields E_n = 1 + a_1 + a_1·a_2 + … + a_1·…·a_n
         tokens in T(n) seconds; n* = argmax E_n / T(n), 0 (a plain step) where no draft is sure
         enough to pay for the rows it adds."""
         n = min(len(confidences), self.config.k_max)
         if n == 0 or self.config.k_min > 0:
             return n
-        acceptance = np.array([self.acceptance.calibrated(c, self.config.doubt) for c in confidences[:n]])
+        own = np.array([self.acceptance.calibrated(c, self.config.doubt) for c in confidences[:n]])
+        acceptance = self.acceptance.proposals.chances(confidences[0], own)
         return int(np.argmax(expected_tokens(acceptance) / self.costs.step(np.arange(n + 1), self.source)))
 
     def ahead(self, acceptance: np.ndarray) -> float:
