@@ -9,6 +9,7 @@ import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 
 from fakes import FakeModel
+from specgguf.core.acceptance_counts import Proposals
 from specgguf.core.costs import MachineCosts
 from specgguf.core.drafters import DraftSettings, build_drafter
 from specgguf.core.engine import FixedK
@@ -133,6 +134,21 @@ def test_a_proposal_that_starts_on_a_short_match_is_priced_by_how_far_such_propo
     # three 1.02x; priced by the long copies' bins it is drafted deeper.
     assert verified[1] < 0.7 * pooled_verified[1]
     assert speed > pooled_speed + 0.01
+
+
+def test_a_class_whose_first_draft_failed_once_is_still_tried_but_not_drafted_deep():
+    proposals = Proposals(decay=0.995, k_max=4, weight=4.0)
+    own = np.array([0.7, 0.9, 0.9, 0.9])
+    proposals.observe(0.7, 4, 0)  # its first proposal: the first draft wrong
+    assert proposals.chances(0.7, own)[0] < 0.6  # its estimate falls ...
+    assert proposals.chances(0.7, own, optimism=2.0)[0] == 0.7  # ... but one failure is within the doubt
+    for _ in range(30):  # many failures are not
+        proposals.observe(0.7, 4, 0)
+    assert proposals.chances(0.7, own, optimism=2.0)[0] < 0.2
+    for _ in range(30):  # proposals right at first and then parting: the later drafts fall, unraised
+        proposals.observe(0.7, 4, 1)
+    later = proposals.chances(0.7, own, optimism=2.0)[1:]
+    assert later[0] < 0.2 and list(later[1:]) == [0.9, 0.9]  # (positions 3 and 4 never tested)
 
 
 def test_the_default_hybrid_leaves_weak_repeats_to_the_draft_model():

@@ -85,12 +85,20 @@ class Proposals:
         self.drafted = np.zeros((len(CONFIDENCE_EDGES) + 1, k_max))
         self.accepted = np.zeros((len(CONFIDENCE_EDGES) + 1, k_max))
 
-    def chances(self, first: float, prior: np.ndarray) -> np.ndarray:
+    def chances(self, first: float, prior: np.ndarray, optimism: float = 0.0) -> np.ndarray:
         """Each draft's chance given the ones before it were, for a proposal whose first draft has prior
         chance `first`: its class's counts at that position, with `prior` (the drafts' own calibrated
-        chances) worth `weight` proposals of the class."""
+        chances) worth `weight` proposals of the class. With `optimism`, the first draft's is no lower
+        than its prior while that is within so many standard errors of the class's estimate (as
+        Calibration): a few unlucky first drafts do not end a class's drafts, which no draft would then
+        teach again. The later drafts' are not raised: how deep to draft is what the class is for."""
         b, n = int(np.searchsorted(CONFIDENCE_EDGES, first, side="right")), len(prior)
-        return (self.accepted[b, :n] + self.weight * prior) / (self.drafted[b, :n] + self.weight)
+        seen = self.drafted[b, :n] + self.weight
+        chance = (self.accepted[b, :n] + self.weight * prior) / seen
+        if optimism and n:
+            raised = chance[0] + optimism * np.sqrt(chance[0] * (1.0 - chance[0]) / seen[0])
+            chance[0] = max(chance[0], min(prior[0], raised))
+        return chance
 
     def observe(self, first: float, n_drafted: int, n_accepted: int) -> None:
         b = int(np.searchsorted(CONFIDENCE_EDGES, first, side="right"))

@@ -221,7 +221,7 @@ class AdaptiveK:
         if n == 0 or self.config.k_min > 0:
             return n
         own = np.array([self.acceptance.calibrated(c, self.config.doubt) for c in confidences[:n]])
-        acceptance = self.acceptance.proposals.chances(confidences[0], own)
+        acceptance = self.acceptance.proposals.chances(confidences[0], own, self.config.doubt)
         return int(np.argmax(expected_tokens(acceptance) / self.costs.step(np.arange(n + 1), self.source)))
 
     def ahead(self, acceptance: np.ndarray) -> float:
