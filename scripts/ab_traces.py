@@ -116,10 +116,10 @@ def main() -> None:
         if args.passes > 1:
             print(f"pass {replay + 1} of {args.passes} (fresh servers)", flush=True)
         a, b = replay_pass(specs, requests, same_history=args.same_history, first=replay % 2, ratios=ratios)
-        if args.save:  # the last pass's: what A answered, for policy_replay.py --trace NAME --history FILE
-            args.save.write_text(json.dumps({"trace": args.trace, "messages": a.messages}))
         if a.rate and b.rate:
             print(f"B ÷ A, tokens a second of generation: {b.rate / a.rate:.3f}×")
+    if args.save:  # the last pass's: what A answered, for policy_replay.py --trace NAME --history FILE
+        args.save.write_text(json.dumps({"trace": args.trace, "messages": a.messages}))
     if args.passes > 1:
         print(f"per request, B ÷ A over the {args.passes} passes (median, least, most):")
         for index, found in enumerate(ratios, start=1):

@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ngram_evidence import greedy_turns  # noqa: E402
 
 from specgguf.bench.suite import load_suite  # noqa: E402
-from specgguf.bench.traces import load_trace  # noqa: E402
+from specgguf.bench.trace_servers import run_script  # noqa: E402
+from specgguf.bench.traces import CHAT, load_trace  # noqa: E402
 from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.core.acceptance_counts import PolicyConfig  # noqa: E402
 from specgguf.core.engine import speculate  # noqa: E402
@@ -189,12 +190,22 @@ def report(name: str, row: dict, *, ceilings: str = "", lookup: list[int] | None
     if not steps:
         return
     print("  " + " ".join(row["steps"]), file=sys.__stdout__, flush=True)
-    wasted = sum(int(b) - int(a) for a, _, b in (step.partition("/") for step in row["steps"] if step != "."))
     missed = ""
     if lookup is not None:
         n = sum(1 for t, step in zip(row["positions"], row["steps"]) if step == "." and lookup[t] > 0)
         missed = f"plain steps where lookup had a right draft: {n}; "
-    print(f"  {missed}drafts rejected: {wasted}", file=sys.__stdout__, flush=True)
+    print(f"  {missed}drafts rejected: {row['drafted'] - row['kept']}", file=sys.__stdout__, flush=True)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from `path`; one line (SystemExit) where it cannot be read or is not one."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SystemExit(f"specgguf: error: {path}: {error}") from None
+    if not isinstance(found, dict):
+        raise SystemExit(f"specgguf: error: {path}: not a JSON object")
+    return found
 
 
 def trace_answers(path: Path, trace: str, prepared, history: Path | None = None) -> dict:
@@ -202,17 +213,31 @@ def trace_answers(path: Path, trace: str, prepared, history: Path | None = None)
     answers in `history` (ab_traces.py --save: a server's), and this machine's verify table: read from
     `path`, or made and written there when it does not exist or `history` is given."""
     if path.exists() and history is None:
-        stored = json.loads(path.read_text())
+        stored = read_json(path)
         if stored.get("trace") != trace:
-            raise SystemExit(f"{path} holds the {stored.get('trace')!r} trace's answers, not {trace!r}'s")
+            raise SystemExit(
+                f"specgguf: error: {path} holds the {stored.get('trace')!r} trace's answers, not {trace!r}'s"
+            )
         return stored
+    requests = load_trace(trace).requests
     answers = None
     if history is not None:
-        saved = json.loads(history.read_text())
-        answers = [message["content"] for message in saved["messages"] if message["role"] == "assistant"]
+        saved = read_json(history)
+        if saved.get("trace") != trace:
+            raise SystemExit(
+                f"specgguf: error: {history} holds a server's answers to {saved.get('trace')!r}, not {trace!r}"
+            )
+        answers = [
+            message.get("content") or "" for message in saved.get("messages", []) if message.get("role") == "assistant"
+        ]
+        wanted = sum(request.path == CHAT for request in requests)
+        if len(answers) != wanted:
+            raise SystemExit(
+                f"specgguf: error: {history} holds {len(answers)} answers; the trace has {wanted} chat turns"
+            )
     turns = [
         {"prompt": index, "tokens": tokens, "reply": reply}
-        for index, tokens, _, reply in greedy_turns(prepared.verifier, load_trace(trace).requests, answers)
+        for index, tokens, _, reply in greedy_turns(prepared.verifier, requests, answers)
     ]
     stored = {"trace": trace, "verify": list(prepared.costs.verify), "turns": turns}
     path.write_text(json.dumps(stored))
@@ -241,11 +266,7 @@ def main() -> None:
         parser.error(str(error))
     pair = ResolvedPair(verifier=args.m, draft=args.md, name=None, recommended_k=None)
     prepared = prepare(pair, LoadOptions(n_ctx=8192 if args.trace else 4096, n_threads=2), DraftOptions())
-    stored = (
-        trace_answers(args.answers, args.trace, prepared, args.history)
-        if args.trace
-        else json.loads(args.answers.read_text())
-    )
+    stored = trace_answers(args.answers, args.trace, prepared, args.history) if args.trace else read_json(args.answers)
     if args.verify_ms:  # e.g. trace_ab.py's verify seconds by rows, where the context is long
         stored["verify"] = [float(ms) / 1e3 for ms in args.verify_ms.split(",")]
     verify = stored["verify"]
@@ -318,4 +339,4 @@ def replay_trace(prepared, stored: dict, clock: Clock, *, eog: int, config, step
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
 import tempfile
@@ -36,10 +35,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from policy_replay import policy_config  # noqa: E402
+from policy_replay import policy_config, read_json  # noqa: E402
 
 from specgguf.bench.machine import cpu  # noqa: E402
 from specgguf.bench.suite import load_suite  # noqa: E402
+from specgguf.bench.trace_servers import run_script  # noqa: E402
 from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.core.engine import FixedK, speculate  # noqa: E402
 from specgguf.core.ngram_cache import SessionNgrams  # noqa: E402
@@ -61,7 +61,7 @@ def answer(prepared, prompt: list[int], *, policy, session: SessionNgrams, max_t
     drafter = prepared.drafter(prepared.options.drafter, session=session)
     steps: list[str] = []
     verify: dict[int, list[float]] = defaultdict(list)
-    tokens, first, last = 0, None, None
+    tokens, drafted, accepted, first, last = 0, 0, 0, None, None
     for event in speculate(
         verifier=prepared.verifier,
         drafter=drafter,
@@ -75,13 +75,18 @@ def answer(prepared, prompt: list[int], *, policy, session: SessionNgrams, max_t
         if first is None:
             first = now  # the prompt's pass scored the first token
         else:
-            tokens += len(event.tokens)
+            tokens, drafted, accepted = (
+                tokens + len(event.tokens),
+                drafted + event.n_drafted,
+                accepted + event.n_accepted,
+            )
             last = now
             mark = "m" if event.draft_source == "model" else ""  # the draft model's (else n-gram lookup's)
             steps.append(f"{event.n_accepted}/{event.n_drafted}{mark}" if event.n_drafted else ".")
             verify[event.n_drafted + 1].append(event.verify_seconds)
     seconds = (last - first) if last is not None and first is not None else 0.0
-    return {"rate": tokens / seconds if seconds else 0.0, "steps": steps, "verify": verify}
+    rate = tokens / seconds if seconds else 0.0
+    return {"rate": rate, "steps": steps, "verify": verify, "drafted": drafted, "accepted": accepted}
 
 
 def duel(prepared, prompt: list[int], n: int, sides: dict, *, repeats: int, number: int, saved: Path | None):
@@ -105,12 +110,10 @@ def report(label: str, rates: dict[str, list[float]], result: dict, *, steps: bo
     """One prompt's line (A's median rate ÷ B's), and with `steps` A's steps; returns the ratio."""
     (a, mine), (b, theirs) = rates.items()
     ratio = statistics.median(mine) / statistics.median(theirs)
-    drafted = sum(int(step.partition("/")[2].rstrip("m")) for step in result["steps"] if step != ".")
-    accepted = sum(int(step.partition("/")[0]) for step in result["steps"] if step != ".")
     print(
         f"{label}: {a} {statistics.median(mine):.1f} tok/s, {b} {statistics.median(theirs):.1f} tok/s: {ratio:.3f}×"
         f"  (each: {', '.join(f'{x:.1f}' for x in mine)} / {', '.join(f'{x:.1f}' for x in theirs)}); {a} kept"
-        f" {accepted}/{drafted}",
+        f" {result['accepted']}/{result['drafted']}",
         flush=True,
     )
     if steps:
@@ -141,7 +144,7 @@ def main() -> None:
     )
     parser.add_argument("--steps", action="store_true", help="print the default's steps and verify seconds by rows")
     args = parser.parse_args()
-    stored = json.loads(args.answers.read_text())
+    stored = read_json(args.answers)
     try:
         b_config = policy_config(args.b_config)
     except ValueError as error:
@@ -171,7 +174,7 @@ def main() -> None:
         )
         return
     # The default's policy and session go on from turn to turn, as a server's; so does B's policy.
-    policy, other, session = fresh(), fresh(b_config), SessionNgrams()
+    policy, other, session = fresh(), fresh(b_config) if b_config else None, SessionNgrams()
     chosen = None if args.turns is None else {int(turn) for turn in args.turns.split(",")}
     with tempfile.TemporaryDirectory() as folder:
         for number, turn in enumerate(stored["turns"]):
@@ -182,14 +185,14 @@ def main() -> None:
             saved = snapshot(session, Path(folder))
             sides = {
                 "default": partial(copy.deepcopy, policy),
-                b_name: partial(copy.deepcopy, other) if b_config else partial(FixedK, 0),
+                b_name: partial(copy.deepcopy, other) if other is not None else partial(FixedK, 0),
             }
             rates, first = duel(prepared, prompt, n, sides, repeats=args.repeats, number=number, saved=saved)
             policy, session, result = first["default"]  # the turn's first default answer goes on, as a server's would
-            other = first[b_name][0] if b_config else other
+            other = first[b_name][0] if other is not None else None
             ratios.append(report(f"turn {turn['prompt']:2}", rates, result, steps=args.steps))
     print(f"turns: lowest {min(ratios):.3f}×, median {statistics.median(ratios):.3f}×")
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)
