@@ -27,8 +27,8 @@ from specgguf.bench.measure import PROMPTS, generate  # noqa: E402
 from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.core.drafters import DraftSettings, build_drafter  # noqa: E402
 from specgguf.core.engine import FixedK  # noqa: E402
+from specgguf.core.events import GenerationStats  # noqa: E402
 from specgguf.core.ngram_cache import SessionNgrams  # noqa: E402
-from specgguf.core.stats import GenerationStats  # noqa: E402
 from specgguf.drafts.cross_search import choose_mode  # noqa: E402
 from specgguf.drafts.cross_vocab import cross_vocab  # noqa: E402
 from specgguf.llama.model import LlamaModel  # noqa: E402

@@ -1,4 +1,4 @@
-"""A draft model's reading of a long prompt, paired in one process: the engine's rule (core/reading.py:
+"""A draft model's reading of a long prompt, paired in one process: the engine's rule (core/drafting.py:
 the draft reads once the answer has taken as long as the reading would) against reading at once and
 drafting from the first step. Times to the first token and to the answer's end; each run starts from
 empty caches, as a new request; the two sides alternate.

@@ -142,7 +142,7 @@ class Prompts:
     def render(self, messages: Sequence[Message], tools: list[dict] | None = None) -> str:
         """The text of a prompt ready for the assistant's turn: the model's template, else ChatML;
         `tools` (OpenAI's tool definitions) go to the template as `tools=`.
-        A failing or looping template raises PromptError (llama/template.py)."""
+        A failing or looping template raises PromptError (llama/vocab.py)."""
         return self._render(messages, tools, lambda text: text)
 
     def _render(self, messages: Sequence[Message], tools: list[dict] | None, mark: Callable[[str], str]) -> str:

@@ -32,11 +32,11 @@ from .core.cross_drafter import (
 from .core.drafters import DEFAULT_DRAFTER, DRAFTER_KINDS, DrafterKind, DraftSettings, build_drafter
 from .core.drafting import Drafter
 from .core.engine import KPolicy, speculate
+from .core.events import Generation
 from .core.kpolicy import PolicyConfig
 from .core.model import Model
 from .core.ngram_cache import SessionNgrams
 from .core.sampling import SamplingSettings
-from .core.stats import Generation
 from .drafts.cross_search import Measure, ModeChoice, choose_mode
 from .drafts.cross_vocab import cross_vocab, shared_text
 from .drafts.made import DraftChoice, load_chosen
@@ -152,7 +152,7 @@ class Prepared:
         constraint: Constraint | None = None,
         verifier: Model | None = None,
     ) -> Generation:
-        """One answer from the engine over the loaded pair, driven and timed (core.stats.Generation);
+        """One answer from the engine over the loaded pair, driven and timed (core.events.Generation);
         `constraint`: a grammar the answer follows (grammar.constraint_for); `verifier`: another view
         of the verifier (serve --parallel: a live sequence's)."""
         events = speculate(

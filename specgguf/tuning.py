@@ -333,7 +333,7 @@ def probe(
         draft_cost = [measure_draft(draft, store=True)]
     if draft_read is None:
         assert draft is not None  # no draft reads [0.0]
-        # A long context read in one batch (core/reading.py prices a draft's catch-up with it).
+        # A long context read in one batch (core/drafting.py prices a draft's catch-up with it).
         draft_read = _keep(key_for(draft, "draft_read"), [measure_read(draft)])
     return MachineCosts(tuple(verify), draft_cost[0], draft_read[0])
 

@@ -5,9 +5,9 @@ from `engine.Model`, `drafting.Drafter` or `engine.KPolicy` fails the lint, not 
 from __future__ import annotations
 
 from fakes import FakeModel
+from specgguf.core.drafters import HybridDrafter
 from specgguf.core.drafting import Drafter, NoDrafter
 from specgguf.core.engine import FixedK, KPolicy, Model
-from specgguf.core.hybrid_drafter import HybridDrafter
 from specgguf.core.kpolicy import AdaptiveK, PerSource
 from specgguf.core.lane_policy import LaneSequence, SharedCosts
 from specgguf.core.model_drafter import ModelDrafter

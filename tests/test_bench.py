@@ -54,7 +54,7 @@ def test_report_structure(report):
         assert set(row["time_split"]) == {"draft", "verify", "other"}
         assert 0.0 <= row["overhead"] <= 1.0 and len(row["runs"]) == 2
         if row["k"] == 0 or row["acceptance_rate"] is None:
-            # (a draft model may wait out a long prompt for all of a 48-token answer: reading.py)
+            # (a draft model may wait out a long prompt for all of a 48-token answer: drafting.py)
             assert row["acceptance_by_position"] == [] and row["tokens_per_step"] == 1.0
         else:
             assert len(row["acceptance_by_position"]) >= 1

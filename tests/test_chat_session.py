@@ -7,7 +7,7 @@ import pytest
 
 from specgguf.cli.chat_session import ChatSession
 from specgguf.conversation import Message
-from specgguf.core import reading
+from specgguf.core import drafting as reading
 from specgguf.core.drafting import common_prefix
 from specgguf.core.engine import FixedK, speculate
 from specgguf.core.model_drafter import ModelDrafter
@@ -88,7 +88,7 @@ def answer(session: ChatSession, question: str, *, stop_after: int | None = None
 
 
 def test_a_draft_that_left_a_long_prompt_unread_reports_none_of_it_read(tiny_verifier, tiny_draft, monkeypatch):
-    """The reading rule (core/reading.py) may leave a long prompt unread by the draft for all of a short
+    """The reading rule (core/drafting.py) may leave a long prompt unread by the draft for all of a short
     answer: the turn reports what each model really read, not what it lacked."""
     one_second = classmethod(lambda cls, seconds, n, measured=None: cls(1.0))  # a token
     monkeypatch.setattr(reading.Reading, "after_prefill", one_second)
@@ -105,7 +105,7 @@ def test_a_draft_that_left_a_long_prompt_unread_reports_none_of_it_read(tiny_ver
 
 def test_each_turn_evaluates_only_what_the_caches_do_not_hold_in_both_models(tiny_verifier, tiny_draft, monkeypatch):
     # The draft reads every prompt at once: when it starts reading a long one depends on the machine's
-    # timings (core/reading.py; the test below covers a prompt it never reads).
+    # timings (core/drafting.py; the test below covers a prompt it never reads).
     monkeypatch.setattr(reading, "LONG_READ", 10**6)
     session = make_session(tiny_verifier, tiny_draft, system="you are a tiny model")
     models = {"verifier": session.verifier, "draft": session.draft}

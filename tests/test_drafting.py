@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from fakes import FakeModel, one_hot_logits
-from specgguf.core.drafters import build_drafter
+from specgguf.core.drafters import HybridDrafter, build_drafter
 from specgguf.core.drafting import DraftStep
 from specgguf.core.engine import speculate
-from specgguf.core.hybrid_drafter import HybridDrafter
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.ngram_cache import SessionNgrams
 from specgguf.core.ngram_drafter import Match, NgramDrafter

@@ -9,13 +9,13 @@ from scipy.stats import chisquare
 import specgguf.core.engine as engine
 from fakes import FakeModel, one_hot_logits
 from specgguf.core.costs import MachineCosts
+from specgguf.core.drafters import HybridDrafter
+from specgguf.core.drafting import DRAFT_READ_PRIOR, LONG_READ, Reading
 from specgguf.core.engine import FixedK, speculate
 from specgguf.core.hot_vocab import HotVocab
-from specgguf.core.hybrid_drafter import HybridDrafter
 from specgguf.core.kpolicy import PolicyConfig, adaptive_policy
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.ngram_drafter import NgramDrafter
-from specgguf.core.reading import DRAFT_READ_PRIOR, LONG_READ, Reading
 from specgguf.core.sampling import SamplingSettings
 from specgguf.errors import ContextFullError, PromptError
 

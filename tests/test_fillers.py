@@ -1,9 +1,9 @@
-"""Filler rows (llama/fillers.py): how llama.cpp cuts a batch of several sequences into passes, and
+"""Filler rows (llama/sequences.py): how llama.cpp cuts a batch of several sequences into passes, and
 when rows added after a sequence's own make it one pass for less."""
 
 from __future__ import annotations
 
-from specgguf.llama.fillers import fillers, passes
+from specgguf.llama.sequences import fillers, passes
 
 ROOM = 1000
 

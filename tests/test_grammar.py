@@ -12,8 +12,8 @@ from llguidance import LLTokenizer
 
 from specgguf.core.drafters import DraftSettings, build_drafter
 from specgguf.core.engine import FixedK, speculate
+from specgguf.core.events import GenerationStats
 from specgguf.core.sampling import SamplingSettings
-from specgguf.core.stats import GenerationStats
 from specgguf.grammar import MAX_SCHEMA_DEPTH, GrammarError, GrammarSpec, GuidanceConstraint, constraint_for
 from specgguf.llama.model import LlamaModel
 

@@ -13,9 +13,9 @@ import specgguf.core.engine
 import specgguf.core.grammar_walk
 from fakes import FakeModel, TableConstraint
 from specgguf.core.costs import MachineCosts
+from specgguf.core.drafters import HybridDrafter
 from specgguf.core.engine import FixedK, speculate
 from specgguf.core.hot_vocab import HotVocab
-from specgguf.core.hybrid_drafter import HybridDrafter
 from specgguf.core.kpolicy import PolicyConfig, adaptive_policy
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.ngram_drafter import NgramDrafter

@@ -201,7 +201,7 @@ def test_check_escapes_metadata_from_the_file(cli, hostile_dir, tiny_verifier):
     ],
 )
 def test_a_failing_or_looping_chat_template_is_one_line(cli, hostile_dir, tiny_draft, template, expected, monkeypatch):
-    from specgguf.llama import template as rendering
+    from specgguf.llama import vocab as rendering
 
     monkeypatch.setattr(rendering, "TEMPLATE_SECONDS", 1.0)  # the loop is stopped all the same, sooner
     path = tiny_with(hostile_dir, f"template-{abs(hash(template))}.gguf", chat_template=template)

@@ -312,7 +312,7 @@ def test_an_ngram_source_above_break_even_keeps_drafting():
 
 
 def test_the_speedup_a_draft_would_buy_follows_what_its_drafts_and_the_costs_say():
-    # What a draft model's long reading would buy (core/reading.py): none on the compute-bound table,
+    # What a draft model's long reading would buy (core/drafting.py): none on the compute-bound table,
     # much where the verifier is memory-bound and the drafts are right, little once they prove wrong.
     assert AdaptiveK(Q4, PolicyConfig(k_max=16)).speedup("model") < 1.0
     sure = AdaptiveK(F16, PolicyConfig(k_max=12))

@@ -21,9 +21,9 @@ from scipy.stats import chisquare
 import specgguf.core.engine
 from fakes import FakeModel
 from specgguf.core.constraint import Constraint
+from specgguf.core.drafters import HybridDrafter
 from specgguf.core.drafting import Drafter
 from specgguf.core.engine import FixedK, KPolicy, speculate
-from specgguf.core.hybrid_drafter import HybridDrafter
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.ngram_drafter import NgramDrafter
 from specgguf.core.sampling import SamplingSettings, mask_logits, process_logits

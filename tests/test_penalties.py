@@ -10,8 +10,8 @@ import pytest
 from scipy.stats import chisquare
 
 from fakes import FakeModel
+from specgguf.core.drafters import HybridDrafter
 from specgguf.core.engine import FixedK, speculate
-from specgguf.core.hybrid_drafter import HybridDrafter
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.ngram_drafter import NgramDrafter
 from specgguf.core.sampling import Penalties, SamplingSettings, apply_penalties

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from specgguf.cli.render import TokenStream
 from specgguf.core.engine import StepEvent
-from specgguf.core.stats import GenerationStats
+from specgguf.core.events import GenerationStats
 
 PIECES = {1: b"He", 2: b"llo", 3: b" w", 4: b"orld", 5: "é".encode()[:1], 6: "é".encode()[1:], 7: b"!"}
 

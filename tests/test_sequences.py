@@ -99,7 +99,7 @@ def test_calibrated_sequences_know_the_pass_line_and_start_empty(tiny_verifier):
 
 def test_filler_rows_make_one_pass_and_leave_every_sequence_as_it_was(tiny_verifier, monkeypatch):
     """Rows 4, 4, 1, 4 (llama.cpp's three passes) and sequences 0 and 2 without 1 (two): with the costs
-    of a memory-bound verifier the decoder adds filler rows (llama/fillers.py) and decodes one pass;
+    of a memory-bound verifier the decoder adds filler rows (llama/sequences.py) and decodes one pass;
     each real row's logits are those of its sequence decoded alone, and the fillers' cells are gone."""
     model = LlamaModel(tiny_verifier, n_ctx=128, n_threads=1)
     views = model.sequences(4)

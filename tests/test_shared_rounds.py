@@ -17,9 +17,8 @@ from specgguf.core.engine import FixedK, StepEvent
 from specgguf.core.kpolicy import AdaptiveK, adaptive_policy
 from specgguf.core.lane_policy import SharedCosts
 from specgguf.core.rounds import ALONE, FREE, Line, Round, lone_k, reprice, round_k
-from specgguf.llama import fillers
 from specgguf.llama.batcher import Batcher, Rows, SequenceView
-from specgguf.llama.sequences import PassCosts
+from specgguf.llama.sequences import PassCosts, passes as llama_passes
 from specgguf.serve.parallel import lanes as lanes_module
 from specgguf.serve.parallel.lanes import Lanes
 from test_kpolicy import _step
@@ -76,7 +75,7 @@ def test_pass_costs_recover_the_fixed_and_the_per_row_cost():
         costs.observe(rows, 0.120 + 0.015 * rows)
     a, b = costs.line()
     assert abs(a - 0.120) < 1e-9 and abs(b - 0.015) < 1e-9
-    # Decodes llama.cpp cut into several passes (a sequence per cache: fillers.passes) pay a per pass.
+    # Decodes llama.cpp cut into several passes (a sequence per cache: sequences.passes) pay a per pass.
     costs = PassCosts()
     for passes, rows in [(3, 13), (2, 8), (3, 13), (2, 12), (1, 4), (3, 16), (2, 8), (2, 6)]:
         costs.observe(rows, 0.120 * passes + 0.015 * rows, passes)
@@ -194,7 +193,7 @@ def test_a_lone_draft_is_priced_by_the_pass_or_the_fillers_it_adds_to_the_round(
     a, b = line.per_pass, line.per_row
     for seq in range(4):
         rows = {other: 1 for other in range(4)} | {seq: 4}
-        assert np.isclose(sum(a + b * n for n in fillers.passes(rows)), (a + b * 4) + (a + b * 3))
+        assert np.isclose(sum(a + b * n for n in llama_passes(rows)), (a + b * 4) + (a + b * 3))
 
 
 def test_a_hybrid_lane_among_four_steps_plain_on_its_ngram_match_and_alone_drafts_it():
@@ -228,7 +227,7 @@ def test_a_lanes_policy_learns_its_share_not_the_wall_time():
 
 
 def test_a_step_that_asked_for_no_k_is_charged_its_own_pass_not_the_ones_before():
-    """The engine steps without asking for K while a draft model's reading waits (core/reading.py), and
+    """The engine steps without asking for K while a draft model's reading waits (core/drafting.py), and
     the prompt's pass is charged before an answer's first step. Measured in the agent trace's first
     turns: plain steps charged 33, 66, 100, … ms (every pass since the last K asked) and the first one
     the prompt's 6.4 s, so the learned costs made a plain step look 7× its price and the draft model,

@@ -119,7 +119,7 @@ def test_only_the_window_is_re_encoded():
 
 
 def test_the_unread_part_of_the_context_is_counted_in_verifier_tokens():
-    """What the engine's reading rule (core/reading.py) defers: the context's tokens whose text the draft
+    """What the engine's reading rule (core/drafting.py) defers: the context's tokens whose text the draft
     has not read, all but the newest (its first draft row reads that)."""
     drafter = _drafter({4: 3, 3: 3})
     assert drafter.unread([0, 1, 1, 1]) == 3

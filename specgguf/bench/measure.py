@@ -19,10 +19,10 @@ from ..core.cross_drafter import CrossVocab
 from ..core.drafters import DRAFTER_KINDS, DrafterKind, DraftSettings, build_drafter
 from ..core.drafting import Drafter
 from ..core.engine import FixedK, KPolicy, speculate
+from ..core.events import Generation, GenerationStats
 from ..core.kpolicy import K_MAX, PolicyConfig, adaptive_policy
 from ..core.model import Model
 from ..core.sampling import SamplingSettings
-from ..core.stats import Generation, GenerationStats
 from ..llama.loaded import LoadedModel
 from ..tuning import BenchResult
 

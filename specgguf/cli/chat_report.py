@@ -10,7 +10,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..core.stats import GenerationStats
+from ..core.events import GenerationStats
 from ..errors import terminal_safe
 from .chat_session import ChatSession, Turn
 

@@ -22,8 +22,8 @@ import numpy as np
 from ..conversation import Prompts
 from ..core.drafting import Drafter, common_prefix, reusable
 from ..core.engine import KPolicy, StepEvent, speculate
+from ..core.events import Generation, GenerationStats
 from ..core.sampling import SamplingSettings
-from ..core.stats import Generation, GenerationStats
 from ..errors import ContextFullError, PromptError
 from ..llama.loaded import LoadedModel
 
@@ -181,7 +181,7 @@ class Reply:
         turn = self.turn
         for name, model, kept in self._kept:
             # What it really read of the prompt: a draft model may leave a long prompt unread for all of a
-            # short answer (core/reading.py), and an interrupted prompt's pass may read part of it.
+            # short answer (core/drafting.py), and an interrupted prompt's pass may read part of it.
             held = min(len(self.prompt_tokens), common_prefix(model.cached, self.prompt_tokens))
             turn.n_evaluated[name] = max(0, held - kept)
         if interrupted:

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..core.engine import StepEvent
-from ..core.stats import Generation, GenerationStats
+from ..core.events import Generation, GenerationStats
 
 STYLE_ACCEPTED = {"model": "green", "ngram": "cyan"}  # by drafter
 STYLE_VERIFIER = ""

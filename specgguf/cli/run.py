@@ -12,8 +12,8 @@ from rich.text import Text
 
 from ..conversation import Prompts
 from ..core.engine import check_prompt
+from ..core.events import GenerationStats
 from ..core.sampling import SamplingSettings
-from ..core.stats import GenerationStats
 from ..errors import PromptError
 from ..files.resolve import ResolvedPair
 from ..grammar import GrammarSpec, constraint_for

@@ -2,23 +2,25 @@
 
 Everyone who must know a kind reads its row: the set-up path (does it load a draft model?),
 the K policy (one adaptive policy per source), the server's request model and the CLI (the
-names and their help). A new kind is a new drafter module and a new row here.
+names and their help). A new kind is a new drafter module and a new row here; the one kind that only
+picks between two others' proposals step by step, `HybridDrafter`, is here too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 from ..errors import UsageError
 from .cross_drafter import CROSS_MODE_CHOICES, CrossModeChoice, CrossVocab, CrossVocabDrafter
-from .drafting import Drafter, Source
-from .hybrid_drafter import HybridDrafter
+from .drafting import Drafter, Drafts, DraftStep, Source
 from .model import Model
 from .model_drafter import ModelDrafter
 from .ngram_cache import SessionNgrams
-from .ngram_drafter import NgramDrafter
+from .ngram_drafter import Match, NgramDrafter
+from .rounds import K_MAX
 from .string_drafter import StringDrafter
 
 DrafterKind = Literal["model", "ngram", "hybrid", "cross"]  # as the command line and the server name them
@@ -130,3 +132,59 @@ def build_drafter(
     if spec.needs_model and draft_model is None:
         return None
     return spec.build(draft_model, settings)  # type: ignore[arg-type]  # a kind without a model ignores it
+
+
+class HybridDrafter:
+    """The n-gram proposal when its match is at least `min_match` tokens long and its first draft's
+    evidence gives it at least `min_chance` (ngram_drafter.Match.evidence), else the model: a weak
+    repeat of the answer's own words is no reason to leave out a draft model that would draft there.
+    Each step's `Drafts.source` says which; `kpolicy.PerSource` keeps a K policy for each."""
+
+    source: Source = "model"
+
+    def __init__(self, model_drafter: Drafter, ngram: NgramDrafter, *, min_match: int = 3, min_chance: float = 0.0):
+        self.model_drafter, self.ngram = model_drafter, ngram
+        self.min_match, self.min_chance = min_match, min_chance
+        # A step asks `next_source`, then `propose`, on the same context: one lookup (up to K_MAX
+        # tokens, cut to the step's K) serves both. The key: the context's length and last tokens.
+        self._last: tuple[tuple[int, ...], int, Match] | None = None  # (key, its k, the match)
+
+    def prepare(self, prompt_tokens: Sequence[int]) -> None:
+        self._last = None
+        self.model_drafter.prepare(prompt_tokens)
+        self.ngram.prepare(prompt_tokens)
+
+    def room(self, context_length: int) -> int:
+        return self.model_drafter.room(context_length)
+
+    def unread(self, context: list[int]) -> int:
+        return self.model_drafter.unread(context)
+
+    def next_source(self, context: list[int]) -> Source:
+        return self.ngram.source if self._takes(self._lookup(context, 1)) else self.model_drafter.source
+
+    def _lookup(self, context: list[int], k: int) -> Match:
+        key = (len(context), *context[-self.ngram.max_ngram :])
+        if self._last is None or self._last[0] != key or self._last[1] < k:
+            self._last = (key, max(k, K_MAX), self.ngram.lookup(context, max(k, K_MAX)))
+        match = self._last[2]
+        return dataclasses.replace(match, tokens=match.tokens[:k])
+
+    def _takes(self, match: Match) -> bool:
+        return bool(match.tokens) and match.length >= self.min_match and match.evidence()[0] >= self.min_chance
+
+    def propose(
+        self,
+        context: list[int],
+        k: int,
+        step: DraftStep,
+    ) -> Drafts:
+        # The same test as `next_source`, on the same lookup.
+        match = self._lookup(context, k)
+        if self._takes(match):
+            return self.ngram.drafts(match, step)
+        return self.model_drafter.propose(context, k, step)
+
+    def sync(self, context: list[int]) -> None:
+        self.model_drafter.sync(context)
+        self.ngram.sync(context)

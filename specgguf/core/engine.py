@@ -19,12 +19,11 @@ from ..errors import ContextFullError, PromptError
 from .block_verify import accept_block
 from .constraint import Constraint
 from .costs import MachineCosts
-from .drafting import Drafter, Drafts, DraftStep, NoDrafter, Source, capped, ingest
-from .events import StepEvent, StepSeconds, step_event, stop_event
+from .drafting import Drafter, Drafts, DraftStep, NoDrafter, Reading, Source, capped, ingest
+from .events import StepEvent, StepSeconds, VerifyTree, step_event, stop_event
 from .forced_drafter import ForcedDrafter
 from .grammar_walk import GrammarWalk
 from .model import Model
-from .reading import Reading
 from .rounds import Round
 from .sampling import (
     SamplingSettings,
@@ -36,7 +35,6 @@ from .sampling import (
     sample_token,
     sparse_distribution,
 )
-from .verify_tree import VerifyTree
 
 
 class KPolicy(Protocol):
@@ -76,7 +74,7 @@ class KPolicy(Protocol):
 
     def read_seconds(self, source: Source) -> float | None:
         """Seconds a token `source` takes to read a long unread context, as measured on this machine
-        (None: not known): what a draft model's reading costs (core/reading.py)."""
+        (None: not known): what a draft model's reading costs (core/drafting.py)."""
 
     def share(self, round: Round) -> None:
         """Price the steps as one of the round's requests stepping in the same passes (rounds.Round)."""
@@ -155,7 +153,7 @@ def speculate(
     # drafts after the first token then riding with it in the next batch, and hold the first token back by
     # a pass.) From then on the verifier's cache holds all of the context but its newest token, which rides
     # in the next batch. A draft model catches up when it drafts (model_drafter.py), a long read once it
-    # pays (reading.py).
+    # pays (drafting.py).
     ready: np.ndarray | None  # the row scoring what follows the context, while no pass has (the first step)
     n_read, ready = ingest(verifier, prompt_tokens)
     drafter.prepare(prompt_tokens)

@@ -130,7 +130,7 @@ class SharedCosts:
             self.policy.observe(event)
             return
         # Charged since the step began: marked by `choose`, or by the last step's end where the engine
-        # stepped without asking for K (a draft model's reading deferred, core/reading.py) — and never
+        # stepped without asking for K (a draft model's reading deferred, core/drafting.py) — and never
         # more than the step's own wall time (a share of a pass is no more than the pass: the prompt's
         # pass, charged before an answer's first step, is not the step's).
         now = self.charged()

@@ -136,7 +136,7 @@ def _clearly_best(rates: np.ndarray) -> int:
 def lone_k(expected: np.ndarray, *, n_lanes: int, verify: Line, draft: Line) -> int:
     """The most drafts worth drafting for one lane whose drafts the round's other n − 1 lanes do not
     share (an n-gram match is one request's; serve --parallel). Its k drafts cost the round one more
-    pass for its rows, or filler rows for every other lane (llama/fillers.py), whichever is cheaper,
+    pass for its rows, or filler rows for every other lane (llama/sequences.py), whichever is cheaper,
     V(n) + min(V(k), b·n·k), plus k + 1 draft passes (none for a free drafter), and gain only its own
     E(k) − 1 tokens: K = argmax (n − 1 + E(k)) / round seconds. With one lane, as alone."""
     ks = np.arange(len(expected))

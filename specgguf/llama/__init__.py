@@ -1,8 +1,8 @@
 """llama.cpp, the only wing that imports llama_cpp or ggml: model (LlamaModel, the real Model), tree
 (a draft tree's batch layout, kept exact), batcher (several sequences' rows decoded together, and a
-view per sequence: serve --parallel), sequences (its llama.cpp decoder, one context of N sequences)
-and fillers (the rows that make one pass of unequal requests), loaded (LoadedModel, what the rest
-uses of one, and ModelSettings, how a file loads), template (a GGUF's chat template), vocab, info
+view per sequence: serve --parallel), sequences (its llama.cpp decoder, one context of N sequences,
+with the filler rows that make one pass of unequal requests), loaded (LoadedModel, what the rest
+uses of one, and ModelSettings, how a file loads), vocab (a GGUF's vocabulary and chat template), info
 (description, FIM tokens), embedding, state (saved caches), convert (re-quantizing) and variants
 (the drafts it can make, by name), compat (can two vocabularies pair), runtime (llama.cpp's log,
 Ctrl-C and the one decode thread), stops (a request stopped between or inside its passes), rpc

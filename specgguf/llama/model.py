@@ -18,7 +18,7 @@ import llama_cpp
 import numpy as np
 
 from ..errors import Cancelled, ContextFullError, DecodeError, ModelLoadError, PromptError, debug_enabled
-from . import rpc_devices, stops, template, vocab
+from . import rpc_devices, stops, vocab
 from .batcher import WAIT_SECONDS
 from .compat import VocabInfo
 from .embedding import Embedder
@@ -370,7 +370,7 @@ class LlamaModel:
         if chat_template is None:
             raise PromptError(f"{self.path.name} has no chat template; use --raw to send the text as is")
         eos, bos = (vocab.piece_text(self._vocab, which) for which in ("eos", "bos"))
-        return template.render(chat_template, messages, eos=eos, bos=bos, name=self.path.name, tools=tools)
+        return vocab.render_template(chat_template, messages, eos=eos, bos=bos, name=self.path.name, tools=tools)
 
     def info(self) -> ModelInfo:
         """Description, size and architecture (the server's model listings)."""

@@ -9,7 +9,8 @@ cell order changes the logits; CI caught a greedy answer that flipped at a near-
 llama.cpp passes only equal rows per sequence, of consecutive sequence ids, together, so the
 decoder puts each batch in sequence order (four sequences of 4 rows in the order they came took
 496 ms, in order 297, Q4 here) and, where they cost less than the passes they save, adds filler
-rows that make a batch of unequal requests one pass (fillers.py).
+rows that make a batch of unequal requests one pass (`fillers`, below: pure Python, tested without
+llama.cpp).
 
 `kv_bytes_per_token` times n_ctx is what one more live sequence costs (`LlamaModel.kv_bytes_per_sequence`):
 its KV cache, keys and values of every layer, F16, from the model's sizes.
@@ -20,14 +21,13 @@ from __future__ import annotations
 import ctypes
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import llama_cpp
 import numpy as np
 
 from .batcher import WAIT_SECONDS, Batcher, Rows, SequenceView
-from .fillers import fillers, passes
 from .stops import Stop
 
 # Rows of the passes `LlamaDecoder.calibrate` times: the sizes of a round's passes, 1 to 4 lanes drafting a few.
@@ -68,7 +68,7 @@ class LlamaDecoder:
 
     def _decode_group(self, group: list[tuple[int, Rows]], embedded: bool) -> dict[int, np.ndarray]:
         """One llama_batch of the group's rows, in sequence order (llama.cpp passes consecutive
-        sequence ids together), with filler rows where they make it one pass (fillers.py)."""
+        sequence ids together), with filler rows where they make it one pass (`fillers`, below)."""
         model = self.model
         batch = self._embedding_batch() if embedded else model.batch
         group = sorted(group, key=lambda item: item[1].seq)
@@ -143,7 +143,7 @@ class LlamaDecoder:
                 self.remove(seq, start)
 
     def _fillers(self, sizes: dict[int, int], ends: dict[int, int]) -> dict[int, int]:
-        """Filler rows per sequence for a batch of `sizes` rows per sequence (fillers.py). `ends` gains
+        """Filler rows per sequence for a batch of `sizes` rows per sequence (`fillers`, below). `ends` gains
         the next position of each idle sequence that gets some."""
 
         def room(seq: int) -> int:
@@ -181,7 +181,7 @@ class PassCosts:
     """What a pass costs, learned from the decodes run: seconds = a + b·rows, least squares over the
     recent ones (`line`); a decode llama.cpp cut into n passes (fillers.passes) counts n·a. A lane's
     K policy prices its steps by it (serve/parallel/, rounds.round_k), and the decoder its filler
-    rows (fillers.py): a, the weights read once per pass, is shared by the requests in it; b, each
+    rows (`fillers`, below): a, the weights read once per pass, is shared by the requests in it; b, each
     row's compute, is not.
 
     Only decodes of a round's size (at most MAX_ROWS rows) are fitted: a prompt's pass of hundreds
@@ -254,3 +254,66 @@ def _metadata(model: Any, key: str) -> str | None:
     buffer = ctypes.create_string_buffer(128)
     size = llama_cpp.llama_model_meta_val_str(model, key.encode(), buffer, len(buffer))
     return buffer.value.decode("utf-8", "replace") if size >= 0 else None
+
+
+# Filler rows: one pass for a batch of several sequences, where llama.cpp would take several.
+#
+# With a KV cache per sequence (as here), llama.cpp cuts a batch into passes ("ubatches") that
+# each hold the same number of rows for a run of consecutive sequence ids (llama_batch_allocr::
+# split_equal, sequential): rows 4, 4, 1, 4 for sequences 0-3 go as 4x1, then 2x3 (sequences 0, 1),
+# then 1x3 (sequence 3); sequences 0 and 2 without 1 go as two passes. Each pass reads all the
+# weights again. Filler rows make the batch one pass: sequence 2 above gets 3 more rows, after its
+# own, and a sequence between two others gets rows of its own, after what its cache holds; the
+# causal mask keeps every real row from seeing them (they come later in their own sequence), no
+# logits are read for them, and their cells are removed after the pass. They cost compute, so they
+# are added only where one pass with them costs less than the passes without them, as the pass
+# costs learned so far say (seconds = a + b * rows, `PassCosts`). Pure Python: the plan is tested
+# without a model.
+#
+# Before the pass costs are learned: what one pass's fixed cost is worth in rows (a / b), a low
+# guess (a compute-bound verifier, Q4 on a CPU, is about 1; a memory-bound one is far above).
+GUESSED_ROWS_PER_PASS = 1.0
+
+
+def passes(rows: Mapping[int, int]) -> list[int]:
+    """The rows of each pass llama.cpp makes of a batch with `rows[seq]` rows per sequence (the
+    batch in sequence order): each pass the longest run of consecutive sequence ids, from the
+    lowest, that still have rows, with as many rows each as the fewest of them has left."""
+    left = {seq: n for seq, n in rows.items() if n > 0}
+    out = []
+    while left:
+        run = [min(left)]
+        while run[-1] + 1 in left:
+            run.append(run[-1] + 1)
+        each = min(left[seq] for seq in run)
+        out.append(each * len(run))
+        for seq in run:
+            left[seq] -= each
+            if not left[seq]:
+                del left[seq]
+    return out
+
+
+def fillers(
+    rows: Mapping[int, int],
+    *,
+    room: Callable[[int], int],
+    n_batch: int,
+    line: tuple[float, float] | None,
+) -> dict[int, int]:
+    """Filler rows per sequence (0 for most) that make the batch one pass, or none at all where they
+    do not pay: `room(seq)` is how many more cells sequence seq holds after its rows, `n_batch` the
+    most rows a pass takes, `line` the learned pass costs (a, b) in seconds (None: not yet)."""
+    live = [seq for seq, n in rows.items() if n > 0]
+    split = passes(rows)
+    if len(split) < 2:
+        return {}
+    width = max(rows[seq] for seq in live)
+    span = range(min(live), max(live) + 1)
+    extra = {seq: width - rows.get(seq, 0) for seq in span}
+    if len(span) * width > n_batch or any(room(seq) < n for seq, n in extra.items() if n):
+        return {}
+    a, b = line if line is not None else (GUESSED_ROWS_PER_PASS, 1.0)
+    one_pass = a + b * len(span) * width
+    several = sum(a + b * n for n in split)
+    return {seq: n for seq, n in extra.items() if n} if one_pass < several else {}

@@ -30,10 +30,9 @@ from .common import ApiError, ServeOptions
 from .generator import Worker
 from .guard import Guard, HostPolicy, quiet_logs
 from .jobs import ClientGone
-from .metrics import CONTENT_TYPE, Metrics
 from .page import routes as page
 from .parallel.sizing import default_parallel, memory_available
-from .transport import BodyLimit, CountRequests, Server, check_address, listen
+from .transport import CONTENT_TYPE, BodyLimit, CountRequests, Metrics, Server, check_address, listen
 
 # /health while the server loads (its grammar tables): llama-server's answer while it loads its model.
 LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}

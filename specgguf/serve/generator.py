@@ -30,8 +30,8 @@ from dataclasses import replace
 
 from ..conversation import Prompts
 from ..core.drafting import reusable
+from ..core.events import Generation
 from ..core.model import Model
-from ..core.stats import Generation
 from ..errors import Cancelled, SpecggufError
 from ..grammar import GrammarBusy, GrammarError
 from ..llama.stops import stops_when

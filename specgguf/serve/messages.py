@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..conversation import ToolCall
-from ..core.stats import GenerationStats
+from ..core.events import GenerationStats
 from ..errors import SpecggufError
 from ..llama.stops import Stop
 from .draft_marks import Span
