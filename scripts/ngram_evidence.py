@@ -29,11 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specgguf.bench.suite import load_suite  # noqa: E402
 from specgguf.bench.trace_servers import run_script  # noqa: E402
 from specgguf.bench.traces import CHAT, TraceRequest, load_trace  # noqa: E402
-from specgguf.conversation import Message, Prompts  # noqa: E402
+from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.core.drafting import NoDrafter, common_prefix  # noqa: E402
 from specgguf.core.engine import FixedK, speculate  # noqa: E402
 from specgguf.core.sampling import SamplingSettings  # noqa: E402
 from specgguf.llama.loaded import ModelSettings  # noqa: E402
+from specgguf.serve.apis.openai.bodies import ChatRequest  # noqa: E402
 
 
 def answer_with_confidence(verifier, tokens: list[int], n: int) -> tuple[list[int], list[float]]:
@@ -133,9 +134,12 @@ def greedy_turns(
             continue
         body = request.body
         listed = [*history, *body["messages"]] if request.replay_history else list(body["messages"])
-        messages = [Message(message["role"], message["content"]) for message in listed]
-        tokens = prompts.chat_tokens(messages)
-        before = prompts.chat_tokens(messages[:-1]) if len(messages) > 1 else []
+        # Read as the server reads it: tool calls, tool results and the tools in the prompt (an agent's).
+        chat = ChatRequest.model_validate_json(json.dumps({**body, "messages": listed}))
+        messages, plan = chat.template_messages(), chat.tool_plan()
+        tools = None if plan is None else plan.in_prompt
+        tokens = prompts.chat_tokens(messages, tools)
+        before = prompts.chat_tokens(messages[:-1], tools) if len(messages) > 1 else []
         new = common_prefix(before, tokens)  # where the latest message starts
         verifier.rewind(0)
         if given is not None:

@@ -329,6 +329,9 @@ def replay_trace(prepared, stored: dict, clock: Clock, *, eog: int, config, step
     policy, _ = prepared.policy(KChoice("adaptive"), temperature=0.0, drafter=prepared.options.drafter, config=config)
     session, rows = SessionNgrams(), []
     for turn in stored["turns"]:
+        if not turn["reply"]:  # the answer ends at once (an agent's turn after its last tool call): no step
+            print(f"turn {turn['prompt']}: an empty answer, nothing to replay", file=sys.stderr)
+            continue
         drafter = prepared.drafter(prepared.options.drafter, session=session)
         row = replay_one(
             prepared, turn["tokens"], turn["reply"], stored["verify"], clock, eog=eog, policy=policy, drafter=drafter
