@@ -8,6 +8,8 @@ import statistics
 
 import pytest
 
+from specgguf.core.costs import disturbed
+
 # bench stores per thread count, and a run after it must find what it stored.
 pytestmark = pytest.mark.usefixtures("one_usable_core")
 
@@ -118,8 +120,14 @@ def test_verify_costs_are_measured_stored_and_used_by_adaptive_k(cli, report, ti
     (per_machine,) = json.loads((config / "specgguf" / "tuning.json").read_text()).values()
     (key,) = [key for key in per_machine if key.startswith("verify_costs|")]
     assert f"|{tiny_verifier.name}|{tiny_verifier.stat().st_size}|threads=" in key
-    # Stored in seconds to 6 decimals, reported in ms to 2: equal to within the two roundings.
-    assert [s * 1000 for s in per_machine[key]] == pytest.approx(measured, abs=0.006)
+    stored_ms = [s * 1000 for s in per_machine[key]]
+    if disturbed([ms / 1000 for ms in measured]):
+        # Measured while the machine was busy, three tries (a tiny model's passes take 0.1 ms): bench keeps
+        # no such table (tuning.store_measured); its adaptive runs probed their own and kept that.
+        assert len(stored_ms) != len(measured)
+    else:
+        # Stored in seconds to 6 decimals, reported in ms to 2: equal to within the two roundings.
+        assert stored_ms == pytest.approx(measured, abs=0.006)
     tuning = config / "specgguf" / "tuning.json"
     before = tuning.read_text()
     with_costs = cli(
