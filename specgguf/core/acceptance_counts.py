@@ -45,6 +45,18 @@ def expected_tokens(chances: np.ndarray) -> np.ndarray:
     return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(chances))])
 
 
+def confidence_bin(probability: float) -> int:
+    """The calibration bin of a draft's probability (CONFIDENCE_EDGES)."""
+    return int(np.searchsorted(CONFIDENCE_EDGES, probability, side="right"))
+
+
+def doubted(chance: float, prior: float, seen: float, optimism: float) -> float:
+    """`chance` (learned from `seen` drafts), but no lower than `prior` while that is within `optimism`
+    standard errors of it: a few unlucky drafts do not end drafting for good, and nothing is thought
+    better than its prior before it has shown it."""
+    return max(chance, min(prior, chance + optimism * float(np.sqrt(chance * (1.0 - chance) / seen))))
+
+
 class Calibration:
     """How often a draft of some probability turns out right: decayed counts per probability bin,
     the probability itself a prior worth two drafts."""
@@ -58,12 +70,10 @@ class Calibration:
         """The chance; with `optimism`, no lower than the probability itself while that is within so many
         standard errors of the bin's estimate: a few unlucky drafts do not end a bin's drafts for good,
         and a bin is never thought better than its own probability says before it has shown it."""
-        b = int(np.searchsorted(CONFIDENCE_EDGES, probability, side="right"))
+        b = confidence_bin(probability)
         seen = self.tried[b] + 2.0
         chance = (self.right[b] + 2.0 * probability) / seen
-        if not optimism:
-            return chance
-        return max(chance, min(probability, chance + optimism * np.sqrt(chance * (1.0 - chance) / seen)))
+        return doubted(chance, probability, seen, optimism) if optimism else chance
 
     def observe(self, probabilities: list[float], right: list[bool]) -> None:
         self.tried *= self.decay
@@ -92,16 +102,15 @@ class Proposals:
         than its prior while that is within so many standard errors of the class's estimate (as
         Calibration): a few unlucky first drafts do not end a class's drafts, which no draft would then
         teach again. The later drafts' are not raised: how deep to draft is what the class is for."""
-        b, n = int(np.searchsorted(CONFIDENCE_EDGES, first, side="right")), len(prior)
+        b, n = confidence_bin(first), len(prior)
         seen = self.drafted[b, :n] + self.weight
         chance = (self.accepted[b, :n] + self.weight * prior) / seen
         if optimism and n:
-            raised = chance[0] + optimism * np.sqrt(chance[0] * (1.0 - chance[0]) / seen[0])
-            chance[0] = max(chance[0], min(prior[0], raised))
+            chance[0] = doubted(chance[0], prior[0], seen[0], optimism)
         return chance
 
     def observe(self, first: float, n_drafted: int, n_accepted: int) -> None:
-        b = int(np.searchsorted(CONFIDENCE_EDGES, first, side="right"))
+        b = confidence_bin(first)
         self.drafted *= self.decay
         self.accepted *= self.decay
         self.drafted[b, : min(n_accepted + 1, n_drafted)] += 1  # position i is tested if 1..i-1 were accepted
