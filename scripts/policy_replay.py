@@ -45,6 +45,7 @@ from specgguf.bench.traces import CHAT, load_trace  # noqa: E402
 from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.core.acceptance_counts import PolicyConfig  # noqa: E402
 from specgguf.core.engine import speculate  # noqa: E402
+from specgguf.core.events import GenerationStats  # noqa: E402
 from specgguf.core.ngram_cache import SessionNgrams  # noqa: E402
 from specgguf.core.sampling import SamplingSettings  # noqa: E402
 from specgguf.files.resolve import ResolvedPair  # noqa: E402
@@ -144,7 +145,7 @@ def replay_one(
     """One answer's steps under `policy` and `drafter` against the oracle: its modelled ratio to plain and counts."""
     oracle = OracleVerifier(prompt, answer, n_vocab=prepared.verifier.n_vocab, eog=eog, verify=verify, clock=clock)
     written: list[int] = []
-    drafted = kept = 0
+    stats = GenerationStats()
     steps: list[str] = []
     positions: list[int] = []  # the answer position each step's first token fills
     start = clock.now
@@ -158,8 +159,7 @@ def replay_one(
         rng=np.random.default_rng(0),
     ):
         written += event.tokens
-        drafted += event.n_drafted
-        kept += event.n_accepted
+        stats.add(event)
         steps.append(f"{event.n_accepted}/{event.n_drafted}" if event.n_drafted else ".")
         positions.append(len(written) - len(event.tokens))
     if written != answer[: len(written)]:
@@ -170,8 +170,8 @@ def replay_one(
         "tokens": len(written),
         "seconds": seconds,
         "ratio": plain / seconds,
-        "drafted": drafted,
-        "kept": kept,
+        "drafted": stats.n_drafted,
+        "kept": stats.n_accepted,
         "passes": oracle.passes,
         "steps": steps,
         "positions": positions,

@@ -42,6 +42,7 @@ from specgguf.bench.suite import load_suite  # noqa: E402
 from specgguf.bench.trace_servers import run_script  # noqa: E402
 from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.core.engine import FixedK, speculate  # noqa: E402
+from specgguf.core.events import GenerationStats  # noqa: E402
 from specgguf.core.ngram_cache import SessionNgrams  # noqa: E402
 from specgguf.core.sampling import SamplingSettings  # noqa: E402
 from specgguf.files.resolve import ResolvedPair  # noqa: E402
@@ -61,7 +62,9 @@ def answer(prepared, prompt: list[int], *, policy, session: SessionNgrams, max_t
     drafter = prepared.drafter(prepared.options.drafter, session=session)
     steps: list[str] = []
     verify: dict[int, list[float]] = defaultdict(list)
-    tokens, drafted, accepted, first, last = 0, 0, 0, None, None
+    stats = GenerationStats()  # of the steps after the first (the prompt's pass scored its token)
+    first: float | None = None
+    last: float | None = None
     for event in speculate(
         verifier=prepared.verifier,
         drafter=drafter,
@@ -73,20 +76,16 @@ def answer(prepared, prompt: list[int], *, policy, session: SessionNgrams, max_t
     ):
         now = time.perf_counter()
         if first is None:
-            first = now  # the prompt's pass scored the first token
-        else:
-            tokens, drafted, accepted = (
-                tokens + len(event.tokens),
-                drafted + event.n_drafted,
-                accepted + event.n_accepted,
-            )
-            last = now
-            mark = "m" if event.draft_source == "model" else ""  # the draft model's (else n-gram lookup's)
-            steps.append(f"{event.n_accepted}/{event.n_drafted}{mark}" if event.n_drafted else ".")
-            verify[event.n_drafted + 1].append(event.verify_seconds)
+            first = now
+            continue
+        stats.add(event)
+        last = now
+        mark = "m" if event.draft_source == "model" else ""  # the draft model's (else n-gram lookup's)
+        steps.append(f"{event.n_accepted}/{event.n_drafted}{mark}" if event.n_drafted else ".")
+        verify[event.n_drafted + 1].append(event.verify_seconds)
     seconds = (last - first) if last is not None and first is not None else 0.0
-    rate = tokens / seconds if seconds else 0.0
-    return {"rate": rate, "steps": steps, "verify": verify, "drafted": drafted, "accepted": accepted}
+    rate = stats.n_tokens / seconds if seconds else 0.0
+    return {"rate": rate, "steps": steps, "verify": verify, "drafted": stats.n_drafted, "accepted": stats.n_accepted}
 
 
 def duel(prepared, prompt: list[int], n: int, sides: dict, *, repeats: int, number: int, saved: Path | None):
