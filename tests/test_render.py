@@ -72,3 +72,18 @@ def test_merged_stats_equal_stats_of_all_events():
         together.add(event)
     first.merge(second)
     assert first == together
+
+
+def test_a_position_whose_drafts_were_all_refused_reports_zero():
+    # Every draft refused (a bench run on tiny models can do this): the rate is 0, and each drafted
+    # position is reported at 0, not left out (the old lists stopped at the last accepted position).
+    refused = GenerationStats()
+    refused.add(_event([], [7, 7, 7], 3))
+    assert refused.acceptance_rate == 0.0
+    assert refused.as_dict()["acceptance_by_position"] == [0.0, 0.0, 0.0]
+    deep, shallow = GenerationStats(), GenerationStats()
+    deep.add(_event([1], [7, 7], 3))
+    shallow.add(_event([1, 2], [], 3))
+    shallow.merge(deep)
+    assert shallow.as_dict()["acceptance_by_position"] == [1.0, 0.5, 0.0]
+    assert len(shallow.accepted_by_position) == len(shallow.drafted_by_position) == 3

@@ -208,14 +208,18 @@ class GenerationStats:
         self.stop = event.stop or self.stop
         self.n_siblings += event.n_siblings
         self.siblings_accepted += event.siblings_accepted
-        # Positions along the chain (a sibling sits beside a chain position, not after it).
-        for counts, n in (
-            (self.drafted_by_position, event.chain_drafted),
-            (self.accepted_by_position, event.chain_accepted),
-        ):
-            counts.extend([0] * (n - len(counts)))
-            for position in range(n):
-                counts[position] += 1
+        # Positions along the chain (a sibling sits beside a chain position, not after it); both
+        # lists as long as the deepest draft, so a position whose drafts were all refused counts 0.
+        self._widen(event.chain_drafted)
+        for position in range(event.chain_drafted):
+            self.drafted_by_position[position] += 1
+        for position in range(event.chain_accepted):
+            self.accepted_by_position[position] += 1
+
+    def _widen(self, depth: int) -> None:
+        width = max(depth, len(self.drafted_by_position), len(self.accepted_by_position))
+        for counts in (self.drafted_by_position, self.accepted_by_position):
+            counts.extend([0] * (width - len(counts)))
 
     def merge(self, other: GenerationStats) -> None:
         """Add another run's totals to these (bench sums its runs per setting)."""
@@ -237,11 +241,11 @@ class GenerationStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for source, n in other.accepted_by_source.items():
             self.accepted_by_source[source] = self.accepted_by_source.get(source, 0) + n
+        self._widen(max(len(other.drafted_by_position), len(other.accepted_by_position)))
         for mine, theirs in (
             (self.drafted_by_position, other.drafted_by_position),
             (self.accepted_by_position, other.accepted_by_position),
         ):
-            mine.extend([0] * (len(theirs) - len(mine)))
             for position, count in enumerate(theirs):
                 mine[position] += count
         self.stop = other.stop or self.stop
