@@ -77,13 +77,24 @@ def policy_config(items: list[str]) -> PolicyConfig | None:
 
 
 class Clock:
-    """Modelled seconds: time.perf_counter() reads this while the replay runs."""
+    """Modelled seconds: time.perf_counter() reads this while the replay runs. With `noise`, what the
+    engine reads of each pass (and so the costs its policy learns) is off by that share (a normal
+    draw from `seed`), as a real machine's passes are, while `now`, which the ratios are taken of, is
+    not: replays with several seeds show how far a policy's decisions, not the clock, move a ratio."""
 
-    def __init__(self) -> None:
-        self.now = 0.0
+    def __init__(self, noise: float = 0.0) -> None:
+        self.now = self.seen = 0.0
+        self.noise, self.rng = noise, np.random.default_rng(0)
+
+    def reseed(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.seen += seconds * max(0.1, 1.0 + self.noise * self.rng.standard_normal()) if self.noise else seconds
 
     def __call__(self) -> float:
-        return self.now
+        return self.seen
 
 
 class OracleVerifier:
@@ -112,7 +123,7 @@ class OracleVerifier:
     def _pay(self, n: int) -> None:
         if self.cached:  # the prompt's pass is not modelled (the engine leaves it out of the answer's time)
             self.passes.append(n)
-            self.clock.now += self.verify[min(n, len(self.verify)) - 1] * max(1.0, n / len(self.verify))
+            self.clock.advance(self.verify[min(n, len(self.verify)) - 1] * max(1.0, n / len(self.verify)))
 
     def eval(self, tokens: Sequence[int], *, n_logits: int) -> np.ndarray:
         self._pay(len(tokens))
@@ -160,7 +171,8 @@ def replay_one(
     ):
         written += event.tokens
         stats.add(event)
-        steps.append(f"{event.n_accepted}/{event.n_drafted}" if event.n_drafted else ".")
+        prior = f"@{event.draft_confidence[0]:.2f}" if event.n_drafted and event.draft_confidence else ""
+        steps.append(f"{event.n_accepted}/{event.n_drafted}{prior}" if event.n_drafted else ".")
         positions.append(len(written) - len(event.tokens))
     if written != answer[: len(written)]:
         raise SystemExit("the replay wrote another answer: the oracle is not followed")
@@ -255,11 +267,31 @@ def main() -> None:
     parser.add_argument("--trace", help="a shipped trace's chat turns (chat, agent) with one policy and n-gram session")
     parser.add_argument("--history", type=Path, help="with --trace: a server's answers (ab_traces.py --save FILE)")
     parser.add_argument("--config", action="append", default=[], help="a PolicyConfig field=value to try (repeatable)")
-    parser.add_argument("--steps", action="store_true", help="print each step: kept/drafted, or . for a plain one")
+    parser.add_argument(
+        "--steps",
+        action="store_true",
+        help="print each step: kept/drafted@the first draft's prior chance, or . for a plain one",
+    )
     parser.add_argument(
         "--verify-ms", help="the verify curve to price passes with, ms for 1, 2, … rows (default: the stored one)"
     )
+    parser.add_argument(
+        "--stored-ms",
+        help="the verify curve the policy starts from, as tuning.json would hold it (default: the stored one)",
+    )
+    parser.add_argument(
+        "--noise", type=float, default=0.0, help="the share by which each pass's time as the engine reads it is off"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="with --noise: the draws' seed (the first, with --seeds)")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="with --noise: replay this many times, each seed after the last, and sum up",
+    )
     args = parser.parse_args()
+    if args.seeds < 1 or args.noise < 0 or (args.seeds > 1 and not args.noise):
+        parser.error("--seeds takes a count of 1 or more, and more than 1 only with --noise above 0")
     try:
         config = policy_config(args.config)
     except ValueError as error:
@@ -270,25 +302,49 @@ def main() -> None:
     if args.verify_ms:  # e.g. trace_ab.py's verify seconds by rows, where the context is long
         stored["verify"] = [float(ms) / 1e3 for ms in args.verify_ms.split(",")]
     verify = stored["verify"]
-    clock = Clock()
+    if args.stored_ms:  # a machine whose own probe measured this curve (e.g. a memory-bound one)
+        curve = tuple(float(ms) / 1e3 for ms in args.stored_ms.split(","))
+        prepared._costs = dataclasses.replace(prepared.costs, verify=curve)
+    clock = Clock(args.noise)
     eog = next(t for t in range(prepared.verifier.n_vocab) if prepared.verifier.is_eog(t))  # past the answer
     if prepared.draft is not None:  # the draft model's passes cost its measured time a token on the clock
         eval_draft, per_token = prepared.draft.eval, prepared.costs.draft
 
         def timed_draft(tokens, *, n_logits):
-            clock.now += per_token * len(tokens)
+            clock.advance(per_token * len(tokens))
             return eval_draft(tokens, n_logits=n_logits)
 
         prepared.draft.eval = timed_draft  # type: ignore[method-assign]
     real_clock, time.perf_counter = time.perf_counter, clock
+    summaries = []
     try:
-        rows = (
-            replay_trace(prepared, stored, clock, eog=eog, config=config, steps=args.steps)
-            if args.trace
-            else (replay_suite(prepared, stored, clock, eog=eog, config=config, chosen=args.prompts, steps=args.steps))
-        )
+        for seed in range(args.seed, args.seed + args.seeds):
+            clock.reseed(seed)
+            if args.seeds > 1:
+                print(f"seed {seed}:")
+            rows = (
+                replay_trace(prepared, stored, clock, eog=eog, config=config, steps=args.steps)
+                if args.trace
+                else replay_suite(
+                    prepared, stored, clock, eog=eog, config=config, chosen=args.prompts, steps=args.steps
+                )
+            )
+            summaries.append(summarize(rows, verify))
     finally:
         time.perf_counter = real_clock
+    if len(summaries) > 1:
+        totals, lowest = [total for total, _ in summaries], [min(ratios) for _, ratios in summaries]
+        ratios = [ratio for _, mine in summaries for ratio in mine]
+        print(
+            f"over {len(summaries)} seeds: in total {statistics.mean(totals):.3f}×"
+            f" ({min(totals):.3f}–{max(totals):.3f}×),"
+            f" lowest {statistics.mean(lowest):.3f}× on average (worst {min(lowest):.3f}×),"
+            f" below 0.98×: {sum(ratio < 0.98 for ratio in ratios)} of {len(ratios)}"
+        )
+
+
+def summarize(rows: list, verify: list[float]) -> tuple[float, list[float]]:
+    """Print a replay's ratios by kind and over all; return its ratio in total and each answer's."""
     for kind in sorted({entry["kind"] for entry, _ in rows}):
         mine = [row["ratio"] for entry, row in rows if entry["kind"] == kind]
         print(f"{kind:12} median {statistics.median(mine):.3f}× ({min(mine):.3f}–{max(mine):.3f}×)")
@@ -299,6 +355,7 @@ def main() -> None:
         f"all: median {statistics.median(ratios):.3f}×, lowest {min(ratios):.3f}×, geometric mean"
         f" {float(np.exp(np.mean(np.log(ratios)))):.4f}×, in total {total:.3f}×"
     )
+    return total, ratios
 
 
 def replay_suite(prepared, stored: dict, clock: Clock, *, eog: int, config, chosen: str | None, steps: bool) -> list:

@@ -1,0 +1,29 @@
+"""scripts/policy_replay.py's clock: with noise, the engine reads each pass off by a seeded draw (so the
+policy learns noisy costs, as on a real machine), while the ratios are taken of the modelled time itself."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from policy_replay import Clock  # noqa: E402 - the script, from scripts/
+
+
+def _reads(clock: Clock, seed: int) -> tuple[float, float]:
+    clock.now = clock.seen = 0.0
+    clock.reseed(seed)
+    for seconds in (0.03, 0.05, 0.03, 0.1):
+        clock.advance(seconds)
+    return clock.now, clock()
+
+
+def test_noise_moves_what_the_engine_reads_not_the_modelled_time():
+    quiet, noisy = Clock(), Clock(0.1)
+    assert _reads(quiet, 1) == pytest.approx((0.21, 0.21))
+    now, seen = _reads(noisy, 1)
+    assert now == pytest.approx(0.21) and seen != pytest.approx(0.21) and seen > 0
+    assert _reads(noisy, 1) == (now, seen)  # a seed replays the same draws
+    assert _reads(noisy, 2)[1] != seen
