@@ -9,7 +9,7 @@ import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 
 from fakes import FakeModel
-from specgguf.core.acceptance_counts import Proposals
+from specgguf.core.acceptance_counts import Proposals, expected_tokens, tokens_spread
 from specgguf.core.costs import MachineCosts
 from specgguf.core.drafters import DraftSettings, build_drafter
 from specgguf.core.engine import FixedK
@@ -68,6 +68,36 @@ def test_worth_takes_only_drafts_that_pay_for_their_rows_on_a_compute_bound_veri
     assert policy.worth(Match([1] * 8, 2, agreed=False).evidence()) == 0
     assert policy.worth(Match([1] * 8, 12, in_prompt=True).evidence()) >= 3  # a long copy: deep (4 rows ~2.4x one)
     assert policy.worth([]) == 0
+
+
+def test_the_spread_of_a_steps_tokens_is_that_of_its_distribution():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        chances = rng.uniform(0.0, 1.0, int(rng.integers(1, 9)))
+        for n in range(len(chances) + 1):
+            # P(exactly L of the first n drafts kept): the first L right, then one wrong (or L = n).
+            reach = np.concatenate([[1.0], np.cumprod(chances[:n])])
+            exactly = reach - np.concatenate([reach[1:], [0.0]])
+            tokens = np.arange(n + 1) + 1
+            mean = float(exactly @ tokens)
+            assert expected_tokens(chances)[n] == pytest.approx(mean)
+            assert tokens_spread(chances)[n] == pytest.approx(np.sqrt(exactly @ (tokens - mean) ** 2), abs=1e-9)
+
+
+def test_a_risk_keeps_deep_proposals_whose_saving_is_within_their_luck_off():
+    # 0.92-sure copies. On ISSUE_Q4 a deep proposal saves far beyond its spread; on a long context's
+    # steeper curve (every row's logits; docs/benchmarks.md) seven drafts save 0.8 passes on average
+    # with a spread of 2.8 tokens, and one draft does not pay for its row: a plain step.
+    copy = Match([1] * 8, 12, in_prompt=True).evidence()
+    steep = MachineCosts(tuple(ms / 1000 for ms in (27, 54, 72, 86, 104, 118, 131, 142, 157)), draft=0.0205)
+    worth = {
+        (name, risk): adaptive_policy("hybrid", costs, PolicyConfig(k_max=8, risk=risk)).worth(copy)
+        for name, costs in (("q4", ISSUE_Q4), ("steep", steep))
+        for risk in (0.0, 0.3, 0.6, 3.0)
+    }
+    assert worth["q4", 0.0] >= 3 and worth["q4", 0.3] == worth["q4", 0.0]
+    assert worth["q4", 3.0] == 1  # one draft risks one row, and still pays for it here
+    assert worth["steep", 0.0] >= 5 and worth["steep", 0.6] == 0 == worth["steep", 3.0]
 
 
 def _evidence_run(classes, *, costs: MachineCosts = ISSUE_Q4, steps=600, seed=0, pooled=False):

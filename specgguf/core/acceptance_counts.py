@@ -32,6 +32,10 @@ class PolicyConfig:
     proposal_weight: float = 4.0  # a whole proposal's drafts' own chances count as this many of its class's
     cost_trust: int = 3  # the prior (tuning.json's costs) counts as this many measured steps
     recheck_every: int = 16  # steps between asking again whether drafting could win at the learned costs
+    # `worth`: verify n > 1 of a proposal's drafts only where the seconds they save on average clear this
+    # many standard deviations of what they save. 0: off (a measured candidate for a per-request floor,
+    # docs/benchmarks.md; `--config risk=0.3` in the replays, `--b-config` in trace_ab.py).
+    risk: float = 0.0
     worth_trying: float = 0.9  # draft at all only if some K wins at this acceptance per position
     # Draft trees (--draft-tree): add the draft's runner-up beside the chain where it pays
     # (`AdaptiveK.branch`). Off by default: on the CPUs measured it did not win beyond the noise
@@ -43,6 +47,16 @@ def expected_tokens(chances: np.ndarray) -> np.ndarray:
     """E_n for n = 0..len(chances), draft i right with chances[i] given the ones before it were: the
     tokens a step verifying the first n drafts emits on average, 1 + c_1 + c_1·c_2 + … + c_1·…·c_n."""
     return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(chances))])
+
+
+def tokens_spread(chances: np.ndarray) -> np.ndarray:
+    """The standard deviation of a step's tokens for n = 0..len(chances) drafts, chances as in
+    `expected_tokens`: L drafts kept, P(L ≥ j) = c_1·…·c_j, so E[L] = Σ_j P(L ≥ j) and
+    E[L²] = Σ_j (2j − 1)·P(L ≥ j)."""
+    reach = np.concatenate([[0.0], np.cumprod(chances)])
+    j = np.arange(len(reach))
+    mean, square = np.cumsum(reach), np.cumsum((2 * j - 1) * reach)
+    return np.sqrt(np.maximum(0.0, square - mean**2))
 
 
 def confidence_bin(probability: float) -> int:

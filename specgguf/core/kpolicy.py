@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .acceptance_counts import Acceptance, Calibration, PolicyConfig, expected_tokens
+from .acceptance_counts import Acceptance, Calibration, PolicyConfig, expected_tokens, tokens_spread
 from .costs import MachineCosts, StepCosts
 from .drafters import DRAFTER_KINDS, FORCED, DrafterKind
 from .drafting import WHOLE_DRAFTS, Source
@@ -216,13 +216,20 @@ class AdaptiveK:
         learned per evidence bin, raised by `doubt` standard errors while a bin has seen few drafts),
         verifying the first n yields E_n = 1 + a_1 + a_1·a_2 + … + a_1·…·a_n
         tokens in T(n) seconds; n* = argmax E_n / T(n), 0 (a plain step) where no draft is sure
-        enough to pay for the rows it adds."""
+        enough to pay for the rows it adds. With `risk` ρ: a step saves S_n = E_n·T(0) − T(n) seconds
+        against plain passes on average, with spread σ_n·T(0) (tokens_spread); n > 1 drafts are a
+        choice only where S_n ≥ ρ·σ_n·T(0) (one draft risks one row, and is how a class is learned)."""
         n = min(len(confidences), self.config.k_max)
         if n == 0 or self.config.k_min > 0:
             return n
         own = np.array([self.acceptance.calibrated(c, self.config.doubt) for c in confidences[:n]])
         acceptance = self.acceptance.proposals.chances(confidences[0], own, self.config.doubt)
-        return int(np.argmax(expected_tokens(acceptance) / self.costs.step(np.arange(n + 1), self.source)))
+        expected, costs = expected_tokens(acceptance), self.costs.step(np.arange(n + 1), self.source)
+        spread = tokens_spread(acceptance)
+        spread[:2] = 0.0
+        sure = expected * costs[0] - costs >= self.config.risk * spread * costs[0]
+        sure[0] = True  # a plain step (at ρ 0 no n with S_n < 0 beats it: E_n / T(n) < 1 / T(0))
+        return int(np.argmax(np.where(sure, expected / costs, -np.inf)))
 
     def ahead(self, acceptance: np.ndarray) -> float:
         """The chance each draft past the newest is accepted, given the calibrated acceptance of
