@@ -76,6 +76,18 @@ def policy_config(items: list[str]) -> PolicyConfig | None:
     return PolicyConfig(**overrides)
 
 
+def curve(text: str) -> tuple[float, ...]:
+    """A verify curve as given on the command line: milliseconds for 1, 2, … rows, comma-separated,
+    in seconds."""
+    try:
+        seconds = tuple(float(ms) / 1e3 for ms in text.split(","))
+    except ValueError:
+        seconds = ()
+    if len(seconds) < 2 or not all(0 < s < float("inf") for s in seconds):
+        raise argparse.ArgumentTypeError(f"{text!r}: milliseconds for 1, 2, … rows, comma-separated, e.g. 27,54,72")
+    return seconds
+
+
 class Clock:
     """Modelled seconds: time.perf_counter() reads this while the replay runs. With `noise`, what the
     engine reads of each pass (and so the costs its policy learns) is off by that share (a normal
@@ -273,10 +285,13 @@ def main() -> None:
         help="print each step: kept/drafted@the first draft's prior chance, or . for a plain one",
     )
     parser.add_argument(
-        "--verify-ms", help="the verify curve to price passes with, ms for 1, 2, … rows (default: the stored one)"
+        "--verify-ms",
+        type=curve,
+        help="the verify curve to price passes with, ms for 1, 2, … rows (default: the stored one)",
     )
     parser.add_argument(
         "--stored-ms",
+        type=curve,
         help="the verify curve the policy starts from, as tuning.json would hold it (default: the stored one)",
     )
     parser.add_argument(
@@ -290,7 +305,9 @@ def main() -> None:
         help="with --noise: replay this many times, each seed after the last, and sum up",
     )
     args = parser.parse_args()
-    if args.seeds < 1 or args.noise < 0 or (args.seeds > 1 and not args.noise):
+    if args.noise < 0:
+        parser.error("--noise takes a share of 0 or more")
+    if args.seeds < 1 or (args.seeds > 1 and not args.noise):
         parser.error("--seeds takes a count of 1 or more, and more than 1 only with --noise above 0")
     try:
         config = policy_config(args.config)
@@ -300,11 +317,10 @@ def main() -> None:
     prepared = prepare(pair, LoadOptions(n_ctx=8192 if args.trace else 4096, n_threads=2), DraftOptions())
     stored = trace_answers(args.answers, args.trace, prepared, args.history) if args.trace else read_json(args.answers)
     if args.verify_ms:  # e.g. trace_ab.py's verify seconds by rows, where the context is long
-        stored["verify"] = [float(ms) / 1e3 for ms in args.verify_ms.split(",")]
+        stored["verify"] = list(args.verify_ms)
     verify = stored["verify"]
     if args.stored_ms:  # a machine whose own probe measured this curve (e.g. a memory-bound one)
-        curve = tuple(float(ms) / 1e3 for ms in args.stored_ms.split(","))
-        prepared._costs = dataclasses.replace(prepared.costs, verify=curve)
+        prepared._costs = dataclasses.replace(prepared.costs, verify=args.stored_ms)
     clock = Clock(args.noise)
     eog = next(t for t in range(prepared.verifier.n_vocab) if prepared.verifier.is_eog(t))  # past the answer
     if prepared.draft is not None:  # the draft model's passes cost its measured time a token on the clock

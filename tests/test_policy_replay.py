@@ -3,13 +3,14 @@ policy learns noisy costs, as on a real machine), while the ratios are taken of 
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from policy_replay import Clock  # noqa: E402 - the script, from scripts/
+from policy_replay import Clock, curve  # noqa: E402 - the script, from scripts/
 
 
 def _reads(clock: Clock, seed: int) -> tuple[float, float]:
@@ -27,3 +28,10 @@ def test_noise_moves_what_the_engine_reads_not_the_modelled_time():
     assert now == pytest.approx(0.21) and seen != pytest.approx(0.21) and seen > 0
     assert _reads(noisy, 1) == (now, seen)  # a seed replays the same draws
     assert _reads(noisy, 2)[1] != seen
+
+
+def test_a_curve_is_read_as_seconds_and_a_bad_one_is_an_argument_error():
+    assert curve("27,54.5") == pytest.approx((0.027, 0.0545))
+    for bad in ("27", "27,x", "27,-1", "27,,54", "27,inf"):
+        with pytest.raises(argparse.ArgumentTypeError, match="milliseconds for 1, 2"):
+            curve(bad)

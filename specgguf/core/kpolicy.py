@@ -225,11 +225,13 @@ class AdaptiveK:
         own = np.array([self.acceptance.calibrated(c, self.config.doubt) for c in confidences[:n]])
         acceptance = self.acceptance.proposals.chances(confidences[0], own, self.config.doubt)
         expected, costs = expected_tokens(acceptance), self.costs.step(np.arange(n + 1), self.source)
-        spread = tokens_spread(acceptance)
-        spread[:2] = 0.0
-        sure = expected * costs[0] - costs >= self.config.risk * spread * costs[0]
-        sure[0] = True  # a plain step (at ρ 0 no n with S_n < 0 beats it: E_n / T(n) < 1 / T(0))
-        return int(np.argmax(np.where(sure, expected / costs, -np.inf)))
+        rates = expected / costs
+        if self.config.risk:  # (at ρ 0 the test is moot: an n with S_n < 0 has E_n / T(n) < 1 / T(0))
+            spread = tokens_spread(acceptance)
+            spread[:2] = 0.0  # a plain step, and one draft
+            sure = expected * costs[0] - costs >= self.config.risk * spread * costs[0]
+            rates = np.where(sure, rates, -np.inf)
+        return int(np.argmax(rates))
 
     def ahead(self, acceptance: np.ndarray) -> float:
         """The chance each draft past the newest is accepted, given the calibrated acceptance of
