@@ -67,13 +67,19 @@ def make_policy(
     force_spec: bool,
     trees: bool = False,
     config: PolicyConfig | None = None,
+    read: Callable[[], float | None] = lambda: None,
 ) -> tuple[KPolicy, KSource]:
-    """The K policy for a run, and where K came from. `costs` is asked only for adaptive K."""
+    """The K policy for a run, and where K came from. `costs` is asked only for adaptive K; `read` (the
+    draft's reading a token, Prepared.read_cost) only for a fixed K that drafts with a draft model."""
     spec = DRAFTER_KINDS[drafter]
     if spec.needs_model and draft is None:
         return FixedK(0), KSource(False, "plain (no draft)")
+
+    def fixed(k: int) -> FixedK:
+        return FixedK(k, read_seconds=read() if k and "model" in spec.sources else None)
+
     if choice.mode == "fixed":
-        return FixedK(choice.k or 0), KSource(False, f"K={choice.k} (-k)")
+        return fixed(choice.k or 0), KSource(False, f"K={choice.k} (-k)")
     stored = stored_measurement(verifier, draft, temperature) if draft is not None else None
     config = config or PolicyConfig(k_max=K_MAX, k_min=1 if force_spec else 0, trees=trees)
     # The stored K is the draft model's: a kind without one always chooses K online.
@@ -88,7 +94,7 @@ def make_policy(
             )
             return policy, KSource(True, text, decided=True)
         return policy, KSource(True, "K adaptive")
-    model_policy, source = _stored_policy(stored, force_spec=force_spec, recommended_k=recommended_k)
+    model_policy, source = _stored_policy(stored, force_spec=force_spec, recommended_k=recommended_k, fixed=fixed)
     if spec.mixed:
         # The stored best K is the draft model's alone: the free n-gram drafts beside it (which
         # may win where bench measured plain faster) still choose their K online.
@@ -98,13 +104,15 @@ def make_policy(
     return model_policy, source
 
 
-def _stored_policy(stored: BenchResult, *, force_spec: bool, recommended_k: int | None) -> tuple[FixedK, KSource]:
+def _stored_policy(
+    stored: BenchResult, *, force_spec: bool, recommended_k: int | None, fixed: Callable[[int], FixedK]
+) -> tuple[FixedK, KSource]:
     """The draft model's K from what `bench` stored for this pair, machine and temperature."""
     if stored.k == 0:
         if force_spec:
             fallback = recommended_k or 8
-            return FixedK(fallback), KSource(False, f"K={fallback} (--force-spec; bench measured plain faster here)")
-        return FixedK(0), KSource(
+            return fixed(fallback), KSource(False, f"K={fallback} (--force-spec; bench measured plain faster here)")
+        return fixed(0), KSource(
             False, f"plain: bench measured speculation at {stored.speedup:.2f}× here (--force-spec to speculate)"
         )
-    return FixedK(stored.k), KSource(False, f"K={stored.k} (bench here: {stored.speedup:.2f}×)")
+    return fixed(stored.k), KSource(False, f"K={stored.k} (bench here: {stored.speedup:.2f}×)")

@@ -48,7 +48,7 @@ from .llama.compat import ensure_compatible, vocabularies_match
 from .llama.loaded import LoadedModel, ModelSettings
 from .llama.rpc import DEFAULT_TIMEOUT, RpcWorker
 from .llama.variants import AUTO, ORIGINAL_VARIANT, Auto, Variant
-from .tuning import keep_learned, probe
+from .tuning import keep_learned, probe, read_cost
 
 MEASURING = "measuring this machine's costs for the pair (once; kept in tuning.json)"
 
@@ -109,6 +109,7 @@ class Prepared:
     draft_choice: DraftChoice | None = None  # which draft file loaded, and why
     on_measure: Callable[[], None] | None = None  # called before costs are measured (to say so)
     _costs: MachineCosts | None = None
+    _read: float | None = None  # the draft's reading a token, for a fixed K (`read_cost`)
     cross: CrossVocab | None = None  # a draft of another vocabulary: how it drafts through text (drafts/cross_vocab.py)
     # What followed each n-gram in everything this session read and generated (the n-gram and
     # hybrid drafters draft from it); with --keep-ngrams, also what earlier sessions saw.
@@ -120,6 +121,20 @@ class Prepared:
         if self._costs is None:
             self._costs = probe(self.verifier, self.draft, on_measure=self.on_measure)
         return self._costs
+
+    def read_cost(self) -> float | None:
+        """Seconds a token the draft model takes to read a long context (None: no draft): as the costs
+        measured it, else measured alone (tuning.read_cost: a fixed K needs no verify table). A fixed K
+        prices its draft's catch-up with it: priced from the prompt's pass instead, a prompt the
+        verifier's cache held (one token read in a whole pass) made the catch-up look 10-30 times dearer
+        than it is, and the draft waited out whole answers without drafting."""
+        if self.draft is None:
+            return None
+        if self._costs is not None and self._costs.draft_read > 0:
+            return self._costs.draft_read
+        if self._read is None:
+            self._read = read_cost(self.draft, on_measure=self.on_measure)
+        return self._read
 
     def drafter(
         self,
@@ -198,6 +213,7 @@ class Prepared:
         return make_policy(
             choice or self.options.k,
             costs=lambda: self.costs,
+            read=self.read_cost,
             verifier=self.resolved.verifier,
             draft=self.resolved.draft if self.draft is not None else None,
             drafter=kind,

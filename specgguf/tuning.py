@@ -333,9 +333,20 @@ def probe(
         draft_cost = [measure_draft(draft, store=True)]
     if draft_read is None:
         assert draft is not None  # no draft reads [0.0]
-        # A long context read in one batch (core/drafting.py prices a draft's catch-up with it).
-        draft_read = _keep(key_for(draft, "draft_read"), [measure_read(draft)])
+        draft_read = [read_cost(draft)]
     return MachineCosts(tuple(verify), draft_cost[0], draft_read[0])
+
+
+def read_cost(draft: LoadedModel, *, on_measure: Callable[[], None] | None = None) -> float:
+    """Seconds a token the draft model takes to read a long context in one batch (core/drafting.py
+    prices a draft's catch-up with it): stored, else measured now and kept. A fixed K asks for it alone,
+    without the verify table it does not use."""
+    stored_read = stored_seconds(key_for(draft, "draft_read"))
+    if stored_read is not None:
+        return stored_read[0]
+    if on_measure is not None:
+        on_measure()
+    return _keep(key_for(draft, "draft_read"), [measure_read(draft)])[0]
 
 
 def store_measured(key: str, costs: list[float]) -> None:

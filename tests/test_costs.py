@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +11,8 @@ from fakes import FakeModel, one_hot_logits
 from specgguf import tuning
 from specgguf.core import costs
 from specgguf.files.tuning_file import update_tuning
+from specgguf.kchoice import KChoice
+from specgguf.prepare import DraftOptions, Prepared
 from specgguf.tuning import BenchResult, load_tuning, store_measurement, store_seconds, stored_seconds
 
 pytestmark = pytest.mark.usefixtures("config_home")
@@ -183,3 +186,30 @@ def test_a_stored_table_of_a_busy_machine_is_one_warning_and_measured_again(tmp_
     (warning,) = capsys.readouterr().err.splitlines()
     assert "a batch of 2 tokens at 3.8× one token's cost" in warning and "machine was busy" in warning
     assert tuning.stored(verifier) == list(measured.verify)
+
+
+def test_a_fixed_k_measures_the_drafts_reading_alone_once_and_keeps_it(tmp_path):
+    # What a fixed K prices a long catch-up with (Prepared.read_cost): measured without the verify table
+    # a fixed K does not use, kept, and read back; the probe's own where it ran.
+    (tmp_path / "v.gguf").write_bytes(b"v" * 10)
+    (tmp_path / "d.gguf").write_bytes(b"d" * 5)
+    verifier = FileModel(tmp_path / "v.gguf", {n: 0.002 + 0.002 * n for n in range(1, 9)})
+    draft = FileModel(tmp_path / "d.gguf", {1: 0.002, 32: 0.016})
+    resolved = SimpleNamespace(verifier=verifier.path, draft=draft.path, recommended_k=None)
+    announced = []
+    prepared = Prepared(
+        resolved=resolved,
+        verifier=verifier,
+        draft=draft,
+        options=DraftOptions(),
+        on_measure=lambda: announced.append(1),
+    )
+    assert prepared.read_cost() == 0.0005 and announced == [1] and verifier.eval_calls == []
+    assert tuning.read_cost(draft, on_measure=pytest.fail) == 0.0005  # kept in tuning.json
+    calls = len(draft.eval_calls)
+    assert prepared.read_cost() == 0.0005 and len(draft.eval_calls) == calls
+    policy, _ = prepared.policy(KChoice("fixed", 4), temperature=0.0, drafter="model")
+    assert policy.read_seconds("model") == 0.0005 and policy.read_seconds("ngram") is None
+    known = dataclasses.replace(prepared, _costs=costs.MachineCosts((0.004, 0.006), draft=0.002, draft_read=0.0007))
+    assert known.read_cost() == 0.0007  # the costs' own measurement where they were probed
+    assert Prepared(resolved=resolved, verifier=verifier, draft=None, options=DraftOptions()).read_cost() is None

@@ -205,3 +205,20 @@ def test_stored_costs_of_the_wrong_length_or_an_implausible_size_are_one_warning
     good = [0.01, 0.02] if kind == "verify_costs" else [0.01]
     tuning.store_seconds(key, good)
     assert tuning.stored_seconds(key) == good
+
+
+def test_a_fixed_k_prices_its_drafts_catch_up_as_measured_and_asks_only_where_a_draft_model_drafts():
+    # A prompt the verifier's cache held is read in one token's pass: priced from that pass, the draft's
+    # catch-up looked 10-30 times dearer than it is and a fixed K drafted nothing for whole answers.
+    policy, _ = _policy(KChoice("fixed", 4), read=lambda: 0.004)
+    assert policy.read_seconds("model") == 0.004 and policy.read_seconds("ngram") is None
+    store_measurement(VERIFIER, DRAFT, 0.0, BenchResult(8, 2.4, 0.9))
+    policy, _ = _policy(KChoice("auto"), read=lambda: 0.004)  # bench's stored K
+    assert isinstance(policy, FixedK) and policy.k == 8 and policy.read_seconds("model") == 0.004
+
+    def not_asked():
+        raise AssertionError("measured the draft's reading for a K that reads nothing")
+
+    assert _policy(KChoice("fixed", 0), read=not_asked)[0].read_seconds("model") is None
+    assert _policy(KChoice("fixed", 3), drafter="ngram", read=not_asked)[0].k == 3
+    assert _policy(KChoice("fixed", 3), draft=None, read=not_asked)[0].k == 0

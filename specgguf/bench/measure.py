@@ -78,8 +78,8 @@ class Setting:
         return f"{self.drafter} K={'adaptive' if self.k is None else self.k}"
 
     def policy(self, machine_costs: MachineCosts):
-        if self.k is not None:
-            return FixedK(self.k)
+        if self.k is not None:  # a catch-up priced as measured (a prompt the verifier's cache held reads 1 token)
+            return FixedK(self.k, read_seconds=machine_costs.draft_read or None)
         return adaptive_policy(self.drafter, machine_costs, PolicyConfig(k_max=K_MAX))
 
     def total(self) -> GenerationStats:

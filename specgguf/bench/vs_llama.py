@@ -292,7 +292,7 @@ def _default_side(prepared: Prepared, load: LoadOptions, progress: Callable[[str
     )
     if draft is prepared.draft:
         return dataclasses.replace(prepared, draft_choice=choice)
-    return dataclasses.replace(prepared, draft=draft, draft_choice=choice, _costs=None)
+    return dataclasses.replace(prepared, draft=draft, draft_choice=choice, _costs=None, _read=None)
 
 
 def _measure(
@@ -378,7 +378,8 @@ def _our_run(prepared: Prepared, column: Column, tokens: list[int], *, temperatu
         policy, _ = prepared.policy(KChoice("adaptive"), temperature=temperature, drafter=kind)
         drafter = prepared.drafter(kind, session=SessionNgrams())
     else:
-        policy, drafter = FixedK(column.k), prepared.drafter("model") if column.k else None
+        read = prepared.read_cost() if column.k else None  # the verifier's cache holds the prompt: measured
+        policy, drafter = FixedK(column.k, read_seconds=read), prepared.drafter("model") if column.k else None
     return generate(
         prepared.verifier, drafter, tokens, policy=policy, max_tokens=max_tokens, temperature=temperature, seed=seed
     )

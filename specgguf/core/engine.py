@@ -86,8 +86,10 @@ class KPolicy(Protocol):
 class FixedK:
     branches = adapts = False  # a fixed K is a chain, as llama.cpp's --draft-max, and learns nothing
 
-    def __init__(self, k: int):
-        self.k = k
+    def __init__(self, k: int, *, read_seconds: float | None = None):
+        # read_seconds: the draft model's reading a token, measured on this machine (tuning.read_cost),
+        # what a long catch-up costs (drafting.Reading); None: priced from the prompt's own pass.
+        self.k, self._read_seconds = k, read_seconds
 
     def choose(self, source: Source = "model") -> int:
         return self.k
@@ -102,7 +104,7 @@ class FixedK:
         return None
 
     def read_seconds(self, source: Source) -> float | None:
-        return None
+        return self._read_seconds if source == "model" else None
 
     def share(self, round: Round) -> None:
         pass

@@ -13,7 +13,7 @@ from ..conversation import FimRequest, Message, Prompts, fill_in_middle
 from ..core.constraint import Constraint
 from ..core.drafters import DRAFTER_KINDS, DrafterKind
 from ..core.drafting import Drafter
-from ..core.engine import FixedK, KPolicy
+from ..core.engine import KPolicy
 from ..core.model import Model
 from ..core.ngram_cache import SessionNgrams
 from ..core.repeatable import Repeatable
@@ -197,9 +197,9 @@ class Planner:
                 )
             choice = KChoice("fixed", 0)
         drafter = self._drafter(request, fresh=deterministic)
-        if choice.mode == "fixed":
-            return drafter, FixedK(choice.k or 0)
         settings = request.sampling.settings
+        if choice.mode == "fixed":  # as `run -k N` (its draft's catch-up priced as measured: Prepared.read_cost)
+            return drafter, self.prepared.policy(choice, temperature=settings.temperature, drafter=kind)[0]
         if deterministic:
             policy = self.prepared.policy(choice, temperature=settings.temperature, drafter=kind)[0]
             return drafter, Repeatable(policy, self.prepared.costs) if policy.adapts else policy
