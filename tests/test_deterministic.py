@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from fakes import FakeModel, one_hot_logits
 from live_server import live_server
+from specgguf.core import engine
 from specgguf.core.costs import MachineCosts
+from specgguf.core.drafting import LONG_READ
 from specgguf.core.engine import FixedK, StepEvent, speculate
 from specgguf.core.kpolicy import PolicyConfig, adaptive_policy
 from specgguf.core.model_drafter import ModelDrafter
@@ -182,3 +187,42 @@ def test_a_deterministic_server_reads_each_prompt_whole(tiny_verifier, tiny_draf
         first, second = complete(), complete()
         assert first[0] == second[0] and second[1] == 0
         assert complete(deterministic=False)[1] > 0
+
+
+LONG_PROMPT = [1 + i % 8 for i in range(LONG_READ + 40)]  # more than a draft model reads at once
+
+
+def _steps(policy, monkeypatch, *, tick: float) -> list[tuple[str | None, int]]:
+    """A greedy answer after a long prompt the draft has not read, on a clock that moves `tick` seconds
+    each time it is read: (who drafted, how many) at each step."""
+    now = iter(tick * i for i in range(1_000_000))
+    monkeypatch.setattr(engine, "time", SimpleNamespace(perf_counter=lambda: next(now)))
+    verifier = FakeModel(one_hot_logits(lambda c: c[-1] % 8 + 1, 12), n_vocab=12, n_ctx=512)
+    draft = FakeModel(one_hot_logits(lambda c: c[-1] % 8 + 1, 12), n_vocab=12, n_ctx=512)
+    events = speculate(
+        verifier=verifier,
+        drafter=ModelDrafter(draft),
+        prompt_tokens=LONG_PROMPT,
+        k=policy,
+        max_tokens=90,
+        settings=SamplingSettings(temperature=0.0),
+        rng=np.random.default_rng(0),
+    )
+    return [(event.draft_source, event.n_drafted) for event in events]
+
+
+def test_when_a_deterministic_requests_draft_reads_a_long_prompt_does_not_follow_the_clock(monkeypatch):
+    """The draft model reads a long prompt it has not read once the answer has run as long as the reading
+    costs (drafting.Reading): counted by the clock, a busy machine (another client's passes between the
+    request's steps) makes it read earlier and the verify passes take other shapes. A repeatable policy
+    counts the steps as the costs time them: the same steps, whatever the clock said."""
+    costs = replace(COSTS, draft_read=0.004)  # 104 unread tokens: 0.42 s of reading
+    quiet, busy = 0.0005, 0.05
+    clocked = [_steps(adaptive_policy("model", costs, PolicyConfig()), monkeypatch, tick=t) for t in (quiet, busy)]
+    assert clocked[0] != clocked[1]  # the check is sharp: by the clock, the busy run reads sooner
+    same = [
+        _steps(Repeatable(adaptive_policy("model", costs, PolicyConfig()), costs), monkeypatch, tick=t)
+        for t in (quiet, busy)
+    ]
+    assert same[0] == same[1]
+    assert ("model", 0) not in same[0] and any(source == "model" for source, _ in same[0])  # it does read, later

@@ -517,6 +517,9 @@ class ScriptedSeconds:
     def read_seconds(self, source):
         return self.policy.read_seconds(source)
 
+    def clock(self, event, elapsed):
+        return self.policy.clock(event, elapsed)
+
     def observe(self, event):
         k, table = event.n_drafted, self.costs.verify
         event.verify_seconds = table[min(k, len(table) - 1)] + max(0, k - len(table) + 1) * 0.02

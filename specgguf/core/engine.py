@@ -76,6 +76,11 @@ class KPolicy(Protocol):
         """Seconds a token `source` takes to read a long unread context, as measured on this machine
         (None: not known): what a draft model's reading costs (core/drafting.py)."""
 
+    def clock(self, event: StepEvent, elapsed: float) -> tuple[float, float]:
+        """(the step's seconds, its draft model's catch-up seconds) as a long read's wait counts them
+        (drafting.Reading): `elapsed` and the event's own, or (core/repeatable.py) what the machine's
+        costs say, so that when a draft reads follows from the request's tokens alone."""
+
     def share(self, round: Round) -> None:
         """Price the steps as one of the round's requests stepping in the same passes (rounds.Round)."""
 
@@ -105,6 +110,9 @@ class FixedK:
 
     def read_seconds(self, source: Source) -> float | None:
         return self._read_seconds if source == "model" else None
+
+    def clock(self, event: StepEvent, elapsed: float) -> tuple[float, float]:
+        return elapsed, event.draft_catchup_seconds
 
     def share(self, round: Round) -> None:
         pass
@@ -195,7 +203,7 @@ def speculate(
         seconds = StepSeconds(draft=t1 - t0, verify=t2 - t1, sample=time.perf_counter() - t2, prefill=prefill_seconds)
         event = step_event(emitted, drafts, path, tree, target_logits, verifier, max_tokens - n_emitted, seconds)
         prefill_seconds, n_emitted = 0.0, n_emitted + len(event.tokens)
-        reading.observe(time.perf_counter() - t0, event.draft_catchup_seconds, unread if k_step else 0)
+        reading.observe(*policy.clock(event, time.perf_counter() - t0), unread if k_step else 0)
         if ready is None:  # a step whose row came from the prompt's pass teaches nothing about passes
             policy.observe(event)
         ready = None

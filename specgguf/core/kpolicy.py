@@ -112,6 +112,9 @@ class AdaptiveK:
     def read_seconds(self, source: Source) -> float | None:
         return self.costs.read_seconds(source) if source == self.source else None
 
+    def clock(self, event: StepEvent, elapsed: float) -> tuple[float, float]:
+        return elapsed, event.draft_catchup_seconds
+
     def rates(self, optimism: float = 0.0) -> np.ndarray:
         """Expected tokens per second E(k) / T(k) for k = 0..k_max."""
         return self.acceptance.expected(optimism) / self.costs.step(np.arange(self.config.k_max + 1), self.source)
@@ -331,6 +334,9 @@ class PerSource:
 
     def read_seconds(self, source: Source) -> float | None:
         return self.policies[source].read_seconds(source) if source in self.policies else None
+
+    def clock(self, event: StepEvent, elapsed: float) -> tuple[float, float]:
+        return elapsed, event.draft_catchup_seconds
 
     def learned_costs(self) -> MachineCosts | None:
         if self.costs is not None:

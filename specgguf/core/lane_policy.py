@@ -98,6 +98,9 @@ class SharedCosts:
     def read_seconds(self, source: Source) -> float | None:
         return self.policy.read_seconds(source)
 
+    def clock(self, event: StepEvent, elapsed: float) -> tuple[float, float]:
+        return self.policy.clock(event, elapsed)
+
     def keep_drafting(self, confidences: list[float]) -> bool:
         return self.policy.keep_drafting(confidences)
 

@@ -37,8 +37,12 @@ class Repeatable:
     costs: MachineCosts
 
     def observe(self, event: StepEvent) -> None:
+        self.policy.observe(self._timed(event))
+
+    def _timed(self, event: StepEvent) -> StepEvent:
+        """The step as the costs time it: its pass by the table, each draft model token at its cost."""
         drafted = event.n_drafted if event.draft_source == "model" else 0  # n-gram and grammar drafts are free
-        timed = replace(
+        return replace(
             event,
             verify_seconds=table_seconds(self.costs, event.n_drafted + 1),
             draft_seconds=self.costs.draft * drafted,
@@ -46,7 +50,12 @@ class Repeatable:
             prefill_seconds=0.0,
             draft_catchup_seconds=0.0,
         )
-        self.policy.observe(timed)
+
+    def clock(self, event: StepEvent, elapsed: float) -> tuple[float, float]:
+        """The step as the costs time it, and no catch-up: the reading keeps the measured cost a token
+        (`read_seconds`), and the draft reads a long prompt after the same steps whatever the clock says."""
+        timed = self._timed(event)
+        return timed.draft_seconds + timed.verify_seconds, 0.0
 
     def learned_costs(self) -> None:
         """None: it learns no costs (what it was shown are the costs it was given)."""
