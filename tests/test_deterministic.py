@@ -21,7 +21,7 @@ from specgguf.core.drafting import LONG_READ
 from specgguf.core.engine import FixedK, StepEvent, speculate
 from specgguf.core.kpolicy import PolicyConfig, adaptive_policy
 from specgguf.core.model_drafter import ModelDrafter
-from specgguf.core.repeatable import Repeatable, table_seconds
+from specgguf.core.repeatable import Repeatable, repeatable, table_seconds
 from specgguf.core.sampling import SamplingSettings
 from specgguf.llama.batcher import Batcher, Rows, SequenceView
 from specgguf.serve.common import Speculative
@@ -226,3 +226,21 @@ def test_when_a_deterministic_requests_draft_reads_a_long_prompt_does_not_follow
     ]
     assert same[0] == same[1]
     assert ("model", 0) not in same[0] and any(source == "model" for source, _ in same[0])  # it does read, later
+    # A fixed K's draft waits for its reading the same way (its rent each second whole): a deterministic
+    # request's is wrapped too (`repeatable`, what the server's planner asks for).
+    fixed = [_steps(FixedK(3, read_seconds=0.004), monkeypatch, tick=t) for t in (quiet, busy)]
+    assert fixed[0] != fixed[1]
+    fixed = [
+        _steps(repeatable(FixedK(3, read_seconds=0.004), lambda: costs), monkeypatch, tick=t) for t in (quiet, busy)
+    ]
+    assert fixed[0] == fixed[1] and any(source == "model" for source, _ in fixed[0])
+
+
+def test_a_deterministic_request_is_timed_by_the_costs_wherever_the_clock_could_steer_it():
+    def costs():
+        return COSTS
+
+    assert isinstance(repeatable(_policy(), costs), Repeatable)  # an adaptive K
+    assert isinstance(repeatable(FixedK(4), costs), Repeatable)  # a draft model's reading
+    plain = FixedK(0)
+    assert repeatable(plain, lambda: pytest.fail("measured costs for plain decoding")) is plain

@@ -11,6 +11,7 @@ learns the request's acceptance from its tokens, and its K is a function of thos
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -19,6 +20,13 @@ from .costs import MachineCosts
 from .drafting import Source
 from .engine import KPolicy, StepEvent
 from .rounds import Round
+
+
+def repeatable(policy: KPolicy, costs: Callable[[], MachineCosts]) -> KPolicy:
+    """A deterministic request's policy: `Repeatable` wherever its steps could follow the clock, an
+    adaptive K (what it learns of the costs) or any K that drafts with a draft model (when the draft
+    reads a long prompt it has not read); `costs` (the machine's, measured at start-up) asked only then."""
+    return Repeatable(policy, costs()) if policy.adapts or policy.drafts("model") else policy
 
 
 def table_seconds(costs: MachineCosts, rows: int) -> float:

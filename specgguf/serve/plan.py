@@ -16,7 +16,7 @@ from ..core.drafting import Drafter
 from ..core.engine import KPolicy
 from ..core.model import Model
 from ..core.ngram_cache import SessionNgrams
-from ..core.repeatable import Repeatable
+from ..core.repeatable import repeatable
 from ..core.sampling import SamplingSettings
 from ..errors import ContextFullError, PromptError, UsageError
 from ..grammar import GrammarSpec, constraint_for
@@ -198,11 +198,9 @@ class Planner:
             choice = KChoice("fixed", 0)
         drafter = self._drafter(request, fresh=deterministic)
         settings = request.sampling.settings
-        if choice.mode == "fixed":  # as `run -k N` (its draft's catch-up priced as measured: Prepared.read_cost)
-            return drafter, self.prepared.policy(choice, temperature=settings.temperature, drafter=kind)[0]
-        if deterministic:
+        if choice.mode == "fixed" or deterministic:  # a fixed K as `run -k N`; a deterministic request's own
             policy = self.prepared.policy(choice, temperature=settings.temperature, drafter=kind)[0]
-            return drafter, Repeatable(policy, self.prepared.costs) if policy.adapts else policy
+            return drafter, repeatable(policy, lambda: self.prepared.costs) if deterministic else policy
         key = (choice.mode, kind, settings.greedy, lane)
         if key not in self._policies:
             self._policies[key] = self.prepared.policy(choice, temperature=settings.temperature, drafter=kind)
