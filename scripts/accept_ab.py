@@ -42,7 +42,8 @@ def one_run(prepared, tokens: list[int], k: str, settings: SamplingSettings, n: 
     """(drafts kept per drafting step, tokens per step, tokens/s) of one answer."""
     auto = k == "auto"
     drafter = build_drafter("hybrid" if auto else "model", prepared.draft, DraftSettings())
-    policy = adaptive_policy("hybrid", prepared.costs, PolicyConfig()) if auto else FixedK(int(k))
+    fixed = FixedK(int(k), read_seconds=prepared.read_cost()) if not auto else None  # its draft's reading as measured
+    policy = adaptive_policy("hybrid", prepared.costs, PolicyConfig()) if fixed is None else fixed
     kept, steps, n_tokens, prefill, start = [], 0, 0, 0.0, time.perf_counter()
     for event in speculate(
         verifier=prepared.verifier,

@@ -21,6 +21,7 @@ from specgguf.core.sampling import SamplingSettings
 from specgguf.errors import SpecggufError
 from specgguf.files.resolve import resolve_pair
 from specgguf.prepare import LoadOptions, load_models
+from specgguf.tuning import read_cost
 
 QUESTIONS = [
     "Write a Python function that checks whether a number is prime.",
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             verifier=verifier,
             draft=draft,
             drafter=ModelDrafter(draft) if draft else None,
-            policy=FixedK(k),
+            policy=FixedK(k, read_seconds=read_cost(draft) if draft else None),
             k_source=f"K={k}",
             max_tokens=args.max_tokens,
             settings=SamplingSettings(temperature=0),

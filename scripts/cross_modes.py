@@ -32,6 +32,7 @@ from specgguf.core.ngram_cache import SessionNgrams  # noqa: E402
 from specgguf.drafts.cross_search import choose_mode  # noqa: E402
 from specgguf.drafts.cross_vocab import cross_vocab  # noqa: E402
 from specgguf.llama.model import LlamaModel  # noqa: E402
+from specgguf.tuning import read_cost  # noqa: E402
 
 MODES = ("plain", "ngram", "tokens", "string")
 
@@ -45,7 +46,10 @@ def one_run(verifier, draft, cross, mode: str, tokens: list[int], args, seed: in
         drafter, k = build_drafter("model", same, DraftSettings()), args.k
     else:
         drafter, k = build_drafter("model", draft, DraftSettings(cross=replace(cross, mode=mode))), args.k
-    return generate(verifier, drafter, tokens, policy=FixedK(k), max_tokens=args.n, temperature=args.temp, seed=seed)
+    reader = same if mode == "same" else draft if mode in ("tokens", "string") else None
+    read = read_cost(reader) if reader is not None and k else None  # a long prompt's reading as measured here
+    policy = FixedK(k, read_seconds=read)
+    return generate(verifier, drafter, tokens, policy=policy, max_tokens=args.n, temperature=args.temp, seed=seed)
 
 
 def main() -> None:
