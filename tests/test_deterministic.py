@@ -112,10 +112,12 @@ def _events(verify_seconds: float) -> list[StepEvent]:
 
 
 def _choices(policy, events: list[StepEvent]) -> list[int]:
-    """The K the policy chooses before each step, as it observes them."""
+    """The length the policy lets a draft reach before each step, as it observes them: K (a draft
+    model's is a cap), cut where `keep_drafting` stops drafts of confidence 0.8."""
     choices = []
     for event in events:
-        choices.append(policy.choose("model"))
+        k = policy.choose("model")
+        choices.append(next((n for n in range(1, k + 1) if not policy.keep_drafting([0.8] * n)), k) if k else 0)
         policy.observe(event)
     return choices
 

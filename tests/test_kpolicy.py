@@ -130,10 +130,14 @@ def test_keep_drafting_looks_past_the_tables_next_step():
     assert not policy.keep_drafting([0.99] * 3 + [0.3])
 
 
-def test_a_policy_that_never_saw_confidence_keeps_the_chosen_length():
+def test_a_draft_models_confidence_ends_its_drafts_from_the_first_step():
+    # A draft model's drafters report each draft's confidence (drafting.CONFIDENT): K is a cap from the
+    # first step and `keep_drafting` ends the draft (the first step used to draft K* from the prior: one
+    # token on the F16 verifier where the next drafted 6-16). K* itself still says whether to draft.
     policy = AdaptiveK(F16, PolicyConfig(k_max=12))
+    assert policy.choose() == 12
     _run(policy, F16, [8, 8, 7, 8] * 3)
-    assert not policy.confidence_seen and 6 <= policy.choose() < 12  # K* itself, not a cap
+    assert policy.choose() == 12 and 6 <= policy.best_k() < 12
 
 
 def test_force_spec_never_chooses_plain():

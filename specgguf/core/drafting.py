@@ -28,6 +28,9 @@ Source = Literal["model", "ngram", "grammar"]
 # Sources that propose a whole draft at once, each token with its prior chance, at no cost per drafted
 # token (prompt lookup): the policy lets `worth` cut each proposal rather than choosing K ahead.
 WHOLE_DRAFTS: frozenset[Source] = frozenset({"ngram"})
+# Sources whose drafters report each draft's confidence and ask `keep_drafting` after it (a draft model's:
+# model_drafter, cross_drafter, string_drafter): the policy lets that end the draft from the first step.
+CONFIDENT: frozenset[Source] = frozenset({"model"})
 KeepDrafting = Callable[[list[float]], bool]  # asked after each draft token: go on?
 # Asked after each draft token (the confidences so far, the runner-up's probability): add a sibling?
 Branch = Callable[[list[float], float], bool]

@@ -47,7 +47,7 @@ import numpy as np
 from .acceptance_counts import Acceptance, Calibration, PolicyConfig, expected_tokens, tokens_spread
 from .costs import MachineCosts, StepCosts
 from .drafters import DRAFTER_KINDS, FORCED, DrafterKind
-from .drafting import WHOLE_DRAFTS, Source
+from .drafting import CONFIDENT, WHOLE_DRAFTS, Source
 from .engine import KPolicy, StepEvent
 from .rounds import ALONE, K_MAX, Round, expected_at, optimistic, reprice
 
@@ -74,7 +74,10 @@ class AdaptiveK:
         # given its parent was kept; and what a token is worth, in the seconds steps take per token.
         self.sides = Calibration(config.calibration_decay)
         self.seconds_per_token = float(self.costs.verify(np.array([0]))[0])  # plain decoding's, at first
-        self.confidence_seen = False  # the drafter reports confidence: `keep_drafting` sets the length
+        # The drafter reports confidence: `keep_drafting` (or `worth`) sets the length. A draft model's
+        # does from its first step (CONFIDENT: its first draft was 1 token, at a K from the prior, where
+        # the next were 6-16 on the F16 verifier); prompt lookup's evidence is seen in its first proposal.
+        self.confidence_seen = source in CONFIDENT
         self.steps, self.plain_steps, self.probe_interval = 0, 0, config.probe_every
         self.round = ALONE  # the passes its steps are priced in (`share`)
         # Decided from the costs before generation, then every `recheck_every` steps at the learned costs.
