@@ -29,10 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from specgguf.bench.measure import PROMPTS  # noqa: E402
 from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.core.drafters import DraftSettings, build_drafter  # noqa: E402
-from specgguf.core.engine import FixedK, speculate  # noqa: E402
+from specgguf.core.engine import speculate  # noqa: E402
 from specgguf.core.kpolicy import PolicyConfig, adaptive_policy  # noqa: E402
 from specgguf.core.sampling import Acceptance, SamplingSettings  # noqa: E402
 from specgguf.files.resolve import ResolvedPair  # noqa: E402
+from specgguf.kchoice import KChoice  # noqa: E402
 from specgguf.prepare import DraftOptions, LoadOptions, prepare  # noqa: E402
 
 RULES: tuple[Acceptance, ...] = ("token", "block")
@@ -42,8 +43,10 @@ def one_run(prepared, tokens: list[int], k: str, settings: SamplingSettings, n: 
     """(drafts kept per drafting step, tokens per step, tokens/s) of one answer."""
     auto = k == "auto"
     drafter = build_drafter("hybrid" if auto else "model", prepared.draft, DraftSettings())
-    fixed = FixedK(int(k), read_seconds=prepared.read_cost()) if not auto else None  # its draft's reading as measured
-    policy = adaptive_policy("hybrid", prepared.costs, PolicyConfig()) if fixed is None else fixed
+    if auto:
+        policy = adaptive_policy("hybrid", prepared.costs, PolicyConfig())
+    else:  # as `run -k N` sets it up (its draft's reading as measured)
+        policy = prepared.policy(KChoice("fixed", int(k)), temperature=settings.temperature, drafter="model")[0]
     kept, steps, n_tokens, prefill, start = [], 0, 0, 0.0, time.perf_counter()
     for event in speculate(
         verifier=prepared.verifier,

@@ -333,7 +333,7 @@ def probe(
         draft_cost = [measure_draft(draft, store=True)]
     if draft_read is None:
         assert draft is not None  # no draft reads [0.0]
-        draft_read = [read_cost(draft)]
+        draft_read = [_measure_read(draft)]
     return MachineCosts(tuple(verify), draft_cost[0], draft_read[0])
 
 
@@ -346,6 +346,11 @@ def read_cost(draft: LoadedModel, *, on_measure: Callable[[], None] | None = Non
         return stored_read[0]
     if on_measure is not None:
         on_measure()
+    return _measure_read(draft)
+
+
+def _measure_read(draft: LoadedModel) -> float:
+    """The draft's reading a token, measured now and kept (where tuning.json can keep it)."""
     return _keep(key_for(draft, "draft_read"), [measure_read(draft)])[0]
 
 

@@ -27,7 +27,6 @@ from typing import Literal, TextIO
 from rich.console import Console
 
 from ..conversation import Message, Prompts
-from ..core.engine import FixedK
 from ..core.ngram_cache import SessionNgrams
 from ..core.sampling import SamplingSettings
 from ..drafts.made import load_chosen
@@ -378,8 +377,9 @@ def _our_run(prepared: Prepared, column: Column, tokens: list[int], *, temperatu
         policy, _ = prepared.policy(KChoice("adaptive"), temperature=temperature, drafter=kind)
         drafter = prepared.drafter(kind, session=SessionNgrams())
     else:
-        read = prepared.read_cost() if column.k else None  # the verifier's cache holds the prompt: measured
-        policy, drafter = FixedK(column.k, read_seconds=read), prepared.drafter("model") if column.k else None
+        # As `run -k N` sets it up (its draft's reading as measured: the verifier's cache holds the prompt).
+        policy = prepared.policy(KChoice("fixed", column.k), temperature=temperature, drafter="model")[0]
+        drafter = prepared.drafter("model") if column.k else None
     return generate(
         prepared.verifier, drafter, tokens, policy=policy, max_tokens=max_tokens, temperature=temperature, seed=seed
     )
