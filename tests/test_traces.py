@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
 
 from specgguf.bench.trace_replay import Comparison, Reply, Row, Transcript, compare, prepared_body, replay, send
 from specgguf.bench.trace_report import report_json, row_lines, total_lines
-from specgguf.bench.trace_servers import ServerSpec, running
+from specgguf.bench.trace_servers import PairSettings, ServerSpec, llama_server_specs, running
 from specgguf.bench.traces import CHAT, TraceError, load_trace, parse_trace
 from specgguf.errors import SpecggufError
 
@@ -195,6 +196,41 @@ def test_a_streamed_tool_call_is_gathered_and_compared_by_what_it_calls():
     assert (infill.text, infill.n_tokens) == ("x = 1", 2)  # no timings: the pieces streamed
     refused = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(400, text="no FIM")))
     assert send(refused, "http://t", "/infill", {}).error == "HTTP 400: no FIM"
+
+
+def test_an_end_token_llama_server_counts_is_not_counted_as_the_answers():
+    """llama-server's predicted_n counts the end-of-generation token of an answer that ended there, and
+    specgguf's does not: the rates compare the answers' tokens, so one fewer is llama-server's."""
+
+    def infill(stop_type: str) -> httpx.Client:
+        return _events(
+            {"content": "x = 1", "stop": False},
+            {"content": "", "stop": True, "stop_type": stop_type, "timings": {"predicted_n": 6}},
+        )
+
+    def chat(reason: str) -> httpx.Client:
+        return _events(
+            {"choices": [{"delta": {"content": "hi"}}]},
+            {"choices": [{"delta": {}, "finish_reason": reason}], "timings": {"predicted_n": 6}},
+        )
+
+    for client, path, body, counts_eog, n in [
+        (infill("eos"), "/infill", {}, True, 5),
+        (infill("eos"), "/infill", {}, False, 6),  # specgguf's count is the answer's already
+        (infill("limit"), "/infill", {}, True, 6),  # n_predict's limit: no end token was generated
+        (chat("stop"), CHAT, {}, True, 5),
+        (chat("tool_calls"), CHAT, {}, True, 5),
+        (chat("length"), CHAT, {}, True, 6),
+        (chat("stop"), CHAT, {"stop": ["\n"]}, True, 6),  # a stop string may have ended it: counted as said
+    ]:
+        with client:
+            assert send(client, "http://t", path, body, counts_eog=counts_eog).n_tokens == n, (path, body, n)
+    assert all(
+        spec.counts_eog
+        for spec in llama_server_specs(
+            Path("ls"), PairSettings(Path("v"), Path("d"), 2, 512), draft_ks=[4], ngram_types=["x"]
+        )
+    )
 
 
 @pytest.mark.live  # the runner starts the servers (tests/kinds.py)

@@ -34,7 +34,7 @@ class Reply:
     text: str  # the content, then each tool call as name(arguments), the arguments as compact JSON
     ttft_s: float | None  # to the first piece of an answer (None: no answer, e.g. n_predict 0)
     total_s: float
-    n_tokens: int  # the server's own count (timings.predicted_n, else usage), else the pieces streamed
+    n_tokens: int  # the server's own count (timings.predicted_n, else usage; not an end token), else the pieces
     error: str | None = None
     message: dict[str, Any] | None = None  # chat: the assistant message, for a history that replays it
     n_prompt: int | None = None  # the prompt's tokens, cached or evaluated (timings: cache_n + prompt_n)
@@ -73,8 +73,10 @@ def prepared_body(request: TraceRequest, transcript: Transcript, *, greedy: bool
     return body
 
 
-def send(client: httpx.Client, base_url: str, path: str, body: dict[str, Any]) -> Reply:
-    """POST one streamed request and read its server-sent events to the end."""
+def send(client: httpx.Client, base_url: str, path: str, body: dict[str, Any], *, counts_eog: bool = False) -> Reply:
+    """POST one streamed request and read its server-sent events to the end. `counts_eog`: the server counts
+    the end-of-generation token among the tokens it generated (llama-server's `predicted_n` does, specgguf's
+    does not): one fewer is the answer's, where the answer ended there."""
     start = time.perf_counter()
     first: float | None = None
     pieces: list[str] = []
@@ -82,7 +84,7 @@ def send(client: httpx.Client, base_url: str, path: str, body: dict[str, Any]) -
     counted: int | None = None
     n_prompt: int | None = None
     prompt_ms: float | None = None
-    n_pieces = 0
+    n_pieces, ended_at_eog = 0, False
     with client.stream("POST", base_url + path, json=body, timeout=REQUEST_SECONDS) as response:
         if response.status_code != 200:
             text = response.read().decode("utf-8", errors="replace")
@@ -104,9 +106,12 @@ def send(client: httpx.Client, base_url: str, path: str, body: dict[str, Any]) -
                 pieces.append(piece)
                 n_pieces += 1
             counted = _count(event) or counted
+            ended_at_eog = ended_at_eog or _ended_at_eog(path, event, body)
             n_prompt = _prompt_count(event) or n_prompt
             prompt_ms = _prompt_ms(event) or prompt_ms
     total = time.perf_counter() - start
+    if counted and counts_eog and ended_at_eog:
+        counted -= 1
     text = "".join(pieces)
     tool_calls = [calls[index] for index in sorted(calls)]
     shown = text + "".join(f"{call['name']}({_canonical(call['arguments'])})" for call in tool_calls)
@@ -158,6 +163,16 @@ def _count(event: dict[str, Any]) -> int | None:
         return timings["predicted_n"]
     usage = event.get("usage") or {}
     return usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else None
+
+
+def _ended_at_eog(path: str, event: dict[str, Any], body: dict[str, Any]) -> bool:
+    """Whether this event ends an answer at the model's end-of-generation token (not a limit, not a stop
+    string): llama-server's `stop_type` "eos", or OpenAI's `finish_reason` "stop" (or "tool_calls") where
+    the request asked for no stop strings."""
+    if path == "/infill":
+        return event.get("stop_type") == "eos"
+    reason = (event.get("choices") or [{}])[0].get("finish_reason")
+    return reason in ("stop", "tool_calls") and not body.get("stop")
 
 
 def _prompt_ms(event: dict[str, Any]) -> float | None:
@@ -252,7 +267,7 @@ def replay(
                 transcript = transcripts[server.name]
                 body = prepared_body(request, transcript, greedy=greedy)
                 try:
-                    reply = send(client, server.base_url, request.path, body)
+                    reply = send(client, server.base_url, request.path, body, counts_eog=server.counts_eog)
                 except (httpx.HTTPError, ValueError) as error:
                     if server.process.poll() is not None:
                         raise SpecggufError(f"{server.name} died; its log ends: {log_tail(server)}") from None

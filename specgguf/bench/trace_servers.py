@@ -30,6 +30,7 @@ class ServerSpec:
     name: str
     command: tuple[str, ...]  # without --port, which is added when it starts
     environment: tuple[tuple[str, str], ...] = ()  # set for it (LLAMA_SERVER_SLOTS_DEBUG, say)
+    counts_eog: bool = False  # its predicted_n counts the end-of-generation token (llama-server's does)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Running:
     base_url: str
     process: subprocess.Popen
     log: Path
+    counts_eog: bool = False  # as its ServerSpec's
 
 
 @dataclass(frozen=True)
@@ -66,16 +68,18 @@ def llama_server_specs(
     threads = str(pair.n_threads)
     common: tuple[str, ...] = (str(program), "-m", str(pair.verifier), "-t", threads, "-c", str(pair.n_ctx), "-np", "1")
     common += ("--no-webui", "--jinja")
-    specs = [ServerSpec(PLAIN, common)]
+    specs = [ServerSpec(PLAIN, common, counts_eog=True)]
     for k in draft_ks:
         draft = ("-md", str(pair.draft), "-td", threads, "--spec-type", "draft-simple")
         specs.append(
             ServerSpec(
-                f"llama-server -md K={k}", common + draft + ("--spec-draft-n-max", str(k), "--spec-draft-n-min", "0")
+                f"llama-server -md K={k}",
+                common + draft + ("--spec-draft-n-max", str(k), "--spec-draft-n-min", "0"),
+                counts_eog=True,
             )
         )
     for kind in ngram_types:
-        specs.append(ServerSpec(f"llama-server {kind}", common + ("--spec-type", kind)))
+        specs.append(ServerSpec(f"llama-server {kind}", common + ("--spec-type", kind), counts_eog=True))
     return specs
 
 
@@ -127,7 +131,7 @@ def running(specs: list[ServerSpec], *, startup_seconds: float = STARTUP_SECONDS
                         )
                     except OSError as error:  # no such program, or not one that runs
                         raise SpecggufError(f"cannot start {spec.name} ({spec.command[0]}): {error.strerror}") from None
-                server = Running(spec.name, f"http://127.0.0.1:{port}", process, log)
+                server = Running(spec.name, f"http://127.0.0.1:{port}", process, log, spec.counts_eog)
                 started.append(server)
                 _wait_healthy(server, startup_seconds)
             yield started
