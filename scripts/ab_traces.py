@@ -8,6 +8,9 @@ request would hide a few percent. Quiet machine only, one benchmark at a time:
 
     .venv/bin/python scripts/ab_traces.py --trace chat -m ~/.cache/specgguf/qwen2.5-coder-1.5b-instruct-f16.gguf \
         -md ~/.cache/specgguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --b "--draft-variant q4_0-q8head+hot32k"
+
+`--b-checkout DIR` runs B's server from another checkout's package (a `git worktree` with a change in its
+code), A's from this one: a change that has no option of its own, measured through both servers.
 """
 
 from __future__ import annotations
@@ -80,7 +83,10 @@ def main() -> None:
     parser.add_argument("-t", type=int, default=2)
     parser.add_argument("-c", type=int, default=8192)
     parser.add_argument("--a", default="", help="serve's options for A (default: none, its defaults)")
-    parser.add_argument("--b", required=True, help="serve's options for B")
+    parser.add_argument("--b", default="", help="serve's options for B (default: none)")
+    parser.add_argument(
+        "--b-checkout", type=Path, help="B's server runs the specgguf package of this checkout (a git worktree)"
+    )
     parser.add_argument("--requests", type=int, help="only the first N requests")
     parser.add_argument(
         "--passes",
@@ -105,12 +111,17 @@ def main() -> None:
     specs = []
     for name, options in (("A", args.a), ("B", args.b)):
         base = specgguf_spec(settings, name=name)
-        specs.append(ServerSpec(name, base.command + tuple(shlex.split(options)), base.environment))
+        environment = base.environment
+        if name == "B" and args.b_checkout is not None:
+            # PYTHONSAFEPATH: `python -m specgguf` does not put the working directory (this checkout) first
+            environment += (("PYTHONPATH", str(args.b_checkout.resolve())), ("PYTHONSAFEPATH", "1"))
+        specs.append(ServerSpec(name, base.command + tuple(shlex.split(options)), environment))
     requests = load_trace(args.trace).cut(args.requests).requests  # (a bad name fails before any server starts)
     machine = cpu()
     print(f"CPU: {machine['cpu']} ({machine['cores']} cores, -t {args.t}), avx512_vnni: {machine['avx512_vnni']}")
     history = "A's history for both" if args.same_history else "each its own history"
-    print(f"A: {args.a or '(defaults)'}\nB: {args.b}\n{args.trace}: {len(requests)} requests, ABBA, {history}")
+    where = f" (the package in {args.b_checkout})" if args.b_checkout else ""
+    print(f"A: {args.a or '(defaults)'}\nB: {args.b}{where}\n{args.trace}: {len(requests)} requests, ABBA, {history}")
     ratios: list[list[float]] = [[] for _ in requests]  # per request, B's rate ÷ A's in each pass
     for replay in range(args.passes):
         if args.passes > 1:
