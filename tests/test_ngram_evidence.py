@@ -161,9 +161,11 @@ def test_a_proposal_that_starts_on_a_short_match_is_priced_by_how_far_such_propo
     speed, verified = _evidence_run([long, short], seed=seed)
     pooled_speed, pooled_verified = _evidence_run([long, short], seed=seed, pooled=True)
     # Knowing the truth, one draft of a short-match copy pays (1.16x plain on these costs), two 1.12x,
-    # three 1.02x; priced by the long copies' bins it is drafted deeper.
-    assert verified[1] < 0.7 * pooled_verified[1]
-    assert speed > pooled_speed + 0.01
+    # three 1.02x; priced by the long copies' bins it is drafted deeper. (Once a bin has settled, its
+    # first draft is no longer doubted upwards, which also keeps the pooled pricing from some of its
+    # deepest drafts: 0.57-0.68x as many verified with doubt for good, 0.71-0.78x with `settle`.)
+    assert verified[1] < 0.8 * pooled_verified[1]
+    assert speed > pooled_speed
 
 
 def test_a_class_whose_first_draft_failed_once_is_still_tried_but_not_drafted_deep():

@@ -36,6 +36,11 @@ class PolicyConfig:
     # many standard deviations of what they save. 0: off (a measured candidate for a per-request floor,
     # docs/benchmarks.md; `--config risk=0.3` in the replays, `--b-config` in trace_ab.py).
     risk: float = 0.0
+    # `worth`: a whole proposal's first draft is raised by `doubt` standard errors only while its bin has
+    # seen fewer than this many drafts (decayed counts: a bin that stops drafting is doubted again once
+    # other bins' drafts have decayed its count below this); 0: always. With doubt for good, a class at
+    # break-even drafted to the end of a session (docs/adaptive-k.md, "A settled class").
+    settle: float = 32.0
     worth_trying: float = 0.9  # draft at all only if some K wins at this acceptance per position
     # Draft trees (--draft-tree): add the draft's runner-up beside the chain where it pays
     # (`AdaptiveK.branch`). Off by default: on the CPUs measured it did not win beyond the noise
@@ -80,13 +85,16 @@ class Calibration:
         self.tried = np.zeros(len(CONFIDENCE_EDGES) + 1)
         self.right = np.zeros(len(CONFIDENCE_EDGES) + 1)
 
-    def __call__(self, probability: float, optimism: float = 0.0) -> float:
+    def __call__(self, probability: float, optimism: float = 0.0, settled: float = 0.0) -> float:
         """The chance; with `optimism`, no lower than the probability itself while that is within so many
         standard errors of the bin's estimate: a few unlucky drafts do not end a bin's drafts for good,
-        and a bin is never thought better than its own probability says before it has shown it."""
+        and a bin is never thought better than its own probability says before it has shown it. With
+        `settled`, the optimism ends once the bin has seen that many drafts (decayed)."""
         b = confidence_bin(probability)
         seen = self.tried[b] + 2.0
         chance = (self.right[b] + 2.0 * probability) / seen
+        if settled and seen >= settled:
+            return chance
         return doubted(chance, probability, seen, optimism) if optimism else chance
 
     def observe(self, probabilities: list[float], right: list[bool]) -> None:
@@ -109,17 +117,18 @@ class Proposals:
         self.drafted = np.zeros((len(CONFIDENCE_EDGES) + 1, k_max))
         self.accepted = np.zeros((len(CONFIDENCE_EDGES) + 1, k_max))
 
-    def chances(self, first: float, prior: np.ndarray, optimism: float = 0.0) -> np.ndarray:
+    def chances(self, first: float, prior: np.ndarray, optimism: float = 0.0, settled: float = 0.0) -> np.ndarray:
         """Each draft's chance given the ones before it were, for a proposal whose first draft has prior
         chance `first`: its class's counts at that position, with `prior` (the drafts' own calibrated
         chances) worth `weight` proposals of the class. With `optimism`, the first draft's is no lower
         than its prior while that is within so many standard errors of the class's estimate (as
         Calibration): a few unlucky first drafts do not end a class's drafts, which no draft would then
-        teach again. The later drafts' are not raised: how deep to draft is what the class is for."""
+        teach again. The later drafts' are not raised: how deep to draft is what the class is for. With
+        `settled`, nor is the first once its class has seen that many proposals (decayed)."""
         b, n = confidence_bin(first), len(prior)
         seen = self.drafted[b, :n] + self.weight
         chance = (self.accepted[b, :n] + self.weight * prior) / seen
-        if optimism and n:
+        if optimism and n and not (settled and seen[0] >= settled):
             chance[0] = doubted(chance[0], prior[0], seen[0], optimism)
         return chance
 

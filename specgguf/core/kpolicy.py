@@ -219,7 +219,8 @@ class AdaptiveK:
         """How many of a whole proposal's drafts to verify: with a_j the chance of draft j given drafts
         1..j-1 were right, learned per position for proposals whose first draft had evidence like this
         one's (acceptance_counts.Proposals), from its own calibrated chance before (its evidence's prior,
-        learned per evidence bin, raised by `doubt` standard errors while a bin has seen few drafts),
+        learned per evidence bin, raised by `doubt` standard errors while a bin has seen fewer than
+        `settle` drafts),
         verifying the first n yields E_n = 1 + a_1 + a_1·a_2 + … + a_1·…·a_n
         tokens in T(n) seconds; n* = argmax E_n / T(n), 0 (a plain step) where no draft is sure
         enough to pay for the rows it adds. With `risk` ρ: a step saves S_n = E_n·T(0) − T(n) seconds
@@ -228,8 +229,9 @@ class AdaptiveK:
         n = min(len(confidences), self.config.k_max)
         if n == 0 or self.config.k_min > 0:
             return n
-        own = np.array([self.acceptance.calibrated(c, self.config.doubt) for c in confidences[:n]])
-        acceptance = self.acceptance.proposals.chances(confidences[0], own, self.config.doubt)
+        doubt, settle = self.config.doubt, self.config.settle
+        own = np.array([self.acceptance.calibrated(c, doubt, settle) for c in confidences[:n]])
+        acceptance = self.acceptance.proposals.chances(confidences[0], own, doubt, settle)
         expected, costs = expected_tokens(acceptance), self.costs.step(np.arange(n + 1), self.source)
         rates = expected / costs
         if self.config.risk:  # (at ρ 0 the test is moot: an n with S_n < 0 has E_n / T(n) < 1 / T(0))
