@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ import ollama
 import pytest
 
 from live_server import live_server
-from specgguf.serve.parallel.lanes import Lanes
+from specgguf.serve.parallel.lanes import CONTINUE_WAIT, Lanes
 from specgguf.serve.parallel.sizing import default_parallel
 from tiny_gguf import tiny_vocab, write_tiny_llama
 
@@ -177,6 +178,33 @@ def test_a_request_takes_the_lane_it_continues_and_a_new_one_an_empty_lane():
     assert lanes.acquire(system + chat[:2] + [40]) is lanes.lanes[2]
     # With no free lane empty or continued, the one where it keeps most and throws away least.
     assert lanes.acquire([60, 61, 70]) is lanes.lanes[3]
+
+
+def test_a_request_that_continues_a_busy_lane_waits_for_it_rather_than_read_its_prompt_again():
+    """A client sends its next request as soon as the last event of the one before arrives, before that
+    request's thread lets its lane go: the follow-up waits for its own lane (bounded), not an empty one."""
+    lanes = Lanes(_Views(), None, 2)
+    code = [20, 21, 22, 23, 24, 25, 26, 27]
+    _hold(lanes.lanes[0], code, fim=True)
+    running = lanes.acquire(code[:-2], fim=True)  # the completion before, still holding its lane
+    assert running is lanes.lanes[0]
+    taken: list = []
+    follower = threading.Thread(target=lambda: taken.append(lanes.acquire(code[:5] + [30, 31], fim=True)))
+    follower.start()
+    time.sleep(0.2)
+    assert not taken  # it waits for the lane its prompt continues ...
+    lanes.release(running)
+    follower.join(timeout=5)
+    assert taken == [lanes.lanes[0]]  # ... and takes it once let go
+    # A busy lane that is not let go in time: the request goes on elsewhere, CONTINUE_WAIT later.
+    started = time.monotonic()
+    other = lanes.acquire(code[:5] + [40], fim=True)
+    assert other is lanes.lanes[1] and CONTINUE_WAIT <= time.monotonic() - started < CONTINUE_WAIT + 2
+    lanes.release(other)
+    lanes.release(lanes.lanes[0])
+    # Nothing busy that it continues: no wait at all.
+    started = time.monotonic()
+    assert lanes.acquire([90, 91, 92]) is not None and time.monotonic() - started < 0.5
 
 
 def test_the_default_takes_what_half_the_free_memory_holds_from_two_to_four():

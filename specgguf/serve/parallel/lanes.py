@@ -8,7 +8,7 @@ The lanes are the server's cached conversations, kept live. A request takes, in 
 lane whose last prompt it continues (all of it but the last token: a chat's follow-up), for a
 fill-in-the-middle request also a lane whose last completion it shares at least half of (an editor's
 completions supersede each other: the same file, the cursor moved), the longest shared prefix
-first; else an empty lane (a new conversation that shares only a system prompt does not end
+first — waiting up to CONTINUE_WAIT for such a lane that is still busy; else an empty lane (a new conversation that shares only a system prompt does not end
 another); else the lane where it keeps the most cached tokens less those it throws away, then the
 least recently used. While
 its request runs, a lane's thread is a participant of both models' batchers: their batches wait for
@@ -42,6 +42,13 @@ ROUND_WAIT = 0.5
 # completions comes, it is held back at most half of the time.
 PRIORITY_TOKENS, PRIORITY_SECONDS = 128, 2.0
 GIVE_WAY = 1.0
+# A request that continues a busy lane's conversation waits up to this long for that lane. A client
+# sends its next request as soon as the last event of the one before arrives, which is before that
+# request's thread has let its lane go: taking a free lane then read the whole prompt again (an
+# editor's 600 tokens, 3.6 s on the Q4_K_M pair; a chat's whole history). An editor that moves on
+# hangs up, and the lane is let go at its request's next step; a second client going on at once
+# from the same conversation waits this long at most.
+CONTINUE_WAIT = 1.0
 
 
 @dataclass(eq=False)
@@ -114,7 +121,7 @@ class Lanes:
         for lane in self.lanes:  # a lane reading a prompt on one model brings no rows to the other's batches
             if (draft_view := lane.draft_sequence) is not None:
                 lane.verifier.partners, draft_view.partners = [draft_view], [lane.verifier]
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # guards the lanes' busy, prompt and used; notified when one is let go
         self._live: set[SharedCosts] = set()
         self._urgent = threading.Condition()  # guards the lanes' first_until; notified when one ends
 
@@ -123,29 +130,37 @@ class Lanes:
         `fim`: a fill-in-the-middle request; `fresh`: one that keeps no cache (serve --deterministic),
         so past its own conversation and an empty lane it takes the least recently used one."""
         with self._lock:
-            free = [lane for lane in self.lanes if not lane.busy]
-            kept = {lane.index: common_prefix(lane.verifier.cached, prompt) for lane in free}
-
-            def continued(lane: Lane) -> bool:
-                shared = common_prefix(lane.prompt, prompt)
-                return bool(lane.prompt) and (
-                    shared >= len(lane.prompt) - 1 or (fim and lane.fim and 2 * shared >= len(lane.prompt))
-                )
-
-            def value(lane: Lane) -> tuple[int, int, float]:
-                evicted = lane.verifier.n_past - kept[lane.index]
-                return kept[lane.index] - evicted, -evicted, -lane.used
-
-            if going_on := [lane for lane in free if continued(lane)]:
-                lane = max(going_on, key=lambda lane: (kept[lane.index], -lane.used))
-            elif empty := [lane for lane in free if not lane.verifier.n_past]:
-                lane = max(empty, key=lambda lane: -lane.used)
-            elif fresh:
-                lane = max(free, key=lambda lane: -lane.used)
-            else:
-                lane = max(free, key=value)
+            deadline = time.monotonic() + CONTINUE_WAIT
+            while (lane := self._choose(prompt, fim=fim, fresh=fresh, wait_until=deadline)) is None:
+                self._lock.wait(max(0.0, deadline - time.monotonic()))
             lane.busy, lane.prompt, lane.fim, lane.steps_until = True, list(prompt), fim, 0.0
             return lane
+
+    def _choose(self, prompt: list[int], *, fim: bool, fresh: bool, wait_until: float) -> Lane | None:
+        """The free lane for `prompt` (under the lock), or None to wait: a busy lane's conversation is
+        the one this prompt continues, and it may be let go before `wait_until`."""
+        free = [lane for lane in self.lanes if not lane.busy]
+        kept = {lane.index: common_prefix(lane.verifier.cached, prompt) for lane in free}
+
+        def continued(lane: Lane) -> bool:
+            shared = common_prefix(lane.prompt, prompt)
+            return bool(lane.prompt) and (
+                shared >= len(lane.prompt) - 1 or (fim and lane.fim and 2 * shared >= len(lane.prompt))
+            )
+
+        def value(lane: Lane) -> tuple[int, int, float]:
+            evicted = lane.verifier.n_past - kept[lane.index]
+            return kept[lane.index] - evicted, -evicted, -lane.used
+
+        if going_on := [lane for lane in free if continued(lane)]:
+            return max(going_on, key=lambda lane: (kept[lane.index], -lane.used))
+        if not fresh and time.monotonic() < wait_until and any(lane.busy and continued(lane) for lane in self.lanes):
+            return None
+        if empty := [lane for lane in free if not lane.verifier.n_past]:
+            return max(empty, key=lambda lane: -lane.used)
+        if fresh:
+            return max(free, key=lambda lane: -lane.used)
+        return max(free, key=value)
 
     @contextlib.contextmanager
     def shared(self, policy: KPolicy, lane: Lane, *, alone: bool = False) -> Iterator[SharedCosts]:
@@ -202,3 +217,4 @@ class Lanes:
     def release(self, lane: Lane) -> None:
         with self._lock:
             lane.busy, lane.used = False, time.monotonic()
+            self._lock.notify_all()
