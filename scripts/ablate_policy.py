@@ -53,7 +53,7 @@ from specgguf.prepare import DraftOptions, LoadOptions, prepare  # noqa: E402
 
 
 class RawConfidence(Calibration):
-    def __call__(self, probability: float, optimism: float = 0.0) -> float:
+    def __call__(self, probability: float, optimism: float = 0.0, settled: float = 0.0) -> float:
         return probability
 
 

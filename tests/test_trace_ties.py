@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,7 @@ def test_chat_messages_are_read_as_the_server_reads_them():
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_verifier) -> LlamaModel:
+def tiny(tiny_verifier) -> Iterator[LlamaModel]:
     model = LlamaModel(tiny_verifier, n_ctx=128, n_threads=1)
     yield model
     model.close()

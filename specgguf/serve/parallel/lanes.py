@@ -7,12 +7,11 @@ server's loop over a request's steps calls), and the round policy each request s
 The lanes are the server's cached conversations, kept live. A request takes, in this order: the free
 lane whose last prompt it continues (all of it but the last token: a chat's follow-up), for a
 fill-in-the-middle request also a lane whose last completion it shares at least half of (an editor's
-completions supersede each other: the same file, the cursor moved), the longest shared prefix
-first — waiting up to CONTINUE_WAIT for such a lane that is still busy; else an empty lane (a new conversation that shares only a system prompt does not end
-another); else the lane where it keeps the most cached tokens less those it throws away, then the
-least recently used. While
-its request runs, a lane's thread is a participant of both models' batchers: their batches wait for
-it (briefly) and take its rows along.
+completions supersede each other: the same file, the cursor moved), the longest shared prefix first —
+waiting up to CONTINUE_WAIT for such a lane that is still busy; else an empty lane (a new conversation
+that shares only a system prompt does not end another); else the lane where it keeps the most cached
+tokens less those it throws away, then the least recently used. While its request runs, a lane's thread
+is a participant of both models' batchers: their batches wait for it (briefly) and take its rows along.
 """
 
 from __future__ import annotations
