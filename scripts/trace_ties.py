@@ -40,10 +40,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specgguf.bench.traces import CHAT, TraceRequest, load_trace  # noqa: E402
-from specgguf.conversation import FimRequest, Message, Prompts, ToolCall, fill_in_middle  # noqa: E402
+from specgguf.conversation import Prompts, fill_in_middle  # noqa: E402
 from specgguf.errors import SpecggufError  # noqa: E402
 from specgguf.files.resolve import resolve_pair  # noqa: E402
 from specgguf.llama.model import LlamaModel  # noqa: E402
+from specgguf.serve.apis.infill import InfillBody  # noqa: E402
+from specgguf.serve.apis.openai.bodies import ChatRequest  # noqa: E402
+from specgguf.serve.common import ApiError, parse_body  # noqa: E402
+
+SERVE_MAX_TOKENS = 512  # `specgguf serve -n`'s default: an /infill request's n_predict -1 or none
 
 
 @dataclass(frozen=True)
@@ -63,40 +68,27 @@ def parting(reference: list[int], other: list[int]) -> Parting:
     return Parting(reference[:n], at(reference), at(other))
 
 
-def messages_of(entries: list[dict[str, Any]]) -> list[Message]:
-    """OpenAI chat messages (as a trace's bodies hold them) as the typed messages the server renders."""
-    out = []
-    for entry in entries:
-        calls = tuple(
-            ToolCall(call.get("id", ""), call["function"]["name"], call["function"]["arguments"])
-            for call in entry.get("tool_calls") or []
-        )
-        content = entry.get("content") or ""
-        if isinstance(content, list):  # content parts: their text, as the server joins them
-            content = "".join(part.get("text", "") for part in content)
-        out.append(Message(entry["role"], content, calls, entry.get("tool_call_id")))
-    return out
-
-
 def prompt_tokens(
     prompts: Prompts, model: LlamaModel, request: TraceRequest, history: list[dict], n_ctx: int
 ) -> list[int]:
-    """The request's prompt as specgguf serve renders it (serve/plan.py), after `history` (a replay's)."""
-    body = request.body
-    if request.path == "/infill":
-        framing = model.fim_tokens()
-        if framing is None:
-            raise SpecggufError("this verifier has no FIM tokens; the trace's /infill requests need them")
-        fim = FimRequest(
-            body.get("input_prefix", ""),
-            body.get("input_suffix", ""),
-            tuple((chunk.get("filename", ""), chunk.get("text", "")) for chunk in body.get("input_extra", [])),
-            body.get("prompt", ""),
-        )
-        return fill_in_middle(prompts, fim, framing, n_ctx=n_ctx, n_predict=int(body.get("n_predict", 128)))
-    if request.path == CHAT:
-        tools = [tool for tool in body.get("tools") or []] or None
-        return prompts.chat_tokens(messages_of([*history, *body["messages"]]), tools)
+    """The request's prompt as specgguf serve renders it, after `history` (a replay's): its body read by
+    the server's own request models (serve/apis), its messages and tools as the chat template gets them,
+    an /infill body framed with its chunks (serve/plan.py)."""
+    body = request.body | ({"messages": [*history, *request.body["messages"]]} if request.path == CHAT else {})
+    try:
+        if request.path == "/infill":
+            framing = model.fim_tokens()
+            if framing is None:
+                raise SpecggufError("this verifier has no FIM tokens; the trace's /infill requests need them")
+            infill = parse_body(InfillBody, json.dumps(body).encode())
+            n_predict = max(1, infill.limit(SERVE_MAX_TOKENS))  # as the route's Limits
+            return fill_in_middle(prompts, infill.fim_request(), framing, n_ctx=n_ctx, n_predict=n_predict)
+        if request.path == CHAT:
+            chat = parse_body(ChatRequest, json.dumps(body).encode())
+            plan = chat.tool_plan()
+            return prompts.chat_tokens(chat.template_messages(), None if plan is None else plan.in_prompt)
+    except ApiError as error:
+        raise SpecggufError(f"trace line {request.line}: {error.message}") from None
     raise SpecggufError(f"{request.path}: only /infill and chat requests are checked here")
 
 

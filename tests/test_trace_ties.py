@@ -13,8 +13,11 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from trace_ties import Parting, messages_of, parting, scores, verdict  # noqa: E402 - the script, from scripts/
+from trace_ties import Parting, parting, prompt_tokens, scores, verdict  # noqa: E402 - the script, from scripts/
 
+from specgguf.bench.traces import CHAT, TraceRequest  # noqa: E402
+from specgguf.conversation import Message, Prompts  # noqa: E402
+from specgguf.errors import SpecggufError  # noqa: E402
 from specgguf.llama.model import LlamaModel  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "trace_ties.py"
@@ -45,20 +48,25 @@ def test_a_near_tie_is_a_small_gap_or_an_argmax_that_flips_between_shapes():
     assert verdict({}, Parting([1, 2], None, 4), 0.25)[0] == "ended"
 
 
-def test_chat_messages_are_read_as_the_server_reads_them():
-    messages = messages_of(
-        [
-            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
-            },
-            {"role": "tool", "tool_call_id": "c1", "content": "42"},
-        ]
+def _request(path: str, body: dict) -> TraceRequest:
+    return TraceRequest(line=2, path=path, gap_s=0.0, body=body, replay_history=False)
+
+
+def test_a_prompt_is_read_by_the_servers_own_request_models(tiny):
+    prompts = Prompts(tiny)
+    parts = {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    chat = prompt_tokens(prompts, tiny, _request(CHAT, {"messages": [parts]}), [], 128)
+    assert chat == prompts.chat_tokens([Message("user", "a\nb")])  # text parts joined by new lines, as the server does
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    replayed = prompt_tokens(prompts, tiny, _request(CHAT, {"messages": [parts]}), history, 128)
+    assert replayed == prompts.chat_tokens(
+        [Message("user", "hi"), Message("assistant", "hello"), Message("user", "a\nb")]
     )
-    assert [m.content for m in messages] == ["ab", "", "42"]
-    assert messages[1].tool_calls[0].name == "f" and messages[2].tool_call_id == "c1"
+    stray = {"messages": [{"role": "tool", "tool_call_id": "c9", "content": "42"}]}  # answers no call
+    with pytest.raises(SpecggufError, match="trace line 2: messages\\[0\\] answers a tool call"):
+        prompt_tokens(prompts, tiny, _request(CHAT, stray), [], 128)
+    with pytest.raises(SpecggufError, match="no FIM tokens"):  # the tiny model has none
+        prompt_tokens(prompts, tiny, _request("/infill", {"input_prefix": "a"}), [], 128)
 
 
 @pytest.fixture(scope="module")

@@ -69,10 +69,12 @@ def confidence_bin(probability: float) -> int:
     return int(np.searchsorted(CONFIDENCE_EDGES, probability, side="right"))
 
 
-def doubted(chance: float, prior: float, seen: float, optimism: float) -> float:
+def doubted(chance: float, prior: float, seen: float, optimism: float, settled: float = 0.0) -> float:
     """`chance` (learned from `seen` drafts), but no lower than `prior` while that is within `optimism`
     standard errors of it: a few unlucky drafts do not end drafting for good, and nothing is thought
-    better than its prior before it has shown it."""
+    better than its prior before it has shown it. With `settled`, `chance` itself once `seen` reaches it."""
+    if settled and seen >= settled:
+        return chance
     return max(chance, min(prior, chance + optimism * float(np.sqrt(chance * (1.0 - chance) / seen))))
 
 
@@ -93,9 +95,7 @@ class Calibration:
         b = confidence_bin(probability)
         seen = self.tried[b] + 2.0
         chance = (self.right[b] + 2.0 * probability) / seen
-        if settled and seen >= settled:
-            return chance
-        return doubted(chance, probability, seen, optimism) if optimism else chance
+        return doubted(chance, probability, seen, optimism, settled) if optimism else chance
 
     def observe(self, probabilities: list[float], right: list[bool]) -> None:
         self.tried *= self.decay
@@ -128,8 +128,8 @@ class Proposals:
         b, n = confidence_bin(first), len(prior)
         seen = self.drafted[b, :n] + self.weight
         chance = (self.accepted[b, :n] + self.weight * prior) / seen
-        if optimism and n and not (settled and seen[0] >= settled):
-            chance[0] = doubted(chance[0], prior[0], seen[0], optimism)
+        if optimism and n:
+            chance[0] = doubted(chance[0], prior[0], seen[0], optimism, settled)
         return chance
 
     def observe(self, first: float, n_drafted: int, n_accepted: int) -> None:

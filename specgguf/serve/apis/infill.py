@@ -83,6 +83,19 @@ class InfillBody(LlamaServerFields, Body):
     def sampling(self, defaults: SamplingSettings, n_ctx: int) -> SamplingSettings:
         return llama_sampling(self, defaults, n_ctx, self.samplers)
 
+    def fim_request(self) -> FimRequest:
+        """The text around the cursor, the text the middle starts with, and the editor's extra chunks."""
+        return FimRequest(
+            self.input_prefix,
+            self.input_suffix,
+            tuple((chunk.filename, chunk.text) for chunk in self.input_extra),
+            self.prompt,
+        )
+
+    def limit(self, server_max: int) -> int:
+        """n_predict as asked: the server's limit for none or -1; 0 reads the prompt and answers nothing."""
+        return server_max if self.n_predict in (None, -1) else self.n_predict
+
 
 ENDPOINTS: tuple[str, ...] = ("/infill",)
 ERROR_PREFIXES: tuple[str, ...] = ("/infill",)
@@ -130,15 +143,9 @@ def add_routes(app: FastAPI, *, worker: Worker, options: ServeOptions, dependenc
     async def infill(request: Request):
         body: InfillBody = parse_body(InfillBody, await request.body())
         check_model(options, body.model)
-        n_predict = options.max_tokens if body.n_predict in (None, -1) else body.n_predict
-        fim = FimRequest(
-            body.input_prefix,
-            body.input_suffix,
-            tuple((chunk.filename, chunk.text) for chunk in body.input_extra),
-            body.prompt,
-        )
+        n_predict = body.limit(options.max_tokens)
         generation = GenerationRequest(
-            RequestPrompt(fim=fim),
+            RequestPrompt(fim=body.fim_request()),
             RequestSampling(body.sampling(options.settings, n_ctx), body.seed),
             Limits(
                 max(1, n_predict),  # 0: the editors' warm-up, the prompt read and no answer
