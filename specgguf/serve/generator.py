@@ -111,7 +111,7 @@ class Worker:
             self.verifier, others_waiting=self._others_waiting, stopping=lambda: self._stopping
         )
         self._threads = [
-            threading.Thread(target=self._work, args=(index,), name=f"specgguf-generator-{index}", daemon=True)
+            threading.Thread(target=self._work, name=f"specgguf-generator-{index}", daemon=True)
             for index in range(self.parallel)
         ]
         for thread in self._threads:
@@ -172,7 +172,7 @@ class Worker:
                     return job
                 self._changed.wait()
 
-    def _work(self, index: int) -> None:
+    def _work(self) -> None:
         finished: Job | None = None
         while (job := self._next_job(finished)) is not None:
             finished = job
@@ -182,7 +182,7 @@ class Worker:
                         self._wait_again(job)
                         finished = None  # back in the queue: another thread may run it already
                 else:
-                    self._generate(job, index)
+                    self._generate(job)
             except Exception as error:  # noqa: BLE001 - the worker must survive anything; the client hears why
                 if self.lanes is None:
                     self._forget_caches()
@@ -210,11 +210,11 @@ class Worker:
                 model.clear()
         self.prompts.forget()
 
-    def _generate(self, job: Job, index: int) -> None:
+    def _generate(self, job: Job) -> None:
         request = job.request
         assert isinstance(request, GenerationRequest)
         try:
-            plan = self.planner.plan(request, lane=index)
+            plan = self.planner.plan(request)
         except SpecggufError as error:
             job.send(Failed(error, status=503 if isinstance(error, GrammarBusy) else 400))
             return
@@ -232,10 +232,11 @@ class Worker:
         try:
             if alone:
                 lane.clear()  # its prompt read whole, in the same passes whatever the lane held
+            plan = self.planner.on_lane(plan, lane.index, lane.draft)  # its drafter and its policy, the lane's
             with lane.live(alone=alone), self.lanes.shared(plan.policy, lane, alone=alone) as policy:
                 self._run(
                     job,
-                    replace(self.planner.on_draft(plan, lane.draft), policy=policy),
+                    replace(plan, policy=policy),
                     lane.verifier,
                     lane.clear,
                     between_steps=lambda: self.lanes.between_steps(lane),  # an editor's completion may go first

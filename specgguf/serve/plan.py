@@ -103,8 +103,9 @@ class Planner:
         self._policies: dict[tuple, tuple[KPolicy, object]] = {}  # adaptive policies keep learning
 
     def plan(self, request: GenerationRequest, *, lane: int = 0) -> Plan:
-        """The prompt's tokens, constraint, drafter and K policy; a bad request raises. Each of the
-        worker's threads (`lane`) has adaptive policies of its own: they learn as their steps run."""
+        """The prompt's tokens, constraint, drafter and K policy; a bad request raises. Each live
+        sequence (`lane`: serve --parallel's, `on_lane`) has adaptive policies of its own: they learn
+        as their steps run, one request at a time."""
         if request.prompt.tokens is not None:
             prompt = list(request.prompt.tokens)
         elif request.prompt.fim is not None:
@@ -130,11 +131,13 @@ class Planner:
         drafter, policy = self._drafting(request, lane, deterministic=deterministic)
         return Plan(request, prompt, constraint, drafter, policy, deterministic)
 
-    def on_draft(self, plan: Plan, draft: Model | None) -> Plan:
-        """The plan with its drafter over `draft` (a live sequence's view of the draft model)."""
-        if plan.drafter is None:
-            return plan
-        return replace(plan, drafter=self._drafter(plan.request, draft, fresh=plan.deterministic))
+    def on_lane(self, plan: Plan, lane: int, draft: Model | None) -> Plan:
+        """The plan for the live sequence `lane` (serve --parallel) it runs on: its drafter over `draft`
+        (the lane's view of the draft model) and the lane's adaptive policy. A lane is one conversation
+        at a time (an editor's completions, a chat's turns take the lane they continue: parallel/lanes.py),
+        so its policy goes on learning what the last requests there taught it, as one server's does."""
+        drafter = None if plan.drafter is None else self._drafter(plan.request, draft, fresh=plan.deterministic)
+        return replace(plan, drafter=drafter, policy=self._policy(plan.request, lane, deterministic=plan.deterministic))
 
     def _kind(self, request: GenerationRequest) -> DrafterKind:
         return request.speculation.drafter or self.defaults.drafter
@@ -186,8 +189,12 @@ class Planner:
         """The drafter and K policy for a request: the server's defaults, overridden per request. A
         deterministic request's adaptive policy is its own, new, and timed by the machine's costs
         (core/repeatable.py): its K follows from its tokens alone, not from earlier requests or the clock."""
+        return self._drafter(request, fresh=deterministic), self._policy(request, lane, deterministic=deterministic)
+
+    def _choice(self, request: GenerationRequest, kind: DrafterKind) -> KChoice:
+        """The request's K (its own, else the server's); without a draft model, a drafter that needs one
+        is refused if the request asked for it, else off (K 0)."""
         wanted = request.speculation
-        kind = self._kind(request)
         choice = wanted.k or self.defaults.k
         if DRAFTER_KINDS[kind].needs_model and self.draft is None and not (choice.mode == "fixed" and choice.k == 0):
             if wanted.drafter is not None or wanted.k is not None:
@@ -195,13 +202,18 @@ class Planner:
                     f"drafter {kind!r} needs a draft model, and this server has none loaded (start"
                     ' it with -md or --pair, or ask for "drafter": "ngram" or "k": 0)'
                 )
-            choice = KChoice("fixed", 0)
-        drafter = self._drafter(request, fresh=deterministic)
+            return KChoice("fixed", 0)
+        return choice
+
+    def _policy(self, request: GenerationRequest, lane: int, *, deterministic: bool) -> KPolicy:
+        """The request's K policy: an adaptive one is the one `lane` has kept learning (made on first use)."""
+        kind = self._kind(request)
+        choice = self._choice(request, kind)
         settings = request.sampling.settings
         if choice.mode == "fixed" or deterministic:  # a fixed K as `run -k N`; a deterministic request's own
             policy = self.prepared.policy(choice, temperature=settings.temperature, drafter=kind)[0]
-            return drafter, repeatable(policy, lambda: self.prepared.costs) if deterministic else policy
+            return repeatable(policy, lambda: self.prepared.costs) if deterministic else policy
         key = (choice.mode, kind, settings.greedy, lane)
         if key not in self._policies:
             self._policies[key] = self.prepared.policy(choice, temperature=settings.temperature, drafter=kind)
-        return drafter, self._policies[key][0]
+        return self._policies[key][0]
