@@ -39,6 +39,7 @@ from ..prepare import Prepared
 from .cache_slots import CacheSlots
 from .draft_marks import DraftMarks
 from .embedding_turns import Embeddings
+from .line_end import LineEndDrafter
 from .messages import (  # re-exported: the APIs read them from here
     MAX_EMBEDDING_INPUTS,
     Delta,
@@ -260,16 +261,22 @@ class Worker:
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_logprobs_sent = 0
         marks = DraftMarks(self.verifier.token_bytes) if request.speculation.mark_drafts else None
+        drafter, timed = plan.drafter, list[Generation]()  # timed: the generation once made (its first token's time)
+        if drafter is not None and request.limits.t_max_predict_ms:  # FIM's time budget: no drafts past its line
+            drafter = LineEndDrafter(
+                drafter, token_bytes=self.verifier.token_bytes, spent=lambda: _budget_spent(request, timed[0])
+            )
         generation = self.prepared.generate(
             prompt,
             verifier=verifier,
-            drafter=plan.drafter,
+            drafter=drafter,
             policy=plan.policy,
             max_tokens=request.limits.max_tokens,
             settings=request.sampling.settings,
             seed=seed,
             constraint=plan.constraint,
         )
+        timed.append(generation)
         try:
             with stops_when(job.cancelled):  # a client that hangs up stops even a prompt's pass
                 n_logprobs_sent = self._send_steps(job, generation, calls, answer, marks, logprobs, between_steps)
@@ -337,13 +344,24 @@ class Worker:
 
     def _within_time(self, request: GenerationRequest, generation, tokens: list[int]) -> tuple[list[int], bool]:
         """A step's tokens up to FIM's time limit (text.time_cut), timed from the first token."""
-        started = generation.first_token_at
-        if not request.limits.t_max_predict_ms or started is None:
+        elapsed_ms = _answer_ms(generation)
+        if not request.limits.t_max_predict_ms or elapsed_ms is None:
             return tokens, False
-        elapsed_ms = (time.perf_counter() - started) * 1000
         return time_cut(
             tokens, self.verifier.token_bytes, elapsed_ms=elapsed_ms, limit_ms=request.limits.t_max_predict_ms
         )
+
+
+def _answer_ms(generation: Generation) -> float | None:
+    """Milliseconds since the answer's first token (None before it)."""
+    started = generation.first_token_at
+    return None if started is None else (time.perf_counter() - started) * 1000
+
+
+def _budget_spent(request: GenerationRequest, generation: Generation) -> bool:
+    """FIM's `t_max_predict_ms` is spent: the answer ends at its next new line (text.time_cut)."""
+    elapsed_ms = _answer_ms(generation)
+    return elapsed_ms is not None and elapsed_ms > request.limits.t_max_predict_ms
 
 
 def _finished(
