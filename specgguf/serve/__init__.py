@@ -10,7 +10,7 @@ each error in its API's shape; `run_server`) over two halves that the import con
   prompt tokens, constraint, drafter, K policy), generator (the threads that run plans through the
   engine, one per live sequence), embedding_turns (an embedding job's turns on those threads),
   messages (a job and what the threads send it), parallel/ (several clients at once: lanes,
-  sizing), text (stop strings, logprobs), draft_marks (who
+  sizing), text (stop strings, logprobs), line_end (no drafts past FIM's last line), draft_marks (who
   wrote each streamed chunk: an accepted draft or the verifier), tools and tool_syntax (tool
   calling: the lazy grammar, each family's call syntax), cache_slots (several cached conversations),
   transport (body limit, request counts and their Prometheus /metrics, uvicorn, addresses), guard
