@@ -261,10 +261,10 @@ class Worker:
         logprobs: list[TokenLogprob] = []  # one per generated token, when asked for
         n_logprobs_sent = 0
         marks = DraftMarks(self.verifier.token_bytes) if request.speculation.mark_drafts else None
-        drafter, timed = plan.drafter, list[Generation]()  # timed: the generation once made (its first token's time)
+        drafter = plan.drafter
         if drafter is not None and request.limits.t_max_predict_ms:  # FIM's time budget: no drafts past its line
-            drafter = LineEndDrafter(
-                drafter, token_bytes=self.verifier.token_bytes, spent=lambda: _budget_spent(request, timed[0])
+            drafter = LineEndDrafter(  # (asked from the answer's steps on: `generation` is made by then)
+                drafter, token_bytes=self.verifier.token_bytes, spent=lambda: _budget_spent(request, generation)
             )
         generation = self.prepared.generate(
             prompt,
@@ -276,7 +276,6 @@ class Worker:
             seed=seed,
             constraint=plan.constraint,
         )
-        timed.append(generation)
         try:
             with stops_when(job.cancelled):  # a client that hangs up stops even a prompt's pass
                 n_logprobs_sent = self._send_steps(job, generation, calls, answer, marks, logprobs, between_steps)

@@ -102,10 +102,9 @@ class Planner:
         self.templates, self.tool_family = templates, tool_family
         self._policies: dict[tuple, tuple[KPolicy, object]] = {}  # adaptive policies keep learning
 
-    def plan(self, request: GenerationRequest, *, lane: int = 0) -> Plan:
-        """The prompt's tokens, constraint, drafter and K policy; a bad request raises. Each live
-        sequence (`lane`: serve --parallel's, `on_lane`) has adaptive policies of its own: they learn
-        as their steps run, one request at a time."""
+    def plan(self, request: GenerationRequest) -> Plan:
+        """The prompt's tokens, constraint, drafter and K policy; a bad request raises. The policy is the
+        first live sequence's (a server of one); under serve --parallel `on_lane` gives the lane's."""
         if request.prompt.tokens is not None:
             prompt = list(request.prompt.tokens)
         elif request.prompt.fim is not None:
@@ -128,7 +127,10 @@ class Planner:
         deterministic = (
             self.deterministic if request.speculation.deterministic is None else request.speculation.deterministic
         )
-        drafter, policy = self._drafting(request, lane, deterministic=deterministic)
+        drafter, policy = (
+            self._drafter(request, fresh=deterministic),
+            self._policy(request, 0, deterministic=deterministic),
+        )
         return Plan(request, prompt, constraint, drafter, policy, deterministic)
 
     def on_lane(self, plan: Plan, lane: int, draft: Model | None) -> Plan:
@@ -183,14 +185,6 @@ class Planner:
         tools = None if request.tools is None else request.tools.in_prompt
         return self.templates.chat_tokens(prompt.messages, tools)  # a failing or looping template: PromptError
 
-    def _drafting(
-        self, request: GenerationRequest, lane: int, *, deterministic: bool
-    ) -> tuple[Drafter | None, KPolicy]:
-        """The drafter and K policy for a request: the server's defaults, overridden per request. A
-        deterministic request's adaptive policy is its own, new, and timed by the machine's costs
-        (core/repeatable.py): its K follows from its tokens alone, not from earlier requests or the clock."""
-        return self._drafter(request, fresh=deterministic), self._policy(request, lane, deterministic=deterministic)
-
     def _choice(self, request: GenerationRequest, kind: DrafterKind) -> KChoice:
         """The request's K (its own, else the server's); without a draft model, a drafter that needs one
         is refused if the request asked for it, else off (K 0)."""
@@ -206,7 +200,10 @@ class Planner:
         return choice
 
     def _policy(self, request: GenerationRequest, lane: int, *, deterministic: bool) -> KPolicy:
-        """The request's K policy: an adaptive one is the one `lane` has kept learning (made on first use)."""
+        """The request's K policy, the server's default overridden per request: an adaptive one is the one
+        live sequence `lane` has kept learning (made on first use). A deterministic request's is its own,
+        new, and timed by the machine's costs (core/repeatable.py): its K follows from its tokens alone,
+        not from earlier requests or the clock."""
         kind = self._kind(request)
         choice = self._choice(request, kind)
         settings = request.sampling.settings
