@@ -228,9 +228,14 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_answers(tiny_verifier, ti
         browser.get(f"http://localhost:{server.port}/")  # a name, not the address: the Host guard lets it by
         browser.execute_script("localStorage.clear()")
         browser.refresh()
-        browser.find_element(By.ID, "temperature").send_keys("0")
         _wait(browser, lambda: "API key" in _text(browser, "#notice")[0])
         assert "missing or wrong API key" in _text(browser, "#metrics-note")[0]
+        # Typing elsewhere while the refused page load comes back keeps the cursor where it is (it once
+        # moved to the key field between a click and the keys, and "0" went into the key).
+        browser.find_element(By.ID, "temperature").click()
+        browser.execute_async_script("loadModel().then(arguments[0])")
+        assert browser.execute_script("return document.activeElement.id") == "temperature"
+        browser.find_element(By.ID, "temperature").send_keys("0")
         for key, n_answers in (("wrong", 1), (KEY, 2)):
             browser.find_element(By.ID, "key").send_keys(key)
             browser.find_element(By.ID, "key-form").submit()

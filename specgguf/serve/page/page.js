@@ -33,16 +33,18 @@ async function errorMessage(response) {
   }
 }
 
-function askForKey(message) {
+// A refused question moves the cursor to the key; a refused page load only when nothing else has it,
+// so what someone types into another field while the page loads stays in that field.
+function askForKey(message, { always = true } = {}) {
   notice(`${message} (enter the server's API key above)`, true);
-  $("key").focus();
+  if (always || document.activeElement === document.body) $("key").focus();
 }
 
 async function loadModel() {
   const response = await fetch("v1/models", { headers: requestHeaders(false) });
   if (!response.ok) {
     const message = await errorMessage(response);
-    return response.status === 401 ? askForKey(message) : notice(message, true);
+    return response.status === 401 ? askForKey(message, { always: false }) : notice(message, true);
   }
   const body = await response.json();
   $("model").textContent = "· " + body.data.map((model) => model.id).join(", ");
