@@ -6,6 +6,7 @@ become one PromptError)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -166,13 +167,20 @@ def within_time(work: Callable[[], T], *, seconds: float) -> T:
         sys.settrace(previous)
 
 
+@functools.lru_cache(maxsize=8)
+def _formatter(template: str, eos: str, bos: str) -> Jinja2ChatFormatter:
+    """The template compiled once, then reused (stateless: it renders for any thread). Compiled for
+    every request, it cost a chat request's set-up ~25 ms under `within_time`'s tracer."""
+    return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+
+
 def render_template(
     template: str, messages: list[dict[str, Any]], *, eos: str, bos: str, name: str, tools: list[dict] | None = None
 ) -> str:
     """Messages rendered with `template`, ready for the assistant's turn; `tools` as the template's `tools`."""
 
     def render() -> str:
-        formatter = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+        formatter = _formatter(template, eos, bos)
         # llama-cpp-python types each role's message apart; these are plain role/content dicts.
         return formatter(
             messages=cast("list[ChatCompletionRequestMessage]", messages),
