@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from specgguf.bench.llama_tools import LlamaTools
-from specgguf.bench.machine import machine_lines, machine_report
+from specgguf.bench.machine import cpu, machine_lines, machine_report
 from specgguf.bench.trace_servers import PairSettings, ServerSpec, run_script, running, specgguf_spec
 from specgguf.bench.traces import load_trace
 from specgguf.errors import SpecggufError
@@ -83,6 +83,9 @@ def main() -> None:
         # PYTHONSAFEPATH: `python -m specgguf` does not put the working directory (this checkout) first
         environment = (("PYTHONPATH", str(args.b_checkout.resolve())), ("PYTHONSAFEPATH", "1"))
         specs.append(ServerSpec(base.name, base.command, environment))
+        machine = cpu()
+        vnni = "yes" if machine["avx512_vnni"] else "no"
+        print(f"CPU: {machine['cpu']} ({machine['cores']} cores, -t {args.t}), avx512_vnni: {vnni}")
     with running(specs) as servers, httpx.Client(timeout=300) as client:
         for what, path, body in kinds():
             times: list[list[float]] = [[] for _ in servers]
