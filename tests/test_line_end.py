@@ -37,17 +37,21 @@ def _step() -> DraftStep:
 
 
 def test_past_the_budget_a_proposal_ends_with_its_first_new_line():
-    spent = [False]
+    elapsed: list[float | None] = [None]
     inner = _Proposes([4, 5, 6, 1, 3, 2])
-    drafter = LineEndDrafter(inner, token_bytes=TEXT.__getitem__, spent=lambda: spent[0])
+    drafter = LineEndDrafter(inner, token_bytes=TEXT.__getitem__, elapsed_ms=lambda: elapsed[0], limit_ms=1)
+    assert drafter.propose([1], 6, _step()).tokens == [4, 5, 6, 1, 3, 2]  # before the first token: whole
+    elapsed[0] = 1
     assert drafter.propose([1], 6, _step()).tokens == [4, 5, 6, 1, 3, 2]  # within the budget: whole
-    spent[0] = True
+    elapsed[0] = 2
     cut = drafter.propose([1], 6, _step())
     assert cut.tokens == [4, 5]  # " = 2\n" ends the answer (text.time_cut keeps it, nothing after)
     assert time_cut([4, 5, 6, 1, 3, 2], TEXT.__getitem__, elapsed_ms=2, limit_ms=1)[0] == cut.tokens
     assert drafter.propose([1], 1, _step()).tokens == [4]  # no new line in it: as proposed
     # A tree is left whole; the rest of the protocol is the inner drafter's.
-    tree = LineEndDrafter(_Proposes([5, 6, 4], tree=True), token_bytes=TEXT.__getitem__, spent=lambda: True)
+    tree = LineEndDrafter(
+        _Proposes([5, 6, 4], tree=True), token_bytes=TEXT.__getitem__, elapsed_ms=lambda: 2, limit_ms=1
+    )
     assert tree.propose([1], 3, _step()).tokens == [5, 6, 4]
     drafter.prepare([1, 2])
     assert drafter.room(10) == 7 and drafter.unread([1]) == 7 and drafter.source == "ngram"
@@ -57,7 +61,7 @@ def test_past_the_budget_a_proposal_ends_with_its_first_new_line():
 
 def test_a_cut_chain_keeps_its_rows_in_step():
     drafts = Drafts(tokens=[4, 5, 6], probs=[np.ones(8)] * 3, confidence=[0.9, 0.8, 0.7], masks=[None] * 4)
-    drafter = LineEndDrafter(_Fixed(drafts), token_bytes=TEXT.__getitem__, spent=lambda: True)
+    drafter = LineEndDrafter(_Fixed(drafts), token_bytes=TEXT.__getitem__, elapsed_ms=lambda: 2, limit_ms=1)
     cut = drafter.propose([1], 3, _step())
     assert cut.tokens == [4, 5] and len(cut.probs) == len(cut.confidence) == 2 and len(cut.masks) == 3
 

@@ -264,7 +264,10 @@ class Worker:
         drafter = plan.drafter
         if drafter is not None and request.limits.t_max_predict_ms:  # FIM's time budget: no drafts past its line
             drafter = LineEndDrafter(  # (asked from the answer's steps on: `generation` is made by then)
-                drafter, token_bytes=self.verifier.token_bytes, spent=lambda: _budget_spent(request, generation)
+                drafter,
+                token_bytes=self.verifier.token_bytes,
+                elapsed_ms=lambda: _answer_ms(generation),
+                limit_ms=request.limits.t_max_predict_ms,
             )
         generation = self.prepared.generate(
             prompt,
@@ -355,12 +358,6 @@ def _answer_ms(generation: Generation) -> float | None:
     """Milliseconds since the answer's first token (None before it)."""
     started = generation.first_token_at
     return None if started is None else (time.perf_counter() - started) * 1000
-
-
-def _budget_spent(request: GenerationRequest, generation: Generation) -> bool:
-    """FIM's `t_max_predict_ms` is spent: the answer ends at its next new line (text.time_cut)."""
-    elapsed_ms = _answer_ms(generation)
-    return elapsed_ms is not None and elapsed_ms > request.limits.t_max_predict_ms
 
 
 def _finished(

@@ -3,8 +3,8 @@
 llama-server's `t_max_predict_ms` (llama.vscode sends 1,000 ms) ends a fill-in-the-middle answer at the
 first token holding a new line once the budget is spent (text.time_cut). Past that point a draft after
 such a token is a verify row for text the server throws away: on a compute-bound verifier each costs
-about half a pass. `LineEndDrafter` cuts each proposal after its first new line once the budget is
-spent. Drafts are proposals only: the acceptance rule, and so the answer, are untouched.
+about half a pass. `LineEndDrafter` cuts each proposal where `time_cut` would end the answer, by the
+same rule. Drafts are proposals only: the acceptance rule, and so the answer, are untouched.
 """
 
 from __future__ import annotations
@@ -12,14 +12,23 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..core.drafting import Drafter, Drafts, DraftStep, Source
+from .text import time_cut
 
 
 class LineEndDrafter:
-    """`inner`, its proposals cut after the first token holding a new line while `spent()` says the
-    answer's time budget is spent (a chain's only: a tree is left whole)."""
+    """`inner`, its proposals cut as `time_cut` cuts the answer once `elapsed_ms()` (None before the
+    answer's first token) passes `limit_ms` (a chain's only: a tree is left whole)."""
 
-    def __init__(self, inner: Drafter, *, token_bytes: Callable[[int], bytes], spent: Callable[[], bool]):
-        self.inner, self.token_bytes, self.spent = inner, token_bytes, spent
+    def __init__(
+        self,
+        inner: Drafter,
+        *,
+        token_bytes: Callable[[int], bytes],
+        elapsed_ms: Callable[[], float | None],
+        limit_ms: int,
+    ):
+        self.inner, self.token_bytes = inner, token_bytes
+        self.elapsed_ms, self.limit_ms = elapsed_ms, limit_ms
         self.source: Source = inner.source
 
     def prepare(self, prompt_tokens: Sequence[int]) -> None:
@@ -36,12 +45,11 @@ class LineEndDrafter:
 
     def propose(self, context: list[int], k: int, step: DraftStep) -> Drafts:
         drafts = self.inner.propose(context, k, step)
-        if drafts.parents or not self.spent():
+        elapsed_ms = self.elapsed_ms()
+        if drafts.parents or elapsed_ms is None:
             return drafts
-        for i, token in enumerate(drafts.tokens):
-            if b"\n" in self.token_bytes(token):
-                return drafts.cut(i + 1)  # the answer ends with this token: nothing after it is kept
-        return drafts
+        kept, ends = time_cut(drafts.tokens, self.token_bytes, elapsed_ms=elapsed_ms, limit_ms=self.limit_ms)
+        return drafts.cut(len(kept)) if ends else drafts  # the answer ends with its last: nothing after it is kept
 
     def sync(self, context: list[int]) -> None:
         self.inner.sync(context)
