@@ -174,6 +174,34 @@ def ingest(model: Model, prompt_tokens: Sequence[int]) -> tuple[int, np.ndarray]
     return len(prompt_tokens) - n_reused, model.eval(prompt_tokens[n_reused:], n_logits=1)
 
 
+class Wrapper:
+    """A drafter around `inner` that changes some of what it does (forced_drafter.ForcedDrafter, serve's
+    line_end.LineEndDrafter): every call it does not override is `inner`'s. A subclass sets `source`."""
+
+    source: Source
+
+    def __init__(self, inner: Drafter):
+        self.inner = inner
+
+    def prepare(self, prompt_tokens: Sequence[int]) -> None:
+        self.inner.prepare(prompt_tokens)
+
+    def room(self, context_length: int) -> int:
+        return self.inner.room(context_length)
+
+    def next_source(self, context: list[int]) -> Source:
+        return self.inner.next_source(context)
+
+    def unread(self, context: list[int]) -> int:
+        return self.inner.unread(context)
+
+    def propose(self, context: list[int], k: int, step: DraftStep) -> Drafts:
+        return self.inner.propose(context, k, step)
+
+    def sync(self, context: list[int]) -> None:
+        self.inner.sync(context)
+
+
 class NoDrafter:
     """Plain decoding: proposes nothing, so every step is one verifier token."""
 

@@ -10,29 +10,19 @@ only one its mask allows."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from .constraint import Constraint
-from .drafting import WHOLE_DRAFTS, Drafter, Drafts, DraftStep, Source, add_forced, fixed_drafts
+from .drafting import WHOLE_DRAFTS, Drafter, Drafts, DraftStep, Source, Wrapper, add_forced, fixed_drafts
 
 
-class ForcedDrafter:
+class ForcedDrafter(Wrapper):
     source: Source = "grammar"
 
     def __init__(self, inner: Drafter, constraint: Constraint):
-        self.inner, self.constraint = inner, constraint
-
-    def prepare(self, prompt_tokens: Sequence[int]) -> None:
-        self.inner.prepare(prompt_tokens)
-
-    def room(self, context_length: int) -> int:
-        return self.inner.room(context_length)
+        super().__init__(inner)
+        self.constraint = constraint
 
     def next_source(self, context: list[int]) -> Source:
         return self.source if self.constraint.forced() else self.inner.next_source(context)
-
-    def unread(self, context: list[int]) -> int:
-        return self.inner.unread(context)
 
     def propose(self, context: list[int], k: int, step: DraftStep) -> Drafts:
         forced = self.constraint.forced()[:k]
@@ -59,6 +49,3 @@ class ForcedDrafter:
             drafts.parents = []  # still a chain
         finally:
             self.constraint.rollback(len(drafts.tokens))
-
-    def sync(self, context: list[int]) -> None:
-        self.inner.sync(context)

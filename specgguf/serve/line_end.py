@@ -9,13 +9,13 @@ same rule. Drafts are proposals only: the acceptance rule, and so the answer, ar
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-from ..core.drafting import Drafter, Drafts, DraftStep, Source
+from ..core.drafting import Drafter, Drafts, DraftStep, Wrapper
 from .text import time_cut
 
 
-class LineEndDrafter:
+class LineEndDrafter(Wrapper):
     """`inner`, its proposals cut as `time_cut` cuts the answer once `elapsed_ms()` (None before the
     answer's first token) passes `limit_ms` (a chain's only: a tree is left whole)."""
 
@@ -27,21 +27,9 @@ class LineEndDrafter:
         elapsed_ms: Callable[[], float | None],
         limit_ms: int,
     ):
-        self.inner, self.token_bytes = inner, token_bytes
-        self.elapsed_ms, self.limit_ms = elapsed_ms, limit_ms
-        self.source: Source = inner.source
-
-    def prepare(self, prompt_tokens: Sequence[int]) -> None:
-        self.inner.prepare(prompt_tokens)
-
-    def room(self, context_length: int) -> int:
-        return self.inner.room(context_length)
-
-    def next_source(self, context: list[int]) -> Source:
-        return self.inner.next_source(context)
-
-    def unread(self, context: list[int]) -> int:
-        return self.inner.unread(context)
+        super().__init__(inner)
+        self.token_bytes, self.elapsed_ms, self.limit_ms = token_bytes, elapsed_ms, limit_ms
+        self.source = inner.source
 
     def propose(self, context: list[int], k: int, step: DraftStep) -> Drafts:
         drafts = self.inner.propose(context, k, step)
@@ -50,6 +38,3 @@ class LineEndDrafter:
             return drafts
         kept, ends = time_cut(drafts.tokens, self.token_bytes, elapsed_ms=elapsed_ms, limit_ms=self.limit_ms)
         return drafts.cut(len(kept)) if ends else drafts  # the answer ends with its last: nothing after it is kept
-
-    def sync(self, context: list[int]) -> None:
-        self.inner.sync(context)
