@@ -29,7 +29,14 @@ import httpx
 
 from specgguf.bench.machine import cpu
 from specgguf.bench.trace_replay import REQUEST_SECONDS, Transcript, prepared_body
-from specgguf.bench.trace_servers import PairSettings, ServerSpec, run_script, running, specgguf_spec
+from specgguf.bench.trace_servers import (
+    PairSettings,
+    ServerSpec,
+    from_checkout,
+    run_script,
+    running,
+    specgguf_spec,
+)
 from specgguf.bench.traces import CHAT, TraceRequest, load_trace
 from specgguf.files.resolve import resolve_pair
 
@@ -111,11 +118,9 @@ def main() -> None:
     specs = []
     for name, options in (("A", args.a), ("B", args.b)):
         base = specgguf_spec(settings, name=name)
-        environment = base.environment
         if name == "B" and args.b_checkout is not None:
-            # PYTHONSAFEPATH: `python -m specgguf` does not put the working directory (this checkout) first
-            environment += (("PYTHONPATH", str(args.b_checkout.resolve())), ("PYTHONSAFEPATH", "1"))
-        specs.append(ServerSpec(name, base.command + tuple(shlex.split(options)), environment))
+            base = from_checkout(base, args.b_checkout, name)
+        specs.append(ServerSpec(name, base.command + tuple(shlex.split(options)), base.environment))
     requests = load_trace(args.trace).cut(args.requests).requests  # (a bad name fails before any server starts)
     machine = cpu()
     print(f"CPU: {machine['cpu']} ({machine['cores']} cores, -t {args.t}), avx512_vnni: {machine['avx512_vnni']}")

@@ -14,6 +14,7 @@ set-up, a response that waits on the network) shows here, where a long answer wo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -23,7 +24,14 @@ import httpx
 
 from specgguf.bench.llama_tools import LlamaTools
 from specgguf.bench.machine import cpu, machine_lines, machine_report
-from specgguf.bench.trace_servers import PairSettings, ServerSpec, run_script, running, specgguf_spec
+from specgguf.bench.trace_servers import (
+    PairSettings,
+    from_checkout,
+    llama_server_specs,
+    run_script,
+    running,
+    specgguf_spec,
+)
 from specgguf.bench.traces import load_trace
 from specgguf.errors import SpecggufError
 from specgguf.files.resolve import resolve_pair
@@ -70,22 +78,15 @@ def main() -> None:
     pair = PairSettings(resolved.verifier, resolved.draft, args.t, args.c)
     specs = [specgguf_spec(pair, name="A: specgguf serve")]
     if args.vs_llama_server is not None:
-        command = (str(args.vs_llama_server), "-m", str(pair.verifier), "-t", str(args.t), "-c", str(args.c))
-        specs.append(
-            ServerSpec(
-                "B: llama-server", command + ("-np", "1", "--no-webui", "--jinja", "--embeddings", "--pooling", "mean")
-            )
-        )
+        plain = llama_server_specs(args.vs_llama_server, pair, draft_ks=[], ngram_types=[])[0]
+        embeddings = ("--embeddings", "--pooling", "mean")  # mean: as serve pools a generative model
+        specs.append(dataclasses.replace(plain, name="B: llama-server", command=plain.command + embeddings))
         tools = LlamaTools.find(args.vs_llama_server.parent, option="--vs-llama-server")
-        print(machine_lines(machine_report(tools, [("verifier", pair.verifier)], args.t)))
+        report = machine_report(tools, [("verifier", pair.verifier)], args.t)
     else:
-        base = specgguf_spec(pair, name=f"B: specgguf serve from {args.b_checkout}")
-        # PYTHONSAFEPATH: `python -m specgguf` does not put the working directory (this checkout) first
-        environment = (("PYTHONPATH", str(args.b_checkout.resolve())), ("PYTHONSAFEPATH", "1"))
-        specs.append(ServerSpec(base.name, base.command, environment))
-        machine = cpu()
-        vnni = "yes" if machine["avx512_vnni"] else "no"
-        print(f"CPU: {machine['cpu']} ({machine['cores']} cores, -t {args.t}), avx512_vnni: {vnni}")
+        specs.append(from_checkout(specs[0], args.b_checkout, f"B: specgguf serve from {args.b_checkout}"))
+        report = {**cpu(), "threads": args.t, "llama_bench": {}}
+    print(machine_lines(report))
     with running(specs) as servers, httpx.Client(timeout=300) as client:
         for what, path, body in kinds():
             times: list[list[float]] = [[] for _ in servers]

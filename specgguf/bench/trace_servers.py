@@ -6,6 +6,7 @@ stopped whatever happens."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -57,6 +58,13 @@ def specgguf_spec(pair: PairSettings, name: str = "specgguf serve") -> ServerSpe
         (sys.executable, "-m", "specgguf", "serve", "-m", str(pair.verifier), "-md", str(pair.draft))
         + ("-t", str(pair.n_threads), "-c", str(pair.n_ctx)),
     )
+
+
+def from_checkout(spec: ServerSpec, checkout: Path, name: str) -> ServerSpec:
+    """`spec` (a `specgguf serve`) run from another checkout's package (a git worktree): an A/B of a change."""
+    # PYTHONSAFEPATH: `python -m specgguf` does not put the working directory (this checkout) first
+    environment = (("PYTHONPATH", str(checkout.resolve())), ("PYTHONSAFEPATH", "1"))
+    return dataclasses.replace(spec, name=name, environment=spec.environment + environment)
 
 
 def llama_server_specs(
