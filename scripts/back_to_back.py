@@ -51,7 +51,10 @@ def kinds() -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def _post(client: httpx.Client, url: str, body: dict[str, Any]) -> None:
-    response = client.post(url, json=body)
+    try:
+        response = client.post(url, json=body)
+    except httpx.HTTPError as error:  # a server that died or stopped answering: one line
+        raise SpecggufError(f"{url}: {type(error).__name__}: {error}") from None
     if response.status_code != 200:
         raise SpecggufError(f"{url}: HTTP {response.status_code}: {response.text[:300]}")
 

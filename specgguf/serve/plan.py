@@ -127,10 +127,8 @@ class Planner:
         deterministic = (
             self.deterministic if request.speculation.deterministic is None else request.speculation.deterministic
         )
-        drafter, policy = (
-            self._drafter(request, fresh=deterministic),
-            self._policy(request, 0, deterministic=deterministic),
-        )
+        drafter = self._drafter(request, fresh=deterministic)
+        policy = self._policy(request, 0, deterministic=deterministic)
         return Plan(request, prompt, constraint, drafter, policy, deterministic)
 
     def on_lane(self, plan: Plan, lane: int, draft: Model | None) -> Plan:
