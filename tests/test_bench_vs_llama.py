@@ -411,3 +411,45 @@ def test_the_tables_show_every_column_and_ratio(comparison):
     assert f"{first['tokens_per_second']['llama.cpp plain']:.2f}" in text
     assert f"{first['ratios']['default / llama.cpp plain']:.2f}×" in text
     assert f"{first['ratios']['default / llama.cpp best K']:.2f}× (K=2)" in text
+
+
+# --- each side alone ----------------------------------------------------------------------------
+
+
+def test_llama_cpp_runs_while_our_models_are_closed_and_ours_get_them_back(
+    cli, tmp_path, monkeypatch, tiny_verifier, tiny_draft
+):
+    """A process holding the model loaded changed the other side's decoding speed (our_side.py): while a
+    llama.cpp program runs, this process maps neither model file; our columns still run, on models loaded again."""
+    from specgguf.bench import vs_llama
+    from specgguf.bench.llama_tools import ToolRun
+    from specgguf.llama.model import LlamaModel
+
+    # The prompt's tokens as llama.cpp would count them, from a copy of the file (this process maps the copy).
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(tiny_verifier.read_bytes())
+    tokenizer = LlamaModel(copy, n_ctx=64, n_threads=1)
+    held: list[bool] = []
+
+    def fake_run(target, tools, column, text, settings):
+        maps = Path("/proc/self/maps").read_text()
+        held.append(str(tiny_verifier) in maps or str(tiny_draft) in maps)
+        n_prompt = len(tokenizer.tokenize(text))
+        return ToolRun(n_prompt=n_prompt, n_tokens=4, seconds=0.5, n_drafted=2 if column.k else None, n_accepted=1)
+
+    monkeypatch.setattr(vs_llama, "_llama_run", fake_run)
+    try:
+        result = cli(
+            "bench", "--vs-llama-cpp", fake_programs(tmp_path / "bin", "exit 0\n"), "-m", tiny_verifier,
+            "-md", tiny_draft, "-n", "4", "-k", "2", "--temps", "0", "--prompts", "code,edit", "--repeats", "2",
+            "-t", "1", "--json", "--no-store",
+        )  # fmt: skip
+    finally:
+        tokenizer.close()
+    assert result.returncode == 0, result.stderr
+    assert held == [False] * 8  # 2 prompts x 2 repeats x (plain, K 2), none beside our models
+    cells = json.loads(result.stdout)["results"][0]["cells"]
+    assert len(cells) == 2
+    for cell in cells:
+        assert set(cell["tokens_per_second"]) >= {"specgguf plain", "specgguf K=2", "specgguf default"}
+        assert all(len(runs) == 2 for runs in cell["runs"].values())

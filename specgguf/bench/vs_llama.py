@@ -12,7 +12,8 @@ The numbers are generation tokens per second, the prompt left out, median over r
 - specgguf: generated tokens / (wall time − prompt ingestion), as `bench` measures;
 - llama-completion: its decode calls after the prompt / (their time + sampling time);
 - llama-speculative-simple: its own "decoded N tokens in X seconds" (every step after the prompt).
-Each llama.cpp run is a fresh process (loading is not in its numbers); ours loads once.
+Each llama.cpp run is a fresh process (loading is not in its numbers); ours run in this process, with our
+models closed while llama.cpp's run and loaded again before ours (our_side.py: each side alone).
 """
 
 from __future__ import annotations
@@ -29,17 +30,16 @@ from rich.console import Console
 from ..conversation import Message, Prompts
 from ..core.ngram_cache import SessionNgrams
 from ..core.sampling import SamplingSettings
-from ..drafts.made import load_chosen
 from ..errors import SpecggufError, UsageError
 from ..kchoice import KChoice
 from ..llama.loaded import LoadedModel
 from ..llama.threads import usable_cores
-from ..llama.variants import ORIGINAL_VARIANT
-from ..prepare import MEASURING, DraftOptions, LoadOptions, Prepared, prepare
+from ..prepare import LoadOptions, Prepared
 from .command import BenchPlan, BenchTarget, run_progress, says
 from .llama_tools import LlamaTools, ToolRun, ToolSettings, run_plain, run_speculative
 from .machine import machine_lines, machine_report
 from .measure import PROMPTS, generate
+from .our_side import OurSide
 from .suite import SuitePrompt
 from .vs_tables import ratio_table, speed_table
 
@@ -234,33 +234,28 @@ def _compare_target(
     progress: Callable[[str | None], None],
 ) -> dict:
     """One pair against llama.cpp's programs, every cell; `progress` as bench.command.says makes it."""
-    progress(f"loading {target.label}")
-    # llama.cpp's columns and our fixed-K ones draft with the user's file; our default with the
-    # draft made for this machine, as `run` does (the same file when that measured best here).
-    given = dataclasses.replace(load, draft_variant=ORIGINAL_VARIANT)
-    prepared = prepare(target.pair, given, DraftOptions(), on_measure=lambda: progress(MEASURING))
-    default = prepared
+    ours = OurSide(target, load, progress)
     try:
-        default = _default_side(prepared, load, progress)
+        prepared, default = ours.open()
         progress(target.label)
         prompts = Prompts(prepared.verifier)
         tokens = {name: prompts.question(plan.texts[name], raw=False, system=None) for name in plan.prompts}
+        texts = {name: _prompt_text(prepared.verifier, plan.texts[name]) for name in plan.prompts}
         assert load.n_threads is not None  # compare fixed it
         cells = _measure(
-            prepared,
-            default,
+            ours,
             tools,
             plan,
             order,
             tokens,
+            texts,
             n_threads=load.n_threads,
             n_ctx=load.n_ctx,
             on_run=lambda: progress(None),
         )
+        choice = ours.open()[1].draft_choice
     finally:
-        for model in {id(m): m for m in (prepared.verifier, prepared.draft, default.draft) if m is not None}.values():
-            model.close()
-    choice = default.draft_choice
+        ours.close()
     return {
         "pair": target.label,
         "verifier": str(target.pair.verifier),
@@ -282,31 +277,18 @@ def worst_ratios(cells: list[dict]) -> dict[str, dict]:
     return worst
 
 
-def _default_side(prepared: Prepared, load: LoadOptions, progress: Callable[[str | None], None]) -> Prepared:
-    """The pair as `run` loads it: the same verifier, the draft --draft-variant chooses."""
-    if prepared.draft is None:
-        return prepared
-    draft, choice = load_chosen(
-        prepared.verifier, prepared.draft, load.draft_variant, settings=load.draft_settings, announce=progress
-    )
-    if draft is prepared.draft:
-        return dataclasses.replace(prepared, draft_choice=choice)
-    return dataclasses.replace(prepared, draft=draft, draft_choice=choice, _costs=None, _read=None)
-
-
 def _measure(
-    prepared: Prepared,
-    default: Prepared,
+    ours: OurSide,
     tools: LlamaTools,
     plan: VsPlan,
     order: list[Column],
     tokens: dict[str, list[int]],
+    texts: dict[str, str],
     *,
     n_threads: int,
     n_ctx: int,
     on_run: Callable[[], None],
 ) -> list[Cell]:
-    texts = {name: _prompt_text(prepared.verifier, plan.texts[name]) for name in plan.prompts}
     cells = {(kind, t): Cell(kind, t) for kind in plan.prompts for t in plan.temperatures}
     for repeat in range(plan.repeats):
         seed = 1000 * repeat + 7  # as `bench`; the two sides' random generators differ all the same
@@ -324,7 +306,8 @@ def _measure(
                 # llama.cpp process exits, or after our other run) biases it by a few percent otherwise.
                 for column in order if repeat % 2 == 0 else order[::-1]:
                     if column.side == "llama.cpp":
-                        run = _llama_run(prepared, tools, column, texts[kind], settings)
+                        ours.close()  # each side runs alone (our_side.py)
+                        run = _llama_run(ours.target, tools, column, texts[kind], settings)
                         if run.n_prompt != len(tokens[kind]):
                             raise SpecggufError(
                                 f"llama.cpp read the {kind} prompt as {run.n_prompt} tokens and"
@@ -339,6 +322,7 @@ def _measure(
                             n_accepted=run.n_accepted,
                         )
                     else:
+                        prepared, default = ours.open()
                         stats = _our_run(
                             default if column.k is None else prepared,
                             column,
@@ -363,8 +347,8 @@ def _prompt_text(verifier: LoadedModel, prompt: str) -> str:
     return Prompts(verifier).render([Message("user", prompt)])
 
 
-def _llama_run(prepared: Prepared, tools: LlamaTools, column: Column, text: str, settings: ToolSettings) -> ToolRun:
-    pair = prepared.resolved
+def _llama_run(target: BenchTarget, tools: LlamaTools, column: Column, text: str, settings: ToolSettings) -> ToolRun:
+    pair = target.pair
     if column.k == 0:
         return run_plain(tools, model=pair.verifier, prompt=text, settings=settings)
     assert column.k is not None and pair.draft is not None
