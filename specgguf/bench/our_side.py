@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..drafts.made import load_chosen, open_draft
+from ..drafts.made import DraftChoice, load_chosen, open_draft
 from ..llama.variants import ORIGINAL_VARIANT
 from ..prepare import MEASURING, DraftOptions, LoadOptions, Prepared, prepare
 from .command import BenchTarget
@@ -43,6 +43,11 @@ class OurSide:
             if self._first is None:
                 self._first = self._open
         return self._open
+
+    @property
+    def draft_choice(self) -> DraftChoice | None:
+        """The default's draft and why, as the first load chose it (None before any load)."""
+        return None if self._first is None else self._first[1].draft_choice
 
     def close(self) -> None:
         if self._open is None:

@@ -253,9 +253,9 @@ def _compare_target(
             n_ctx=load.n_ctx,
             on_run=lambda: progress(None),
         )
-        choice = ours.open()[1].draft_choice
     finally:
         ours.close()
+    choice = ours.draft_choice
     return {
         "pair": target.label,
         "verifier": str(target.pair.verifier),
