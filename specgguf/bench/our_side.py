@@ -35,27 +35,25 @@ class OurSide:
     load: LoadOptions
     progress: Callable[[str | None], None]
     _open: tuple[Prepared, Prepared] | None = None
-    _first: tuple[Prepared, Prepared] | None = None  # the first load: its costs and draft choice are kept
+    # The pair as last loaded (closed or not): a later load keeps its costs, measured or read by the runs so
+    # far (Prepared fills them in as it goes), and the default's draft choice.
+    _last: tuple[Prepared, Prepared] | None = None
 
     def open(self) -> tuple[Prepared, Prepared]:
         if self._open is None:
-            self._open = self._load()
-            if self._first is None:
-                self._first = self._open
+            self._open = self._last = self._load()
         return self._open
 
     @property
     def draft_choice(self) -> DraftChoice | None:
         """The default's draft and why, as the first load chose it (None before any load)."""
-        return None if self._first is None else self._first[1].draft_choice
+        return None if self._last is None else self._last[1].draft_choice
 
     def close(self) -> None:
         if self._open is None:
             return
         prepared, default = self._open
         self._open = None
-        if self._first is not None:  # what later loads reuse: costs measured (or read) by the runs so far
-            self._first = (prepared, default)
         for model in {id(m): m for m in (prepared.verifier, prepared.draft, default.draft) if m is not None}.values():
             model.close()
 
@@ -63,19 +61,19 @@ class OurSide:
         # llama.cpp's columns and our fixed-K ones draft with the user's file; our default with the
         # draft made for this machine, as `run` does (the same file when that measured best here).
         given = dataclasses.replace(self.load, draft_variant=ORIGINAL_VARIANT)
-        if self._first is None:
+        if self._last is None:
             self.progress(f"loading {self.target.label}")
             prepared = prepare(self.target.pair, given, DraftOptions(), on_measure=lambda: self.progress(MEASURING))
             return prepared, self._default_side(prepared)
-        first, first_default = self._first
+        last, last_default = self._last
         prepared = prepare(self.target.pair, given, DraftOptions(), measure_now=False)
-        prepared = dataclasses.replace(prepared, _costs=first._costs, _read=first._read)
-        choice = first_default.draft_choice
-        if first_default.draft is first.draft or choice is None or prepared.draft is None:
+        prepared = dataclasses.replace(prepared, _costs=last._costs, _read=last._read)
+        choice = last_default.draft_choice
+        if last_default.draft is last.draft or choice is None or prepared.draft is None:
             return prepared, dataclasses.replace(prepared, draft_choice=choice)
         draft = open_draft(choice.path, self.load.draft_settings)
         return prepared, dataclasses.replace(
-            prepared, draft=draft, draft_choice=choice, _costs=first_default._costs, _read=first_default._read
+            prepared, draft=draft, draft_choice=choice, _costs=last_default._costs, _read=last_default._read
         )
 
     def _default_side(self, prepared: Prepared) -> Prepared:
