@@ -14,6 +14,7 @@ only specgguf serve runs, and it says so. docs/benchmarks.md ("Traces") explains
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -34,6 +35,7 @@ from specgguf.bench.trace_servers import (
 from specgguf.bench.traces import SHIPPED, load_trace
 from specgguf.errors import SpecggufError
 from specgguf.files.resolve import resolve_pair
+from specgguf.llama import huge_pages
 
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod")
 QUICK_REQUESTS = 5
@@ -64,6 +66,12 @@ def arguments() -> argparse.Namespace:
     )
     parser.add_argument("--as-sent", action="store_true", help="keep each body's sampling (default: greedy, compared)")
     parser.add_argument("--no-llama-bench", action="store_true", help="skip llama-bench -p 1,2,4,8")
+    parser.add_argument(
+        "--llama-server-huge-pages",
+        action="store_true",
+        help="run llama.cpp's programs with the huge pages and load mode specgguf gives itself"
+        " (default: as users run them; docs/benchmarks.md)",
+    )
     parser.add_argument("--json", type=Path, help="also write every request's figures and answers here")
     return parser.parse_args()
 
@@ -95,10 +103,19 @@ def main() -> None:
             print(f"this llama-server has no --spec-type {', '.join(missing)}: left out", file=sys.stderr)
         ngrams = [] if args.quick else [kind for kind in wanted if kind in known]
         specs = llama_server_specs(program, pair, draft_ks=ks[:1] if args.quick else ks, ngram_types=ngrams)
-        tools = LlamaTools(program.parent, program.parent / COMPLETION, program.parent / SPECULATIVE)
+        if args.llama_server_huge_pages:
+            pages = tuple(huge_pages.for_llama_cpp({}, same_as_ours=True).items())
+            specs = [dataclasses.replace(spec, environment=spec.environment + pages) for spec in specs]
+        tools = LlamaTools(
+            program.parent,
+            program.parent / COMPLETION,
+            program.parent / SPECULATIVE,
+            same_pages=args.llama_server_huge_pages,
+        )
         if not args.no_llama_bench:
             bench = {pair.verifier.name: machine.llama_bench(tools, pair.verifier, args.t)}
-    print(machine.machine_lines({**machine.cpu(), "threads": args.t, "llama_bench": bench}), flush=True)
+    report = {**machine.cpu(), **machine.pages(llama_cpp_same=args.llama_server_huge_pages)}
+    print(machine.machine_lines({**report, "threads": args.t, "llama_bench": bench}), flush=True)
     specs.append(specgguf_spec(pair))
     reports = []
     with running(specs) as servers:

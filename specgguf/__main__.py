@@ -7,12 +7,16 @@ it first thing too, for a program started under another name than `specgguf`, an
 imports nothing that takes time (not even `signal`) before it. Raised as a KeyboardInterrupt
 inside an import instead, Python 3.11 can wrap it in a RuntimeError (a class body's
 `__set_name__`), which no `except KeyboardInterrupt` would see.
+
+Before all that, started as the program, it starts itself again with glibc's huge pages where the
+kernel gives them only on request (llama/huge_pages.py): the same command line, the same process id.
 """
 
 import _signal  # type: ignore[import-not-found]  # loaded when Python starts: `signal` takes a millisecond
 import sys
 
-from . import _catch_ctrl_c_at_start
+from . import _catch_ctrl_c_at_start, _started_as_program
+from .llama.huge_pages import restart_with_huge_pages
 
 
 def _is_interrupt(error: BaseException) -> bool:
@@ -26,6 +30,8 @@ def _is_interrupt(error: BaseException) -> bool:
 
 
 def main() -> int:
+    if _started_as_program():  # not a test calling main(): that would replace the test's process
+        restart_with_huge_pages()  # llama.cpp's buffers in 2 MiB pages (llama/huge_pages.py); returns if set
     _catch_ctrl_c_at_start()
     try:
         try:

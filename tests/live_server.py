@@ -76,9 +76,9 @@ def wait_until_healthy(server: LiveServer, timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def live_server(*args, api_key: str | None = None, startup_timeout: float = 60):
+def live_server(*args, api_key: str | None = None, startup_timeout: float = 60, env: dict[str, str] | None = None):
     port = free_port()
-    env = {name: value for name, value in os.environ.items() if name != "SPECGGUF_API_KEY"}
+    env = {name: value for name, value in (os.environ if env is None else env).items() if name != "SPECGGUF_API_KEY"}
     if api_key:
         env["SPECGGUF_API_KEY"] = api_key
     process = subprocess.Popen(

@@ -148,6 +148,33 @@ def test_each_program_gets_our_settings_no_stdin_and_its_own_libraries(tmp_path,
 
 
 @pytest.mark.live  # the code under test starts a program (tests/kinds.py)
+@pytest.mark.parametrize("same_pages", [False, True])
+def test_llama_cpp_gets_the_pages_users_give_it_or_with_the_option_ours(tmp_path, monkeypatch, same_pages):
+    from specgguf.llama import huge_pages
+
+    record = tmp_path / "record.env"
+    script = f"""env > {record}
+echo 'common_perf_print:    sampling time =      10.00 ms' >&2
+echo 'common_perf_print: prompt eval time =      50.00 ms /    12 tokens (1 ms per token)' >&2
+echo 'common_perf_print:        eval time =     190.00 ms /     7 runs   (27 ms per token)' >&2
+"""
+    tools = LlamaTools.find(fake_programs(tmp_path / "bin", script), same_pages=same_pages)
+    monkeypatch.setattr(huge_pages, "thp_mode", lambda: "madvise")
+    monkeypatch.setattr(huge_pages, "glibc_version", lambda: (2, 36))
+    # as this program has it once started again (llama/huge_pages.py), beside a tunable of the user's
+    monkeypatch.setenv("GLIBC_TUNABLES", f"glibc.pthread.rseq=0:{huge_pages.TUNABLE}")
+    monkeypatch.setenv(huge_pages.SWITCH, huge_pages.ADDED)
+    run_plain(tools, model=Path("m.gguf"), prompt="hi", settings=SETTINGS)
+    environment = record.read_text().splitlines()
+    if same_pages:
+        assert f"GLIBC_TUNABLES=glibc.pthread.rseq=0:{huge_pages.TUNABLE}" in environment
+        assert f"{huge_pages.LOAD_MODE}=none" in environment
+    else:
+        assert "GLIBC_TUNABLES=glibc.pthread.rseq=0" in environment  # the user's, without ours
+        assert not [line for line in environment if line.startswith((huge_pages.SWITCH, "LLAMA_ARG_"))]
+
+
+@pytest.mark.live  # the code under test starts a program (tests/kinds.py)
 def test_a_program_that_overruns_is_stopped(tmp_path, monkeypatch):
     pid_file = tmp_path / "pid"
     tools = LlamaTools.find(fake_programs(tmp_path / "bin", f"echo $$ > {pid_file}; exec sleep 60\n"))

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..core.sampling import SamplingSettings
 from ..errors import SpecggufError, UsageError, terminal_safe
+from ..llama import huge_pages
 
 COMPLETION = "llama-completion"
 SPECULATIVE = "llama-speculative-simple"
@@ -50,9 +51,10 @@ class LlamaTools:
     directory: Path
     completion: Path
     speculative: Path
+    same_pages: bool = False  # run them with this program's huge pages (llama/huge_pages.py), not as users do
 
     @classmethod
-    def find(cls, directory: Path, *, option: str = "--vs-llama-cpp") -> LlamaTools:
+    def find(cls, directory: Path, *, option: str = "--vs-llama-cpp", same_pages: bool = False) -> LlamaTools:
         """llama.cpp's programs in `directory`, which the command line gave as `option` (its errors name it)."""
         if not directory.is_dir():
             raise UsageError(
@@ -67,7 +69,8 @@ class LlamaTools:
             if not os.access(path, os.X_OK):
                 raise UsageError(f"{option} {directory}: {name} is not executable")
             programs.append(path)
-        return cls(directory, *programs)
+        completion, speculative = programs
+        return cls(directory, completion, speculative, same_pages=same_pages)
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ def run_plain(tools: LlamaTools, *, model: Path, prompt: str, settings: ToolSett
         "--no-display-prompt",
         *settings.arguments(),
     ]
-    return parse_completion(_run(command, tools.directory, max_tokens=settings.max_tokens))
+    return parse_completion(_run(command, tools, max_tokens=settings.max_tokens))
 
 
 def run_speculative(
@@ -165,7 +168,7 @@ def run_speculative(
         prompt,
         *settings.arguments(),
     ]
-    return parse_speculative(_run(command, tools.directory, max_tokens=settings.max_tokens))
+    return parse_speculative(_run(command, tools, max_tokens=settings.max_tokens))
 
 
 def _number(text: str, program: str, what: str, log: str, *, zero: bool = False) -> float:
@@ -216,15 +219,19 @@ def run_limit(max_tokens: int) -> float:
     return RUN_SECONDS + SECONDS_PER_TOKEN * max_tokens
 
 
-def _run(command: list[str], directory: Path, *, max_tokens: int) -> str:
+def _run(command: list[str], tools: LlamaTools, *, max_tokens: int) -> str:
     """Run one program to the end (stdin closed) and return its log; nothing of it is left running."""
-    return run_program(command, directory, seconds=run_limit(max_tokens))
+    return run_program(command, tools.directory, seconds=run_limit(max_tokens), same_pages=tools.same_pages)
 
 
-def run_program(command: list[str], directory: Path, *, seconds: float, output: bool = False) -> str:
+def run_program(
+    command: list[str], directory: Path, *, seconds: float, output: bool = False, same_pages: bool = False
+) -> str:
     """Run a program of `directory` to the end within `seconds` (stdin closed, its own process group,
-    killed whole whatever happens) and return its log, or with `output` what it printed on stdout."""
+    killed whole whatever happens) and return its log, or with `output` what it printed on stdout.
+    Its memory pages as users have them, or with `same_pages` as this program has them."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("LLAMA_ARG_")}
+    env = huge_pages.for_llama_cpp(env, same_as_ours=same_pages)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(directory), env.get("LD_LIBRARY_PATH")]))
     # The answer goes to stdout (not needed); the timing lines go to stderr, which the answer
     # cannot reach, so no generated text can pass for a timing line.

@@ -9,6 +9,7 @@ import platform
 from pathlib import Path
 
 from ..errors import SpecggufError
+from ..llama import huge_pages
 from .llama_tools import LlamaTools, run_program
 
 LLAMA_BENCH = "llama-bench"
@@ -36,7 +37,7 @@ def llama_bench(tools: LlamaTools, model: Path, n_threads: int) -> dict[int, flo
         return None
     rows = ",".join(map(str, BATCH_ROWS))
     command = [str(program), "-m", str(model), "-p", rows, "-n", "0", "-t", str(n_threads), "-r", "3", "-o", "json"]
-    log = run_program(command, tools.directory, seconds=600.0, output=True)
+    log = run_program(command, tools.directory, seconds=600.0, output=True, same_pages=tools.same_pages)
     try:
         entries = json.loads(log)
         return {int(entry["n_prompt"]): float(entry["avg_ts"]) for entry in entries}
@@ -44,9 +45,15 @@ def llama_bench(tools: LlamaTools, model: Path, n_threads: int) -> dict[int, flo
         raise SpecggufError(f"{LLAMA_BENCH} printed no JSON this version reads: {error}") from None
 
 
+def pages(*, llama_cpp_same: bool) -> dict:
+    """Whether ours and llama.cpp's programs have huge pages (llama/huge_pages.py): a 10-20% difference."""
+    return {"huge_pages": huge_pages.describe(), "llama_cpp_same_pages": llama_cpp_same}
+
+
 def machine_report(tools: LlamaTools, verifiers: list[tuple[str, Path]], n_threads: int) -> dict:
     return {
         **cpu(),
+        **pages(llama_cpp_same=tools.same_pages),
         "threads": n_threads,
         "llama_bench": {label: llama_bench(tools, path, n_threads) for label, path in verifiers},
     }
@@ -58,6 +65,11 @@ def machine_lines(report: dict) -> str:
         f"CPU: {report['cpu']} ({report['cores']} cores, -t {report['threads']}),"
         f" avx512_vnni: {'yes' if report['avx512_vnni'] else 'no'}"
     ]
+    if "huge_pages" in report:
+        theirs = (
+            "the same" if report["llama_cpp_same_pages"] else "as users run them (--llama-cpp-huge-pages: the same)"
+        )
+        lines.append(f"ours: {report['huge_pages']}; llama.cpp's programs: {theirs}")
     for label, speeds in report["llama_bench"].items():
         if not speeds:
             lines.append(f"{label}: no {LLAMA_BENCH} beside llama.cpp's programs (make llama-tools builds it)")

@@ -79,6 +79,14 @@ def bench(
             show_default=False,
         ),
     ] = None,
+    llama_cpp_huge_pages: Annotated[
+        bool,
+        typer.Option(
+            "--llama-cpp-huge-pages",
+            help="With --vs-llama-cpp: run llama.cpp's programs with the huge pages and load mode specgguf"
+            " gives itself (default: as users run them; docs/llama-cpp.md).",
+        ),
+    ] = False,
     suite: Annotated[
         bool,
         typer.Option(
@@ -109,7 +117,9 @@ def bench(
 
         if plot is not None or rpc:
             raise UsageError("--vs-llama-cpp runs both sides on this machine and draws no plot: drop --plot/--rpc")
-        tools = LlamaTools.find(vs_llama_cpp)  # before minutes of loading, not after
+        tools = LlamaTools.find(vs_llama_cpp, same_pages=llama_cpp_huge_pages)  # before minutes of loading
+    elif llama_cpp_huge_pages:
+        raise UsageError("--llama-cpp-huge-pages goes with --vs-llama-cpp DIR")
     if suite and tools is None:
         raise UsageError("--suite goes with --vs-llama-cpp DIR")
     load = load_options(

@@ -7,4 +7,5 @@ uses of one, and ModelSettings, how a file loads), vocab (a GGUF's vocabulary an
 (the drafts it can make, by name), compat (can two vocabularies pair), runtime (llama.cpp's log,
 Ctrl-C and the one decode thread), stops (a request stopped between or inside its passes), rpc
 (workers), rpc_devices, ggml_devices, rpc_frames, rpc_relay and rpc_child (the worker's relay and
-its child server), threads, guidance (the vocabulary for llguidance's grammars)."""
+its child server), threads, guidance (the vocabulary for llguidance's grammars), huge_pages (llama.cpp's buffers in
+2 MiB pages: what `__main__` starts the program again with, and how a model is read)."""

@@ -18,7 +18,7 @@ import llama_cpp
 import numpy as np
 
 from ..errors import Cancelled, ContextFullError, DecodeError, ModelLoadError, PromptError, debug_enabled
-from . import rpc_devices, stops, vocab
+from . import huge_pages, rpc_devices, stops, vocab
 from .batcher import WAIT_SECONDS
 from .compat import VocabInfo
 from .embedding import Embedder
@@ -75,6 +75,8 @@ class LlamaModel:
         if self._devices is not None:
             model_params.devices = ctypes.addressof(self._devices)
         model_params.n_gpu_layers = n_gpu_layers
+        if huge_pages.read_into_memory(self.path, local=self._devices is None and n_gpu_layers == 0):
+            model_params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE  # every weight in huge pages, none mapped
         remote = rpc_devices.watchdog() if rpc_workers else None
         self._guard = remote.guard if remote else lambda _during: contextlib.nullcontext()
         # Loading sends the weights to the workers: time out on silence, not on size.
