@@ -114,7 +114,8 @@ def main() -> None:
         )
         if not args.no_llama_bench:
             bench = {pair.verifier.name: machine.llama_bench(tools, pair.verifier, args.t)}
-    report = {**machine.cpu(), **machine.pages(llama_cpp_same=args.llama_server_huge_pages)}
+    ours = huge_pages.program_environment()  # specgguf serve's, started as a process: not this script's
+    report = {**machine.cpu(), **machine.pages(llama_cpp_same=args.llama_server_huge_pages, ours=ours)}
     print(machine.machine_lines({**report, "threads": args.t, "llama_bench": bench}), flush=True)
     specs.append(specgguf_spec(pair))
     reports = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import SpecggufError
@@ -45,9 +46,10 @@ def llama_bench(tools: LlamaTools, model: Path, n_threads: int) -> dict[int, flo
         raise SpecggufError(f"{LLAMA_BENCH} printed no JSON this version reads: {error}") from None
 
 
-def pages(*, llama_cpp_same: bool) -> dict:
-    """Whether ours and llama.cpp's programs have huge pages (llama/huge_pages.py): a 10-20% difference."""
-    return {"huge_pages": huge_pages.describe(), "llama_cpp_same_pages": llama_cpp_same}
+def pages(*, llama_cpp_same: bool, ours: Mapping[str, str] | None = None) -> dict:
+    """Whether ours (this process, or one started with the environment `ours`) and llama.cpp's programs
+    have huge pages (llama/huge_pages.py): a 10-20% difference."""
+    return {"huge_pages": huge_pages.describe(ours), "llama_cpp_same_pages": llama_cpp_same}
 
 
 def machine_report(tools: LlamaTools, verifiers: list[tuple[str, Path]], n_threads: int) -> dict:

@@ -84,6 +84,13 @@ def restart_with_huge_pages() -> None:
         return  # not allowed here (a sandbox): go on with 4 KiB pages
 
 
+def program_environment(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    """The environment the program has once started, started from `env` (this process's by default): what
+    a script that starts `specgguf` as a process (bench_traces.py's server) gives it, with huge pages."""
+    env = os.environ if env is None else env
+    return start_environment(env, thp=thp_mode(), glibc=glibc_version()) or env
+
+
 def in_use(env: Mapping[str, str] | None = None, *, thp: str | None = None) -> bool:
     """Whether llama.cpp's large buffers in a process with `env` get huge pages."""
     env = os.environ if env is None else env
@@ -122,8 +129,7 @@ def for_llama_cpp(env: Mapping[str, str], *, same_as_ours: bool) -> dict[str, st
     script that did not start it, would have."""
     out = dict(env)
     if same_as_ours:
-        ours = start_environment(env, thp=thp_mode(), glibc=glibc_version()) or env
-        if in_use(ours):
+        if in_use(program_environment(env)):
             out["GLIBC_TUNABLES"] = ":".join(dict.fromkeys([*_tunables(env), TUNABLE]))
             out[LOAD_MODE] = "none"  # as `read_into_memory` has ours
         return out
