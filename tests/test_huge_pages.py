@@ -70,6 +70,12 @@ def test_llama_cpp_programs_get_the_same_pages_and_load_mode_when_asked(monkeypa
     assert for_llama_cpp({"PATH": "/bin"}, same_as_ours=True) == {"PATH": "/bin"}
 
 
+@pytest.mark.parametrize("thp", ["always", "madvise"])
+def test_switched_off_nothing_is_ours_even_where_the_kernel_gives_huge_pages_to_all(thp):
+    assert huge_pages.in_use({}, thp="always")  # (the kernel's: a model is read into them)
+    assert not huge_pages.in_use({SWITCH: "0", "GLIBC_TUNABLES": TUNABLE}, thp=thp)  # mapped, as llama.cpp has it
+
+
 def test_a_model_is_read_into_memory_only_with_huge_pages_all_here_and_room(monkeypatch, tmp_path):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"x" * 1000)

@@ -12,7 +12,8 @@ Measured on a 2-core Xeon VM (THP `madvise`): llama-bench's token 67.5 ms withou
 (docs/benchmarks.md). The weights llama.cpp leaves in the file's memory map stay in 4 KiB page-cache
 pages, so a model read wholly on this CPU is read into memory instead (`read_into_memory`).
 
-Off with SPECGGUF_HUGE_PAGES=0, or a GLIBC_TUNABLES that sets glibc.malloc.hugetlb itself. Where
+Off with SPECGGUF_HUGE_PAGES=0 (neither the tunable nor reading a model into memory), or a
+GLIBC_TUNABLES that sets glibc.malloc.hugetlb itself. Where
 THP is `always`, every large block has huge pages already; where `never`, none can. The programs of
 llama.cpp that `bench` runs beside ours get the environment users run them with (`for_llama_cpp`).
 Imports nothing slow (not even pathlib): `__main__` calls it before the command line's imports.
@@ -95,6 +96,8 @@ def in_use(env: Mapping[str, str] | None = None, *, thp: str | None = None) -> b
     """Whether llama.cpp's large buffers in a process with `env` get huge pages."""
     env = os.environ if env is None else env
     thp = thp_mode() if thp is None else thp
+    if env.get(SWITCH) == "0":
+        return False  # switched off: nothing of ours (a model is mapped, as llama.cpp has it)
     if thp == "always":
         return True
     return thp == "madvise" and TUNABLE in _tunables(env) and glibc_version() is not None
@@ -145,6 +148,8 @@ def for_llama_cpp(env: Mapping[str, str], *, same_as_ours: bool) -> dict[str, st
 def describe(env: Mapping[str, str] | None = None) -> str:
     """One line on this process's pages, for benchmark reports."""
     thp = thp_mode()
+    if (os.environ if env is None else env).get(SWITCH) == "0":
+        return f"huge pages: off ({SWITCH}=0, THP {thp})"
     if thp is None:
         return "huge pages: unknown (no /sys/kernel/mm/transparent_hugepage)"
     if thp == "always":
