@@ -78,8 +78,7 @@ def restart_with_huge_pages() -> None:
     argv = list(getattr(sys, "orig_argv", []))
     if env is None or not argv or not sys.executable:
         return
-    try:
-        sys.stdout.flush(), sys.stderr.flush()
+    try:  # (nothing is printed before: no buffer to flush, and stdout may be closed, sys.stdout None)
         os.execve(sys.executable, argv, env)
     except OSError:
         return  # not allowed here (a sandbox): go on with 4 KiB pages
