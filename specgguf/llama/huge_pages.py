@@ -3,12 +3,11 @@
 On Linux a process's memory is mapped in 4 KiB pages unless it asks for 2 MiB ones. A decode step
 reads every weight once, ~1 GB for the 1.5B Q4_K_M verifier, and with 4 KiB pages that is a quarter
 of a million page-table entries a token through a TLB of a few thousand; with 2 MiB pages, 500. Where
-the kernel's transparent huge pages are set to `madvise` (the default of Ubuntu, Fedora and most
-distributions), only memory that asked for them gets them, and llama.cpp does not ask. glibc asks
+the kernel's transparent huge pages are set to `madvise` (Ubuntu's default, among others), only memory that asked for them gets them, and llama.cpp does not ask. glibc asks
 for every block it maps itself when its tunable `glibc.malloc.hugetlb=1` is set (glibc 2.35 and
 later), which llama.cpp's buffers are; a tunable is read when a process starts, so the program
 starts itself again with it (`restart_with_huge_pages`, from `__main__` before anything is loaded).
-Measured on a 2-core Xeon VM (THP `madvise`): llama-bench's token 67.5 ms without, 56.7 ms with
+Measured on a 2-core Xeon VM (THP `madvise`): llama-bench's token 68.5 ms without, 57.0 ms with
 (docs/benchmarks.md). The weights llama.cpp leaves in the file's memory map stay in 4 KiB page-cache
 pages, so a model read wholly on this CPU is read into memory instead (`read_into_memory`).
 
