@@ -3,8 +3,9 @@
 On Linux a process's memory is mapped in 4 KiB pages unless it asks for 2 MiB ones. A decode step
 reads every weight once, ~1 GB for the 1.5B Q4_K_M verifier, and with 4 KiB pages that is a quarter
 of a million page-table entries a token through a TLB of a few thousand; with 2 MiB pages, 500. Where
-the kernel's transparent huge pages are set to `madvise` (Ubuntu's default, among others), only memory that asked for them gets them, and llama.cpp does not ask. glibc asks
-for every block it maps itself when its tunable `glibc.malloc.hugetlb=1` is set (glibc 2.35 and
+the kernel's transparent huge pages are set to `madvise` (Ubuntu's default, among others), only memory
+that asked for them gets them, and llama.cpp does not ask. glibc asks for every block it maps itself
+when its tunable `glibc.malloc.hugetlb=1` is set (glibc 2.35 and
 later), which llama.cpp's buffers are; a tunable is read when a process starts, so the program
 starts itself again with it (`restart_with_huge_pages`, from `__main__` before anything is loaded).
 Measured on a 2-core Xeon VM (THP `madvise`): llama-bench's token 68.5 ms without, 57.0 ms with
