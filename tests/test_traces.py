@@ -271,3 +271,23 @@ def test_a_server_program_that_does_not_exist_is_one_error(tmp_path):
     servers = running([ServerSpec("llama-server plain", (str(tmp_path / "llama-server"), "-m", "x.gguf"))])
     with pytest.raises(SpecggufError, match="cannot start llama-server plain .*No such file"), servers:
         pass
+
+
+def test_llama_cpps_servers_run_as_users_run_them_without_our_settings(monkeypatch, tmp_path):
+    # llama.cpp's environment is bench's one helper's (as its programs in `bench --vs-llama-cpp`), less our
+    # server's API key; its own flags' twins (LLAMA_ARG_*) would change what it runs, so none passes.
+    from specgguf.bench.trace_servers import _environment
+    from specgguf.llama import huge_pages
+
+    monkeypatch.setenv("LLAMA_ARG_N_PREDICT", "7")
+    monkeypatch.setenv("SPECGGUF_API_KEY", "secret")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/lib")
+    monkeypatch.setenv("TZ", "Europe/Paris")  # the user's own: kept
+    monkeypatch.setenv("GLIBC_TUNABLES", huge_pages.TUNABLE)
+    monkeypatch.setenv(huge_pages.SWITCH, huge_pages.ADDED)  # ours, added when specgguf started again
+    env = _environment(tmp_path / "llama-server")
+    assert env["LD_LIBRARY_PATH"] == f"{tmp_path}:/opt/lib"
+    assert not [
+        name for name in env if name.startswith("LLAMA_ARG_") or name in ("SPECGGUF_API_KEY", huge_pages.SWITCH)
+    ]
+    assert "GLIBC_TUNABLES" not in env and env["TZ"] == "Europe/Paris"

@@ -224,15 +224,23 @@ def _run(command: list[str], tools: LlamaTools, *, max_tokens: int) -> str:
     return run_program(command, tools.directory, seconds=run_limit(max_tokens), same_pages=tools.same_pages)
 
 
+def llama_environment(directory: Path, *, same_pages: bool = False) -> dict[str, str]:
+    """The environment a program of llama.cpp's in `directory` runs in: ours without `LLAMA_ARG_*` (its
+    flags' environment twins), its directory first on LD_LIBRARY_PATH, and its memory pages as users have
+    them, or with `same_pages` as this program has them (huge_pages.for_llama_cpp)."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("LLAMA_ARG_")}
+    env = huge_pages.for_llama_cpp(env, same_as_ours=same_pages)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(directory), env.get("LD_LIBRARY_PATH")]))
+    return env
+
+
 def run_program(
     command: list[str], directory: Path, *, seconds: float, output: bool = False, same_pages: bool = False
 ) -> str:
     """Run a program of `directory` to the end within `seconds` (stdin closed, its own process group,
     killed whole whatever happens) and return its log, or with `output` what it printed on stdout.
     Its memory pages as users have them, or with `same_pages` as this program has them."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith("LLAMA_ARG_")}
-    env = huge_pages.for_llama_cpp(env, same_as_ours=same_pages)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(directory), env.get("LD_LIBRARY_PATH")]))
+    env = llama_environment(directory, same_pages=same_pages)
     # The answer goes to stdout (not needed); the timing lines go to stderr, which the answer
     # cannot reach, so no generated text can pass for a timing line.
     process = subprocess.Popen(

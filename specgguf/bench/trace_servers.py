@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import signal
 import socket
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from ..errors import SpecggufError, terminal_safe
-from ..llama import huge_pages
+from .llama_tools import llama_environment
 
 STARTUP_SECONDS = 300.0  # loading two models on a busy 2-core machine
 PLAIN = "llama-server plain"
@@ -107,10 +106,10 @@ def spec_types(program: Path) -> list[str]:
 
 
 def _environment(program: Path) -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if not name.startswith("LLAMA_ARG_")}
-    env = huge_pages.for_llama_cpp(env, same_as_ours=False)  # as users run it (ours: huge pages of its own)
+    """llama.cpp's as users run it (`specgguf serve` gives itself huge pages of its own), without our
+    server's API key."""
+    env = llama_environment(program.parent)
     env.pop("SPECGGUF_API_KEY", None)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(program.parent), env.get("LD_LIBRARY_PATH")]))
     return env
 
 
