@@ -305,20 +305,31 @@ def test_an_ngram_source_below_break_even_stops_drafting_once_its_class_has_sett
     # ~55% a first draft needs here to pay for verifying one more token (1 row 33.5 ms, 2 rows 52).
     for seed in range(5):
         choices, speed, _ = _ngram_run([0.55, 0.33, 0.33], seed=seed)
-        drafted = [i for i, k in enumerate(choices) if k]
-        assert drafted and max(drafted) < 100  # while its class is unsure (doubted), then no more
+        assert any(choices[:100])  # while its class is unsure (doubted), ...
+        assert sum(map(bool, choices[100:])) <= 15  # ... then a probe now and then, as its ledger forgives
         assert speed > 0.975  # what learning it cost
 
 
 def test_a_class_doubted_for_good_drafts_at_break_even_to_the_end():
     # `settle` 0: the first draft raised by `doubt` standard errors whatever the class has seen. The
     # decayed counts keep the standard error near 0.035, so the doubt lifts a 0.51-0.55 class over
-    # break-even for good: 5 answers of 400 steps each drafted to the end in most, at 0.95-1.02x plain.
+    # break-even for good: 5 answers of 400 steps each drafted to the end in most, at 0.95-1.02x plain
+    # (without the ledger, which ends the doubt of a source that has lost time: the next test).
     drafted_late = 0
     for seed in range(5):
-        choices, _, _ = _ngram_run([0.55, 0.33, 0.33], seed=seed, config=PolicyConfig(k_max=8, settle=0.0))
+        config = PolicyConfig(k_max=8, settle=0.0, ledger_floor=0.0)
+        choices, _, _ = _ngram_run([0.55, 0.33, 0.33], seed=seed, config=config)
         drafted_late += any(choices[300:])
     assert drafted_late >= 3
+
+
+def test_the_ledger_ends_the_doubt_of_a_class_doubted_for_good_once_its_drafts_lose_time():
+    # The same class with doubt for good: every step of the last 300 drafted in four seeds of five
+    # (0.96-1.01x plain). The ledger stops it once it has lost two plain steps, and lets it try again
+    # once that loss has decayed (0.995 a step): 8-132 of the last 300 steps drafted, 0.98-1.00x plain.
+    for seed in range(5):
+        choices, speed, _ = _ngram_run([0.55, 0.33, 0.33], seed=seed, config=PolicyConfig(k_max=8, settle=0.0))
+        assert sum(map(bool, choices[100:])) < 200 and speed > 0.98
 
 
 def test_an_ngram_source_above_break_even_keeps_drafting():

@@ -191,3 +191,43 @@ def test_the_default_hybrid_leaves_weak_repeats_to_the_draft_model():
     assert hybrid.next_source(prompt + [7, 8, 0, 7, 8]) == "model"  # a 2-token repeat of the answer
     assert hybrid.next_source(prompt + [7, 8, 0, 9, 7, 8, 0, 9, 7, 8, 0]) == "ngram"  # a long one
     assert hybrid.next_source(prompt + [2, 3, 7, 0, 2, 3]) == "model"  # earlier occurrences disagreed
+
+
+def _first_drafts_refused(config, evidence, steps=6):
+    """The n-gram side of a hybrid on ISSUE_Q4 offered the same proposal `steps` times, each refused at
+    its first draft: how many drafts it verified each time, and the side."""
+    policy = adaptive_policy("hybrid", ISSUE_Q4, config)
+    verified = []
+    for _ in range(steps):
+        k = policy.worth(evidence)
+        verified.append(k)
+        event = _step(k, 0, verify=_verify(ISSUE_Q4, k), draft=0.0, confidences=evidence[:k], source="ngram")
+        policy.observe(event if k else _step(0, 0, verify=ISSUE_Q4.verify[0]))
+    return verified, policy.policies["ngram"]
+
+
+def test_a_source_whose_drafts_lost_time_is_priced_without_the_benefit_of_the_doubt():
+    # A copy from the prompt (match of 3) whose first drafts are all wrong, as in a question about two
+    # modules the prompt quotes: the doubt kept a class of few drafts drafting 3 deep five times in six.
+    # Once the drafts have cost more than two plain steps, what they showed decides: a plain step.
+    evidence = Match([1] * 8, 3, in_prompt=True).evidence()
+    doubted, side = _first_drafts_refused(PolicyConfig(k_max=8, ledger_floor=0.0), evidence)
+    assert doubted[:4] == [3, 3, 3, 3] and not side.losing()
+    guarded, side = _first_drafts_refused(PolicyConfig(k_max=8), evidence)
+    assert guarded[:2] == doubted[:2] and guarded[2:] == [0] * 4
+    plain = float(side.costs.step(np.array([0]), "ngram")[0])
+    assert side.losing() and side.saved < -2 * plain
+
+
+def test_the_ledger_counts_each_drafted_steps_tokens_at_plain_decodings_price_less_its_seconds():
+    policy = adaptive_policy("hybrid", ISSUE_Q4, PolicyConfig(k_max=8))
+    side = policy.policies["ngram"]
+    policy.observe(_step(0, 0, verify=ISSUE_Q4.verify[0]))  # a plain step: nothing drafted, nothing counted
+    assert side.saved == 0.0
+    evidence = Match([1] * 8, 12, in_prompt=True).evidence()
+    policy.observe(_step(4, 4, verify=_verify(ISSUE_Q4, 4), draft=0.0, confidences=evidence[:4], source="ngram"))
+    plain = float(side.costs.step(np.array([0]), "ngram")[0])
+    assert side.saved == pytest.approx(5 * plain - _verify(ISSUE_Q4, 4))  # 5 tokens for one 5-row pass
+    assert side.saved > 0 and not side.losing()
+    policy.observe(_step(3, 1, verify=_verify(ISSUE_Q4, 3), draft=0.0, confidences=evidence[:3], source="model"))
+    assert side.saved == pytest.approx(5 * plain - _verify(ISSUE_Q4, 4))  # another source's step is its own

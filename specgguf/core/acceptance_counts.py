@@ -41,6 +41,11 @@ class PolicyConfig:
     # other bins' drafts have decayed its count below this); 0: always. With doubt for good, a class at
     # break-even drafted to the end of a session (docs/adaptive-k.md, "A settled class").
     settle: float = 32.0
+    # `worth`: once a source's drafted steps have lost more than this many plain steps' seconds in all
+    # (what they made, at plain decoding's price, less what they took; `AdaptiveK.saved`), its proposals
+    # are priced by what they showed, without `doubt`, until they win it back. 0: off.
+    ledger_floor: float = 2.0
+    ledger_decay: float = 0.995  # ... the weight of its past per step, plain ones too: no loss is held for good
     worth_trying: float = 0.9  # draft at all only if some K wins at this acceptance per position
     # Draft trees (--draft-tree): add the draft's runner-up beside the chain where it pays
     # (`AdaptiveK.branch`). Off by default: on the CPUs measured it did not win beyond the noise

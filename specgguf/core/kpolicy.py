@@ -79,6 +79,9 @@ class AdaptiveK:
         # the next were 6-16 on the F16 verifier); prompt lookup's evidence is seen in its first proposal.
         self.confidence_seen = source in CONFIDENT
         self.steps, self.plain_steps, self.probe_interval = 0, 0, config.probe_every
+        # What its drafted steps delivered: each one's tokens at plain decoding's price less its own
+        # seconds, summed, decayed each step. Negative: drafting here has cost time (`losing`).
+        self.saved = 0.0
         self.round = ALONE  # the passes its steps are priced in (`share`)
         # Decided from the costs before generation, then every `recheck_every` steps at the learned costs.
         self.worth_drafting = config.k_min > 0 or self.could_win()
@@ -220,7 +223,7 @@ class AdaptiveK:
         1..j-1 were right, learned per position for proposals whose first draft had evidence like this
         one's (acceptance_counts.Proposals), from its own calibrated chance before (its evidence's prior,
         learned per evidence bin, raised by `doubt` standard errors while a bin has seen fewer than
-        `settle` drafts),
+        `settle` drafts and this source's drafts have not lost time: `losing`),
         verifying the first n yields E_n = 1 + a_1 + a_1·a_2 + … + a_1·…·a_n
         tokens in T(n) seconds; n* = argmax E_n / T(n), 0 (a plain step) where no draft is sure
         enough to pay for the rows it adds. With `risk` ρ: a step saves S_n = E_n·T(0) − T(n) seconds
@@ -229,7 +232,7 @@ class AdaptiveK:
         n = min(len(confidences), self.config.k_max)
         if n == 0 or self.config.k_min > 0:
             return n
-        doubt, settle = self.config.doubt, self.config.settle
+        doubt, settle = (0.0, 0.0) if self.losing() else (self.config.doubt, self.config.settle)
         own = np.array([self.acceptance.calibrated(c, doubt, settle) for c in confidences[:n]])
         acceptance = self.acceptance.proposals.chances(confidences[0], own, doubt, settle)
         expected, costs = expected_tokens(acceptance), self.costs.step(np.arange(n + 1), self.source)
@@ -240,6 +243,15 @@ class AdaptiveK:
             sure = expected * costs[0] - costs >= self.config.risk * spread * costs[0]
             rates = np.where(sure, rates, -np.inf)
         return int(np.argmax(rates))
+
+    def losing(self) -> bool:
+        """Have this source's drafted steps lost more than `ledger_floor` plain steps' seconds in all? Then
+        the benefit of the doubt a class gets while it has seen few drafts has already been paid for: an
+        answer of 128 tokens may see fewer proposals than any class needs to settle (a question about two
+        modules quoted in the prompt: 17 proposals from long matches, a third of first drafts right). The
+        ledger decays each step (`ledger_decay`), so the doubt comes back once the loss is old."""
+        floor = self.config.ledger_floor
+        return bool(floor) and self.saved < -floor * float(self.costs.step(np.array([0]), self.source)[0])
 
     def ahead(self, acceptance: np.ndarray) -> float:
         """The chance each draft past the newest is accepted, given the calibrated acceptance of
@@ -281,8 +293,13 @@ class AdaptiveK:
             self.seconds_per_token = 0.9 * self.seconds_per_token + 0.1 * seconds / len(event.tokens)
         if event.sides:
             self.sides.observe([runner_up for runner_up, _ in event.sides], [taken for _, taken in event.sides])
+        self.saved *= self.config.ledger_decay  # every step, plain ones too: a loss is forgiven in time
         if event.n_drafted:
             self.acceptance.observe(event.chain_drafted, event.chain_accepted, event.draft_confidence)
+            # Δ = tokens · T(0) − (the step's seconds): what drafting saved against plain steps
+            plain = float(self.costs.step(np.array([0]), self.source)[0])
+            spent = event.draft_seconds + event.verify_seconds + event.sample_seconds
+            self.saved += len(event.tokens) * plain - spent
         self.confidence_seen = self.confidence_seen or bool(event.draft_confidence)
 
 
