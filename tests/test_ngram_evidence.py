@@ -215,7 +215,7 @@ def test_a_source_whose_drafts_lost_time_is_priced_without_the_benefit_of_the_do
     assert doubted[:4] == [3, 3, 3, 3] and not side.losing()
     guarded, side = _first_drafts_refused(PolicyConfig(k_max=8), evidence)
     assert guarded[:2] == doubted[:2] and guarded[2:] == [0] * 4
-    plain = float(side.costs.step(np.array([0]), "ngram")[0])
+    plain = side.plain_seconds()
     assert side.losing() and side.saved < -2 * plain
 
 
@@ -226,7 +226,7 @@ def test_the_ledger_counts_each_drafted_steps_tokens_at_plain_decodings_price_le
     assert side.saved == 0.0
     evidence = Match([1] * 8, 12, in_prompt=True).evidence()
     policy.observe(_step(4, 4, verify=_verify(ISSUE_Q4, 4), draft=0.0, confidences=evidence[:4], source="ngram"))
-    plain = float(side.costs.step(np.array([0]), "ngram")[0])
+    plain = side.plain_seconds()
     assert side.saved == pytest.approx(5 * plain - _verify(ISSUE_Q4, 4))  # 5 tokens for one 5-row pass
     assert side.saved > 0 and not side.losing()
     policy.observe(_step(3, 1, verify=_verify(ISSUE_Q4, 3), draft=0.0, confidences=evidence[:3], source="model"))

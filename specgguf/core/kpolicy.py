@@ -251,7 +251,11 @@ class AdaptiveK:
         modules quoted in the prompt: 17 proposals from long matches, a third of first drafts right). The
         ledger decays each step (`ledger_decay`), so the doubt comes back once the loss is old."""
         floor = self.config.ledger_floor
-        return bool(floor) and self.saved < -floor * float(self.costs.step(np.array([0]), self.source)[0])
+        return bool(floor) and self.saved < -floor * self.plain_seconds()
+
+    def plain_seconds(self) -> float:
+        """T(0): the seconds a plain step takes, as the costs have learned it."""
+        return float(self.costs.step(np.array([0]), self.source)[0])
 
     def ahead(self, acceptance: np.ndarray) -> float:
         """The chance each draft past the newest is accepted, given the calibrated acceptance of
@@ -297,9 +301,8 @@ class AdaptiveK:
         if event.n_drafted:
             self.acceptance.observe(event.chain_drafted, event.chain_accepted, event.draft_confidence)
             # Δ = tokens · T(0) − (the step's seconds): what drafting saved against plain steps
-            plain = float(self.costs.step(np.array([0]), self.source)[0])
             spent = event.draft_seconds + event.verify_seconds + event.sample_seconds
-            self.saved += len(event.tokens) * plain - spent
+            self.saved += len(event.tokens) * self.plain_seconds() - spent
         self.confidence_seen = self.confidence_seen or bool(event.draft_confidence)
 
 
