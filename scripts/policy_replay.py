@@ -9,7 +9,10 @@ on all prompts without the machine's noise, as modelled seconds:
 
     default ÷ plain = (n − 1) · verify[1 row] / (the passes' modelled seconds)
 
-(the prompt's pass scores an answer's first token, so plain decoding makes n − 1 passes for n tokens)
+(the prompt's pass scores an answer's first token, so plain decoding makes n − 1 passes for n tokens).
+With `--context-us β` each pass of n rows after c tokens of context costs n·β·(c − 256) more, on both
+sides (llama.cpp's CPU attention reads the cache once per row: docs/adaptive-k.md measures β); the
+policy itself still prices passes by the curve and what it learns.
 
 beside copy_bound's ceilings. Python's own time per step is left out on both sides. It runs the
 policies as shipped; to try a change, edit the code and run again. Greedy only (the oracle is the
@@ -109,14 +112,35 @@ class Clock:
         return self.seen
 
 
+TABLE_CONTEXT = 256  # the context a verify curve is measured after (costs.measure's default)
+
+
+def pass_seconds(verify: list[float], n: int, context: int, context_row: float) -> float:
+    """What the clock charges a pass of n rows after `context` tokens: the curve (past its end, its last
+    size's cost per row), plus each row's attention to the context past the table's."""
+    tabled = verify[min(n, len(verify)) - 1] * max(1.0, n / len(verify))
+    return tabled + n * context_row * max(0, context - TABLE_CONTEXT)
+
+
 class OracleVerifier:
     """A Model whose every row scores the stored answer's next token (position p of the context scores
     answer[p + 1 - len(prompt)]; past the answer, end of generation), each pass costing the curve."""
 
-    def __init__(self, prompt: list[int], answer: list[int], *, n_vocab: int, eog: int, verify: list[float], clock):
+    def __init__(
+        self,
+        prompt: list[int],
+        answer: list[int],
+        *,
+        n_vocab: int,
+        eog: int,
+        verify: list[float],
+        clock,
+        context_row: float = 0.0,
+    ):
         self.truth, self.n_prompt = prompt + answer, len(prompt)
         self.n_vocab, self.n_ctx, self.max_leaves = n_vocab, 8192, 1
         self.eog, self.verify, self.clock = eog, verify, clock
+        self.context_row = context_row  # seconds a row adds per context token past the table's
         self.cached: list[int] = []
         self.pending: list[int] = []
         self.passes: list[int] = []  # rows of each pass after the prompt's
@@ -135,7 +159,7 @@ class OracleVerifier:
     def _pay(self, n: int) -> None:
         if self.cached:  # the prompt's pass is not modelled (the engine leaves it out of the answer's time)
             self.passes.append(n)
-            self.clock.advance(self.verify[min(n, len(self.verify)) - 1] * max(1.0, n / len(self.verify)))
+            self.clock.advance(pass_seconds(self.verify, n, len(self.cached), self.context_row))
 
     def eval(self, tokens: Sequence[int], *, n_logits: int) -> np.ndarray:
         self._pay(len(tokens))
@@ -163,10 +187,21 @@ class OracleVerifier:
 
 
 def replay_one(
-    prepared, prompt: list[int], answer: list[int], verify: list[float], clock: Clock, *, eog: int, policy, drafter
+    prepared,
+    prompt: list[int],
+    answer: list[int],
+    verify: list[float],
+    clock: Clock,
+    *,
+    eog: int,
+    policy,
+    drafter,
+    context_row: float = 0.0,
 ) -> dict:
     """One answer's steps under `policy` and `drafter` against the oracle: its modelled ratio to plain and counts."""
-    oracle = OracleVerifier(prompt, answer, n_vocab=prepared.verifier.n_vocab, eog=eog, verify=verify, clock=clock)
+    oracle = OracleVerifier(
+        prompt, answer, n_vocab=prepared.verifier.n_vocab, eog=eog, verify=verify, clock=clock, context_row=context_row
+    )
     written: list[int] = []
     stats = GenerationStats()
     steps: list[str] = []
@@ -189,9 +224,11 @@ def replay_one(
     if written != answer[: len(written)]:
         raise SystemExit("the replay wrote another answer: the oracle is not followed")
     seconds = clock.now - start
-    plain = (len(written) - 1) * verify[0]  # plain decoding's passes: the prompt's pass scores the first token
+    # plain decoding's passes: the prompt's pass scores the first token; the pass for token i reads the rest
+    plain = sum(pass_seconds(verify, 1, len(prompt) + i, context_row) for i in range(len(written) - 1))
     return {
         "tokens": len(written),
+        "plain": plain,
         "seconds": seconds,
         "ratio": plain / seconds,
         "drafted": stats.n_drafted,
@@ -295,6 +332,12 @@ def main() -> None:
         help="the verify curve the policy starts from, as tuning.json would hold it (default: the stored one)",
     )
     parser.add_argument(
+        "--context-us",
+        type=float,
+        default=0.0,
+        help="microseconds each verify row adds per context token past the curve's (256), on the clock",
+    )
+    parser.add_argument(
         "--noise", type=float, default=0.0, help="the share by which each pass's time as the engine reads it is off"
     )
     parser.add_argument("--seed", type=int, default=0, help="with --noise: the draws' seed (the first, with --seeds)")
@@ -318,9 +361,9 @@ def main() -> None:
     stored = trace_answers(args.answers, args.trace, prepared, args.history) if args.trace else read_json(args.answers)
     if args.verify_ms:  # e.g. trace_ab.py's verify seconds by rows, where the context is long
         stored["verify"] = list(args.verify_ms)
-    verify = stored["verify"]
     if args.stored_ms:  # a machine whose own probe measured this curve (e.g. a memory-bound one)
         prepared._costs = dataclasses.replace(prepared.costs, verify=args.stored_ms)
+    context_row = args.context_us / 1e6
     clock = Clock(args.noise)
     eog = next(t for t in range(prepared.verifier.n_vocab) if prepared.verifier.is_eog(t))  # past the answer
     if prepared.draft is not None:  # the draft model's passes cost its measured time a token on the clock
@@ -339,13 +382,20 @@ def main() -> None:
             if args.seeds > 1:
                 print(f"seed {seed}:")
             rows = (
-                replay_trace(prepared, stored, clock, eog=eog, config=config, steps=args.steps)
+                replay_trace(prepared, stored, clock, eog=eog, config=config, steps=args.steps, context_row=context_row)
                 if args.trace
                 else replay_suite(
-                    prepared, stored, clock, eog=eog, config=config, chosen=args.prompts, steps=args.steps
+                    prepared,
+                    stored,
+                    clock,
+                    eog=eog,
+                    config=config,
+                    chosen=args.prompts,
+                    steps=args.steps,
+                    context_row=context_row,
                 )
             )
-            summaries.append(summarize(rows, verify))
+            summaries.append(summarize(rows))
     finally:
         time.perf_counter = real_clock
     if len(summaries) > 1:
@@ -359,13 +409,13 @@ def main() -> None:
         )
 
 
-def summarize(rows: list, verify: list[float]) -> tuple[float, list[float]]:
+def summarize(rows: list) -> tuple[float, list[float]]:
     """Print a replay's ratios by kind and over all; return its ratio in total and each answer's."""
     for kind in sorted({entry["kind"] for entry, _ in rows}):
         mine = [row["ratio"] for entry, row in rows if entry["kind"] == kind]
         print(f"{kind:12} median {statistics.median(mine):.3f}× ({min(mine):.3f}–{max(mine):.3f}×)")
     ratios = [row["ratio"] for _, row in rows]
-    plain = sum((row["tokens"] - 1) * verify[0] for _, row in rows)
+    plain = sum(row["plain"] for _, row in rows)
     total = plain / sum(row["seconds"] for _, row in rows)
     print(
         f"all: median {statistics.median(ratios):.3f}×, lowest {min(ratios):.3f}×, geometric mean"
@@ -374,7 +424,9 @@ def summarize(rows: list, verify: list[float]) -> tuple[float, list[float]]:
     return total, ratios
 
 
-def replay_suite(prepared, stored: dict, clock: Clock, *, eog: int, config, chosen: str | None, steps: bool) -> list:
+def replay_suite(
+    prepared, stored: dict, clock: Clock, *, eog: int, config, chosen: str | None, steps: bool, context_row: float
+) -> list:
     """Each stored suite answer under a new policy and n-gram session, as `run` answers one prompt."""
     texts = {item.name: item.text for item in load_suite()}
     names = set(chosen.split(",")) if chosen else None
@@ -388,7 +440,15 @@ def replay_suite(prepared, stored: dict, clock: Clock, *, eog: int, config, chos
         )
         drafter = prepared.drafter(prepared.options.drafter, session=SessionNgrams())
         row = replay_one(
-            prepared, tokens, entry["reply"], stored["verify"], clock, eog=eog, policy=policy, drafter=drafter
+            prepared,
+            tokens,
+            entry["reply"],
+            stored["verify"],
+            clock,
+            eog=eog,
+            policy=policy,
+            drafter=drafter,
+            context_row=context_row,
         )
         rows.append((entry, row))
         ceilings = f"(ceilings: lookup {entry['lookup_bound']:.2f}×, copy {entry['copy_bound']:.2f}×)  "
@@ -396,7 +456,7 @@ def replay_suite(prepared, stored: dict, clock: Clock, *, eog: int, config, chos
     return rows
 
 
-def replay_trace(prepared, stored: dict, clock: Clock, *, eog: int, config, steps: bool) -> list:
+def replay_trace(prepared, stored: dict, clock: Clock, *, eog: int, config, steps: bool, context_row: float) -> list:
     """A trace's turns in order under one policy and one n-gram session, as `serve` answers a client's
     requests (serve/plan.py keeps a policy per setting and the session's n-grams across requests)."""
     policy, _ = prepared.policy(KChoice("adaptive"), temperature=0.0, drafter=prepared.options.drafter, config=config)
@@ -407,7 +467,15 @@ def replay_trace(prepared, stored: dict, clock: Clock, *, eog: int, config, step
             continue
         drafter = prepared.drafter(prepared.options.drafter, session=session)
         row = replay_one(
-            prepared, turn["tokens"], turn["reply"], stored["verify"], clock, eog=eog, policy=policy, drafter=drafter
+            prepared,
+            turn["tokens"],
+            turn["reply"],
+            stored["verify"],
+            clock,
+            eog=eog,
+            policy=policy,
+            drafter=drafter,
+            context_row=context_row,
         )
         rows.append(({"kind": stored["trace"]}, row))
         report(f"turn {turn['prompt']}", row, steps=steps)

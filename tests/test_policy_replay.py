@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from policy_replay import Clock, curve  # noqa: E402 - the script, from scripts/
+from policy_replay import Clock, curve, pass_seconds  # noqa: E402 - the script, from scripts/
 
 
 def _reads(clock: Clock, seed: int) -> tuple[float, float]:
@@ -35,3 +35,11 @@ def test_a_curve_is_read_as_seconds_and_a_bad_one_is_an_argument_error():
     for bad in ("27", "27,x", "27,-1", "27,,54", "27,inf"):
         with pytest.raises(argparse.ArgumentTypeError, match="milliseconds for 1, 2"):
             curve(bad)
+
+
+def test_a_pass_costs_the_curve_and_each_row_its_reading_of_the_context_past_the_curves():
+    verify = [0.06, 0.09, 0.11]
+    assert pass_seconds(verify, 2, 4000, 0.0) == pytest.approx(0.09)
+    assert pass_seconds(verify, 6, 100, 5e-6) == pytest.approx(0.22)  # past the curve: its last size's per row
+    assert pass_seconds(verify, 1, 200, 5e-6) == pytest.approx(0.06)  # before the curve's context: nothing more
+    assert pass_seconds(verify, 3, 2256, 5e-6) == pytest.approx(0.11 + 3 * 5e-6 * 2000)
