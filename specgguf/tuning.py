@@ -249,14 +249,16 @@ def stored_entry(key: str, read: Callable[[object], Entry]) -> Entry | None:
 def stored_at_any_threads(
     kind: str, draft: Path, verifier: Path, read: Callable[[object], Entry]
 ) -> list[tuple[str, Entry]]:
-    """Every valid entry of `kind` stored here for this draft file and verifier file, at any thread count:
-    (threads, the entry read by `read`). An invalid one is left out quietly: this is a look ahead, and
-    the run that reads its own entry warns of it."""
+    """Every valid entry of `kind` stored here for this draft file and verifier file, at any thread count,
+    measured with huge pages where this process has them and without where it has not (`model_key`: the
+    other's entries priced other passes): (threads, the entry read by `read`). An invalid one is left out
+    quietly: this is a look ahead, and the run that reads its own entry warns of it."""
     head = model_key(kind, draft, n_threads=0, n_gpu_layers=0).split("|threads=")[0] + "|threads="
     verifier_part = model_key("verifier", verifier, n_threads=0, n_gpu_layers=0).split("|threads=")[0] + "|threads="
+    paged = huge_pages.in_use()
     found = []
     for key, value in machine_entries().items():
-        if key.startswith(head) and verifier_part in key:
+        if key.startswith(head) and verifier_part in key and key.endswith("|huge_pages") == paged:
             with contextlib.suppress(InvalidEntry):
                 found.append((key[len(head) :].split("|", 1)[0], read(value)))
     return found

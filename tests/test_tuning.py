@@ -144,6 +144,25 @@ def test_a_draft_variant_entry_comes_back_as_a_typed_value_and_a_bad_one_is_a_wa
         assert f"unknown variant in {name!r}" in capsys.readouterr().err
 
 
+def test_the_draft_variants_listed_for_a_pair_are_those_measured_with_this_process_s_pages(monkeypatch, tmp_path):
+    from specgguf.llama import huge_pages
+    from specgguf.llama.variants import ORIGINAL_VARIANT, parse_variant
+
+    draft, verifier = tmp_path / "small.gguf", tmp_path / "big.gguf"
+    draft.write_bytes(b"GGUF" + b"\0" * 10)
+    verifier.write_bytes(b"GGUF" + b"\0" * 20)
+    hot = parse_variant("q4_0+hot32k")
+    chose = {}
+    for paged, variant in ((True, hot), (False, ORIGINAL_VARIANT)):  # each kept as a run with or without them keeps it
+        monkeypatch.setattr(huge_pages, "in_use", lambda paged=paged: paged)
+        chose[paged] = tuning.MeasuredVariants(variant, (tuning.Candidate(variant, 20.0, 0.8, 22.0),))
+        key = tuning.draft_variant_key(draft, SimpleNamespace(path=verifier, n_threads=2, n_gpu_layers=0))
+        tuning.keep_draft_variant(key, chose[paged])
+    for paged in (True, False):
+        monkeypatch.setattr(huge_pages, "in_use", lambda paged=paged: paged)
+        assert tuning.stored_draft_variants(draft, verifier) == [("2", chose[paged])]
+
+
 def test_what_a_run_learned_of_the_costs_is_kept_only_after_enough_steps(tmp_path):
     (tmp_path / "v.gguf").write_bytes(b"v" * 10)
     (tmp_path / "d.gguf").write_bytes(b"d" * 5)
