@@ -32,6 +32,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -190,9 +191,9 @@ def replay_one(
     prepared,
     prompt: list[int],
     answer: list[int],
+    *,
     verify: list[float],
     clock: Clock,
-    *,
     eog: int,
     policy,
     drafter,
@@ -374,6 +375,8 @@ def main() -> None:
             return eval_draft(tokens, n_logits=n_logits)
 
         prepared.draft.eval = timed_draft  # type: ignore[method-assign]
+    # One answer's replay against the oracle, on this clock: (prompt, answer, *, policy, drafter) -> its row.
+    replay = partial(replay_one, prepared, verify=stored["verify"], clock=clock, eog=eog, context_row=context_row)
     real_clock, time.perf_counter = time.perf_counter, clock
     summaries = []
     try:
@@ -382,18 +385,9 @@ def main() -> None:
             if args.seeds > 1:
                 print(f"seed {seed}:")
             rows = (
-                replay_trace(prepared, stored, clock, eog=eog, config=config, steps=args.steps, context_row=context_row)
+                replay_trace(prepared, stored, replay, config=config, steps=args.steps)
                 if args.trace
-                else replay_suite(
-                    prepared,
-                    stored,
-                    clock,
-                    eog=eog,
-                    config=config,
-                    chosen=args.prompts,
-                    steps=args.steps,
-                    context_row=context_row,
-                )
+                else replay_suite(prepared, stored, replay, config=config, chosen=args.prompts, steps=args.steps)
             )
             summaries.append(summarize(rows))
     finally:
@@ -425,7 +419,7 @@ def summarize(rows: list) -> tuple[float, list[float]]:
 
 
 def replay_suite(
-    prepared, stored: dict, clock: Clock, *, eog: int, config, chosen: str | None, steps: bool, context_row: float
+    prepared, stored: dict, replay: Callable[..., dict], *, config, chosen: str | None, steps: bool
 ) -> list:
     """Each stored suite answer under a new policy and n-gram session, as `run` answers one prompt."""
     texts = {item.name: item.text for item in load_suite()}
@@ -439,24 +433,14 @@ def replay_suite(
             KChoice("adaptive"), temperature=0.0, drafter=prepared.options.drafter, config=config
         )
         drafter = prepared.drafter(prepared.options.drafter, session=SessionNgrams())
-        row = replay_one(
-            prepared,
-            tokens,
-            entry["reply"],
-            stored["verify"],
-            clock,
-            eog=eog,
-            policy=policy,
-            drafter=drafter,
-            context_row=context_row,
-        )
+        row = replay(tokens, entry["reply"], policy=policy, drafter=drafter)
         rows.append((entry, row))
         ceilings = f"(ceilings: lookup {entry['lookup_bound']:.2f}×, copy {entry['copy_bound']:.2f}×)  "
         report(entry["prompt"], row, ceilings=ceilings, lookup=entry["lookup"], steps=steps)
     return rows
 
 
-def replay_trace(prepared, stored: dict, clock: Clock, *, eog: int, config, steps: bool, context_row: float) -> list:
+def replay_trace(prepared, stored: dict, replay: Callable[..., dict], *, config, steps: bool) -> list:
     """A trace's turns in order under one policy and one n-gram session, as `serve` answers a client's
     requests (serve/plan.py keeps a policy per setting and the session's n-grams across requests)."""
     policy, _ = prepared.policy(KChoice("adaptive"), temperature=0.0, drafter=prepared.options.drafter, config=config)
@@ -466,17 +450,7 @@ def replay_trace(prepared, stored: dict, clock: Clock, *, eog: int, config, step
             print(f"turn {turn['prompt']}: an empty answer, nothing to replay", file=sys.stderr)
             continue
         drafter = prepared.drafter(prepared.options.drafter, session=session)
-        row = replay_one(
-            prepared,
-            turn["tokens"],
-            turn["reply"],
-            stored["verify"],
-            clock,
-            eog=eog,
-            policy=policy,
-            drafter=drafter,
-            context_row=context_row,
-        )
+        row = replay(turn["tokens"], turn["reply"], policy=policy, drafter=drafter)
         rows.append(({"kind": stored["trace"]}, row))
         report(f"turn {turn['prompt']}", row, steps=steps)
     return rows
