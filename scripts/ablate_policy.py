@@ -40,6 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specgguf.bench.measure import PROMPTS  # noqa: E402
+from specgguf.bench.trace_servers import run_script  # noqa: E402
 from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.core.acceptance_counts import Calibration  # noqa: E402
 from specgguf.core.costs import MachineCosts  # noqa: E402
@@ -171,4 +172,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # with the program's huge pages, an error one line

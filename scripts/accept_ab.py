@@ -27,6 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specgguf.bench.measure import PROMPTS  # noqa: E402
+from specgguf.bench.trace_servers import run_script  # noqa: E402
 from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.core.drafters import DraftSettings, build_drafter  # noqa: E402
 from specgguf.core.engine import speculate  # noqa: E402
@@ -116,4 +117,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # with the program's huge pages, an error one line

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 
 import numpy as np
@@ -21,6 +20,7 @@ import numpy as np
 import specgguf.core.engine as engine
 from specgguf.bench.machine import cpu
 from specgguf.bench.suite import load_suite
+from specgguf.bench.trace_servers import run_script  # noqa: E402
 from specgguf.bench.traces import load_trace
 from specgguf.core.engine import FixedK, speculate
 from specgguf.core.model_drafter import ModelDrafter
@@ -101,7 +101,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SpecggufError as error:
-        sys.exit(f"specgguf: error: {error}")
+    run_script(main)  # with the program's huge pages, an error one line

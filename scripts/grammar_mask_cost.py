@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 import specgguf.core.engine as engine  # noqa: E402
+from specgguf.bench.trace_servers import run_script  # noqa: E402
 from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.core.sampling import SamplingSettings  # noqa: E402
 from specgguf.files.assets import cache_dir  # noqa: E402
@@ -172,4 +173,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # with the program's huge pages, an error one line

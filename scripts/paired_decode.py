@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import llama_cpp  # noqa: E402
 
 from specgguf.bench.machine import cpu  # noqa: E402
+from specgguf.bench.trace_servers import run_script  # noqa: E402
 from specgguf.llama.model import MAX_TREE_LEAVES, LlamaModel  # noqa: E402
 
 PROMPT = (
@@ -99,4 +100,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # with the program's huge pages, an error one line

@@ -19,6 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from specgguf.bench.trace_servers import run_script  # noqa: E402
 from specgguf.conversation import Prompts  # noqa: E402
 from specgguf.core.engine import speculate  # noqa: E402
 from specgguf.core.model_drafter import ModelDrafter  # noqa: E402
@@ -106,4 +107,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # with the program's huge pages, an error one line

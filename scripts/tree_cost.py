@@ -17,6 +17,7 @@ import llama_cpp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from specgguf.bench.trace_servers import run_script  # noqa: E402
 from specgguf.llama.model import LlamaModel  # noqa: E402
 
 PROMPT = list(range(1000, 1300))  # 300 tokens of context
@@ -77,4 +78,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # with the program's huge pages, an error one line

@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from specgguf.bench.trace_servers import run_script  # noqa: E402
 from specgguf.llama.model import LlamaModel  # noqa: E402
 
 DRAFTS = list(range(500, 507))  # a chain of 6, and a sibling of its first draft
@@ -65,4 +66,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # with the program's huge pages, an error one line

@@ -291,3 +291,20 @@ def test_llama_cpps_servers_run_as_users_run_them_without_our_settings(monkeypat
         name for name in env if name.startswith("LLAMA_ARG_") or name in ("SPECGGUF_API_KEY", huge_pages.SWITCH)
     ]
     assert "GLIBC_TUNABLES" not in env and env["TZ"] == "Europe/Paris"
+
+
+def test_a_script_starts_again_with_the_programs_pages_before_its_main_and_an_error_is_one_line(monkeypatch):
+    # What a script times in-process is timed as `specgguf` runs (huge pages where the program has them).
+    from specgguf.bench import trace_servers
+
+    calls: list[str] = []
+    monkeypatch.setattr(trace_servers, "restart_with_huge_pages", lambda: calls.append("restart"))
+    monkeypatch.setattr(trace_servers.signal, "signal", lambda *handler: None)  # not this test process's SIGTERM
+    trace_servers.run_script(lambda: calls.append("main"))
+    assert calls == ["restart", "main"]
+
+    def fails() -> None:
+        raise SpecggufError("no such trace")
+
+    with pytest.raises(SystemExit, match="specgguf: error: no such trace"):
+        trace_servers.run_script(fails)
