@@ -101,6 +101,55 @@ def test_learning_incrementally_with_start_equals_learning_all_at_once(tmp_path)
         assert growing.lookup(tokens[:at], 8) == at_once.lookup(tokens[:at], 8)
 
 
+def _arrays(cache: SessionNgrams, path: Path) -> dict[str, np.ndarray]:
+    cache.save(path, key=KEY)
+    with np.load(path) as arrays:
+        return {name: arrays[name] for name in arrays.files}
+
+
+def test_conversations_re_sent_with_each_request_are_counted_once_each(tmp_path):
+    # A server's drafter is new with each request, its session is not: two clients' conversations, each
+    # re-sent whole and one turn longer with every request, in turn, teach what each conversation alone does.
+    from specgguf.core.ngram_drafter import NgramDrafter
+
+    rng = random.Random(7)
+    turns = {name: [rng.randrange(9) for _ in range(40)] for name in "ab"}
+    session = SessionNgrams(min_n=1, max_n=4)
+    for _ in range(4):
+        for name in "ab":
+            drafter = NgramDrafter(session=session)
+            drafter.prepare(list(turns[name]))  # the request's prompt: a new list, the conversation again
+            context = list(turns[name])  # the engine's own list, growing as the answer is settled
+            for _ in range(12):
+                context.append(rng.randrange(9))
+                drafter.sync(context)
+            turns[name] = context + [rng.randrange(9) for _ in range(5)]  # the client's next message
+    once = SessionNgrams(min_n=1, max_n=4)
+    for name in "ab":
+        once.learn(turns[name][:-5])  # each conversation as it was last sent and answered
+    got, want = _arrays(session, tmp_path / "session.npz"), _arrays(once, tmp_path / "once.npz")
+    assert sorted(zip(got["ngram_lengths"], got["n_followers"])) == sorted(
+        zip(want["ngram_lengths"], want["n_followers"])
+    )
+    assert got["follower_counts"].sum() == want["follower_counts"].sum()  # re-sent, not counted again
+    # What it has counted of a text: the longest prefix shared with one it saw lately.
+    assert session.learned_prefix(turns["a"]) == len(turns["a"]) - 5
+    assert session.learned_prefix([99, *turns["a"]]) == 0
+
+
+def test_a_session_remembers_its_most_recent_texts_only():
+    session = SessionNgrams()
+    texts = [[n, 1, 2, 3] for n in range(ngram_cache.RECENT_TEXTS + 1)]
+    for text in texts:
+        session.learn(text)
+    assert session.learned_prefix(texts[-1] + [4]) == 4
+    assert session.learned_prefix(texts[0]) == 0  # the oldest forgotten: counted again if sent again
+    grown = texts[1]
+    grown.append(5)  # the same list, learned further: one entry, not two
+    session.learn(grown, start=4)
+    assert session.learned_prefix(texts[2]) == 4 and session.learned_prefix(grown) == 5
+
+
 def test_learning_takes_numpy_arrays_and_rejects_impossible_token_ids():
     cache = SessionNgrams()
     cache.learn(np.array([1, 2, 3, 1, 2], dtype=np.int32))

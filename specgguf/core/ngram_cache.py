@@ -27,13 +27,14 @@ import tempfile
 import threading
 import zipfile
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import SpecggufError
+from .drafting import common_prefix
 
 FORMAT_VERSION = 1
 MAX_N = 16  # longest n-gram a cache may hold
@@ -43,6 +44,9 @@ MAX_FILE_BYTES = 1 << 30  # a file's arrays, uncompressed: a zip claiming more i
 # Twice what a session writes (its default max_entries, 1M n-grams): a file claiming more (a few MB of zeros
 # can) would take minutes and GBs to read, and is refused from its array headers alone.
 MAX_FILE_ENTRIES = {"ngram_lengths": 2_000_000, "follower_tokens": 4_000_000}
+# Texts a session remembers having counted (`learned_prefix`): a server's clients re-send their conversations
+# (a chat's turns, an agent's transcript, an editor's file), several of them in turn.
+RECENT_TEXTS = 8
 
 # name -> (dtype kind, item size, ndim) of each array in a file
 _ARRAYS: dict[str, tuple[str, int, int]] = {
@@ -114,6 +118,8 @@ class SessionNgrams:
         self.min_share = min_share
         # n-gram -> followers, least recently learned first (keys of several lengths share the table).
         self._table: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
+        # The sequences learned lately and how far (the caller's own lists: a growing one is one entry).
+        self._recent: deque[tuple[Sequence[int], int]] = deque(maxlen=RECENT_TEXTS)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -125,6 +131,23 @@ class SessionNgrams:
         without counting anything twice)."""
         with self._lock:
             self._learn(tokens, start)
+            self._remember(tokens)
+
+    def _remember(self, tokens: Sequence[int]) -> None:
+        """`tokens` counted to its end: one of the recent texts (the same sequence grown: its entry again)."""
+        for i, (text, _) in enumerate(self._recent):
+            if text is tokens:
+                del self._recent[i]
+                break
+        self._recent.append((tokens, len(tokens)))
+
+    def learned_prefix(self, tokens: Sequence[int]) -> int:
+        """How much of `tokens` is already counted: its longest common prefix with what the session counted
+        of a recent text (RECENT_TEXTS of them). A request's prompt that repeats a conversation the session
+        saw (each request's drafter is new; the session is the server's) is then counted from where it
+        parts from it, not once more with every request."""
+        with self._lock:
+            return max((common_prefix(text[:n], tokens) for text, n in self._recent), default=0)
 
     def _learn(self, tokens: Sequence[int], start: int) -> None:
         if start < 0:

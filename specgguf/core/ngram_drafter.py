@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .drafting import Drafts, DraftStep, Source, common_prefix, fixed_drafts
+from .drafting import Drafts, DraftStep, Source, fixed_drafts
 from .ngram_cache import SessionNgrams
 
 # The chance a prompt-lookup draft is right, given the drafts before it were, by the length of the
@@ -58,22 +58,21 @@ class NgramDrafter:
     ):
         self.max_ngram, self.min_ngram, self.window = max_ngram, min_ngram, window
         self.session = session
-        self._history: Sequence[int] = []  # the last answer's context (the engine's list), ...
-        self._n_learned = 0  # ... learned this far
+        self._n_learned = 0  # of the answer's context (the engine's list): learned this far
         self._n_prompt = 0  # the answer's prompt: a match's continuation before this is a copy of it
 
     def prepare(self, prompt_tokens: Sequence[int]) -> None:
         self._n_prompt = len(prompt_tokens)
         if self.session is not None:
             # A chat's next prompt repeats the conversation so far: only what is new is counted.
-            self.session.learn(prompt_tokens, start=common_prefix(self._history[: self._n_learned], prompt_tokens))
-            self._history, self._n_learned = prompt_tokens, len(prompt_tokens)
+            self.session.learn(prompt_tokens, start=self.session.learned_prefix(prompt_tokens))
+            self._n_learned = len(prompt_tokens)
 
     def learn(self, context: list[int]) -> None:
         """Teach the session the tokens the verifier settled on since the last call."""
         if self.session is not None and len(context) > self._n_learned:
             self.session.learn(context, start=self._n_learned)
-            self._history, self._n_learned = context, len(context)
+            self._n_learned = len(context)
 
     def room(self, context_length: int) -> int:
         return 1 << 30
