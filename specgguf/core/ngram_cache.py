@@ -118,7 +118,8 @@ class SessionNgrams:
         self.min_share = min_share
         # n-gram -> followers, least recently learned first (keys of several lengths share the table).
         self._table: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
-        # The sequences learned lately and how far (the caller's own lists: a growing one is one entry).
+        # The sequences learned lately and how far: the callers' own (a request's prompt, the engine's context,
+        # which only grows, and is one entry as it does), held, not copied.
         self._recent: deque[tuple[Sequence[int], int]] = deque(maxlen=RECENT_TEXTS)
         self._lock = threading.Lock()
 
