@@ -100,6 +100,9 @@ def store_measurement(verifier: Path, draft: Path, temperature: float, measureme
     update_tuning(update)
 
 
+HUGE_PAGES_KEY = "|huge_pages"  # how a key measured with huge pages ends (`model_key`)
+
+
 def model_key(kind: str, model: Path, *, n_threads: int, n_gpu_layers: int) -> str:
     """Costs measured for this file (name and size) run with these settings (costs.py), and with huge
     pages where this process has them (llama/huge_pages.py: a pass 10-20% faster, another table)."""
@@ -107,7 +110,7 @@ def model_key(kind: str, model: Path, *, n_threads: int, n_gpu_layers: int) -> s
         size = Path(model).stat().st_size
     except OSError:
         size = 0
-    pages = "|huge_pages" if huge_pages.in_use() else ""
+    pages = HUGE_PAGES_KEY if huge_pages.in_use() else ""
     return f"{kind}|{Path(model).name}|{size}|threads={n_threads}|gpu_layers={n_gpu_layers}{pages}"
 
 
@@ -258,7 +261,7 @@ def stored_at_any_threads(
     paged = huge_pages.in_use()
     found = []
     for key, value in machine_entries().items():
-        if key.startswith(head) and verifier_part in key and key.endswith("|huge_pages") == paged:
+        if key.startswith(head) and verifier_part in key and key.endswith(HUGE_PAGES_KEY) == paged:
             with contextlib.suppress(InvalidEntry):
                 found.append((key[len(head) :].split("|", 1)[0], read(value)))
     return found
