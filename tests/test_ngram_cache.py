@@ -440,3 +440,19 @@ def test_a_failed_save_leaves_the_old_file_and_no_temporary_file(saved, monkeypa
 def test_saving_into_a_missing_folder_is_one_error(tmp_path):
     with pytest.raises(NgramCacheError, match="could not save"):
         SessionNgrams().save(tmp_path / "absent" / "cache.npz", key=KEY)
+
+
+def test_a_request_s_prompt_and_the_context_going_on_from_it_are_one_recent_text():
+    # The drafter counts a request's prompt, then the engine's own list (the prompt and its answer): one
+    # conversation, so a session remembers RECENT_TEXTS conversations, not half as many.
+    session = SessionNgrams()
+    conversations = [[n, n + 100, 1, 2, 3] for n in range(ngram_cache.RECENT_TEXTS)]
+    for prompt in conversations:
+        session.learn(prompt)
+        context = list(prompt)  # a new list, as the engine makes it
+        context += [4, 5]
+        session.learn(context, start=len(prompt))
+    assert session.learned_prefix(conversations[0] + [4, 5, 6]) == len(conversations[0]) + 2
+    session.learn([7, 8, 9])  # another conversation, not one going on from the newest: its own text
+    assert session.learned_prefix(conversations[-1] + [4, 5]) == len(conversations[-1]) + 2
+    assert session.learned_prefix(conversations[0]) == 0  # the oldest now forgotten

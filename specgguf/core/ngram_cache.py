@@ -135,11 +135,18 @@ class SessionNgrams:
             self._remember(tokens)
 
     def _remember(self, tokens: Sequence[int]) -> None:
-        """`tokens` counted to its end: one of the recent texts (the same sequence grown: its entry again)."""
+        """`tokens` counted to its end: one of the recent texts. The same sequence grown, or one that goes on
+        from the newest (the engine's context after its prompt), takes that text's place: a request is one
+        text, and RECENT_TEXTS are as many conversations."""
         for i, (text, _) in enumerate(self._recent):
             if text is tokens:
                 del self._recent[i]
                 break
+        else:
+            if self._recent:
+                newest, n = self._recent[-1]
+                if len(tokens) >= n and common_prefix(newest[:n], tokens) == n:
+                    self._recent.pop()
         self._recent.append((tokens, len(tokens)))
 
     def learned_prefix(self, tokens: Sequence[int]) -> int:
