@@ -351,6 +351,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.noise < 0:
         parser.error("--noise takes a share of 0 or more")
+    if args.context_us < 0:
+        parser.error("--context-us takes microseconds of 0 or more")
     if args.seeds < 1 or (args.seeds > 1 and not args.noise):
         parser.error("--seeds takes a count of 1 or more, and more than 1 only with --noise above 0")
     try:
