@@ -10,7 +10,7 @@ This is the Python counterpart of llama.cpp's `common/ngram-cache.{h,cpp}` (`com
   longest is unsure and also asks a minimum sample size; here the longest known n-gram decides, and an
   unsure one (best share below `min_share`) ends the draft. There is no static corpus cache.
 - Unlike llama.cpp's cache, memory is bounded: past `max_entries` n-grams the least recently learned go.
-- Files are `.npz` read with `allow_pickle=False`, carry a format version and a key naming the
+- Files (ngram_file.py) are `.npz` read with `allow_pickle=False`, carry a format version and a key naming the
   tokenizer/pair they were learned with, are validated before use, and are replaced atomically.
 
 Drafts are only proposals: the verifier's acceptance rule decides what is emitted, so a wrong draft costs
@@ -19,50 +19,25 @@ time, never correctness.
 
 from __future__ import annotations
 
-import contextlib
-import math
-import os
-import stat
-import tempfile
 import threading
-import zipfile
-import zlib
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import SpecggufError
+from . import ngram_file
 from .drafting import common_prefix
+from .ngram_file import FORMAT_VERSION, NgramCacheError
 
-FORMAT_VERSION = 1
+__all__ = ["NgramCacheError", "SessionNgrams"]
+
 MAX_N = 16  # longest n-gram a cache may hold
 MAX_TOKEN_ID = 2**31 - 1  # llama_token is an int32
-MAX_COUNT = 2**62  # counts are int64 on disk
-MAX_FILE_BYTES = 1 << 30  # a file's arrays, uncompressed: a zip claiming more is not read
-# Twice what a session writes (its default max_entries, 1M n-grams): a file claiming more (a few MB of zeros
-# can) would take minutes and GBs to read, and is refused from its array headers alone.
-MAX_FILE_ENTRIES = {"ngram_lengths": 2_000_000, "follower_tokens": 4_000_000}
+
 # Texts a session remembers having counted (`learned_prefix`): a server's clients re-send their conversations
 # (a chat's turns, an agent's transcript, an editor's file), several of them in turn.
 RECENT_TEXTS = 8
-
-# name -> (dtype kind, item size, ndim) of each array in a file
-_ARRAYS: dict[str, tuple[str, int, int]] = {
-    "version": ("i", 8, 0),
-    "key": ("U", 0, 0),  # item size: any
-    "ngram_lengths": ("i", 1, 1),  # n of each n-gram, oldest first
-    "ngram_tokens": ("i", 4, 1),  # their tokens, concatenated
-    "n_followers": ("i", 4, 1),  # how many distinct tokens followed each n-gram
-    "follower_tokens": ("i", 4, 1),  # those tokens, concatenated; each n-gram's best one last
-    "follower_counts": ("i", 8, 1),  # how often each followed
-}
-
-
-class NgramCacheError(SpecggufError):
-    """An n-gram cache file is missing, unreadable, corrupt, truncated, or from another model pair."""
-
 
 # An n-gram followed by one token so far (most of them) is stored as the int count << 31 | token: no
 # object per n-gram for the garbage collector to scan, and less memory. Others get a _Followers.
@@ -225,26 +200,10 @@ class SessionNgrams:
         return drafted, first_n
 
     def save(self, path: Path, *, key: str) -> None:
-        """Write the cache to `path` (.npz), atomically: a temporary file in the same folder, then os.replace.
+        """Write the cache to `path` (.npz), atomically (ngram_file.write).
 
         key: what the counts are only valid for (the tokenizer / model pair); `load` refuses any other."""
-        arrays = self._to_arrays(key)
-        temp_name = None
-        try:
-            with tempfile.NamedTemporaryFile(
-                dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
-            ) as temp:
-                temp_name = temp.name
-                np.savez(temp, **arrays)  # type: ignore[arg-type]  # the stub fears a key named allow_pickle
-                temp.flush()
-                os.fsync(temp.fileno())
-            os.replace(temp_name, path)
-        except OSError as error:
-            raise NgramCacheError(f"could not save the n-gram cache to {path}: {error.strerror or error}") from None
-        finally:
-            if temp_name is not None and os.path.exists(temp_name):
-                with contextlib.suppress(OSError):
-                    os.unlink(temp_name)
+        ngram_file.write(path, self._to_arrays(key))
 
     @classmethod
     def load(
@@ -261,20 +220,11 @@ class SessionNgrams:
         """A cache saved by `save` with the same key, with this configuration. Any problem with the file
         (missing, not an npz, truncated, corrupt, another format version or key, n-grams outside min_n..max_n)
         raises NgramCacheError, and so do token ids >= n_vocab (the model's vocabulary, when given) and a file
-        of more than MAX_FILE_ENTRIES. A file with more than max_entries n-grams keeps its newest ones."""
+        of more than ngram_file.MAX_FILE_ENTRIES. A file with more than max_entries n-grams keeps its newest ones."""
         cache = cls(min_n=min_n, max_n=max_n, max_entries=max_entries, min_share=min_share)
-        arrays = _read_arrays(path)
-        problem = _check_dtypes(arrays)
+        problem = cache._fill(ngram_file.read(path, key=key, min_n=min_n, max_n=max_n, n_vocab=n_vocab))
         if problem:
-            raise _rejected(path, problem)
-        if int(arrays["version"]) != FORMAT_VERSION:
-            version = int(arrays["version"])
-            raise _rejected(path, f"format version {version}, this specgguf reads version {FORMAT_VERSION}")
-        if str(arrays["key"]) != key:
-            raise _rejected(path, "learned with another model pair or tokenizer")
-        problem = _check_consistent(arrays, min_n=min_n, max_n=max_n, n_vocab=n_vocab) or cache._fill(arrays)
-        if problem:
-            raise _rejected(path, problem)
+            raise ngram_file.rejected(path, problem)
         return cache
 
     def _to_arrays(self, key: str) -> dict[str, np.ndarray]:
@@ -343,88 +293,3 @@ class SessionNgrams:
                 return "an n-gram is stored twice"
             table[ngram] = entry
         return None
-
-
-def _rejected(path: Path, reason: str) -> NgramCacheError:
-    return NgramCacheError(f"n-gram cache {path}: {reason}; delete it to start afresh")
-
-
-def _read_arrays(path: Path) -> dict[str, np.ndarray]:
-    """The arrays of an .npz written by `save`, read without pickle and within MAX_FILE_BYTES: opened once
-    without waiting (a FIFO's open would wait for a writer) and read only if a regular file; each array's
-    header is checked against its size in the zip before its data is read or allocated."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise NgramCacheError(f"n-gram cache {path}: no such file") from None
-    except OSError as error:
-        raise _rejected(path, f"unreadable ({error.strerror or error})") from None
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # a folder, a FIFO, a device
-        os.close(descriptor)
-        raise _rejected(path, "not a regular file")
-    expected = {f"{name}.npy" for name in _ARRAYS}
-    try:
-        with os.fdopen(descriptor, "rb") as handle, zipfile.ZipFile(handle) as archive:
-            members = archive.infolist()
-            if {member.filename for member in members} != expected or len(members) != len(expected):
-                raise _rejected(path, "not an n-gram cache (unexpected contents)")
-            if sum(member.file_size for member in members) > MAX_FILE_BYTES:
-                raise _rejected(path, f"larger than {MAX_FILE_BYTES} bytes unpacked")
-            if problem := next(filter(None, (_header_problem(archive, member) for member in members)), None):
-                raise _rejected(path, problem)
-            return {name: np.lib.format.read_array(archive.open(f"{name}.npy"), allow_pickle=False) for name in _ARRAYS}
-    except NgramCacheError:
-        raise
-    except (OSError, EOFError, ValueError, KeyError, MemoryError, zipfile.BadZipFile, zlib.error) as error:
-        # BadZipFile: not a zip, truncated, or a bad CRC; ValueError: a pickled (object) array or a bad .npy header
-        raise _rejected(path, f"unreadable or corrupt ({type(error).__name__})") from None
-
-
-def _header_problem(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> str | None:
-    """Why an array's .npy header does not fit (more than MAX_FILE_ENTRIES, or not its data's size), or None."""
-    name = member.filename.removesuffix(".npy")
-    with archive.open(member) as data:
-        version = np.lib.format.read_magic(data)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read_header(data)
-        size = member.file_size - data.tell()
-    entries = math.prod(shape)  # Python ints: a claim of 2**62 entries cannot wrap
-    if len(shape) == 1 and entries > MAX_FILE_ENTRIES.get(name, entries):
-        return f"{entries} entries in {name}, more than the {MAX_FILE_ENTRIES[name]} a cache may hold"
-    if entries * dtype.itemsize != size and not dtype.hasobject:  # pickled objects: read_array refuses them
-        return f"the header of {name} claims {entries} entries, its data is {size} bytes"
-    return None
-
-
-def _check_dtypes(arrays: dict[str, np.ndarray]) -> str | None:
-    """Why these arrays do not have the dtypes and dimensions of a cache's, or None if they do."""
-    for name, (kind, itemsize, ndim) in _ARRAYS.items():
-        array = arrays[name]
-        if array.dtype.kind != kind or (itemsize and array.dtype.itemsize != itemsize) or array.ndim != ndim:
-            return f"array {name} has dtype {array.dtype} and {array.ndim} dimensions"
-    return None
-
-
-def _check_consistent(arrays: dict[str, np.ndarray], *, min_n: int, max_n: int, n_vocab: int | None) -> str | None:
-    """Why these arrays (of the right dtypes) are not a consistent cache for min_n..max_n, or None."""
-    lengths, n_followers = arrays["ngram_lengths"], arrays["n_followers"]
-    if len(lengths) != len(n_followers):
-        return "n-gram lengths and follower counts disagree"
-    if len(lengths) and (lengths.min() < min_n or lengths.max() > max_n):
-        return f"it holds n-grams outside {min_n}..{max_n} tokens"
-    if int(lengths.sum(dtype=np.int64)) != len(arrays["ngram_tokens"]):
-        return "n-gram lengths and n-gram tokens disagree"
-    if len(n_followers) and n_followers.min() < 1:
-        return "an n-gram has no follower"
-    n_follower_total = int(n_followers.sum(dtype=np.int64))
-    if not n_follower_total == len(arrays["follower_tokens"]) == len(arrays["follower_counts"]):
-        return "follower lengths disagree"
-    for name in ("ngram_tokens", "follower_tokens"):
-        if len(arrays[name]) and arrays[name].min() < 0:
-            return f"negative token ids in {name}"
-        if n_vocab is not None and len(arrays[name]) and arrays[name].max() >= n_vocab:
-            return f"token id {int(arrays[name].max())} in {name}, past the model's vocabulary of {n_vocab}"
-    counts = arrays["follower_counts"]
-    if len(counts) and (counts.min() < 1 or counts.max() > MAX_COUNT):
-        return f"follower counts outside 1..{MAX_COUNT}"
-    return None
