@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specgguf.core import ngram_cache, ngram_file
+from specgguf.core import ngram_cache, ngram_store
 from specgguf.core.ngram_cache import NgramCacheError, SessionNgrams
 from specgguf.errors import SpecggufError
 
@@ -380,7 +380,7 @@ def test_load_refuses_inconsistent_or_out_of_range_values(saved):
 
 
 def test_load_refuses_a_zip_that_claims_to_unpack_past_the_limit(saved, monkeypatch):
-    monkeypatch.setattr(ngram_file, "MAX_FILE_BYTES", saved.stat().st_size // 2)
+    monkeypatch.setattr(ngram_store, "MAX_FILE_BYTES", saved.stat().st_size // 2)
     assert "unpacked" in rejection(saved)
 
 
@@ -415,7 +415,7 @@ def test_a_failed_save_leaves_the_old_file_and_no_temporary_file(saved, monkeypa
     def no_replace(source, destination):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ngram_file.os, "replace", no_replace)
+    monkeypatch.setattr(ngram_store.os, "replace", no_replace)
     with pytest.raises(NgramCacheError, match="No space left on device"):
         bigger.save(saved, key=KEY)
     assert saved.read_bytes() == before
@@ -426,7 +426,7 @@ def test_a_failed_save_leaves_the_old_file_and_no_temporary_file(saved, monkeypa
         file.write(b"PK\x03\x04 half an archive")
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(ngram_file.np, "savez", half_written)
+    monkeypatch.setattr(ngram_store.np, "savez", half_written)
     with pytest.raises(NgramCacheError, match="Input/output error"):
         bigger.save(saved, key=KEY)
     assert saved.read_bytes() == before

@@ -2,7 +2,7 @@
 block rule for a chain), drafting (what drafters share; when a draft model reads a long context), one
 drafter per module (model_drafter, ngram_drafter, cross_drafter: a draft of another vocabulary through
 text, over vocab_map; string_drafter: its own text re-encoded by the verifier) and drafters (the table
-of kinds, with the hybrid that picks between two of them), ngram_cache (its file: ngram_file), engine
+of kinds, with the hybrid that picks between two of them), ngram_cache (its file: ngram_store), engine
 (the loop), events (a step's verifier batch, what it yields, and the totals over them), kpolicy (adaptive K) and
 acceptance_counts (what its steps teach it), repeatable (a K policy timed by fixed costs: serve
 --deterministic), rounds (a round's price under serve --parallel: its line, shared costs and K),

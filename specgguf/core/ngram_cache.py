@@ -10,7 +10,7 @@ This is the Python counterpart of llama.cpp's `common/ngram-cache.{h,cpp}` (`com
   longest is unsure and also asks a minimum sample size; here the longest known n-gram decides, and an
   unsure one (best share below `min_share`) ends the draft. There is no static corpus cache.
 - Unlike llama.cpp's cache, memory is bounded: past `max_entries` n-grams the least recently learned go.
-- Files (ngram_file.py) are `.npz` read with `allow_pickle=False`, carry a format version and a key naming the
+- Files (ngram_store.py) are `.npz` read with `allow_pickle=False`, carry a format version and a key naming the
   tokenizer/pair they were learned with, are validated before use, and are replaced atomically.
 
 Drafts are only proposals: the verifier's acceptance rule decides what is emitted, so a wrong draft costs
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import ngram_file
+from . import ngram_store
 from .drafting import common_prefix
-from .ngram_file import FORMAT_VERSION, NgramCacheError
+from .ngram_store import FORMAT_VERSION, NgramCacheError
 
 __all__ = ["NgramCacheError", "SessionNgrams"]
 
@@ -200,10 +200,10 @@ class SessionNgrams:
         return drafted, first_n
 
     def save(self, path: Path, *, key: str) -> None:
-        """Write the cache to `path` (.npz), atomically (ngram_file.write).
+        """Write the cache to `path` (.npz), atomically (ngram_store.write).
 
         key: what the counts are only valid for (the tokenizer / model pair); `load` refuses any other."""
-        ngram_file.write(path, self._to_arrays(key))
+        ngram_store.write(path, self._to_arrays(key))
 
     @classmethod
     def load(
@@ -220,11 +220,11 @@ class SessionNgrams:
         """A cache saved by `save` with the same key, with this configuration. Any problem with the file
         (missing, not an npz, truncated, corrupt, another format version or key, n-grams outside min_n..max_n)
         raises NgramCacheError, and so do token ids >= n_vocab (the model's vocabulary, when given) and a file
-        of more than ngram_file.MAX_FILE_ENTRIES. A file with more than max_entries n-grams keeps its newest ones."""
+        of more than ngram_store.MAX_FILE_ENTRIES. A file with more than max_entries n-grams keeps its newest ones."""
         cache = cls(min_n=min_n, max_n=max_n, max_entries=max_entries, min_share=min_share)
-        problem = cache._fill(ngram_file.read(path, key=key, min_n=min_n, max_n=max_n, n_vocab=n_vocab))
+        problem = cache._fill(ngram_store.read(path, key=key, min_n=min_n, max_n=max_n, n_vocab=n_vocab))
         if problem:
-            raise ngram_file.rejected(path, problem)
+            raise ngram_store.rejected(path, problem)
         return cache
 
     def _to_arrays(self, key: str) -> dict[str, np.ndarray]:
