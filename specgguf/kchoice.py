@@ -68,9 +68,12 @@ def make_policy(
     trees: bool = False,
     config: PolicyConfig | None = None,
     read: Callable[[], float | None] = lambda: None,
+    measured_acceptance: float | None = None,
 ) -> tuple[KPolicy, KSource]:
     """The K policy for a run, and where K came from. `costs` is asked only for adaptive K; `read` (the
-    draft's reading a token, Prepared.read_cost) only for a fixed K that drafts with a draft model."""
+    draft's reading a token, Prepared.read_cost) only for a fixed K that drafts with a draft model;
+    `measured_acceptance` (the draft's, measured greedy here: drafts/made.py) prices its first drafts
+    of a greedy answer (PolicyConfig.measured_acceptance)."""
     spec = DRAFTER_KINDS[drafter]
     if spec.needs_model and draft is None:
         return FixedK(0), KSource(False, "plain (no draft)")
@@ -81,7 +84,12 @@ def make_policy(
     if choice.mode == "fixed":
         return fixed(choice.k or 0), KSource(False, f"K={choice.k} (-k)")
     stored = stored_measurement(verifier, draft, temperature) if draft is not None else None
-    config = config or PolicyConfig(k_max=K_MAX, k_min=1 if force_spec else 0, trees=trees)
+    config = config or PolicyConfig(
+        k_max=K_MAX,
+        k_min=1 if force_spec else 0,
+        trees=trees,
+        measured_acceptance=measured_acceptance if temperature == 0 else None,
+    )
     # The stored K is the draft model's: a kind without one always chooses K online.
     if choice.mode == "adaptive" or not spec.needs_model or stored is None:
         policy = adaptive_policy(drafter, costs(), config)

@@ -222,7 +222,17 @@ class Prepared:
             force_spec=self.options.force_spec,
             trees=self.options.trees,
             config=config,
+            measured_acceptance=self.measured_acceptance,
         )
+
+    @property
+    def measured_acceptance(self) -> float | None:
+        """The loaded draft's acceptance as measured here against this verifier (drafts/made.py), where
+        its choice measured it (None: not measured, or another vocabulary's)."""
+        choice = self.draft_choice
+        if self.draft is None or choice is None or choice.cross:
+            return None
+        return next((c.acceptance for c in choice.candidates if c.variant == choice.variant), None)
 
 
 CROSS_WHY = "another vocabulary: it drafts through the text"

@@ -224,9 +224,11 @@ def test_the_reading_rule_waits_for_the_answer_then_learns_the_measured_cost():
     assert reading.per_token == pytest.approx(DRAFT_READ_PRIOR * 0.02)
     assert not reading.defers(LONG_READ)  # a short read happens at once
     assert reading.defers(200)  # 200 tokens: 2 s at the prior, nothing waited yet
-    reading.observe(1.5, 0.0, 0)
-    assert reading.defers(200) and not reading.defers(140)  # 1.5 s waited: 140 tokens (1.4 s) are read
-    reading.observe(0.6, 1.0, 200)  # the draft read 200 tokens in 1 s: 5 ms a token from now on
+    reading.observe(0.7, 0.0, 0)
+    # 0.7 s waited, and the step about to run priced as the last one took: 1.4 s; 130 tokens (1.3 s) are read
+    assert reading.defers(200) and not reading.defers(130)
+    reading.observe(0.8, 1.0, 200)  # the draft read 200 tokens in 1 s: 5 ms a token from now on
+    # 1.5 s waited and 0.8 s to come: 400 tokens (2 s) are read, 500 (2.5 s) wait
     assert reading.per_token == pytest.approx(0.005) and not reading.defers(400) and reading.defers(500)
     # A short read (the verifier's cache held the rest of the prompt): its rate is still the prior, so a
     # long prompt the draft never read waits (a short one is read at once, as above).
@@ -238,12 +240,14 @@ def test_the_reading_rule_waits_for_the_answer_then_learns_the_measured_cost():
 
 
 def test_the_reading_waits_until_the_rent_paid_reaches_its_price():
-    # Ski rental: not having read loses 1 − 1/s of each second; the draft reads once that adds up to
-    # the reading's price (here 2 s). At s = 2 the rent is half of each second: 4 s of answer.
+    # Ski rental: not having read loses 1 − 1/s of each second; the draft reads on the step whose rent
+    # would bring it up to the reading's price (here 2 s), that step priced as the last one took. At s = 2
+    # the rent is half of each second: 4 s of answer, the fourth 1.1 s step reads.
     reading = Reading(per_token=0.01)
-    reading.observe(3.9, 0.0, 0)
+    reading.observe(1.1, 0.0, 0)
+    reading.observe(1.1, 0.0, 0)
     assert reading.defers(200, lambda: 2.0) and not reading.defers(200)  # unknown s: the whole second is rent
-    reading.observe(0.2, 0.0, 0)
+    reading.observe(1.1, 0.0, 0)
     assert not reading.defers(200, lambda: 2.0) and reading.defers(200, lambda: 1.25)  # at 1.25×: 10 s
     reading.observe(6.0, 0.0, 0)
     assert not reading.defers(200, lambda: 1.25)

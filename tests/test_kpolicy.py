@@ -8,6 +8,7 @@ import pytest
 from specgguf.core.costs import MachineCosts
 from specgguf.core.engine import StepEvent
 from specgguf.core.kpolicy import AdaptiveK, PolicyConfig, adaptive_policy
+from specgguf.core.rounds import expected_at
 
 # Seconds to verify 1, 2, … tokens with Qwen2.5-Coder 1.5B, and one 0.5B Q4_K_M draft token
 # (costs.probe's table). The Q4_K_M verifier is compute-bound: a draft token costs half a
@@ -350,3 +351,20 @@ def test_the_speedup_a_draft_would_buy_follows_what_its_drafts_and_the_costs_say
     assert poor.speedup("model") < 1.15 < sure.speedup("model")
     hybrid = adaptive_policy("hybrid", F16, PolicyConfig(k_max=12))
     assert hybrid.speedup("model") == pytest.approx(hybrid.policies["model"].speedup("model"))
+
+
+def test_a_draft_models_acceptance_measured_here_prices_it_until_its_own_drafts_are_seen():
+    # drafts/made.py measured the pair's acceptance on this machine: before the draft's first drafts in
+    # this run it replaces the generic prior (what a long read is priced to buy), then its drafts decide.
+    generic = AdaptiveK(F16, PolicyConfig(k_max=12)).speedup("model")
+    sure = AdaptiveK(F16, PolicyConfig(k_max=12, measured_acceptance=0.85))
+    rates = expected_at(0.85, 12) / sure.costs.step(np.arange(13), "model")
+    assert sure.speedup("model") == pytest.approx(rates[1:].max() / rates[0]) and sure.speedup("model") > generic
+    assert AdaptiveK(F16, PolicyConfig(k_max=12, measured_acceptance=0.2)).speedup("model") < 1.0 < generic
+    _run(sure, F16, [0, 1, 0, 0] * 10)
+    assert sure.speedup("model") < 1.15  # what its drafts showed
+    # It is the draft model's: prompt lookup's estimate is its own.
+    ngram = AdaptiveK(F16, PolicyConfig(k_max=12, measured_acceptance=0.85), source="ngram")
+    assert ngram.speedup("ngram") == pytest.approx(
+        AdaptiveK(F16, PolicyConfig(k_max=12), source="ngram").speedup("ngram")
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,10 +14,12 @@ from specgguf import tuning
 from specgguf.core.costs import LEARNED_MIN_STEPS, MachineCosts
 from specgguf.core.engine import FixedK, StepEvent
 from specgguf.core.kpolicy import AdaptiveK, PerSource
+from specgguf.drafts.made import DraftChoice
 from specgguf.errors import UsageError
 from specgguf.kchoice import KChoice, make_policy, parse_k
+from specgguf.llama.variants import parse_variant
 from specgguf.prepare import DraftOptions, Prepared
-from specgguf.tuning import BenchResult, load_tuning, store_measurement, stored_measurement, tuning_path
+from specgguf.tuning import BenchResult, Candidate, load_tuning, store_measurement, stored_measurement, tuning_path
 
 VERIFIER, DRAFT = Path("/models/big.gguf"), Path("/models/small.gguf")
 MEMORY_BOUND = MachineCosts((0.137, 0.141, 0.150, 0.189, 0.218), draft=0.030)  # F16 1.5B + Q4_K_M 0.5B here
@@ -241,3 +244,25 @@ def test_a_fixed_k_prices_its_drafts_catch_up_as_measured_and_asks_only_where_a_
     assert _policy(KChoice("fixed", 0), read=not_asked)[0].read_seconds("model") is None
     assert _policy(KChoice("fixed", 3), drafter="ngram", read=not_asked)[0].k == 3
     assert _policy(KChoice("fixed", 3), draft=None, read=not_asked)[0].k == 0
+
+
+def test_the_chosen_drafts_measured_acceptance_prices_a_greedy_answers_first_drafts():
+    # drafts/made.py measured each candidate greedy against this verifier: the chosen one's acceptance is
+    # the model's prior in a greedy answer (what a long read is priced to buy), not in a sampled one.
+    original, q4_0 = parse_variant("original"), parse_variant("q4_0")
+    candidates = (Candidate(original, 33.0, 0.70, 11.0), Candidate(q4_0, 31.0, 0.85, 11.5))
+    resolved = SimpleNamespace(verifier=VERIFIER, draft=DRAFT, recommended_k=None)
+    chosen = DraftChoice(q4_0, DRAFT, "measured here", candidates)
+    prepared = Prepared(
+        resolved=resolved, verifier=object(), draft=object(), options=DraftOptions(), draft_choice=chosen
+    )
+    prepared._costs = MEMORY_BOUND
+    assert prepared.measured_acceptance == 0.85
+    greedy, _ = prepared.policy(KChoice("adaptive"), temperature=0.0, drafter="model")
+    sampled, _ = prepared.policy(KChoice("adaptive"), temperature=0.8, drafter="model")
+    assert greedy.config.measured_acceptance == 0.85 and sampled.config.measured_acceptance is None
+    assert greedy.speedup("model") > sampled.speedup("model")
+    # Not measured (a variant named on the command line), or no draft: the generic prior.
+    named = DraftChoice(q4_0, DRAFT, "--draft-variant q4_0")
+    assert dataclasses.replace(prepared, draft_choice=named).measured_acceptance is None
+    assert dataclasses.replace(prepared, draft=None).measured_acceptance is None

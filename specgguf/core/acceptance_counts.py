@@ -51,6 +51,11 @@ class PolicyConfig:
     # (`AdaptiveK.branch`). Off by default: on the CPUs measured it did not win beyond the noise
     # (docs/adaptive-k.md); it is for verifiers that check extra tokens nearly free (GPUs).
     trees: bool = False
+    # The draft model's acceptance per position, measured greedy on this machine against this verifier
+    # (drafts/made.py's calibration), where known and the answer is greedy: what its drafts are expected to
+    # deliver before its own first drafts have been seen (`AdaptiveK.speedup`, which a long read's wait
+    # prices: drafting.Reading), in place of the generic `prior_acceptance`.
+    measured_acceptance: float | None = None
 
 
 def expected_tokens(chances: np.ndarray) -> np.ndarray:

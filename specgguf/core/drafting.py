@@ -260,14 +260,19 @@ class Reading:
     The rule is ski rental's. Reading is the purchase, R seconds; not having read is the rent: while the
     draft's steps are plain (prompt lookup and a grammar's forced tokens, which read nothing first, still
     draft), each second of the answer loses what drafting would have saved of it, 1 − 1/s for drafting
-    at s times plain decoding's rate (the K policy's estimate, `KPolicy.speedup`). The draft reads once
-    the rent paid reaches the price: waited · (1 − 1/s) ≥ R. An answer too short to pay the reading back
+    at s times plain decoding's rate (the K policy's estimate, `KPolicy.speedup`: in a greedy answer
+    before the draft's first drafts, at its acceptance measured for the pair here where known). The
+    draft reads on the step whose rent would bring what was paid up to the price, (waited + that step)
+    · (1 − 1/s) ≥ R, the step priced as the last one took: ski rental on whole days buys on the day the
+    rent would reach the price, not the day after. An answer too short to pay the reading back
     never reads, and a long one loses at most the reading's time to waiting, whatever s turns out to be;
     where s ≤ 1 (drafting from the model cannot win here) it never reads. With s unknown (a fixed K)
     the rent is the whole of each second, as if drafting were free and sure. Measured on the F16
     verifier: a chat's fifth turn (1,154 tokens the draft never read) read for 4.6 s after 120 of its 147
     tokens, drafting at about 1.3× where it paid nothing back: 0.68× plain; with the rent the draft never
     reads there. Less than `LONG_READ` unread tokens (a chat's new turn) is read at once, as before.
+    Those two (the step counted, the measured acceptance) on the F16 verifier's cold answers
+    (docs/benchmarks.md, "The reading's rent"): a tool call 1.17×, a JSON extraction 1.10×, a summary 1.04×.
 
     The reading's cost per token starts as the draft's own reading timed once on this machine (tuning.probe,
     kept in tuning.json), or where that is not known `DRAFT_READ_PRIOR` of the verifier's own reading of
@@ -276,6 +281,7 @@ class Reading:
 
     per_token: float  # seconds the draft model takes to read a token (estimated, then measured)
     waited: float = 0.0  # seconds this answer's steps have taken so far
+    last_step: float = 0.0  # ... the newest of them: what the step about to run is expected to take
 
     @classmethod
     def after_prefill(cls, seconds: float, n_read: int, *, measured: float | None = None) -> Reading:
@@ -291,18 +297,21 @@ class Reading:
         return cls(DRAFT_READ_PRIOR * seconds / n_read if n_read else 0.0)
 
     def defers(self, unread: int, speedup: Callable[[], float | None] = lambda: None) -> bool:
-        """A draft model's step waits: reading `unread` tokens costs more than not having read them has
-        cost so far, the answer's seconds times the share 1 − 1/s of them drafting would save, s =
-        `speedup()` (asked only for a long read: most steps have none, and the policy's estimate is not
-        free)."""
+        """A draft model's step waits: reading `unread` tokens costs more than not having read them will
+        have cost once this step is plain too, the answer's seconds (so far, and this step's, priced as
+        the last one took) times the share 1 − 1/s of them drafting would save, s = `speedup()` (asked
+        only for a long read: most steps have none, and the policy's estimate is not free). Counting the
+        step about to run is ski rental's rule on whole days: buy on the day whose rent would reach
+        the price, not the day after."""
         if unread <= LONG_READ:
             return False
         s = speedup()
         rent = 1.0 if s is None else max(0.0, 1.0 - 1.0 / s)
-        return unread * self.per_token >= self.waited * rent
+        return unread * self.per_token > (self.waited + self.last_step) * rent
 
     def observe(self, step_seconds: float, catchup_seconds: float, n_read: int) -> None:
         """A step took `step_seconds`; the draft read `n_read` tokens in `catchup_seconds` of it."""
         self.waited += step_seconds
+        self.last_step = step_seconds
         if catchup_seconds > 0 and n_read >= LONG_READ:
             self.per_token = catchup_seconds / n_read
