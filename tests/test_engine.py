@@ -206,6 +206,7 @@ def test_a_draft_model_reads_a_long_prompt_only_once_the_answer_has_run_as_long(
     assert events[0].draft_source is None and not events[0].draft_catchup_seconds  # nothing waited yet
     assert events[1].draft_source == "model" and events[1].draft_catchup_seconds > 0
     assert draft.eval_calls[0] == LONG  # the whole context but its newest token (8)
+    assert events[1].draft_catchup_tokens == len(LONG)  # (a long read: not what a probe catches up on)
     # A short prompt is read at once: the first step that drafts (the second: the first is the prompt
     # pass's token) drafts with the model.
     short, _ = _run(*_models(draft_choice=sometimes_wrong), k=3, max_tokens=12, prompt=LONG[1:], kind=kind)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -368,3 +370,18 @@ def test_a_draft_models_acceptance_measured_here_prices_it_until_its_own_drafts_
     assert ngram.speedup("ngram") == pytest.approx(
         AdaptiveK(F16, PolicyConfig(k_max=12), source="ngram").speedup("ngram")
     )
+
+
+def test_a_long_read_is_not_what_a_probe_catches_up_on():
+    # The reading rule's purchase (drafting.Reading: more than LONG_READ tokens) is priced there; a probe
+    # after plain steps reads only what they decoded. Counted, an agent prompt's 2.2 s read made the
+    # median of two catch-ups 1.1 s, and the draft model, off after three wrong drafts, waited ~380
+    # plain steps for its next probe.
+    policy = AdaptiveK(F16, PolicyConfig(k_max=12))
+    read = dataclasses.replace(_step(4, 1), draft_seconds=2.32, draft_catchup_seconds=2.2, draft_catchup_tokens=629)
+    probe = dataclasses.replace(_step(4, 1), draft_seconds=0.16, draft_catchup_seconds=0.04, draft_catchup_tokens=6)
+    policy.observe(read)
+    policy.observe(probe)
+    assert policy.costs.catchup_seconds.estimate(0.0) == pytest.approx(0.04)
+    plain, one = policy.costs.step(np.array([0, 1]), "model")
+    assert policy.probe_wait() == max(16, int(np.ceil((one - plain + 0.04) / (0.02 * plain)))) < 40

@@ -26,6 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .drafting import LONG_READ
 from .model import Model
 
 PROBE_BATCH = 6  # the probe times batches of 1..6 tokens (K up to 5); the policy extends the table past that
@@ -141,6 +142,8 @@ class MeasuredStep(Protocol):
     def draft_seconds(self) -> float: ...
     @property
     def draft_catchup_seconds(self) -> float: ...
+    @property
+    def draft_catchup_tokens(self) -> int: ...
     @property
     def verify_seconds(self) -> float: ...
     @property
@@ -282,7 +285,11 @@ class StepCosts:
         if event.chain_drafted and event.draft_source is not None:
             per_token = (event.draft_seconds - event.draft_catchup_seconds) / event.chain_drafted
             self.draft_by_source.setdefault(event.draft_source, Recent(trust=self.trust)).add(per_token)
-            if event.draft_catchup_seconds:
+            # What a probe catches up on after plain steps (`AdaptiveK.probe_wait`); a long read is the
+            # reading rule's purchase (drafting.Reading), priced there: counted here, one 2.2 s read of an
+            # agent's prompt made the median of two catch-ups 1.1 s, and the draft model, off after three
+            # wrong drafts, waited 384 plain steps for its next probe (docs/benchmarks.md, "The reading's rent").
+            if event.draft_catchup_seconds and event.draft_catchup_tokens <= LONG_READ:
                 self.catchup_seconds.add(event.draft_catchup_seconds)
 
     def learned(self, *, min_steps: int = LEARNED_MIN_STEPS) -> MachineCosts | None:

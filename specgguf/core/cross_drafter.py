@@ -205,6 +205,7 @@ class CrossVocabDrafter:
             return [], 0
         if len(feed) > 1:  # the prompt, the verifier's tokens: not a cost of drafting itself
             self.model.eval(feed[:-1], n_logits=0)
+            drafts.catchup_tokens = len(feed) - 1
             feed = feed[-1:]
         drafts.catchup_seconds = time.perf_counter() - start
         return feed, k

@@ -63,7 +63,7 @@ class ModelDrafter:
         if len(feed) > 2:  # the prompt, plain steps, another drafter's: not a cost of drafting itself
             start = time.perf_counter()
             self.model.eval(feed[:-1], n_logits=0)
-            drafts.catchup_seconds = time.perf_counter() - start
+            drafts.catchup_seconds, drafts.catchup_tokens = time.perf_counter() - start, len(feed) - 1
             feed = feed[-1:]
         constraint = step.constraint  # a grammar: each draft masked by its state after the drafts before
         try:
