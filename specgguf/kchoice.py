@@ -72,8 +72,8 @@ def make_policy(
 ) -> tuple[KPolicy, KSource]:
     """The K policy for a run, and where K came from. `costs` is asked only for adaptive K; `read` (the
     draft's reading a token, Prepared.read_cost) only for a fixed K that drafts with a draft model;
-    `measured_acceptance` (the draft's, measured greedy here: drafts/made.py) prices its first drafts
-    of a greedy answer (PolicyConfig.measured_acceptance)."""
+    `measured_acceptance` (the draft's, measured greedy here: drafts/made.py) prices a long read
+    before its drafts have shown what they do (PolicyConfig.measured_acceptance)."""
     spec = DRAFTER_KINDS[drafter]
     if spec.needs_model and draft is None:
         return FixedK(0), KSource(False, "plain (no draft)")
@@ -88,7 +88,7 @@ def make_policy(
         k_max=K_MAX,
         k_min=1 if force_spec else 0,
         trees=trees,
-        measured_acceptance=measured_acceptance if temperature == 0 else None,
+        measured_acceptance=measured_acceptance,
     )
     # The stored K is the draft model's: a kind without one always chooses K online.
     if choice.mode == "adaptive" or not spec.needs_model or stored is None:

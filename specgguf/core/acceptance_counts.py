@@ -52,9 +52,8 @@ class PolicyConfig:
     # (docs/adaptive-k.md); it is for verifiers that check extra tokens nearly free (GPUs).
     trees: bool = False
     # The draft model's acceptance per position, measured greedy on this machine against this verifier
-    # (drafts/made.py's calibration), where known and the answer is greedy: what its drafts are expected to
-    # deliver before its own first drafts have been seen (`AdaptiveK.speedup`, which a long read's wait
-    # prices: drafting.Reading), in place of the generic `prior_acceptance`.
+    # (drafts/made.py's calibration), where known: the least a long read is priced to buy before the
+    # draft's first `evidence` drafts have shown what it does (`AdaptiveK.speedup`; drafting.Reading).
     measured_acceptance: float | None = None
 
 

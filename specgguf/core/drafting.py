@@ -261,8 +261,8 @@ class Reading:
     The rule is ski rental's. Reading is the purchase, R seconds; not having read is the rent: while the
     draft's steps are plain (prompt lookup and a grammar's forced tokens, which read nothing first, still
     draft), each second of the answer loses what drafting would have saved of it, 1 − 1/s for drafting
-    at s times plain decoding's rate (the K policy's estimate, `KPolicy.speedup`: in a greedy answer
-    before the draft's first drafts, at its acceptance measured for the pair here where known). The
+    at s times plain decoding's rate (the K policy's estimate, `KPolicy.speedup`: until the draft's
+    drafts have shown what they do, at no less than its acceptance measured for the pair here). The
     draft reads on the step whose rent would bring what was paid up to the price, (waited + that step)
     · (1 − 1/s) ≥ R, the step priced as the last one took: ski rental on whole days buys on the day the
     rent would reach the price, not the day after. An answer too short to pay the reading back

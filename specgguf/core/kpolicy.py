@@ -108,16 +108,21 @@ class AdaptiveK:
         return optimistic(learned, self.acceptance.expected(self.config.doubt), self.config.worth_trying)
 
     def speedup(self, source: Source) -> float | None:
-        """max_k E(k) / T(k) ÷ E(0) / T(0), E as `expected` prices it (optimistic over the first drafts);
-        before a draft model's first drafts, at the acceptance measured for the pair here where known
-        (`PolicyConfig.measured_acceptance`): on the F16 verifier the generic prior says 1.43× plain, the
-        pair's measured acceptance (0.85) 1.59×, and its answers on the suite ran 1.2-2.1× plain."""
+        """max_k E(k) / T(k) ÷ E(0) / T(0), E as `expected` prices it (optimistic over the first drafts).
+        What a draft model's long read buys (drafting.Reading) is priced, until `evidence` first drafts
+        have shown what it does here, at no less than the acceptance measured for the pair on this
+        machine (`PolicyConfig.measured_acceptance`), else `worth_trying`, as `could_win` prices drafting
+        at all: priced at its first drafts alone, three wrong ones in an agent's first answer put it
+        under plain decoding, and the draft never read again for the 512-token answer after (docs/
+        benchmarks.md, "The reading's rent"); and the generic prior (0.5) priced the F16 verifier's
+        drafting at 1.06-1.43× plain where the pair's measured 0.85 says 1.59×."""
         expected = self.expected(source)
         if expected is None:
             return None
-        measured = self.config.measured_acceptance
-        if measured is not None and self.source == "model" and self.acceptance.first_tested == 0:
-            expected = expected_at(measured, len(expected) - 1)
+        if self.source == "model" and self.acceptance.first_tested < self.config.evidence:
+            hoped = self.config.measured_acceptance
+            hoped = self.config.worth_trying if hoped is None else hoped
+            expected = np.maximum(self.acceptance.expected(), expected_at(hoped, len(expected) - 1))
         rates = expected / self.costs.step(np.arange(len(expected)), self.source)
         return float(rates[1:].max() / rates[0])
 
