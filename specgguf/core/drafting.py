@@ -272,8 +272,9 @@ class Reading:
     verifier: a chat's fifth turn (1,154 tokens the draft never read) read for 4.6 s after 120 of its 147
     tokens, drafting at about 1.3× where it paid nothing back: 0.68× plain; with the rent the draft never
     reads there. Less than `LONG_READ` unread tokens (a chat's new turn) is read at once, as before.
-    Those two (the step counted, the measured acceptance) on the F16 verifier's cold answers
-    (docs/benchmarks.md, "The reading's rent"): a tool call 1.17×, a JSON extraction 1.10×, a summary 1.04×.
+    Those two (the step counted, the measured acceptance) on the F16 verifier (docs/benchmarks.md, "The
+    reading's rent"): a cold tool call 1.14× (8 steps against 11), other cold answers within ±5%, the
+    agent, chat and editor traces 0.97×, 0.99× and 1.02×.
 
     The reading's cost per token starts as the draft's own reading timed once on this machine (tuning.probe,
     kept in tuning.json), or where that is not known `DRAFT_READ_PRIOR` of the verifier's own reading of

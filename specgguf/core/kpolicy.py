@@ -108,21 +108,22 @@ class AdaptiveK:
         return optimistic(learned, self.acceptance.expected(self.config.doubt), self.config.worth_trying)
 
     def speedup(self, source: Source) -> float | None:
-        """max_k E(k) / T(k) ÷ E(0) / T(0), E as `expected` prices it (optimistic over the first drafts).
-        What a draft model's long read buys (drafting.Reading) is priced, until `evidence` first drafts
-        have shown what it does here, at no less than the acceptance measured for the pair on this
-        machine (`PolicyConfig.measured_acceptance`), else `worth_trying`, as `could_win` prices drafting
-        at all: priced at its first drafts alone, three wrong ones in an agent's first answer put it
-        under plain decoding, and the draft never read again for the 512-token answer after (docs/
-        benchmarks.md, "The reading's rent"); and the generic prior (0.5) priced the F16 verifier's
-        drafting at 1.06-1.43× plain where the pair's measured 0.85 says 1.59×."""
-        expected = self.expected(source)
-        if expected is None:
+        """max_k E(k) / T(k) ÷ E(0) / T(0), E as `expected` prices it (optimistic over the first drafts),
+        but for a draft model (what its long read buys: drafting.Reading), until `evidence` first drafts
+        have shown what it does here, what they show (not raised) or the acceptance measured for the
+        pair on this machine (`PolicyConfig.measured_acceptance`), else `worth_trying`, as `could_win`
+        prices drafting at all, whichever is more. Priced at its first drafts alone, three wrong ones in
+        an agent's first answer put it under plain decoding, and the draft never read again for the
+        512-token answer after (docs/benchmarks.md, "The reading's rent"); and the generic prior (0.5)
+        priced the F16 verifier's drafting at 1.06-1.43× plain where the pair's measured 0.85 says 1.59×."""
+        if source != self.source:
             return None
         if self.source == "model" and self.acceptance.first_tested < self.config.evidence:
             hoped = self.config.measured_acceptance
             hoped = self.config.worth_trying if hoped is None else hoped
-            expected = np.maximum(self.acceptance.expected(), expected_at(hoped, len(expected) - 1))
+            expected = np.maximum(self.acceptance.expected(), expected_at(hoped, self.config.k_max))
+        else:
+            expected = self.expected(source)
         rates = expected / self.costs.step(np.arange(len(expected)), self.source)
         return float(rates[1:].max() / rates[0])
 
