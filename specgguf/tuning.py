@@ -214,6 +214,8 @@ class MeasuredVariants:
                 number = kind is float and _number(candidate[field])
                 if not (isinstance(candidate[field], str) if kind is str else number and candidate[field] >= 0):
                     raise InvalidEntry(f"candidate field {field!r} is {candidate[field]!r}")
+            if candidate["acceptance"] > 1:  # a chance: it prices a draft's reading (AdaptiveK.speedup)
+                raise InvalidEntry(f"candidate field 'acceptance' is {candidate['acceptance']!r}")
         names = [candidate["name"] for candidate in value["candidates"]]
         try:
             variants = {name: parse_variant(name) for name in names}

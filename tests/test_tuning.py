@@ -145,6 +145,14 @@ def test_a_draft_variant_entry_comes_back_as_a_typed_value_and_a_bad_one_is_a_wa
         tuning_path().write_text(json.dumps(data))
         assert tuning.stored_draft_variant("draft_variant|bad") is None
         assert f"unknown variant in {name!r}" in capsys.readouterr().err
+    # An acceptance is a chance: one past 1 (an edited file) would price every reading as sure to pay.
+    data = load_tuning()
+    data[tuning.machine_id()]["draft_variant|bad"] = dict(
+        entry, candidates=[dict(entry["candidates"][1], acceptance=7.5)]
+    )
+    tuning_path().write_text(json.dumps(data))
+    assert tuning.stored_draft_variant("draft_variant|bad") is None
+    assert "candidate field 'acceptance' is 7.5" in capsys.readouterr().err
 
 
 def test_the_draft_variants_listed_for_a_pair_are_those_measured_with_this_process_s_pages(monkeypatch, tmp_path):
