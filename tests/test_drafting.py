@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from fakes import FakeModel, one_hot_logits
 from specgguf.core.drafters import HybridDrafter, build_drafter
@@ -171,3 +172,91 @@ def test_hybrid_takes_long_session_matches_and_feeds_the_session():
     assert drafts.source == "ngram" and drafts.tokens == [5, 6]
     hybrid.prepare([7, 8, 9, 10])
     assert session.lookup([8, 9], 1) == ([10], 2)
+
+
+def _hashed_logits(context):
+    """A draft whose rows depend on the whole context (so a cache holding a wrong token shows)."""
+    return np.random.default_rng(hash(tuple(context)) % (1 << 32)).normal(0.0, 2.0, 20)
+
+
+def _own_chain(context, n):
+    """The draft's greedy continuation of `context`."""
+    chain = []
+    for _ in range(n):
+        chain.append(int(np.argmax(_hashed_logits(context + chain))))
+    return chain
+
+
+@pytest.mark.parametrize("settings", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_read_ahead_drafts_what_the_draft_model_drafts_in_fewer_passes(settings):
+    """Guesses right, then wrong, of every length: the drafts (tokens, q rows, confidences) are the ones
+    drafting without guesses gives with the same random draws, the cache keeps only right guesses, and
+    right guesses save passes."""
+    calls = {"plain": 0, "ahead": 0}
+    for trial in range(40):
+        context = [int(t) for t in np.random.default_rng(trial).integers(0, 20, 6)]
+        right = trial % 5  # how many guessed tokens are the draft's own (greedy) continuation
+        guess = _own_chain(context, 8)[:right] + [7, 7, 7]
+
+        def guesser(sequence, k, guess=guess, start=len(context)):
+            done = sequence[start:]
+            rest = guess[len(done) :] if guess[: len(done)] == done else []
+            return rest[:k], [0.9] * len(rest[:k])
+
+        results = {}
+        for name, drafter in (
+            ("plain", ModelDrafter(FakeModel(_hashed_logits, n_vocab=20))),
+            ("ahead", ModelDrafter(FakeModel(_hashed_logits, n_vocab=20), guess=guesser)),
+        ):
+            drafts = drafter.propose(
+                context, 6, DraftStep(n_vocab=20, settings=settings, rng=np.random.default_rng(trial))
+            )
+            model = drafter.model
+            assert model.cached == (context + drafts.tokens)[: len(model.cached)]  # every token in it is right
+            calls[name] += len(model.eval_calls)
+            results[name] = drafts
+        plain, ahead = results["plain"], results["ahead"]
+        assert ahead.tokens == plain.tokens and ahead.confidence == plain.confidence
+        np.testing.assert_array_equal(np.array(ahead.probs), np.array(plain.probs))
+    assert calls["ahead"] < calls["plain"]
+
+
+def test_read_ahead_reads_a_guess_only_while_its_chance_pays():
+    model = FakeModel(one_hot_logits(lambda c: 9, 20), n_vocab=20)
+    read = []
+    drafter = ModelDrafter(model, guess=lambda sequence, k: ([9, 9, 9, 9][:k], [0.9, 0.5, 0.5, 0.9][:k]))
+    original = model.eval
+
+    def eval(tokens, *, n_logits):
+        read.append(list(tokens))
+        return original(tokens, n_logits=n_logits)
+
+    model.eval = eval
+    assert _propose(drafter, [1, 2], 4).tokens == [9, 9, 9, 9]
+    # Reach 0.9, then 0.45 (both read), then 0.225 (below 0.25: not read): three drafts from the first
+    # pass; the fourth and last needs no guess after it (nothing is read past the last draft).
+    assert read == [[1, 2, 9, 9], [9]]
+
+
+def test_guesses_never_drawn_stop_being_read_and_drawn_ones_read_further():
+    model = FakeModel(one_hot_logits(lambda c: 9, 20), n_vocab=20)
+    wrong = ModelDrafter(model, guess=lambda sequence, k: ([5] * k, [0.55] * k))
+    passes = []
+    for _ in range(6):
+        before = len(model.eval_calls)
+        assert _propose(wrong, [1, 2], 4).tokens == [9] * 4
+        passes.append([len(call) for call in model.eval_calls[before:]])
+    # Reach 0.55, then 0.3: two guesses read after the pending token; each is refused, and the
+    # evidence's word counts less and less: in the end every draft is one pass of one token.
+    assert passes[0][0] == 4 and passes[-1] == [1, 1, 1, 1]
+    assert wrong.guess_chances.chance(0.55) < 0.25
+    model = FakeModel(one_hot_logits(lambda c: 9, 20), n_vocab=20)
+    right = ModelDrafter(model, guess=lambda sequence, k: ([9] * k, [0.4] * k))
+    assert len(model.eval([1], n_logits=1)) == 1
+    first = len(_propose(right, [1, 2], 8).tokens) and model.eval_calls[1]
+    for _ in range(6):
+        _propose(right, [1, 2], 8)
+    assert right.guess_chances.chance(0.4) > 0.8
+    before = len(model.eval_calls)
+    assert _propose(right, [1, 2], 8).tokens == [9] * 8
+    assert len(first) == 2 and len(model.eval_calls[before]) > 4  # 0.4 alone at first; several read at once later

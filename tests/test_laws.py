@@ -158,16 +158,33 @@ def _draft_model():
     return FakeModel(lambda context: DRAFT[context[-1]], n_vocab=VOCAB)
 
 
+class _CountedGuess:
+    """Prompt lookup's guesses for the draft model to read ahead, counting those it gave."""
+
+    def __init__(self, ngram: NgramDrafter):
+        self.ngram, self.given = ngram, 0
+
+    def __call__(self, context: list[int], k: int) -> tuple[list[int], list[float]]:
+        tokens, chances = self.ngram.guess(context, k)
+        self.given += bool(tokens)
+        return tokens, chances
+
+
 def _path(kind) -> tuple[Drafter, KPolicy]:
-    """The drafter and K policy of one path: the draft model's chain, the hybrid, or draft trees."""
+    """The drafter and K policy of one path: the draft model's chain, the hybrid (its draft model reading
+    prompt lookup's guesses ahead, as `specgguf` builds it, or not), or draft trees."""
     if kind == "hybrid":
         return HybridDrafter(ModelDrafter(_draft_model()), NgramDrafter(min_ngram=1), min_match=2), FixedK(3)
+    if kind == "read-ahead":
+        ngram = NgramDrafter(min_ngram=1)
+        guess = _CountedGuess(ngram)
+        return HybridDrafter(ModelDrafter(_draft_model(), guess=guess), ngram, min_match=2), FixedK(3)
     return ModelDrafter(_draft_model()), Siblings() if kind == "tree" else FixedK(3)
 
 
 LENGTH = 4  # the first token is the prompt pass's (a plain step): three positions speculated
-PATHS = ["model", "hybrid", "tree"]
-SOURCES = {"model": {"model"}, "hybrid": {"model", "ngram"}, "tree": {"model"}}
+PATHS = ["model", "hybrid", "read-ahead", "tree"]
+SOURCES = {"model": {"model"}, "hybrid": {"model", "ngram"}, "read-ahead": {"model", "ngram"}, "tree": {"model"}}
 
 
 def _path_p_value(kind, settings, *, seed, n_sequences=20_000):
@@ -176,6 +193,9 @@ def _path_p_value(kind, settings, *, seed, n_sequences=20_000):
     assert tally.sources == SOURCES[kind]
     if isinstance(policy, Siblings):
         assert policy.taken == {True, False}  # siblings were drafted, and both taken and refused
+    guess = getattr(getattr(drafter, "model_drafter", None), "guess", None)
+    if isinstance(guess, _CountedGuess):
+        assert guess.given > n_sequences // 10  # the draft model read guesses ahead
     return _p_value(tally.counts, _law(settings, LENGTH))
 
 
@@ -231,7 +251,7 @@ PLANT_SEQUENCES = {"temperature": 12_000, "top-k": 4000}
 @pytest.mark.parametrize("kind", PATHS)
 def test_a_draft_reporting_q_processed_wrongly_fails_the_check(monkeypatch, kind, knob):
     monkeypatch.setattr(ModelDrafter, "propose", _misreporting(knob))
-    n_sequences = PLANT_SEQUENCES[knob] * (2 if kind == "hybrid" else 1)
+    n_sequences = PLANT_SEQUENCES[knob] * (2 if kind in ("hybrid", "read-ahead") else 1)
     assert _path_p_value(kind, _settings(0.5), seed=32, n_sequences=n_sequences) < 1e-12
 
 
@@ -248,7 +268,7 @@ def _wrong_chain_rule(*, target_probs, draft_probs, draft_tokens, parents, rng):
     return list(range(n_accepted)), next_token
 
 
-@pytest.mark.parametrize("kind", ["model", "hybrid"])
+@pytest.mark.parametrize("kind", ["model", "hybrid", "read-ahead"])
 def test_the_wrong_acceptance_rule_fails_the_check(monkeypatch, kind):
     monkeypatch.setattr(specgguf.core.engine, "accept_tree", _wrong_chain_rule)
     assert _path_p_value(kind, _settings(0.5), seed=33, n_sequences=4000) < 1e-12

@@ -15,7 +15,7 @@ from typing import Literal, get_args
 
 from ..errors import UsageError
 from .cross_drafter import CROSS_MODE_CHOICES, CrossModeChoice, CrossVocab, CrossVocabDrafter
-from .drafting import Drafter, Drafts, DraftStep, Source
+from .drafting import Drafter, Drafts, DraftStep, Guess, Source
 from .model import Model
 from .model_drafter import ModelDrafter
 from .ngram_cache import SessionNgrams
@@ -50,9 +50,10 @@ class DrafterSpec:
         return len(self.sources) > 1
 
 
-def _model(draft: Model, settings: DraftSettings) -> Drafter:
+def _model(draft: Model, settings: DraftSettings, guess: Guess | None = None) -> Drafter:
     """The draft model's drafter: through text when it has another vocabulary (`settings.cross`), by
-    shared tokens or by its own text re-encoded (`cross.mode`)."""
+    shared tokens or by its own text re-encoded (`cross.mode`). Of the verifier's vocabulary, it reads
+    `guess`'s tokens ahead (model_drafter.py)."""
     cross = settings.cross
     if cross is not None and cross.mode == "string":
         if cross.verifier_text is None:
@@ -60,7 +61,7 @@ def _model(draft: Model, settings: DraftSettings) -> Drafter:
         return StringDrafter(draft, cross, cross.verifier_text, p_min=settings.p_min, n_min=settings.n_min)
     if settings.cross is not None:
         return CrossVocabDrafter(draft, settings.cross, p_min=settings.p_min, n_min=settings.n_min)
-    return ModelDrafter(draft, p_min=settings.p_min, n_min=settings.n_min)
+    return ModelDrafter(draft, p_min=settings.p_min, n_min=settings.n_min, guess=guess)
 
 
 def _ngram(draft: Model, settings: DraftSettings) -> Drafter:
@@ -68,8 +69,10 @@ def _ngram(draft: Model, settings: DraftSettings) -> Drafter:
 
 
 def _hybrid(draft: Model, settings: DraftSettings) -> Drafter:
-    # Matches of 2 tokens and more, where their evidence makes the first draft at least an even bet.
-    return HybridDrafter(_model(draft, settings), NgramDrafter(session=settings.session), min_match=2, min_chance=0.5)
+    # Matches of 2 tokens and more, where their evidence makes the first draft at least an even bet; the
+    # draft model reads the lookup's weaker guesses ahead.
+    ngram = NgramDrafter(session=settings.session)
+    return HybridDrafter(_model(draft, settings, ngram.guess), ngram, min_match=2, min_chance=0.5)
 
 
 def _cross(draft: Model, settings: DraftSettings) -> Drafter:

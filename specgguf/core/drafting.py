@@ -32,6 +32,9 @@ WHOLE_DRAFTS: frozenset[Source] = frozenset({"ngram"})
 # model_drafter, cross_drafter, string_drafter): the policy lets that end the draft from the first step.
 CONFIDENT: frozenset[Source] = frozenset({"model"})
 KeepDrafting = Callable[[list[float]], bool]  # asked after each draft token: go on?
+# What may follow a context, at most k tokens, with each one's chance given those before it were right
+# (prompt lookup's evidence): a draft model reads them ahead (model_drafter).
+Guess = Callable[[list[int], int], tuple[list[int], list[float]]]
 # Asked after each draft token (the confidences so far, the runner-up's probability): add a sibling?
 Branch = Callable[[list[float], float], bool]
 

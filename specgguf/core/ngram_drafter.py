@@ -111,6 +111,11 @@ class NgramDrafter:
         tokens, n = self.session.lookup(context, k)
         return Match(tokens, n)
 
+    def guess(self, context: list[int], k: int) -> tuple[list[int], list[float]]:
+        """`lookup`'s tokens and evidence, for a draft model to read ahead (drafting.Guess)."""
+        match = self.lookup(context, k)
+        return match.tokens, match.evidence()
+
     def propose(
         self,
         context: list[int],
