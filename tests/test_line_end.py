@@ -74,3 +74,21 @@ class _Fixed:
 
     def propose(self, context, k, step):
         return self.drafts
+
+
+def test_past_the_budget_a_draft_model_stops_after_the_line_end_instead_of_drafting_what_is_cut():
+    from fakes import FakeModel, one_hot_logits
+    from specgguf.core.model_drafter import ModelDrafter
+
+    chain = {1: 4, 4: 5, 5: 6, 6: 1}  # the draft writes "y = 2\n" "z" "x = " "y" ...
+    elapsed: list[float | None] = [0.5]
+    model = FakeModel(one_hot_logits(lambda context: chain[context[-1]], 8), n_vocab=8)
+    drafter = LineEndDrafter(
+        ModelDrafter(model), token_bytes=TEXT.__getitem__, elapsed_ms=lambda: elapsed[0], limit_ms=1
+    )
+    assert drafter.propose([1], 6, _step()).tokens == [4, 5, 6, 1, 4, 5]  # within the budget: every token
+    elapsed[0] = 2
+    model.rewind(0)
+    before = len(model.eval_calls)
+    assert drafter.propose([1], 6, _step()).tokens == [4, 5]
+    assert len(model.eval_calls) - before == 2  # a pass for each kept draft, none for what would be cut

@@ -94,6 +94,9 @@ class DraftStep:
     # A grammar (constraint.Constraint): a drafter masks its distribution by it at each draft and
     # leaves it as it found it.
     constraint: Constraint | None = None
+    # A token the answer would end with (an editor's completion past its time budget ends at a line's
+    # end: serve's line_end): a drafter that drafts token by token stops after it, nothing past it is kept.
+    last: Callable[[int], bool] | None = None
 
 
 class Drafter(Protocol):

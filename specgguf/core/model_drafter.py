@@ -160,8 +160,10 @@ class ModelDrafter:
                 # independent draw (a repeat of the first stays in the tree: the rule needs it).
                 sibling = runner if step.settings.greedy else int(support[sample_token(weights, step.rng)])
                 drafts.sides[drafts.add(sibling, parent, draft_probs)] = runner_up
-            if self.model.is_eog(token) or (
-                step.keep_drafting is not None and not step.keep_drafting(drafts.confidence)
+            if (
+                self.model.is_eog(token)
+                or (step.last is not None and step.last(token))
+                or (step.keep_drafting is not None and not step.keep_drafting(drafts.confidence))
             ):
                 break
             feed, parent = run, node + len(run) - 1  # under a grammar, a chain: the forced tokens follow node
@@ -183,21 +185,22 @@ class ModelDrafter:
             # Drawn otherwise: the guesses after it leave the cache.
             self.model.rewind(self.model.n_past - len(self._ahead))
             self._ahead = []
-        guesses, priors = self._guesses(sequence, room) if room > 0 and step.constraint is None else ([], [])
+        guesses, priors = self._guesses(sequence, room, step) if room > 0 and step.constraint is None else ([], [])
         rows = _align(self.model.eval(feed + guesses, n_logits=1 + len(guesses)), step.n_vocab)
         self._ahead = list(zip(guesses, rows[1:], priors))
         return rows[0]
 
-    def _guesses(self, sequence: list[int], room: int) -> tuple[list[int], list[float]]:
+    def _guesses(self, sequence: list[int], room: int, step: DraftStep) -> tuple[list[int], list[float]]:
         """The guess's first tokens while the chance that all are drawn (each one's as `guess_chances`
-        learned it) stays at least `READ_AHEAD_CHANCE`, with their evidence's chances."""
+        learned it) stays at least `READ_AHEAD_CHANCE`, with their evidence's chances; none past a
+        token the answer would end with (`step.last`: no draft follows it)."""
         if self.guess is None:
             return [], []
         tokens, priors = self.guess(sequence, room)
         reach, n = 1.0, 0
-        for prior in priors[: len(tokens)]:
+        for token, prior in zip(tokens, priors):
             reach *= self.guess_chances.chance(prior)
-            if reach < READ_AHEAD_CHANCE:
+            if reach < READ_AHEAD_CHANCE or (step.last is not None and step.last(token)):
                 break
             n += 1
         return tokens[:n], priors[:n]
