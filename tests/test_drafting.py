@@ -213,6 +213,7 @@ def test_read_ahead_drafts_what_the_draft_model_drafts_in_fewer_passes(settings)
             )
             model = drafter.model
             assert model.cached == (context + drafts.tokens)[: len(model.cached)]  # every token in it is right
+            assert len(model.eval_calls) == 1 + len(drafts.tokens) - drafts.read_ahead  # the catch-up, then passes
             calls[name] += len(model.eval_calls)
             results[name] = drafts
         plain, ahead = results["plain"], results["ahead"]

@@ -401,3 +401,12 @@ def test_a_long_read_is_not_what_a_probe_catches_up_on():
     assert policy.costs.catchup_seconds.estimate(0.0) == pytest.approx(0.04)
     plain, one = policy.costs.step(np.array([0, 1]), "model")
     assert policy.probe_wait() == max(16, int(np.ceil((one - plain + 0.04) / (0.02 * plain)))) < 40
+
+
+def test_a_draft_token_is_priced_at_a_pass_of_the_draft_model_not_at_what_read_ahead_saved():
+    # 8 drafts in 2 passes of 0.03 s (6 read ahead with guesses): a draft token is priced 0.03 s, a pass,
+    # not 0.0075 s: what prompt lookup's guesses save is not counted on (model_drafter's read-ahead).
+    policy = AdaptiveK(F16, PolicyConfig(k_max=12))
+    for _ in range(20):
+        policy.observe(dataclasses.replace(_step(8, 8, draft=0.03 / 4), draft_read_ahead=6))
+    assert policy.costs.draft_seconds("model") == pytest.approx(0.03, rel=0.05)

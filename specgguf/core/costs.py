@@ -145,6 +145,8 @@ class MeasuredStep(Protocol):
     @property
     def draft_catchup_tokens(self) -> int: ...
     @property
+    def draft_read_ahead(self) -> int: ...
+    @property
     def verify_seconds(self) -> float: ...
     @property
     def sample_seconds(self) -> float: ...
@@ -283,7 +285,12 @@ class StepCosts:
         self.ratio.add(event.verify_seconds / tabled)
         self.verify_by_k.setdefault(k, Recent(trust=self.trust)).add(event.verify_seconds)
         if event.chain_drafted and event.draft_source is not None:
-            per_token = (event.draft_seconds - event.draft_catchup_seconds) / event.chain_drafted
+            # A draft token is priced at a pass of the draft model: drafts read ahead with a guess
+            # (model_drafter) are a saving not counted on. Priced at what they cost, a draft model
+            # looked cheaper everywhere for what it saved where prompt lookup guessed well, and an
+            # editor's completions, where its drafts are mostly refused, drafted more from it.
+            passes = max(1, event.chain_drafted - event.draft_read_ahead)
+            per_token = (event.draft_seconds - event.draft_catchup_seconds) / passes
             self.draft_by_source.setdefault(event.draft_source, Recent(trust=self.trust)).add(per_token)
             # What a probe catches up on after plain steps (`AdaptiveK.probe_wait`); a long read is the
             # reading rule's purchase (drafting.Reading), priced there: counted here, one 2.2 s read of an

@@ -47,6 +47,7 @@ class Drafts:
     confidence: list[float] = field(default_factory=list)  # a draft model's top probability per token
     catchup_seconds: float = 0.0  # spent reading what it had not seen: the prompt, plain steps, n-gram steps
     catchup_tokens: int = 0  # ... and how many tokens that was
+    read_ahead: int = 0  # drafts whose row a draft model read ahead with a guess: no pass of their own
     text_seconds: float = 0.0  # a draft of another vocabulary's text round trip (decode, re-encode)
     # A tree: node i's parent (-1: the verifier's pending token). Empty: a chain, node i after node i - 1.
     parents: list[int] = field(default_factory=list)

@@ -85,6 +85,7 @@ class StepEvent:
     draft_confidence: list[float] = field(default_factory=list)  # the draft model's top probability per draft
     draft_catchup_seconds: float = 0.0  # of draft_seconds: the draft reading tokens decoded without it
     draft_catchup_tokens: int = 0  # ... how many it read
+    draft_read_ahead: int = 0  # chain drafts whose row the draft model read ahead (no pass of their own)
     draft_text_seconds: float = 0.0  # of draft_seconds: the string-level drafter's decode and re-encode
     stop: str | None = None  # "eos", "max_tokens" or "context" on the last event
     # A tree step: siblings checked beside the chain, and kept (n_drafted and n_accepted count
@@ -143,6 +144,7 @@ def step_event(
         draft_confidence=drafts.confidence,
         draft_catchup_seconds=drafts.catchup_seconds,
         draft_catchup_tokens=drafts.catchup_tokens,
+        draft_read_ahead=drafts.read_ahead,
         draft_text_seconds=drafts.text_seconds,
         stop=stop,
         # The rows that scored `emitted`: log-probabilities at no extra model cost.
