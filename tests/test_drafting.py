@@ -196,9 +196,9 @@ def test_read_ahead_drafts_what_the_draft_model_drafts_in_fewer_passes(settings)
     for trial in range(40):
         context = [int(t) for t in np.random.default_rng(trial).integers(0, 20, 6)]
         right = trial % 5  # how many guessed tokens are the draft's own (greedy) continuation
-        guess = _own_chain(context, 8)[:right] + [7, 7, 7]
+        guess, start = _own_chain(context, 8)[:right] + [7, 7, 7], len(context)
 
-        def guesser(sequence, k, guess=guess, start=len(context)):
+        def guesser(sequence, k, guess=guess, start=start):
             done = sequence[start:]
             rest = guess[len(done) :] if guess[: len(done)] == done else []
             return rest[:k], [0.9] * len(rest[:k])
