@@ -122,7 +122,7 @@ class ModelDrafter:
         penalised = step.settings.penalties.active
         self._ahead = []
         while len(chain) < k:
-            logits, read_ahead = self._row(context + chain, feed, k - len(chain) - 1, step)
+            logits, read_ahead = self._row(context, chain, feed, k - len(chain) - 1, step)
             drafts.read_ahead += read_ahead
             if penalised:  # the very processing the verifier's row for this position gets
                 logits = apply_penalties(logits, context + chain, step.settings)
@@ -178,20 +178,24 @@ class ModelDrafter:
             drafts.parents = []  # a chain
         return drafts
 
-    def _row(self, sequence: list[int], feed: list[int], room: int, step: DraftStep) -> tuple[np.ndarray, bool]:
-        """The draft's logits for what follows `sequence`, whose tail `feed` the cache has not read, or has
-        read ahead as a guess. A fresh pass reads the guesses for what follows, at most `room` (no grammar:
-        its forced tokens join the feed). And whether it was read ahead (no pass of its own)."""
+    def _row(
+        self, context: list[int], chain: list[int], feed: list[int], room: int, step: DraftStep
+    ) -> tuple[np.ndarray, bool]:
+        """The draft's logits for what follows context + chain, whose tail `feed` the cache has not read,
+        or has read ahead as a guess. A fresh pass reads the guesses for what follows, at most `room` (no
+        grammar: its forced tokens join the feed). And whether it was read ahead (no pass of its own)."""
         if self._ahead:
             token, row, prior = self._ahead[0]
-            self.guess_chances.observe(prior, drawn=feed == [token])
-            if feed == [token]:  # drawn as guessed: its row was read with it
+            drawn = feed == [token]
+            self.guess_chances.observe(prior, drawn=drawn)
+            if drawn:  # its row was read with the guess
                 self._ahead.pop(0)
                 return row, True
             # Drawn otherwise: the guesses after it leave the cache.
             self.model.rewind(self.model.n_past - len(self._ahead))
             self._ahead = []
-        guesses, priors = self._guesses(sequence, room, step) if room > 0 and step.constraint is None else ([], [])
+        guessing = self.guess is not None and room > 0 and step.constraint is None
+        guesses, priors = self._guesses(context + chain, room, step) if guessing else ([], [])
         rows = _align(self.model.eval(feed + guesses, n_logits=1 + len(guesses)), step.n_vocab)
         self._ahead = list(zip(guesses, rows[1:], priors))
         return rows[0], False
@@ -200,8 +204,7 @@ class ModelDrafter:
         """The guess's first tokens while the chance that all are drawn (each one's as `guess_chances`
         learned it) stays at least `READ_AHEAD_CHANCE`, with their evidence's chances; none past a
         token the answer would end with (`step.last`: no draft follows it)."""
-        if self.guess is None:
-            return [], []
+        assert self.guess is not None
         tokens, priors = self.guess(sequence, min(room, READ_AHEAD_MAX))
         reach, n = 1.0, 0
         for token, prior in zip(tokens, priors):

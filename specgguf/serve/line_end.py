@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 
 from ..core.drafting import Drafter, Drafts, DraftStep, Wrapper
-from .text import time_cut
+from .text import ends_line, time_cut
 
 
 class LineEndDrafter(Wrapper):
@@ -45,4 +45,4 @@ class LineEndDrafter(Wrapper):
         return drafts.cut(len(kept)) if ends else drafts  # the answer ends with its last: nothing after it is kept
 
     def _ends_line(self, token: int) -> bool:
-        return b"\n" in self.token_bytes(token)  # as `time_cut` finds the answer's last token
+        return ends_line(token, self.token_bytes)

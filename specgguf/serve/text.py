@@ -55,8 +55,13 @@ def time_cut(
     holds a new line is the answer's last ("length"). A step's tokens up to it, and whether it came."""
     if elapsed_ms <= limit_ms:
         return tokens, False
-    ends = [i for i, token in enumerate(tokens) if b"\n" in token_bytes(token)]
+    ends = [i for i, token in enumerate(tokens) if ends_line(token, token_bytes)]
     return (tokens[: ends[0] + 1], True) if ends else (tokens, False)
+
+
+def ends_line(token: int, token_bytes: Callable[[int], bytes]) -> bool:
+    """Whether `time_cut` ends an answer past its limit with this token: its text holds a new line."""
+    return b"\n" in token_bytes(token)
 
 
 class AnswerText:
