@@ -8,6 +8,7 @@ import llama_cpp  # tests may read llama.cpp directly, to compare against it
 import numpy as np
 import pytest
 
+from specgguf.core.drafters import DraftSettings, build_drafter
 from specgguf.core.engine import speculate
 from specgguf.core.model_drafter import ModelDrafter
 from specgguf.core.sampling import SamplingSettings, process_logits
@@ -55,7 +56,16 @@ class RecordingModel:
 
 
 def _check_greedy_per_step(
-    verifier_path, draft_path, prompt, *, k, max_tokens, n_ctx=512, verifier_options=None, draft_options=None
+    verifier_path,
+    draft_path,
+    prompt,
+    *,
+    k,
+    max_tokens,
+    n_ctx=512,
+    verifier_options=None,
+    draft_options=None,
+    make_drafter=ModelDrafter,
 ):
     """Every emitted token is the argmax of the verifier's logits for exactly its context.
 
@@ -70,7 +80,7 @@ def _check_greedy_per_step(
     events = list(
         speculate(
             verifier=verifier,
-            drafter=ModelDrafter(draft),
+            drafter=make_drafter(draft),
             prompt_tokens=tokens,
             k=k,
             max_tokens=max_tokens,
@@ -97,6 +107,37 @@ def test_tiny_pair_greedy_is_the_verifiers_argmax_each_step(tiny_verifier, tiny_
     n_drafted = sum(e.n_drafted for e in events)
     n_accepted = sum(e.n_accepted for e in events)
     assert 0 < n_accepted < n_drafted  # a real mix of accepted and rejected drafts
+
+
+def test_tiny_pair_reading_guesses_ahead_is_the_verifiers_argmax_each_step(tiny_verifier, tiny_draft):
+    # The default hybrid: its draft model reads prompt lookup's guesses ahead in batches of several rows,
+    # rewinding its cache where it draws otherwise. Each of its drafts is the draft's argmax for exactly
+    # its context (a guess left in the cache would have it score another), and the output the verifier's.
+    drafts: list[RecordingModel] = []
+
+    def hybrid(draft):
+        drafts.append(RecordingModel(draft))
+        return build_drafter("hybrid", drafts[-1], DraftSettings())
+
+    prompt = "the cat was there and the cat was here and the dog was there and the cat"
+    events, output = _check_greedy_per_step(tiny_verifier, tiny_draft, prompt, k=6, max_tokens=60, make_drafter=hybrid)
+    assert len(output) == 60
+    assert sum(e.draft_read_ahead for e in events) > 0  # rows read ahead were drawn from
+    rows: dict[tuple[int, ...], list[int]] = {}
+    for scored, row in drafts[0].rows:
+        rows.setdefault(tuple(scored), []).append(int(np.argmax(row)))
+    tokenizer = LlamaModel(tiny_verifier, n_ctx=64)  # the prompt as the helper read it
+    context = tokenizer.tokenize(prompt, special=False)
+    tokenizer.close()
+    n_checked = 0
+    for event in events:
+        if event.draft_source == "model":
+            chain = event.accepted + event.rejected
+            for i, token in enumerate(chain):
+                assert token in rows[tuple(context + chain[:i])], f"draft {i} after {len(context)} tokens"
+                n_checked += 1
+        context += event.tokens
+    assert n_checked > 10
 
 
 def test_smollm2_with_itself_accepts_everything_greedily(smollm2):

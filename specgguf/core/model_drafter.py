@@ -10,9 +10,11 @@ Reading ahead (`guess`, the hybrid's prompt lookup): a draft model's tokens come
 pass of a few more rows costs little more than one (the 0.5B draft on 2 cores: 31 ms one row, 38 two,
 62 five, 93 nine, every row's logits). So where prompt lookup guesses what follows the chain so far,
 the draft reads the guesses in the same pass as its newest token, and each row scores the position
-after its guess: while the tokens it draws are the ones guessed, the next row is already there. The
-drafts are the same tokens (greedy) or the same draws from the same rows (sampling) as without it;
-only the draft model's passes are fewer. Guesses it drew otherwise are dropped from its cache."""
+after its guess: while the tokens it draws are the ones guessed, the next row is already there. Each
+draft is drawn from the draft's row for exactly its context and reported with that row's q, so the
+rule is as without it (with fakes the drafts are identical; llama.cpp's rows from a batch differ from
+a single pass's in the last bits, as the verifier's do: tests/test_backend.py checks each draft is the
+draft's argmax for its context there). Guesses it drew otherwise are dropped from its cache."""
 
 from __future__ import annotations
 
