@@ -28,6 +28,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +62,25 @@ def copy_runs(prompt: list[int], reply: list[int]) -> list[int]:
     return runs
 
 
-def best_time(runs: list[int], verify: list[float]) -> float:
-    """The shortest schedule of verify passes over the answer when drafts of up to runs[t] tokens at t are
-    all kept: time(t) = min_K verify[K] + time(t + K + 1), K + 1 rows a pass. The prompt's pass scores
+def schedule_time(n: int, verify: list[float], cost: Callable[[int, int], float | None]) -> float:
+    """The shortest schedule of verify passes over an answer of n tokens: time(t) = min over K of
+    verify[K] + cost(t, K) + time(t + K + 1), K + 1 rows a pass, where cost(t, K) is what drafting K
+    tokens at t that are all kept costs (None: they would not all be kept). The prompt's pass scores
     token 0, so the schedule starts at token 1 (drafts from there on are the first step's)."""
-    n = len(runs)
     time = [0.0] * (n + 1)
     for t in range(n - 1, 0, -1):
-        most = min(runs[t], len(verify) - 1, n - t - 1)
-        time[t] = min(verify[k] + time[t + k + 1] for k in range(most + 1))
+        options = []
+        for k in range(min(len(verify) - 1, n - t - 1) + 1):
+            spent = cost(t, k)
+            if spent is not None:
+                options.append(verify[k] + spent + time[t + k + 1])
+        time[t] = min(options)
     return time[1] if n > 1 else 0.0
+
+
+def best_time(runs: list[int], verify: list[float]) -> float:
+    """The shortest schedule when drafts of up to runs[t] tokens at t are free and all kept."""
+    return schedule_time(len(runs), verify, lambda t, k: 0.0 if k <= runs[t] else None)
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from copy_bound import copy_runs  # noqa: E402
+from copy_bound import copy_runs, schedule_time  # noqa: E402
 from ngram_evidence import answer  # noqa: E402
 
 from specgguf.bench.machine import cpu  # noqa: E402
@@ -62,23 +62,15 @@ def model_runs(draft, prompt: list[int], reply: list[int]) -> tuple[list[int], l
     top = logits.max(axis=1, keepdims=True)
     confidence = (1.0 / np.exp(logits - top).sum(axis=1)).tolist()
     agree = (np.argmax(logits, axis=1) == np.asarray(reply)).tolist()
-    runs = [0] * (len(reply) + 1)
-    for t in range(len(reply) - 1, -1, -1):
-        runs[t] = runs[t + 1] + 1 if agree[t] else 0
-    return runs[:-1], confidence
+    return runs_of(agree), confidence
 
 
-def best_time(n: int, verify: list[float], cost: DraftCost) -> float:
-    """The shortest schedule from token 1 on (the prompt's pass scores token 0)."""
-    time = [0.0] * (n + 1)
-    for t in range(n - 1, 0, -1):
-        options = []
-        for k in range(min(len(verify) - 1, n - t - 1) + 1):
-            spent = cost(t, k)
-            if spent is not None:
-                options.append(verify[k] + spent + time[t + k + 1])
-        time[t] = min(options)
-    return time[1] if n > 1 else 0.0
+def runs_of(right: list[bool]) -> list[int]:
+    """For each position t: how many positions from t on are right in a row."""
+    runs = [0] * (len(right) + 1)
+    for t in range(len(right) - 1, -1, -1):
+        runs[t] = runs[t + 1] + 1 if right[t] else 0
+    return runs[:-1]
 
 
 def costs(model: list[int], copy: list[int], per_pass: float) -> dict[str, DraftCost]:
@@ -111,6 +103,10 @@ def main() -> None:
     parser.add_argument("--prompts", help="comma-separated suite names (default: all)")
     parser.add_argument("--out", type=Path, help="write the curves and, per prompt, the answer, runs and confidences")
     args = parser.parse_args()
+    chosen = set(args.prompts.split(",")) if args.prompts else None
+    unknown = sorted(chosen - {item.name for item in load_suite()}) if chosen else []
+    if unknown:
+        sys.exit(f"specgguf: error: not in the suite: {', '.join(unknown)}")
     here = cpu()
     print(f"CPU: {here['cpu']} ({here['cores']} cores), avx512_vnni: {'yes' if here['avx512_vnni'] else 'no'}")
     settings = ModelSettings(n_ctx=4096, n_threads=args.threads)
@@ -120,7 +116,6 @@ def main() -> None:
     by_rows = (f"{n}: {c * 1000:.1f} ({c / verify[0]:.2f}×)" for n, c in enumerate(verify, 1))
     print("verify ms by rows: " + " · ".join(by_rows))
     print(f"draft pass: {per_pass * 1000:.1f} ms ({per_pass / verify[0]:.2f} of a verifier row)")
-    chosen = set(args.prompts.split(",")) if args.prompts else None
     prompts = Prompts(verifier)
     found: dict[str, list[float]] = {"model": [], "copy": [], "both": []}
     kept: list[dict[str, Any]] = []
@@ -142,7 +137,7 @@ def main() -> None:
         )
         plain = (len(reply) - 1) * verify[0]
         schedules = costs(model, copy, per_pass)
-        bounds = {name: plain / best_time(len(reply), verify, cost) for name, cost in schedules.items()}
+        bounds = {name: plain / schedule_time(len(reply), verify, cost) for name, cost in schedules.items()}
         for name, bound in bounds.items():
             found[name].append(bound)
         agreed = sum(1 for r in model if r > 0) / max(1, len(reply))

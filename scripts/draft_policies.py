@@ -26,7 +26,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from draft_bound import best_time, costs  # noqa: E402
+from copy_bound import schedule_time  # noqa: E402
+from draft_bound import costs  # noqa: E402
 
 K_MAX = 8
 THRESHOLDS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -46,14 +47,15 @@ def replay(
     n, t, spent = len(model), 1, 0.0
     while t < n:
         proposed = passes = 0
-        while proposed < min(k, n - t - 1):
+        most = min(k, n - t - 1)
+        while proposed < most:
             passes += 1
             if confidence[t + proposed] < p_min:
                 break
             proposed += 1
             if proposed > model[t]:  # a wrong draft: past it the confidences are unknown (see above)
                 if not stop_wrong:  # it drafts on to K, every pass spent
-                    proposed = passes = min(k, n - t - 1)
+                    proposed = passes = most
                 break
         kept = min(model[t], proposed)
         spent += passes * per_pass + verify[proposed]
@@ -72,7 +74,7 @@ def policies(item: dict[str, Any], verify: list[float], per_pass: float) -> str:
     fixed = {k: rate(k, 0.0, False) for k in range(1, K_MAX + 1)}
     gated = {p: rate(K_MAX, p, False) for p in THRESHOLDS}
     flattered = {p: rate(K_MAX, p, True) for p in THRESHOLDS}
-    oracle = plain / best_time(len(model), verify, costs(model, item["copy"], per_pass)["model"])
+    oracle = plain / schedule_time(len(model), verify, costs(model, item["copy"], per_pass)["model"])
     k = max(fixed, key=fixed.__getitem__)
     p, q = (max(found, key=found.__getitem__) for found in (gated, flattered))
     return (
@@ -86,11 +88,16 @@ def main() -> None:
     parser.add_argument("stored", type=Path, help="draft_bound.py --out's file")
     parser.add_argument("--draft-ms", type=float, help="price a draft pass at this instead of the stored measurement")
     args = parser.parse_args()
-    stored = json.loads(args.stored.read_text())
-    per_pass = args.draft_ms / 1000 if args.draft_ms else stored["draft_pass"]
+    try:
+        stored = json.loads(args.stored.read_text())
+        per_pass = args.draft_ms / 1000 if args.draft_ms else float(stored["draft_pass"])
+        lines = [policies(item, stored["verify"], per_pass) for item in stored["prompts"]]
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
+        sys.exit(
+            f"specgguf: error: {args.stored}: not a file draft_bound.py --out wrote ({type(error).__name__}: {error})"
+        )
     print("prompt               best fixed K    best p-min (K ≤ 8)   the same, stopped at a wrong draft   oracle")
-    for item in stored["prompts"]:
-        print(policies(item, stored["verify"], per_pass))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
